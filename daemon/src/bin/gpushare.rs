@@ -1,0 +1,138 @@
+//! `gpushare`: the operators' CLI for gpushared.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+
+use gpushare::cli::{self, Output};
+use gpushare_proto::{
+    ClaimInfo, Client, GpuInfo, HealthInfo, Method, PrepareParams, PrepareResult, UidParams,
+    UnprepareResult, VersionInfo,
+};
+
+/// Inspect and control gpushared, the node's GPU sharing daemon.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// gpushared's socket.
+    #[arg(long, global = true, default_value = gpushare_proto::DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// Output format.
+    #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    /// Seconds to wait for the daemon's answer.
+    #[arg(long, global = true, default_value_t = 60)]
+    timeout: u64,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Daemon health, version, backend and counts.
+    Status,
+    /// The node's GPUs with their compute mode, time-slice and holders.
+    Gpus,
+    /// All claims.
+    Claims,
+    /// One claim: strategy, devices, MPS daemon pid, limits as read back, containers, CDI IDs.
+    Claim {
+        /// The claim's UID.
+        uid: String,
+    },
+    /// Prepare a claim from a ResourceClaim file (JSON or YAML, as the API server returns it).
+    Prepare {
+        /// The file; `-` for stdin.
+        #[arg(short, long)]
+        file: PathBuf,
+    },
+    /// Release a claim.
+    Unprepare {
+        /// The claim's UID.
+        uid: String,
+    },
+    /// Run the whole job on a simulated p4d.24xlarge in a temporary directory and clean up.
+    Demo(cli::demo::DemoArgs),
+}
+
+fn print_structured_or<T: serde::Serialize>(value: &T, output: Output, table: impl FnOnce(&T) -> String) -> Result<()> {
+    match cli::render_structured(value, output)? {
+        Some(text) => print!("{text}"),
+        None => print!("{}", table(value)),
+    }
+    Ok(())
+}
+
+fn require_root(what: &str) -> Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        anyhow::bail!("gpushare {what} changes node state and must run as root");
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    if let Command::Demo(demo) = &args.command {
+        return cli::demo::run(demo, args.output);
+    }
+    let mut client = Client::connect(&args.socket, Duration::from_secs(args.timeout))
+        .with_context(|| "is gpushared running? (pass --socket for another socket)")?;
+    let none = None::<&()>;
+    match &args.command {
+        Command::Status => {
+            let h: HealthInfo = client.call(Method::Health, none)?;
+            let v: VersionInfo = client.call(Method::Version, none)?;
+            let both = serde_json::json!({"health": h, "version": v});
+            print_structured_or(&both, args.output, |_| cli::status_text(&h, &v))?;
+        }
+        Command::Gpus => {
+            let gpus: Vec<GpuInfo> = client.call(Method::ListGpus, none)?;
+            print_structured_or(&gpus, args.output, |g| cli::gpus_table(g))?;
+        }
+        Command::Claims => {
+            let claims: Vec<ClaimInfo> = client.call(Method::ListClaims, none)?;
+            print_structured_or(&claims, args.output, |c| cli::claims_table(c))?;
+        }
+        Command::Claim { uid } => {
+            let c: ClaimInfo = client.call(Method::GetClaim, Some(&UidParams { uid: uid.clone() }))?;
+            print_structured_or(&c, args.output, cli::claim_detail)?;
+        }
+        Command::Prepare { file } => {
+            require_root("prepare")?;
+            let text = if file.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin()).context("reading stdin")?
+            } else {
+                std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?
+            };
+            let claim = gpushare::config::parse_claim_document(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {}: {}", file.display(), e.code, e.message))?;
+            let r: PrepareResult = client.call(Method::Prepare, Some(&PrepareParams { claim }))?;
+            print_structured_or(&r, args.output, |r| {
+                let mut s = format!(
+                    "claim {} {}\n",
+                    r.uid,
+                    if r.already_prepared { "was already prepared" } else { "prepared" }
+                );
+                for q in &r.requests {
+                    s += &format!("  request {}: {}\n", q.request, q.cdi_device_ids.join(","));
+                }
+                s
+            })?;
+        }
+        Command::Unprepare { uid } => {
+            require_root("unprepare")?;
+            let r: UnprepareResult = client.call(Method::Unprepare, Some(&UidParams { uid: uid.clone() }))?;
+            print_structured_or(&r, args.output, |r| {
+                if r.released {
+                    format!("claim {} released\n", r.uid)
+                } else {
+                    format!("claim {} was not prepared; nothing to do\n", r.uid)
+                }
+            })?;
+        }
+        Command::Demo(_) => unreachable!("handled above"),
+    }
+    Ok(())
+}

@@ -1,0 +1,202 @@
+//! `gpushared`: the node daemon that owns every GPU sharing decision on its node.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use tokio::signal::unix::{signal, SignalKind};
+
+use gpushare::cdi::HookConfig;
+use gpushare::gpu::{GpuBackend, SimulatedBackend};
+use gpushare::server::{self, ServerConfig};
+use gpushare::service::{Service, ServiceConfig};
+use gpushare::strategy::mps::MpsControl;
+use gpushare::sys::{reap_orphans, HostMounter, HostRunner};
+
+/// gpushared: per-claim MPS control daemons, time-slicing and exclusive GPUs for Kubernetes DRA
+/// claims, with one CDI spec per claim.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Unix socket the DRA driver, the hook and the CLI talk to.
+    #[arg(long, default_value = gpushare_proto::DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// Directory of the checkpoint (`checkpoint.json`).
+    #[arg(long, default_value = "/var/lib/gpushare")]
+    state_dir: PathBuf,
+    /// Runtime directory: per-claim MPS pipe, log and shm directories live under `claims/`.
+    #[arg(long, default_value = "/run/gpushare")]
+    run_dir: PathBuf,
+    /// CDI spec directory to write claims' specs into.
+    #[arg(long, default_value = "/var/run/cdi")]
+    cdi_dir: PathBuf,
+    /// Simulate the GPUs of this EC2 node profile (e.g. p4d.24xlarge) instead of using NVML.
+    #[arg(long, value_name = "NODE_PROFILE")]
+    simulate: Option<String>,
+    /// Where simulated GPU device nodes are created (default: <run-dir>/simulated-dev).
+    #[arg(long)]
+    sim_dev_root: Option<PathBuf>,
+    /// Node name: the pool that allocation results must name (default: the host name).
+    #[arg(long)]
+    node_name: Option<String>,
+    /// DRA driver names served (repeatable).
+    #[arg(long = "driver", default_values_t = vec!["gpu.nvidia.com".to_string()])]
+    drivers: Vec<String>,
+    /// MPS control program (default: nvidia-cuda-mps-control from PATH, else the
+    /// gpushare-mps-control emulator beside this executable).
+    #[arg(long)]
+    mps_control: Option<PathBuf>,
+    /// gpushare-cdi-hook named in CDI specs (default: beside this executable).
+    #[arg(long)]
+    hook_path: Option<PathBuf>,
+    /// Size of each MPS claim's /dev/shm tmpfs in MiB (default: half the host's memory).
+    #[arg(long)]
+    shm_size_mib: Option<u64>,
+    /// Seconds any run of the MPS control program, and any wait for a daemon to quit, may take.
+    #[arg(long, default_value_t = 10)]
+    mps_timeout: u64,
+    /// Socket file mode (octal).
+    #[arg(long, default_value = "660", value_parser = parse_octal)]
+    socket_mode: u32,
+}
+
+fn parse_octal(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s, 8).map_err(|e| format!("{s:?} is not an octal mode: {e}"))
+}
+
+fn beside_exe(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("finding gpushared's own path")?;
+    Ok(exe.with_file_name(name))
+}
+
+fn find_in_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+fn default_mps_control() -> Result<PathBuf> {
+    if let Some(p) = find_in_path("nvidia-cuda-mps-control") {
+        return Ok(p);
+    }
+    let emu = beside_exe("gpushare-mps-control")?;
+    if emu.is_file() {
+        return Ok(emu);
+    }
+    bail!(
+        "no MPS control program: nvidia-cuda-mps-control is not in PATH and {} does not exist; pass --mps-control",
+        emu.display()
+    )
+}
+
+fn absolute(p: &Path) -> Result<PathBuf> {
+    std::path::absolute(p).with_context(|| format!("making {} absolute", p.display()))
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+
+    // MPS control daemons double-fork away from us; as a subreaper we get them back as
+    // children, learn of their exit, and reap them (PID 1 here may not).
+    nix::sys::prctl::set_child_subreaper(true).context("becoming a child subreaper")?;
+
+    let node_name = match &args.node_name {
+        Some(n) => n.clone(),
+        None => nix::unistd::gethostname()
+            .context("reading the host name (pass --node-name)")?
+            .to_string_lossy()
+            .into_owned(),
+    };
+    let run_dir = absolute(&args.run_dir)?;
+    let Some(profile) = &args.simulate else {
+        bail!("the NVML backend is not available in this build yet; run with --simulate <node profile> (e.g. p4d.24xlarge)");
+    };
+    let dev_root = args
+        .sim_dev_root
+        .clone()
+        .unwrap_or_else(|| run_dir.join("simulated-dev"));
+    let backend: Arc<dyn GpuBackend> = Arc::new(
+        SimulatedBackend::new(profile, &node_name, &dev_root)
+            .with_context(|| format!("setting up simulated node {profile}"))?,
+    );
+
+    let mps_program = match &args.mps_control {
+        Some(p) => absolute(p)?,
+        None => default_mps_control()?,
+    };
+    let hook_path = match &args.hook_path {
+        Some(p) => absolute(p)?,
+        None => beside_exe("gpushare-cdi-hook")?,
+    };
+    let socket = absolute(&args.socket)?;
+    let mps = MpsControl::new(
+        mps_program.clone(),
+        Arc::new(HostRunner),
+        Arc::new(HostMounter),
+        Duration::from_secs(args.mps_timeout),
+    );
+    let cfg = ServiceConfig {
+        node_name: node_name.clone(),
+        drivers: args.drivers.clone(),
+        run_dir,
+        cdi_dir: absolute(&args.cdi_dir)?,
+        checkpoint: absolute(&args.state_dir)?.join("checkpoint.json"),
+        hook: HookConfig {
+            path: hook_path,
+            socket: socket.clone(),
+            timeout_secs: 10,
+        },
+        shm_bytes: args.shm_size_mib.map(|m| m << 20),
+    };
+    let service = Arc::new(Service::new(cfg, backend.clone(), mps).map_err(|e| anyhow::anyhow!(e))?);
+    let server_cfg = Arc::new(ServerConfig {
+        socket: socket.clone(),
+        mode: args.socket_mode,
+        changing_uids: vec![],
+    });
+    let listener = server::bind(&server_cfg)
+        .with_context(|| format!("binding socket {}", socket.display()))?;
+    tracing::info!(
+        socket = %socket.display(),
+        node = %node_name,
+        backend = %backend.describe(),
+        mps_control = %mps_program.display(),
+        "gpushared ready"
+    );
+
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigchld = signal(SignalKind::child())?;
+    let serving = server::serve(listener, service, server_cfg);
+    tokio::pin!(serving);
+    let result = loop {
+        tokio::select! {
+            r = &mut serving => break r.context("serving"),
+            _ = sigchld.recv() => {
+                let reaped = tokio::task::spawn_blocking(reap_orphans).await.unwrap_or_default();
+                if !reaped.is_empty() {
+                    tracing::debug!(?reaped, "reaped exited children");
+                }
+            }
+            _ = sigterm.recv() => break Ok(()),
+            _ = sigint.recv() => break Ok(()),
+        }
+    };
+    // MPS control daemons are left running on purpose: GPU jobs must survive a restart of
+    // gpushared.
+    server::remove_socket(&socket);
+    tracing::info!("gpushared stopped");
+    result
+}

@@ -1,0 +1,219 @@
+//! Which claims hold which GPU, and the rules for sharing one (pure).
+//!
+//! A GPU is free, held whole by one claim, time-sliced by claims that all asked the same
+//! interval, or shared by claims' MPS control daemons. Anything else is a conflict: MPS wants
+//! EXCLUSIVE_PROCESS compute mode while time-slicing wants DEFAULT, and one interval applies to
+//! the whole GPU.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpushare_proto::{GpuSharing, TimeSliceInterval};
+
+/// What a claim wants of one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// The whole GPU, unshared.
+    Exclusive,
+    /// Time-slicing at this interval.
+    TimeSlicing(TimeSliceInterval),
+    /// An MPS control daemon over it.
+    Mps,
+}
+
+/// How a GPU is held now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hold {
+    /// One claim holds it whole.
+    Exclusive(String),
+    /// Claims time-slice it at one interval.
+    TimeSliced {
+        /// The interval all holders asked.
+        interval: TimeSliceInterval,
+        /// Holders' claim UIDs.
+        claims: BTreeSet<String>,
+    },
+    /// Claims run MPS control daemons over it.
+    Mps(BTreeSet<String>),
+}
+
+impl Hold {
+    /// UIDs of the claims holding the GPU.
+    pub fn claims(&self) -> Vec<String> {
+        match self {
+            Hold::Exclusive(c) => vec![c.clone()],
+            Hold::TimeSliced { claims, .. } | Hold::Mps(claims) => claims.iter().cloned().collect(),
+        }
+    }
+
+    /// The sharing mode as the protocol reports it.
+    pub fn sharing(&self) -> GpuSharing {
+        match self {
+            Hold::Exclusive(_) => GpuSharing::Exclusive,
+            Hold::TimeSliced { .. } => GpuSharing::TimeSlicing,
+            Hold::Mps(_) => GpuSharing::Mps,
+        }
+    }
+
+    fn describe(&self) -> String {
+        let claims = self.claims().join(", ");
+        match self {
+            Hold::Exclusive(_) => format!("held exclusively by claim {claims}"),
+            Hold::TimeSliced { interval, .. } => {
+                format!("time-sliced at {} by claim(s) {claims}", interval.as_str())
+            }
+            Hold::Mps(_) => format!("shared through MPS by claim(s) {claims}"),
+        }
+    }
+}
+
+fn describe_want(want: Want) -> String {
+    match want {
+        Want::Exclusive => "it exclusively".into(),
+        Want::TimeSlicing(i) => format!("time-slicing at {}", i.as_str()),
+        Want::Mps => "MPS".into(),
+    }
+}
+
+/// What releasing a claim left behind on a GPU, so the caller can restore its settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Released {
+    /// The last time-slicing holder left: restore interval Default.
+    pub last_time_sliced: bool,
+    /// The last MPS holder left: restore compute mode DEFAULT.
+    pub last_mps: bool,
+}
+
+/// GPU holds by GPU UUID.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Placement {
+    holds: BTreeMap<String, Hold>,
+}
+
+/// A refused reservation: the message names the GPU, what holds it and what was asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Conflict(pub String);
+
+impl Placement {
+    /// The hold on a GPU, if any.
+    pub fn hold(&self, uuid: &str) -> Option<&Hold> {
+        self.holds.get(uuid)
+    }
+
+    /// Reserves every `(gpu uuid, display name, want)` for `claim`, all or nothing.
+    ///
+    /// # Errors
+    /// [`Conflict`] naming the first GPU that cannot be shared that way; nothing is changed.
+    pub fn reserve(&mut self, claim: &str, wants: &[(String, String, Want)]) -> Result<(), Conflict> {
+        let mut next = self.holds.clone();
+        for (uuid, name, want) in wants {
+            let merged = match (next.get(uuid), *want) {
+                (None, Want::Exclusive) => Hold::Exclusive(claim.to_string()),
+                (None, Want::TimeSlicing(interval)) => Hold::TimeSliced {
+                    interval,
+                    claims: BTreeSet::from([claim.to_string()]),
+                },
+                (None, Want::Mps) => Hold::Mps(BTreeSet::from([claim.to_string()])),
+                (Some(Hold::TimeSliced { interval, claims }), Want::TimeSlicing(asked))
+                    if *interval == asked =>
+                {
+                    let mut claims = claims.clone();
+                    claims.insert(claim.to_string());
+                    Hold::TimeSliced { interval: asked, claims }
+                }
+                (Some(Hold::Mps(claims)), Want::Mps) => {
+                    let mut claims = claims.clone();
+                    claims.insert(claim.to_string());
+                    Hold::Mps(claims)
+                }
+                (Some(hold), want) => {
+                    return Err(Conflict(format!(
+                        "{name} ({uuid}) is {}; claim {claim} asks {}",
+                        hold.describe(),
+                        describe_want(want)
+                    )))
+                }
+            };
+            next.insert(uuid.clone(), merged);
+        }
+        self.holds = next;
+        Ok(())
+    }
+
+    /// Releases `claim`'s hold on `uuid`; says which settings the caller must restore.
+    pub fn release(&mut self, claim: &str, uuid: &str) -> Released {
+        let mut released = Released {
+            last_time_sliced: false,
+            last_mps: false,
+        };
+        let Some(hold) = self.holds.get_mut(uuid) else {
+            return released;
+        };
+        let empty = match hold {
+            Hold::Exclusive(c) => c == claim,
+            Hold::TimeSliced { claims, .. } => {
+                claims.remove(claim);
+                released.last_time_sliced = claims.is_empty();
+                claims.is_empty()
+            }
+            Hold::Mps(claims) => {
+                claims.remove(claim);
+                released.last_mps = claims.is_empty();
+                claims.is_empty()
+            }
+        };
+        if empty {
+            self.holds.remove(uuid);
+        }
+        released
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use TimeSliceInterval::*;
+
+    fn w(uuid: &str, want: Want) -> (String, String, Want) {
+        (uuid.to_string(), format!("gpu-{uuid}"), want)
+    }
+
+    #[test]
+    fn exclusive_excludes_everything() {
+        let mut p = Placement::default();
+        p.reserve("a", &[w("0", Want::Exclusive)]).unwrap();
+        for want in [Want::Exclusive, Want::Mps, Want::TimeSlicing(Default)] {
+            let err = p.reserve("b", &[w("0", want)]).unwrap_err();
+            assert!(err.0.contains("held exclusively by claim a"), "{err}");
+        }
+    }
+
+    #[test]
+    fn time_slicing_shares_one_interval_only() {
+        let mut p = Placement::default();
+        p.reserve("a", &[w("1", Want::TimeSlicing(Short))]).unwrap();
+        p.reserve("b", &[w("1", Want::TimeSlicing(Short))]).unwrap();
+        let err = p.reserve("c", &[w("1", Want::TimeSlicing(Long))]).unwrap_err();
+        assert!(err.0.contains("time-sliced at Short"), "{err}");
+        assert!(err.0.contains("asks time-slicing at Long"), "{err}");
+        assert!(p.reserve("c", &[w("1", Want::Mps)]).is_err());
+        assert_eq!(p.release("a", "1"), Released { last_time_sliced: false, last_mps: false });
+        assert_eq!(p.release("b", "1"), Released { last_time_sliced: true, last_mps: false });
+        assert_eq!(p.hold("1"), None);
+    }
+
+    #[test]
+    fn mps_shares_with_mps_only_and_reserve_is_all_or_nothing() {
+        let mut p = Placement::default();
+        p.reserve("a", &[w("4", Want::Mps)]).unwrap();
+        p.reserve("b", &[w("4", Want::Mps)]).unwrap();
+        let before = p.clone();
+        let err = p
+            .reserve("c", &[w("5", Want::Mps), w("4", Want::TimeSlicing(Default))])
+            .unwrap_err();
+        assert!(err.0.contains("shared through MPS"), "{err}");
+        assert_eq!(p, before, "a refused reservation changes nothing");
+        assert!(!p.release("a", "4").last_mps);
+        assert!(p.release("b", "4").last_mps);
+    }
+}

@@ -1,0 +1,755 @@
+//! The claim service: prepare, unprepare, attach, detach and the read-only views.
+//!
+//! Methods are blocking (they spawn processes and fsync files); the server runs them on
+//! tokio's blocking pool. Changing a claim's host setup (prepare, unprepare) is serialized by
+//! one mutex so two kubelet retries of one claim can never interleave; the registry mutex that
+//! readers, attach and detach take is never held across a process spawn.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use gpushare_proto::{
+    AttachParams, Attachment, ClaimDevice, ClaimInfo, ClaimState, ComputeMode, DetachParams,
+    DetachResult, ErrorCode, GpuInfo, GpuSharing, GroupInfo, HealthInfo, MpsInfo, PrepareResult,
+    RequestDevices, StrategyInfo, UnprepareResult,
+};
+use serde_json::Value;
+
+use crate::cdi::{self, ContainerEdits, HookConfig};
+use crate::checkpoint::{Checkpoint, CheckpointFile};
+use crate::config::{self, ClaimSpec, ParseContext, Sharing};
+use crate::error::ServiceError;
+use crate::fsutil;
+use crate::gpu::{Gpu, GpuBackend};
+use crate::placement::{Placement, Want};
+use crate::strategy::mps::{default_shm_bytes, MpsControl, MpsDirs, MpsLaunch};
+use crate::sys::read_cgroup;
+
+/// Where the service keeps things and whom it serves.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// Pool name allocations must carry.
+    pub node_name: String,
+    /// DRA driver names served.
+    pub drivers: Vec<String>,
+    /// Runtime directory; claims live under `<run_dir>/claims/<uid>/`.
+    pub run_dir: PathBuf,
+    /// CDI spec directory we write.
+    pub cdi_dir: PathBuf,
+    /// Checkpoint file.
+    pub checkpoint: PathBuf,
+    /// The hook named in CDI specs.
+    pub hook: HookConfig,
+    /// Size of each MPS claim's shm tmpfs in bytes (default: half the host's memory).
+    pub shm_bytes: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    claims: BTreeMap<String, ClaimInfo>,
+    placement: Placement,
+    ready: bool,
+}
+
+/// The claim service.
+#[derive(Debug)]
+pub struct Service {
+    cfg: ServiceConfig,
+    ctx: ParseContext,
+    backend: Arc<dyn GpuBackend>,
+    mps: MpsControl,
+    checkpoint: CheckpointFile,
+    state: Mutex<State>,
+    changes: Mutex<()>,
+}
+
+/// The plan for one device group, before anything is applied.
+#[derive(Debug)]
+struct GroupPlan {
+    requests: Vec<String>,
+    devices: Vec<ClaimDevice>,
+    kind: PlanKind,
+}
+
+#[derive(Debug)]
+enum PlanKind {
+    Exclusive,
+    TimeSlicing(gpushare_proto::TimeSliceInterval),
+    Mps(MpsLaunch),
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn is_mig_device_name(name: &str) -> bool {
+    name.starts_with("MIG-") || name.contains("-mig-")
+}
+
+impl Service {
+    /// A service over `backend`, loading the checkpoint (a corrupt one is quarantined and
+    /// logged). The service reports ready once loaded.
+    ///
+    /// # Errors
+    /// The checkpoint exists but cannot be read or moved aside.
+    pub fn new(
+        cfg: ServiceConfig,
+        backend: Arc<dyn GpuBackend>,
+        mps: MpsControl,
+    ) -> Result<Service, ServiceError> {
+        let checkpoint = CheckpointFile::new(cfg.checkpoint.clone());
+        let loaded = checkpoint.load().map_err(|e| {
+            ServiceError::internal(format!("reading checkpoint {}: {e}", cfg.checkpoint.display()))
+        })?;
+        if let Some((aside, why)) = &loaded.quarantined {
+            tracing::error!(moved_to = %aside.display(), reason = %why, "checkpoint was corrupt; moved aside, starting empty");
+        }
+        let mut state = State::default();
+        for (uid, info) in loaded.checkpoint.claims {
+            let wants = wants_of(&info);
+            if let Err(e) = state.placement.reserve(&uid, &wants) {
+                tracing::error!(claim = %uid, error = %e, "checkpointed claim conflicts with another; not re-adopted");
+                continue;
+            }
+            for group in &info.groups {
+                if let StrategyInfo::Mps(m) = &group.sharing {
+                    let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
+                    if !mps.is_running(&dirs, m.control_daemon_pid) {
+                        tracing::warn!(claim = %uid, pid = m.control_daemon_pid, "MPS control daemon of checkpointed claim is not running");
+                    }
+                }
+            }
+            state.claims.insert(uid, info);
+        }
+        state.ready = true;
+        let ctx = ParseContext {
+            node_name: cfg.node_name.clone(),
+            drivers: cfg.drivers.clone(),
+        };
+        Ok(Service {
+            cfg,
+            ctx,
+            backend,
+            mps,
+            checkpoint,
+            state: Mutex::new(state),
+            changes: Mutex::new(()),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the registry leaves plain data behind, still consistent
+        // enough to read and to release claims; refusing all service would be worse.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn save(&self, state: &State) -> Result<(), ServiceError> {
+        let cp = Checkpoint {
+            claims: state.claims.clone(),
+            ..Checkpoint::default()
+        };
+        self.checkpoint.save(&cp).map_err(|e| {
+            ServiceError::internal(format!(
+                "writing checkpoint {}: {e}",
+                self.checkpoint.path().display()
+            ))
+        })
+    }
+
+    fn claim_dir(&self, uid: &str) -> PathBuf {
+        self.cfg.run_dir.join("claims").join(uid)
+    }
+
+    /// Prepares the claim in `claim` (a `ResourceClaim` object). Idempotent: a claim already
+    /// prepared is returned as it is with `already_prepared: true`. A refused or failed prepare
+    /// leaves nothing behind: no process, directory, mount, CDI file or checkpoint entry.
+    ///
+    /// # Errors
+    /// `InvalidRequest`/`InvalidConfig`/`WrongNode` for bad input, `UnknownDevice`,
+    /// `Unsupported` (MIG), `Conflict` with other claims, `Internal` for host failures.
+    pub fn prepare(&self, claim: &Value) -> Result<PrepareResult, ServiceError> {
+        let spec = config::parse_claim(claim, &self.ctx)?;
+        let _changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(existing) = self.state().claims.get(&spec.uid) {
+            return match existing.state {
+                ClaimState::Prepared => Ok(PrepareResult {
+                    uid: existing.uid.clone(),
+                    requests: existing.requests.clone(),
+                    already_prepared: true,
+                }),
+                other => Err(ServiceError::new(
+                    ErrorCode::NotReady,
+                    format!("claim {} is {other:?}; retry later", spec.uid),
+                )),
+            };
+        }
+        let (plans, attach_limit) = self.plan(&spec)?;
+        let requests = self.request_devices(&spec);
+        let info = ClaimInfo {
+            uid: spec.uid.clone(),
+            namespace: spec.namespace.clone(),
+            name: spec.name.clone(),
+            state: ClaimState::PrepareStarted,
+            groups: plans.iter().map(|p| self.group_info(p, None)).collect(),
+            requests: requests.clone(),
+            cdi_spec: cdi::spec_path(&self.cfg.cdi_dir, &spec.uid).display().to_string(),
+            attach_limit,
+            attached: vec![],
+        };
+        {
+            let mut st = self.state();
+            st.placement
+                .reserve(&spec.uid, &wants_of(&info))
+                .map_err(|c| ServiceError::new(ErrorCode::Conflict, c.0))?;
+            st.claims.insert(spec.uid.clone(), info.clone());
+            if let Err(e) = self.save(&st) {
+                st.claims.remove(&spec.uid);
+                self.release_gpus(&mut st, &info);
+                return Err(e);
+            }
+        }
+        tracing::info!(claim = %spec.uid, namespace = %spec.namespace, name = %spec.name, "preparing claim");
+
+        match self.apply(&spec, &plans, &info) {
+            Ok(groups) => {
+                let mut st = self.state();
+                if let Some(c) = st.claims.get_mut(&spec.uid) {
+                    c.groups = groups;
+                    c.state = ClaimState::Prepared;
+                }
+                if let Err(e) = self.save(&st) {
+                    drop(st);
+                    self.teardown(&spec.uid);
+                    return Err(e);
+                }
+                tracing::info!(claim = %spec.uid, "claim prepared");
+                Ok(PrepareResult {
+                    uid: spec.uid,
+                    requests,
+                    already_prepared: false,
+                })
+            }
+            Err(e) => {
+                tracing::warn!(claim = %spec.uid, error = %e, "prepare failed; rolling back");
+                self.teardown(&spec.uid);
+                Err(e)
+            }
+        }
+    }
+
+    /// Resolves devices and configs into per-group plans, touching nothing.
+    fn plan(&self, spec: &ClaimSpec) -> Result<(Vec<GroupPlan>, Option<u32>), ServiceError> {
+        let mut gpus: Vec<&Gpu> = Vec::with_capacity(spec.results.len());
+        let mut seen = BTreeSet::new();
+        for r in &spec.results {
+            if is_mig_device_name(&r.device) {
+                return Err(ServiceError::new(
+                    ErrorCode::Unsupported,
+                    format!(
+                        "device {} (request {}) is a MIG device; dynamic MIG is not supported by this gpushared yet",
+                        r.device, r.request
+                    ),
+                ));
+            }
+            let gpu = self.backend.find(&r.device).ok_or_else(|| {
+                let known: Vec<String> = self.backend.gpus().iter().map(Gpu::device_name).collect();
+                ServiceError::new(
+                    ErrorCode::UnknownDevice,
+                    format!(
+                        "device {:?} (request {}) does not exist on node {}; it has {}",
+                        r.device,
+                        r.request,
+                        self.cfg.node_name,
+                        known.join(", ")
+                    ),
+                )
+            })?;
+            if !seen.insert(gpu.uuid.clone()) {
+                return Err(ServiceError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("device {} is allocated twice in claim {}", r.device, spec.uid),
+                ));
+            }
+            gpus.push(gpu);
+        }
+
+        let mut plans = Vec::new();
+        let mut limit: Option<u32> = None;
+        for group in &spec.groups {
+            let mut devices: Vec<ClaimDevice> = group
+                .results
+                .iter()
+                .map(|&i| ClaimDevice {
+                    request: spec.results[i].request.clone(),
+                    device: spec.results[i].device.clone(),
+                    uuid: gpus[i].uuid.clone(),
+                    minor: gpus[i].minor,
+                })
+                .collect();
+            devices.sort_by(|a, b| a.uuid.cmp(&b.uuid));
+            let mut requests: Vec<String> = Vec::new();
+            for &i in &group.results {
+                if !requests.contains(&spec.results[i].request) {
+                    requests.push(spec.results[i].request.clone());
+                }
+            }
+            let mut cap = |r: Option<u32>| {
+                if let Some(r) = r {
+                    limit = Some(limit.map_or(r, |l| l.min(r)));
+                }
+            };
+            let kind = match &group.sharing {
+                Sharing::Exclusive => PlanKind::Exclusive,
+                Sharing::TimeSlicing { interval, replicas } => {
+                    cap(*replicas);
+                    PlanKind::TimeSlicing(*interval)
+                }
+                Sharing::Mps { settings, replicas } => {
+                    cap(*replicas);
+                    let uuids: Vec<String> = devices.iter().map(|d| d.uuid.clone()).collect();
+                    let pinned = settings.resolve_pinned_limits(&uuids)?;
+                    PlanKind::Mps(MpsLaunch {
+                        dirs: MpsDirs::for_group(&self.claim_dir(&spec.uid), &uuids),
+                        visible_devices: uuids,
+                        multi_user: settings.multi_user,
+                        active_thread_percentage: settings.active_thread_percentage,
+                        pinned_limits_mib: pinned,
+                        shm_bytes: self.cfg.shm_bytes.unwrap_or_else(default_shm_bytes),
+                    })
+                }
+                Sharing::Mig { .. } => {
+                    return Err(ServiceError::new(
+                        ErrorCode::Unsupported,
+                        format!(
+                            "request(s) {} ask for MIG sharing; dynamic MIG is not supported by this gpushared yet",
+                            requests.join(", ")
+                        ),
+                    ))
+                }
+            };
+            plans.push(GroupPlan {
+                requests,
+                devices,
+                kind,
+            });
+        }
+        Ok((plans, limit))
+    }
+
+    fn group_info(&self, plan: &GroupPlan, started: Option<MpsInfo>) -> GroupInfo {
+        let sharing = match &plan.kind {
+            PlanKind::Exclusive => StrategyInfo::Exclusive,
+            PlanKind::TimeSlicing(interval) => StrategyInfo::TimeSlicing {
+                interval: *interval,
+            },
+            // Until the daemon runs, the record holds its directories (so a rollback or a
+            // restarted gpushared can clean them) and pid 0.
+            PlanKind::Mps(launch) => StrategyInfo::Mps(started.unwrap_or_else(|| MpsInfo {
+                control_daemon_pid: 0,
+                pipe_dir: launch.dirs.pipe.display().to_string(),
+                log_dir: launch.dirs.log.display().to_string(),
+                shm_dir: launch.dirs.shm.display().to_string(),
+                visible_devices: launch.visible_devices.clone(),
+                active_thread_percentage: String::new(),
+                pinned_device_memory_limits: BTreeMap::new(),
+            })),
+        };
+        GroupInfo {
+            requests: plan.requests.clone(),
+            devices: plan.devices.clone(),
+            sharing,
+        }
+    }
+
+    fn request_devices(&self, spec: &ClaimSpec) -> Vec<RequestDevices> {
+        let mut out: Vec<RequestDevices> = Vec::new();
+        for r in &spec.results {
+            match out.iter_mut().find(|x| x.request == r.request) {
+                Some(x) => x.devices.push(r.device.clone()),
+                None => out.push(RequestDevices {
+                    request: r.request.clone(),
+                    cdi_device_ids: vec![],
+                    devices: vec![r.device.clone()],
+                }),
+            }
+        }
+        let single = out.len() == 1;
+        for x in &mut out {
+            x.cdi_device_ids = vec![cdi::qualified_name(&cdi::device_name(
+                &spec.uid, &x.request, single,
+            ))];
+        }
+        out
+    }
+
+    /// Applies every group's strategy, then writes the CDI spec. Returns the groups as
+    /// applied. On error the caller tears the claim down.
+    fn apply(
+        &self,
+        spec: &ClaimSpec,
+        plans: &[GroupPlan],
+        info: &ClaimInfo,
+    ) -> Result<Vec<GroupInfo>, ServiceError> {
+        let mut groups = Vec::with_capacity(plans.len());
+        for plan in plans {
+            let started = match &plan.kind {
+                PlanKind::Exclusive => None,
+                PlanKind::TimeSlicing(interval) => {
+                    for d in &plan.devices {
+                        self.backend.set_time_slice(&d.uuid, *interval).map_err(|e| {
+                            ServiceError::new(
+                                match e {
+                                    crate::gpu::GpuError::Unsupported(_) => ErrorCode::Unsupported,
+                                    _ => ErrorCode::Internal,
+                                },
+                                format!("setting time-slice {} on {}: {e}", interval.as_str(), d.device),
+                            )
+                        })?;
+                    }
+                    None
+                }
+                PlanKind::Mps(launch) => {
+                    for d in &plan.devices {
+                        self.backend
+                            .set_compute_mode(&d.uuid, ComputeMode::ExclusiveProcess)
+                            .map_err(|e| {
+                                ServiceError::internal(format!(
+                                    "setting compute mode EXCLUSIVE_PROCESS on {}: {e}",
+                                    d.device
+                                ))
+                            })?;
+                    }
+                    let started = self.mps.start(launch).map_err(|e| {
+                        ServiceError::internal(format!("claim {}: {e}", spec.uid))
+                    })?;
+                    // Record the pid at once, so that a failure later in this prepare stops
+                    // this daemon too.
+                    if let Some(c) = self.state().claims.get_mut(&spec.uid) {
+                        if let Some(g) = c.groups.iter_mut().find(|g| g.devices == plan.devices) {
+                            g.sharing = StrategyInfo::Mps(started.clone());
+                        }
+                    }
+                    Some(started)
+                }
+            };
+            groups.push(self.group_info(plan, started));
+        }
+        self.write_cdi(spec, &groups, info)?;
+        Ok(groups)
+    }
+
+    fn write_cdi(
+        &self,
+        spec: &ClaimSpec,
+        groups: &[GroupInfo],
+        info: &ClaimInfo,
+    ) -> Result<(), ServiceError> {
+        let mut devices = Vec::new();
+        for req in &info.requests {
+            let mut edits = ContainerEdits::default();
+            for node in self.backend.control_device_nodes() {
+                edits.merge(node_edit(&node));
+            }
+            for g in groups {
+                for d in g.devices.iter().filter(|d| d.request == req.request) {
+                    if let Some(gpu) = self.backend.find(&d.uuid) {
+                        for node in self.backend.gpu_device_nodes(gpu) {
+                            edits.merge(node_edit(&node));
+                        }
+                    }
+                }
+                if let StrategyInfo::Mps(m) = &g.sharing {
+                    if g.requests.contains(&req.request) {
+                        edits.merge(cdi::mps_edits(Path::new(&m.pipe_dir), Path::new(&m.shm_dir)));
+                    }
+                }
+            }
+            edits.hooks = cdi::claim_hooks(&self.cfg.hook, &spec.uid);
+            let name = cdi::device_name(&spec.uid, &req.request, info.requests.len() == 1);
+            devices.push((name, edits));
+        }
+        let cdi_spec = cdi::build_spec(devices);
+        cdi::write_spec(&self.cfg.cdi_dir, &spec.uid, &cdi_spec).map_err(|e| {
+            ServiceError::internal(format!(
+                "writing CDI spec for claim {} into {}: {e}",
+                spec.uid,
+                self.cfg.cdi_dir.display()
+            ))
+        })?;
+        Ok(())
+    }
+
+    /// Releases a claim's GPU holds and restores what the last holder leaves: interval
+    /// Default after the last time-sliced claim, compute mode DEFAULT after the last MPS one.
+    fn release_gpus(&self, st: &mut State, info: &ClaimInfo) {
+        for g in &info.groups {
+            for d in &g.devices {
+                let released = st.placement.release(&info.uid, &d.uuid);
+                if released.last_time_sliced {
+                    if let Err(e) = self
+                        .backend
+                        .set_time_slice(&d.uuid, gpushare_proto::TimeSliceInterval::Default)
+                    {
+                        tracing::error!(gpu = %d.device, error = %e, "restoring time-slice Default");
+                    }
+                }
+                if released.last_mps {
+                    if let Err(e) = self.backend.set_compute_mode(&d.uuid, ComputeMode::Default) {
+                        tracing::error!(gpu = %d.device, error = %e, "restoring compute mode DEFAULT");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Undoes everything a claim holds, whatever its state; used by unprepare and by a failed
+    /// prepare. Errors are logged and the rest still runs; returns the first error.
+    fn teardown(&self, uid: &str) -> Option<ServiceError> {
+        let Some(info) = self.state().claims.get(uid).cloned() else {
+            return None;
+        };
+        if let Some(c) = self.state().claims.get_mut(uid) {
+            c.state = ClaimState::Unpreparing;
+        }
+        let mut errors: Vec<ServiceError> = Vec::new();
+        let note = |errors: &mut Vec<ServiceError>, e: ServiceError| {
+            tracing::error!(claim = %uid, error = %e, "releasing claim");
+            errors.push(e);
+        };
+        for g in &info.groups {
+            if let StrategyInfo::Mps(m) = &g.sharing {
+                let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
+                let pid = (m.control_daemon_pid > 0).then_some(m.control_daemon_pid);
+                if let Err(e) = self.mps.stop(&dirs, pid) {
+                    note(&mut errors, ServiceError::internal(format!("claim {uid}: {e}")));
+                }
+            }
+        }
+        if let Err(e) = fsutil::remove_file_if_exists(&cdi::spec_path(&self.cfg.cdi_dir, uid)) {
+            note(&mut errors, ServiceError::internal(format!("removing CDI spec of claim {uid}: {e}")));
+        }
+        if let Err(e) = fsutil::remove_dir_all_if_exists(&self.claim_dir(uid)) {
+            note(&mut errors, ServiceError::internal(format!("removing {}: {e}", self.claim_dir(uid).display())));
+        }
+        let mut st = self.state();
+        self.release_gpus(&mut st, &info);
+        if errors.is_empty() {
+            st.claims.remove(uid);
+        }
+        if let Err(e) = self.save(&st) {
+            note(&mut errors, e);
+        }
+        errors.into_iter().next()
+    }
+
+    /// Releases a claim: stops its MPS control daemons (quit, bounded, then kill), restores
+    /// GPU settings the last holder leaves, removes its directories and CDI spec and its
+    /// checkpoint entry. Idempotent: an unknown claim returns `released: false`.
+    ///
+    /// # Errors
+    /// `InvalidRequest` for a malformed UID; `Internal` when some host step failed (the claim
+    /// stays recorded so a retry finishes the job).
+    pub fn unprepare(&self, uid: &str) -> Result<UnprepareResult, ServiceError> {
+        config::validate_claim_uid(uid)?;
+        let _changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(info) = self.state().claims.get(uid).cloned() else {
+            return Ok(UnprepareResult {
+                uid: uid.to_string(),
+                released: false,
+            });
+        };
+        if !info.attached.is_empty() {
+            tracing::warn!(claim = %uid, containers = info.attached.len(), "releasing a claim that still has containers attached");
+        }
+        match self.teardown(uid) {
+            None => {
+                tracing::info!(claim = %uid, "claim released");
+                Ok(UnprepareResult {
+                    uid: uid.to_string(),
+                    released: true,
+                })
+            }
+            Some(e) => Err(e),
+        }
+    }
+
+    /// Ties a container to its claim (called by the hook at `createRuntime`). Idempotent per
+    /// container id.
+    ///
+    /// # Errors
+    /// `NotFound` for an unknown claim, `NotReady` when the claim or its MPS control daemon is
+    /// not ready, `LimitReached` at the claim's `replicas`.
+    pub fn attach(&self, p: &AttachParams) -> Result<Attachment, ServiceError> {
+        config::validate_claim_uid(&p.claim_uid)?;
+        if p.container_id.is_empty() {
+            return Err(ServiceError::new(ErrorCode::InvalidRequest, "container_id is empty"));
+        }
+        let mut st = self.state();
+        let claim = st.claims.get(&p.claim_uid).ok_or_else(|| {
+            ServiceError::new(
+                ErrorCode::NotFound,
+                format!("claim {} is not prepared on node {}", p.claim_uid, self.cfg.node_name),
+            )
+        })?;
+        if claim.state != ClaimState::Prepared {
+            return Err(ServiceError::new(
+                ErrorCode::NotReady,
+                format!("claim {} is {:?}, not ready", p.claim_uid, claim.state),
+            ));
+        }
+        for g in &claim.groups {
+            if let StrategyInfo::Mps(m) = &g.sharing {
+                let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
+                if !self.mps.is_running(&dirs, m.control_daemon_pid) {
+                    return Err(ServiceError::new(
+                        ErrorCode::NotReady,
+                        format!(
+                            "claim {}: its MPS control daemon (pid {}) is not running",
+                            p.claim_uid, m.control_daemon_pid
+                        ),
+                    ));
+                }
+            }
+        }
+        if let Some(a) = claim.attached.iter().find(|a| a.container_id == p.container_id) {
+            return Ok(a.clone());
+        }
+        if let Some(limit) = claim.attach_limit {
+            if claim.attached.len() >= limit as usize {
+                return Err(ServiceError::new(
+                    ErrorCode::LimitReached,
+                    format!(
+                        "claim {} ({}/{}) already has {} of {limit} containers attached (replicas: {limit})",
+                        p.claim_uid,
+                        claim.namespace,
+                        claim.name,
+                        claim.attached.len()
+                    ),
+                ));
+            }
+        }
+        let attachment = Attachment {
+            claim_uid: p.claim_uid.clone(),
+            container_id: p.container_id.clone(),
+            pid: p.pid,
+            cgroup: p.pid.and_then(read_cgroup),
+            bundle: p.bundle.clone(),
+            attached_at: now_secs(),
+        };
+        if let Some(c) = st.claims.get_mut(&p.claim_uid) {
+            c.attached.push(attachment.clone());
+        }
+        if let Err(e) = self.save(&st) {
+            if let Some(c) = st.claims.get_mut(&p.claim_uid) {
+                c.attached.retain(|a| a.container_id != p.container_id);
+            }
+            return Err(e);
+        }
+        tracing::info!(claim = %p.claim_uid, container = %p.container_id, pid = ?p.pid, "container attached");
+        Ok(attachment)
+    }
+
+    /// Unties a container from its claim (called by the hook at `poststop`). Idempotent.
+    ///
+    /// # Errors
+    /// `InvalidRequest` for a malformed UID; `Internal` if the checkpoint cannot be written.
+    pub fn detach(&self, p: &DetachParams) -> Result<DetachResult, ServiceError> {
+        config::validate_claim_uid(&p.claim_uid)?;
+        let mut st = self.state();
+        let Some(claim) = st.claims.get_mut(&p.claim_uid) else {
+            return Ok(DetachResult { detached: false });
+        };
+        let before = claim.attached.len();
+        claim.attached.retain(|a| a.container_id != p.container_id);
+        let detached = claim.attached.len() != before;
+        if detached {
+            self.save(&st)?;
+            tracing::info!(claim = %p.claim_uid, container = %p.container_id, "container detached");
+        }
+        Ok(DetachResult { detached })
+    }
+
+    /// One claim.
+    ///
+    /// # Errors
+    /// `NotFound`.
+    pub fn get_claim(&self, uid: &str) -> Result<ClaimInfo, ServiceError> {
+        self.state().claims.get(uid).cloned().ok_or_else(|| {
+            ServiceError::new(ErrorCode::NotFound, format!("no claim {uid} on this node"))
+        })
+    }
+
+    /// All claims, by UID.
+    pub fn list_claims(&self) -> Vec<ClaimInfo> {
+        self.state().claims.values().cloned().collect()
+    }
+
+    /// All GPUs with their settings and holders.
+    pub fn list_gpus(&self) -> Vec<GpuInfo> {
+        let st = self.state();
+        self.backend
+            .gpus()
+            .iter()
+            .map(|g| {
+                let hold = st.placement.hold(&g.uuid);
+                GpuInfo {
+                    name: g.device_name(),
+                    minor: g.minor,
+                    uuid: g.uuid.clone(),
+                    product_name: g.product_name.clone(),
+                    memory_mib: g.memory_mib,
+                    compute_mode: self.backend.compute_mode(&g.uuid).unwrap_or_default(),
+                    time_slice: self.backend.time_slice(&g.uuid).unwrap_or_default(),
+                    sharing: hold.map_or(GpuSharing::Free, |h| h.sharing()),
+                    claims: hold.map(|h| h.claims()).unwrap_or_default(),
+                }
+            })
+            .collect()
+    }
+
+    /// Liveness and readiness.
+    pub fn health(&self) -> HealthInfo {
+        let st = self.state();
+        HealthInfo {
+            ready: st.ready,
+            node_name: self.cfg.node_name.clone(),
+            gpus: self.backend.gpus().len(),
+            claims: st.claims.len(),
+            backend: self.backend.describe(),
+            mps_control: self.mps.program().display().to_string(),
+        }
+    }
+}
+
+/// What each GPU of a claim record wants, for (re)building placement.
+fn wants_of(info: &ClaimInfo) -> Vec<(String, String, Want)> {
+    info.groups
+        .iter()
+        .flat_map(|g| {
+            let want = match &g.sharing {
+                StrategyInfo::Exclusive => Want::Exclusive,
+                StrategyInfo::TimeSlicing { interval } => Want::TimeSlicing(*interval),
+                StrategyInfo::Mps(_) => Want::Mps,
+            };
+            g.devices
+                .iter()
+                .map(move |d| (d.uuid.clone(), d.device.clone(), want))
+        })
+        .collect()
+}
+
+fn node_edit(node: &crate::gpu::DeviceNode) -> ContainerEdits {
+    ContainerEdits {
+        device_nodes: vec![cdi::DeviceNode {
+            path: node.path.display().to_string(),
+            host_path: (node.host_path != node.path).then(|| node.host_path.display().to_string()),
+            permissions: Some("rw".into()),
+        }],
+        ..ContainerEdits::default()
+    }
+}

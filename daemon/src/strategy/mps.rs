@@ -1,0 +1,517 @@
+//! Per-claim MPS control daemons: started, configured, verified by read-back, and stopped.
+//!
+//! One control daemon serves one device group of one claim. It runs as `<program> -d` with the
+//! claim's own pipe and log directories, `CUDA_VISIBLE_DEVICES` set to the group's sorted UUIDs,
+//! and its own mount namespace whose `/dev/shm` is a per-claim tmpfs that the claim's containers
+//! get too. The program is NVIDIA's `nvidia-cuda-mps-control` or our emulator: both are reached
+//! through the very same [`CommandRunner`] path.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpushare_proto::MpsInfo;
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag};
+use nix::unistd::Pid;
+use sha2::{Digest, Sha256};
+
+use crate::fsutil;
+use crate::sys::{find_lock_holder, pid_alive, CommandRunner, CommandSpec, Mounter};
+
+/// Why an MPS operation failed. Each message names the claim's pipe directory or the value.
+#[derive(Debug, thiserror::Error)]
+pub enum MpsError {
+    /// A directory could not be created or removed.
+    #[error("{action} {}: {source}", path.display())]
+    Dir {
+        /// What was being done.
+        action: &'static str,
+        /// The directory.
+        path: PathBuf,
+        /// Underlying error.
+        source: io::Error,
+    },
+    /// The shm tmpfs could not be mounted or unmounted.
+    #[error("{action} tmpfs on {}: {source}", path.display())]
+    Mount {
+        /// What was being done.
+        action: &'static str,
+        /// The mount point.
+        path: PathBuf,
+        /// Underlying error.
+        source: io::Error,
+    },
+    /// The control program could not be run at all.
+    #[error("cannot run MPS control program {}: {source}", program.display())]
+    Spawn {
+        /// Program path.
+        program: PathBuf,
+        /// Underlying error.
+        source: io::Error,
+    },
+    /// `-d` failed.
+    #[error("MPS control daemon failed to start on {}: {summary}", pipe.display())]
+    StartFailed {
+        /// Pipe directory.
+        pipe: PathBuf,
+        /// Exit code and output.
+        summary: String,
+    },
+    /// The daemon started but no process holds its lock file.
+    #[error("MPS control daemon on {} started but holds no lock on control_lock within {timeout:?}", pipe.display())]
+    NoPid {
+        /// Pipe directory.
+        pipe: PathBuf,
+        /// How long we looked.
+        timeout: Duration,
+    },
+    /// A UI session failed (the daemon could not be reached).
+    #[error("MPS control UI on {} failed for {commands:?}: {summary}", pipe.display())]
+    Ui {
+        /// Pipe directory.
+        pipe: PathBuf,
+        /// Commands sent.
+        commands: Vec<String>,
+        /// Exit code and output.
+        summary: String,
+    },
+    /// A value read back differs from what was set.
+    #[error("MPS control daemon on {} did not take {what}: set {expected:?}, read back {actual:?}", pipe.display())]
+    Verify {
+        /// Pipe directory.
+        pipe: PathBuf,
+        /// Which setting.
+        what: String,
+        /// What the read-back should show.
+        expected: String,
+        /// What it showed.
+        actual: String,
+    },
+}
+
+/// The directories of one MPS control daemon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsDirs {
+    /// `<run-dir>/claims/<uid>/mps-<hash>`.
+    pub root: PathBuf,
+    /// `root/pipe`: `CUDA_MPS_PIPE_DIRECTORY` of the daemon; `/tmp/nvidia-mps` in containers.
+    pub pipe: PathBuf,
+    /// `root/log`: `CUDA_MPS_LOG_DIRECTORY` (`control.log`, `server.log`).
+    pub log: PathBuf,
+    /// `root/shm`: a tmpfs; `/dev/shm` for the daemon, its servers and the containers.
+    pub shm: PathBuf,
+}
+
+impl MpsDirs {
+    /// Directories for the group of `claim_dir` whose GPUs have these sorted UUIDs. The name
+    /// carries 5 hex digits of SHA-256 of the UUIDs, so two groups of one claim never collide
+    /// and a restarted daemon finds the same path.
+    pub fn for_group(claim_dir: &Path, sorted_uuids: &[String]) -> MpsDirs {
+        let digest = Sha256::digest(sorted_uuids.join(",").as_bytes());
+        let hash: String = digest.iter().take(3).map(|b| format!("{b:02x}")).collect();
+        let root = claim_dir.join(format!("mps-{}", &hash[..5]));
+        MpsDirs {
+            pipe: root.join("pipe"),
+            log: root.join("log"),
+            shm: root.join("shm"),
+            root,
+        }
+    }
+}
+
+impl MpsDirs {
+    /// The directories of a daemon whose pipe directory is `pipe` (as recorded in a claim).
+    pub fn from_pipe(pipe: &Path) -> MpsDirs {
+        let root = pipe.parent().map_or_else(|| pipe.to_path_buf(), Path::to_path_buf);
+        MpsDirs {
+            pipe: root.join("pipe"),
+            log: root.join("log"),
+            shm: root.join("shm"),
+            root,
+        }
+    }
+}
+
+/// What to start: one device group's daemon and its limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsLaunch {
+    /// Where it lives.
+    pub dirs: MpsDirs,
+    /// Sorted GPU UUIDs (`CUDA_VISIBLE_DEVICES`); index = CUDA ordinal inside the daemon.
+    pub visible_devices: Vec<String>,
+    /// Start with `-M` (multi-user).
+    pub multi_user: bool,
+    /// Default active thread percentage, 1–100.
+    pub active_thread_percentage: Option<u32>,
+    /// Default pinned device memory limit per CUDA ordinal, in MiB.
+    pub pinned_limits_mib: Vec<Option<u64>>,
+    /// Size of the shm tmpfs in bytes.
+    pub shm_bytes: u64,
+}
+
+/// What the control daemon shows for `get_default_active_thread_percentage` after
+/// `set_default_active_thread_percentage p` (or by default): one decimal.
+pub fn percentage_display(p: Option<u32>) -> String {
+    format!("{:.1}", f64::from(p.unwrap_or(100)))
+}
+
+/// What the control daemon shows for `get_default_device_pinned_mem_limit` after the limit
+/// was set to `mib` MiB: whole GiB (floored) from 1 GiB on, else MiB; empty when unset.
+/// NVIDIA's daemon displays lossily (1536M reads back as `1G`), so this is what we compare.
+pub fn pinned_limit_display(mib: Option<u64>) -> String {
+    match mib {
+        None => String::new(),
+        Some(m) if m >= 1024 => format!("{}G", m / 1024),
+        Some(m) => format!("{m}M"),
+    }
+}
+
+/// The `set_*` commands for a launch. Pinned limits are keyed by CUDA **ordinal**, never by
+/// UUID: NVIDIA's control daemon accepts a UUID key silently, stores nothing for it, and clears
+/// device 0's limit instead.
+pub fn set_commands(launch: &MpsLaunch) -> Vec<String> {
+    let mut cmds = Vec::new();
+    if let Some(p) = launch.active_thread_percentage {
+        cmds.push(format!("set_default_active_thread_percentage {p}"));
+    }
+    for (ordinal, mib) in launch.pinned_limits_mib.iter().enumerate() {
+        if let Some(mib) = mib {
+            cmds.push(format!("set_default_device_pinned_mem_limit {ordinal} {mib}M"));
+        }
+    }
+    cmds
+}
+
+/// Half of the host's memory, as NVIDIA sizes per-claim shm tmpfs (pages are used only when
+/// touched). Falls back to 64 MiB when `/proc/meminfo` is unreadable.
+pub fn default_shm_bytes() -> u64 {
+    fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| parse_mem_total_kib(&t))
+        .map(|kib| kib * 1024 / 2)
+        .unwrap_or(64 << 20)
+}
+
+fn parse_mem_total_kib(meminfo: &str) -> Option<u64> {
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}
+
+/// Drives one MPS control program.
+#[derive(Debug, Clone)]
+pub struct MpsControl {
+    program: PathBuf,
+    runner: Arc<dyn CommandRunner>,
+    mounter: Arc<dyn Mounter>,
+    timeout: Duration,
+}
+
+impl MpsControl {
+    /// A driver for `program` (NVIDIA's `nvidia-cuda-mps-control` or `gpushare-mps-control`).
+    /// `timeout` bounds every run of the program and every wait for a daemon to exit.
+    pub fn new(
+        program: PathBuf,
+        runner: Arc<dyn CommandRunner>,
+        mounter: Arc<dyn Mounter>,
+        timeout: Duration,
+    ) -> MpsControl {
+        MpsControl {
+            program,
+            runner,
+            mounter,
+            timeout,
+        }
+    }
+
+    /// The program in use.
+    pub fn program(&self) -> &Path {
+        &self.program
+    }
+
+    fn env(&self, dirs: &MpsDirs) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            ("CUDA_MPS_PIPE_DIRECTORY".into(), dirs.pipe.display().to_string()),
+            ("CUDA_MPS_LOG_DIRECTORY".into(), dirs.log.display().to_string()),
+            // The daemon finds nvidia-cuda-mps-server through PATH.
+            (
+                "PATH".into(),
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+            ),
+        ])
+    }
+
+    /// Sends `commands` in one UI session; returns stdout.
+    ///
+    /// # Errors
+    /// [`MpsError::Spawn`] or [`MpsError::Ui`] when the session failed (the UI exits 0
+    /// whenever it reached the daemon, even if it rejected every command).
+    pub fn ui(&self, dirs: &MpsDirs, commands: &[String]) -> Result<String, MpsError> {
+        let mut stdin = commands.join("\n").into_bytes();
+        stdin.push(b'\n');
+        let out = self
+            .runner
+            .run(&CommandSpec {
+                program: self.program.clone(),
+                args: vec![],
+                env: self.env(dirs),
+                stdin,
+                timeout: self.timeout,
+                private_shm: None,
+            })
+            .map_err(|source| MpsError::Spawn {
+                program: self.program.clone(),
+                source,
+            })?;
+        if !out.success() {
+            return Err(MpsError::Ui {
+                pipe: dirs.pipe.clone(),
+                commands: commands.to_vec(),
+                summary: out.summary(),
+            });
+        }
+        Ok(out.stdout)
+    }
+
+    fn query(&self, dirs: &MpsDirs, command: String) -> Result<String, MpsError> {
+        Ok(self.ui(dirs, &[command])?.trim().to_string())
+    }
+
+    /// Starts the daemon of `launch`, applies its limits and verifies them by read-back.
+    /// On any failure everything started or created is undone before returning.
+    ///
+    /// # Errors
+    /// Any [`MpsError`]; nothing is left behind.
+    pub fn start(&self, launch: &MpsLaunch) -> Result<MpsInfo, MpsError> {
+        let mut pid = None;
+        let result = self.start_inner(launch, &mut pid);
+        if result.is_err() {
+            if let Err(e) = self.stop(&launch.dirs, pid) {
+                tracing::error!(pipe = %launch.dirs.pipe.display(), error = %e, "rolling back a failed MPS start");
+            }
+        }
+        result
+    }
+
+    fn start_inner(&self, launch: &MpsLaunch, pid_out: &mut Option<i32>) -> Result<MpsInfo, MpsError> {
+        let dirs = &launch.dirs;
+        for (path, mode) in [(&dirs.root, 0o755), (&dirs.pipe, 0o755), (&dirs.log, 0o700), (&dirs.shm, 0o755)] {
+            fsutil::create_dir(path, mode).map_err(|source| MpsError::Dir {
+                action: "creating",
+                path: path.clone(),
+                source,
+            })?;
+        }
+        let mounted = self.mounter.is_mounted(&dirs.shm).map_err(|source| MpsError::Mount {
+            action: "checking",
+            path: dirs.shm.clone(),
+            source,
+        })?;
+        if !mounted {
+            self.mounter
+                .mount_tmpfs(&dirs.shm, launch.shm_bytes)
+                .map_err(|source| MpsError::Mount {
+                    action: "mounting",
+                    path: dirs.shm.clone(),
+                    source,
+                })?;
+        }
+
+        let mut env = self.env(dirs);
+        env.insert("CUDA_VISIBLE_DEVICES".into(), launch.visible_devices.join(","));
+        let mut args = vec!["-d".to_string()];
+        if launch.multi_user {
+            args.push("-M".into());
+        }
+        let out = self
+            .runner
+            .run(&CommandSpec {
+                program: self.program.clone(),
+                args,
+                env,
+                stdin: vec![],
+                timeout: self.timeout,
+                private_shm: Some(dirs.shm.clone()),
+            })
+            .map_err(|source| MpsError::Spawn {
+                program: self.program.clone(),
+                source,
+            })?;
+        if !out.success() {
+            return Err(MpsError::StartFailed {
+                pipe: dirs.pipe.clone(),
+                summary: out.summary(),
+            });
+        }
+        let pid = self.wait_for_pid(dirs)?;
+        *pid_out = Some(pid);
+
+        let cmds = set_commands(launch);
+        if !cmds.is_empty() {
+            self.ui(dirs, &cmds)?;
+        }
+        // Read back every value: NVIDIA's daemon reports most rejected settings only in
+        // control.log, so a claim is ready only when what it shows is what we asked.
+        let atp = self.query(dirs, "get_default_active_thread_percentage".into())?;
+        let want = percentage_display(launch.active_thread_percentage);
+        if atp != want {
+            return Err(MpsError::Verify {
+                pipe: dirs.pipe.clone(),
+                what: "the default active thread percentage".into(),
+                expected: want,
+                actual: atp,
+            });
+        }
+        let mut limits = BTreeMap::new();
+        for (ordinal, mib) in launch.pinned_limits_mib.iter().enumerate() {
+            let got = self.query(dirs, format!("get_default_device_pinned_mem_limit {ordinal}"))?;
+            let want = pinned_limit_display(*mib);
+            if got != want {
+                return Err(MpsError::Verify {
+                    pipe: dirs.pipe.clone(),
+                    what: format!("the pinned device memory limit of device {ordinal}"),
+                    expected: want,
+                    actual: got,
+                });
+            }
+            limits.insert(ordinal as u32, got);
+        }
+        Ok(MpsInfo {
+            control_daemon_pid: pid,
+            pipe_dir: dirs.pipe.display().to_string(),
+            log_dir: dirs.log.display().to_string(),
+            shm_dir: dirs.shm.display().to_string(),
+            visible_devices: launch.visible_devices.clone(),
+            active_thread_percentage: atp,
+            pinned_device_memory_limits: limits,
+        })
+    }
+
+    fn wait_for_pid(&self, dirs: &MpsDirs) -> Result<i32, MpsError> {
+        let lock = dirs.pipe.join("control_lock");
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if let Ok(Some(pid)) = find_lock_holder(&lock) {
+                return Ok(pid);
+            }
+            if Instant::now() >= deadline {
+                return Err(MpsError::NoPid {
+                    pipe: dirs.pipe.clone(),
+                    timeout: self.timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Whether the daemon `pid` still runs and still holds its pipe directory.
+    pub fn is_running(&self, dirs: &MpsDirs, pid: i32) -> bool {
+        pid_alive(pid) && find_lock_holder(&dirs.pipe.join("control_lock")).ok().flatten() == Some(pid)
+    }
+
+    /// Stops a daemon: `quit` (bounded), then SIGKILL if it is still alive, then unmounts the
+    /// shm tmpfs and removes the directories. Idempotent: a missing daemon or directory is
+    /// fine. `pid` is the daemon's pid if known; otherwise the lock holder is looked up.
+    ///
+    /// # Errors
+    /// The tmpfs could not be unmounted or the directories removed.
+    pub fn stop(&self, dirs: &MpsDirs, pid: Option<i32>) -> Result<(), MpsError> {
+        let pid = pid.or_else(|| find_lock_holder(&dirs.pipe.join("control_lock")).ok().flatten());
+        if let Some(pid) = pid.filter(|p| pid_alive(*p)) {
+            if let Err(e) = self.ui(dirs, &["quit".to_string()]) {
+                tracing::warn!(pid, error = %e, "MPS control daemon did not take quit; killing it");
+            }
+            if !self.wait_exit(pid, self.timeout) {
+                tracing::warn!(pid, "MPS control daemon still running after quit; sending SIGKILL");
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                self.wait_exit(pid, self.timeout);
+            }
+        }
+        self.mounter.unmount(&dirs.shm).map_err(|source| MpsError::Mount {
+            action: "unmounting",
+            path: dirs.shm.clone(),
+            source,
+        })?;
+        fsutil::remove_dir_all_if_exists(&dirs.root).map_err(|source| MpsError::Dir {
+            action: "removing",
+            path: dirs.root.clone(),
+            source,
+        })
+    }
+
+    /// Waits for `pid` to exit, reaping it when it is our child (we are a child subreaper, so
+    /// double-forked daemons become our children). Returns whether it exited.
+    fn wait_exit(&self, pid: i32, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            // ECHILD (not our child) is fine: liveness is then read from /proc.
+            let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+            if !pid_alive(pid) {
+                let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn displays_match_nvidia_read_back() {
+        assert_eq!(percentage_display(Some(50)), "50.0");
+        assert_eq!(percentage_display(None), "100.0");
+        assert_eq!(pinned_limit_display(Some(8192)), "8G");
+        assert_eq!(pinned_limit_display(Some(20480)), "20G");
+        assert_eq!(pinned_limit_display(Some(1536)), "1G");
+        assert_eq!(pinned_limit_display(Some(800)), "800M");
+        assert_eq!(pinned_limit_display(Some(1024)), "1G");
+        assert_eq!(pinned_limit_display(None), "");
+    }
+
+    #[test]
+    fn pinned_limits_are_keyed_by_ordinal_never_uuid() {
+        let launch = MpsLaunch {
+            dirs: MpsDirs::for_group(Path::new("/run/x"), &["GPU-a".into(), "GPU-b".into()]),
+            visible_devices: vec!["GPU-a".into(), "GPU-b".into()],
+            multi_user: false,
+            active_thread_percentage: Some(30),
+            pinned_limits_mib: vec![Some(8192), Some(20480)],
+            shm_bytes: 1 << 20,
+        };
+        assert_eq!(
+            set_commands(&launch),
+            vec![
+                "set_default_active_thread_percentage 30",
+                "set_default_device_pinned_mem_limit 0 8192M",
+                "set_default_device_pinned_mem_limit 1 20480M",
+            ]
+        );
+        assert!(set_commands(&launch).iter().all(|c| !c.contains("GPU-")));
+    }
+
+    #[test]
+    fn group_dirs_are_stable_and_distinct() {
+        let a = MpsDirs::for_group(Path::new("/c"), &["GPU-1".into()]);
+        assert_eq!(a, MpsDirs::for_group(Path::new("/c"), &["GPU-1".into()]));
+        assert_ne!(a.root, MpsDirs::for_group(Path::new("/c"), &["GPU-2".into()]).root);
+        assert_eq!(a.pipe, a.root.join("pipe"));
+    }
+
+    #[test]
+    fn mem_total_parse() {
+        assert_eq!(parse_mem_total_kib("MemTotal:       24576000 kB\nMemFree: 1 kB\n"), Some(24576000));
+        assert_eq!(parse_mem_total_kib("nothing"), None);
+    }
+}

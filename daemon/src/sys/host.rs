@@ -1,0 +1,252 @@
+//! The production leaf: real processes and real mounts.
+
+use std::ffi::CString;
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::collections::BTreeSet;
+use std::sync::{mpsc, Mutex, MutexGuard};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag};
+use nix::unistd::Pid;
+
+use super::{CommandOutput, CommandRunner, CommandSpec, Mounter};
+
+/// Runs processes on the host with `std::process`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HostRunner;
+
+impl CommandRunner for HostRunner {
+    fn run(&self, spec: &CommandSpec) -> io::Result<CommandOutput> {
+        let mut cmd = Command::new(&spec.program);
+        cmd.args(&spec.args)
+            .env_clear()
+            .envs(&spec.env)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(shm) = &spec.private_shm {
+            let source = CString::new(shm.as_os_str().as_bytes())
+                .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in shm path"))?;
+            // SAFETY: the closure runs in the forked child before exec; it only makes raw
+            // syscalls (unshare, mount) on data allocated before the fork, and allocates
+            // nothing itself, which keeps it async-signal-safe.
+            unsafe {
+                cmd.pre_exec(move || {
+                    unshare(CloneFlags::CLONE_NEWNS)?;
+                    // Slave, not private: later host mounts still reach the daemon, but its own
+                    // /dev/shm never leaks back to the host.
+                    mount(
+                        None::<&std::ffi::CStr>,
+                        c"/",
+                        None::<&std::ffi::CStr>,
+                        MsFlags::MS_REC | MsFlags::MS_SLAVE,
+                        None::<&std::ffi::CStr>,
+                    )?;
+                    mount(
+                        Some(source.as_c_str()),
+                        c"/dev/shm",
+                        None::<&std::ffi::CStr>,
+                        MsFlags::MS_BIND,
+                        None::<&std::ffi::CStr>,
+                    )?;
+                    Ok(())
+                });
+            }
+        }
+        let mut running = lock_running();
+        let mut child = cmd.spawn()?;
+        let pid = child.id();
+        running.insert(pid as i32);
+        drop(running);
+        let _unregister = Unregister(pid as i32);
+        if let Some(mut stdin) = child.stdin.take() {
+            // A program that exits without reading its input must not fail the call: the
+            // output tells what happened.
+            let _ = stdin.write_all(&spec.stdin);
+        }
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        let (output, timed_out) = match rx.recv_timeout(spec.timeout) {
+            Ok(out) => (out?, false),
+            Err(_) => {
+                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+                let out = rx
+                    .recv()
+                    .map_err(|e| io::Error::other(format!("waiting for killed process: {e}")))??;
+                (out, true)
+            }
+        };
+        Ok(CommandOutput {
+            code: output.status.code(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+            timed_out,
+        })
+    }
+}
+
+/// Pids of children that a [`HostRunner::run`] call is waiting for: the orphan reaper must
+/// leave those to `std::process`, or their exit status would be stolen.
+static RUNNING: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
+
+fn lock_running() -> MutexGuard<'static, BTreeSet<i32>> {
+    RUNNING.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+struct Unregister(i32);
+
+impl Drop for Unregister {
+    fn drop(&mut self) {
+        lock_running().remove(&self.0);
+    }
+}
+
+/// Reaps exited children that nobody waits for: as a child subreaper, gpushared inherits the
+/// processes that `nvidia-cuda-mps-control -d` double-forks, and PID 1 on some hosts does not
+/// reap orphans either. Children a [`HostRunner::run`] call waits for are left alone. Returns
+/// the reaped pids.
+pub fn reap_orphans() -> Vec<i32> {
+    let running = lock_running();
+    let me = std::process::id() as i32;
+    let mut reaped = Vec::new();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return reaped;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        if running.contains(&pid) {
+            continue;
+        }
+        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some((_, rest)) = stat.rsplit_once(") ") else {
+            continue;
+        };
+        let mut fields = rest.split(' ');
+        let state = fields.next();
+        let ppid = fields.next().and_then(|p| p.parse::<i32>().ok());
+        if state == Some("Z") && ppid == Some(me)
+            && waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)).is_ok()
+        {
+            reaped.push(pid);
+        }
+    }
+    reaped
+}
+
+/// Mounts with the real syscalls (needs CAP_SYS_ADMIN).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HostMounter;
+
+impl Mounter for HostMounter {
+    fn mount_tmpfs(&self, target: &Path, size_bytes: u64) -> io::Result<()> {
+        let options = format!("size={size_bytes},mode=1777");
+        mount(
+            Some("tmpfs"),
+            target,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            Some(options.as_str()),
+        )
+        .map_err(io::Error::from)
+    }
+
+    fn unmount(&self, target: &Path) -> io::Result<()> {
+        if !self.is_mounted(target)? {
+            return Ok(());
+        }
+        // Detach: a container that still has the tmpfs mounted keeps its copy alive, and the
+        // host path is freed at once.
+        umount2(target, MntFlags::MNT_DETACH).map_err(io::Error::from)
+    }
+
+    fn is_mounted(&self, target: &Path) -> io::Result<bool> {
+        let text = fs::read_to_string("/proc/self/mountinfo")?;
+        Ok(mountinfo_has(&text, target))
+    }
+}
+
+/// Whether mountinfo text has a mount point exactly at `target` (octal escapes decoded).
+pub(crate) fn mountinfo_has(text: &str, target: &Path) -> bool {
+    let want = target.as_os_str().as_bytes();
+    text.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|field| unescape_octal(field) == want)
+}
+
+fn unescape_octal(field: &str) -> Vec<u8> {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(u8::is_ascii_digit) {
+            let n = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(n);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::path::PathBuf;
+    use std::time::{Duration, Instant};
+
+    fn spec(program: &str, args: &[&str], stdin: &str, timeout_ms: u64) -> CommandSpec {
+        CommandSpec {
+            program: PathBuf::from(program),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            env: BTreeMap::from([("PATH".into(), "/usr/bin:/bin".into())]),
+            stdin: stdin.as_bytes().to_vec(),
+            timeout: Duration::from_millis(timeout_ms),
+            private_shm: None,
+        }
+    }
+
+    #[test]
+    fn runs_with_stdin_and_exact_env() {
+        let out = HostRunner
+            .run(&spec("/bin/sh", &["-c", "cat; echo \"[$HOME]\" >&2; exit 3"], "hi", 5000))
+            .unwrap();
+        assert_eq!(out.stdout, "hi");
+        assert_eq!(out.stderr, "[]\n", "HOME is not inherited");
+        assert_eq!(out.code, Some(3));
+        assert!(!out.timed_out);
+    }
+
+    #[test]
+    fn kills_at_the_timeout() {
+        let start = Instant::now();
+        let out = HostRunner.run(&spec("/bin/sleep", &["30"], "", 200)).unwrap();
+        assert!(out.timed_out);
+        assert_eq!(out.code, None);
+        assert!(start.elapsed() < Duration::from_secs(10));
+    }
+
+    #[test]
+    fn mountinfo_matching_decodes_escapes() {
+        let text = "36 35 98:0 / /mnt/with\\040space rw - tmpfs tmpfs rw\n\
+                    37 35 98:0 / /run/x rw - tmpfs tmpfs rw\n";
+        assert!(mountinfo_has(text, Path::new("/mnt/with space")));
+        assert!(mountinfo_has(text, Path::new("/run/x")));
+        assert!(!mountinfo_has(text, Path::new("/run")));
+    }
+}

@@ -1,0 +1,94 @@
+//! The leaf: every process spawn, mount and `/proc` read the daemon makes goes through the
+//! narrow traits here, so everything above runs unchanged against the recording fakes in tests.
+
+mod host;
+mod proc;
+
+pub use host::{reap_orphans, HostMounter, HostRunner};
+pub use proc::{find_lock_holder, parse_proc_locks, pid_alive, read_cgroup};
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A program to run, with exactly this environment (nothing is inherited).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandSpec {
+    /// Program path (or a name looked up in `PATH`).
+    pub program: PathBuf,
+    /// Arguments, without the program name.
+    pub args: Vec<String>,
+    /// The whole environment of the new process.
+    pub env: BTreeMap<String, String>,
+    /// Bytes written to the process's stdin (then closed).
+    pub stdin: Vec<u8>,
+    /// Longest wait for the process to exit; it is killed after that.
+    pub timeout: Duration,
+    /// Run in a new mount namespace where this host directory is bind-mounted on `/dev/shm`.
+    pub private_shm: Option<PathBuf>,
+}
+
+/// What a finished process left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandOutput {
+    /// Exit code; `None` when killed by a signal (including our timeout).
+    pub code: Option<i32>,
+    /// Captured stdout.
+    pub stdout: String,
+    /// Captured stderr.
+    pub stderr: String,
+    /// The timeout passed and the process was killed.
+    pub timed_out: bool,
+}
+
+impl CommandOutput {
+    /// Exit code 0.
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+
+    /// stdout and stderr on one line, for error messages.
+    pub fn summary(&self) -> String {
+        let text = format!("{} {}", self.stdout.trim(), self.stderr.trim());
+        let text = text.trim().replace('\n', " / ");
+        if self.timed_out {
+            format!("timed out; output: {text:?}")
+        } else {
+            match self.code {
+                Some(c) => format!("exit {c}; output: {text:?}"),
+                None => format!("killed by a signal; output: {text:?}"),
+            }
+        }
+    }
+}
+
+/// Runs processes to completion (bounded). The production implementation is [`HostRunner`].
+pub trait CommandRunner: Send + Sync + std::fmt::Debug {
+    /// Runs `spec` and waits for it, at most `spec.timeout`.
+    ///
+    /// # Errors
+    /// The process could not be started.
+    fn run(&self, spec: &CommandSpec) -> io::Result<CommandOutput>;
+}
+
+/// Mounts and unmounts. The production implementation is [`HostMounter`].
+pub trait Mounter: Send + Sync + std::fmt::Debug {
+    /// Mounts a new tmpfs of `size_bytes` on `target` with `nosuid,nodev,noexec`.
+    ///
+    /// # Errors
+    /// The mount syscall failed (EPERM when not root).
+    fn mount_tmpfs(&self, target: &Path, size_bytes: u64) -> io::Result<()>;
+
+    /// Detaches whatever is mounted on `target`; nothing mounted is not an error.
+    ///
+    /// # Errors
+    /// The unmount syscall failed for another reason.
+    fn unmount(&self, target: &Path) -> io::Result<()>;
+
+    /// Whether something is mounted exactly on `target` (from `/proc/self/mountinfo`).
+    ///
+    /// # Errors
+    /// mountinfo could not be read.
+    fn is_mounted(&self, target: &Path) -> io::Result<bool>;
+}

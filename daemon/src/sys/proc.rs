@@ -1,0 +1,147 @@
+//! Reading `/proc`: lock holders, liveness, cgroups.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use nix::sys::signal::kill;
+use nix::unistd::Pid;
+
+/// One POSIX or flock lock from `/proc/locks`: the holder's pid and the file's device and
+/// inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockEntry {
+    /// Holder's pid (in our pid namespace).
+    pub pid: i32,
+    /// Major device number of the locked file.
+    pub major: u32,
+    /// Minor device number of the locked file.
+    pub minor: u32,
+    /// Inode of the locked file.
+    pub inode: u64,
+}
+
+/// Parses `/proc/locks` text. Lines look like
+/// `1: POSIX  ADVISORY  WRITE 2238 fe:00:10010780 0 EOF`; `->` lines (waiters) are skipped.
+pub fn parse_proc_locks(text: &str) -> Vec<LockEntry> {
+    text.lines()
+        .filter(|l| !l.contains("->"))
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let pid = fields.get(4)?.parse().ok()?;
+            let mut dev = fields.get(5)?.split(':');
+            let major = u32::from_str_radix(dev.next()?, 16).ok()?;
+            let minor = u32::from_str_radix(dev.next()?, 16).ok()?;
+            let inode = dev.next()?.parse().ok()?;
+            Some(LockEntry {
+                pid,
+                major,
+                minor,
+                inode,
+            })
+        })
+        .collect()
+}
+
+/// The pid holding a lock on `path`, if any.
+///
+/// NVIDIA's MPS control daemon holds a POSIX lock on `<pipe>/control_lock` for its whole life
+/// and (in 535) writes no pid file, so the lock is the one reliable way to learn the pid of a
+/// daemon that `-d` double-forked away from us.
+///
+/// # Errors
+/// `path` or `/proc/locks` cannot be read.
+pub fn find_lock_holder(path: &Path) -> io::Result<Option<i32>> {
+    let meta = fs::metadata(path)?;
+    let dev = meta.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let text = fs::read_to_string("/proc/locks")?;
+    Ok(parse_proc_locks(&text)
+        .into_iter()
+        .find(|l| l.inode == meta.ino() && l.major == major && l.minor == minor)
+        .map(|l| l.pid))
+}
+
+/// Whether a process with this pid exists (a zombie counts as gone).
+pub fn pid_alive(pid: i32) -> bool {
+    if pid <= 0 || kill(Pid::from_raw(pid), None).is_err() {
+        return false;
+    }
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name, which may itself hold spaces.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .map(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
+            .unwrap_or(true),
+        Err(_) => false,
+    }
+}
+
+/// The cgroup of a process: the cgroup v2 path (`0::/…`), else the first v1 line's path.
+pub fn read_cgroup(pid: i32) -> Option<String> {
+    let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let pick = |prefix: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .map(str::to_string)
+    };
+    pick("0::").or_else(|| {
+        text.lines()
+            .next()
+            .and_then(|l| l.splitn(3, ':').nth(2))
+            .map(str::to_string)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_proc_locks_lines() {
+        let text = "1: POSIX  ADVISORY  WRITE 2238 fe:00:10010780 0 EOF\n\
+                    2: FLOCK  ADVISORY  WRITE 17 00:1a:42 0 EOF\n\
+                    2: -> FLOCK  ADVISORY  WRITE 18 00:1a:42 0 EOF\n";
+        let locks = parse_proc_locks(text);
+        assert_eq!(
+            locks,
+            vec![
+                LockEntry { pid: 2238, major: 0xfe, minor: 0, inode: 10010780 },
+                LockEntry { pid: 17, major: 0, minor: 0x1a, inode: 42 },
+            ]
+        );
+    }
+
+    #[test]
+    fn finds_our_own_lock() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control_lock");
+        let file = fs::File::create(&path).unwrap();
+        assert_eq!(find_lock_holder(&path).unwrap(), None);
+        let lock = libc::flock {
+            l_type: libc::F_WRLCK as libc::c_short,
+            l_whence: libc::SEEK_SET as libc::c_short,
+            l_start: 0,
+            l_len: 0,
+            l_pid: 0,
+        };
+        // SAFETY: `lock` is a valid flock struct and the fd is open for the call's duration.
+        let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &lock) };
+        assert_eq!(rc, 0);
+        assert_eq!(
+            find_lock_holder(&path).unwrap(),
+            Some(std::process::id() as i32)
+        );
+    }
+
+    #[test]
+    fn liveness_and_cgroup_of_self() {
+        let me = std::process::id() as i32;
+        assert!(pid_alive(me));
+        assert!(!pid_alive(0));
+        assert!(!pid_alive(i32::MAX));
+        assert!(read_cgroup(me).is_some());
+    }
+}

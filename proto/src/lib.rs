@@ -1,0 +1,25 @@
+//! Wire types of `gpushared`'s socket protocol and a small blocking client.
+//!
+//! The protocol is newline-delimited JSON over a Unix stream socket: each request is one line
+//! holding a [`Request`], answered by one line holding a [`Response`] with the same `id`.
+//! `docs/protocol.md` (with its JSON Schema) is the reference for implementers in other
+//! languages; this crate is the reference for Rust callers.
+//!
+//! This crate has no async runtime and few dependencies on purpose: `gpushare-cdi-hook` links it
+//! and runs at every container start, so it must start fast.
+
+mod client;
+mod types;
+
+pub use client::{Client, ClientError};
+pub use types::*;
+
+/// Version of the wire protocol spoken by this crate. A request carrying another version is
+/// refused with [`ErrorCode::InvalidRequest`].
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Default path of the daemon's socket.
+pub const DEFAULT_SOCKET: &str = "/run/gpushare/gpushared.sock";
+
+/// The CDI kind under which every claim's devices are published (`gpushare.io/claim=<name>`).
+pub const CDI_KIND: &str = "gpushare.io/claim";

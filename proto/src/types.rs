@@ -1,0 +1,480 @@
+//! Request, response, and result shapes. Field names are `snake_case` on the wire.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One request line: `{"version":1,"id":7,"method":"get_claim","params":{"uid":"…"}}`.
+///
+/// `params` may be omitted for methods that take none.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Request {
+    /// Protocol version; must equal [`crate::PROTOCOL_VERSION`].
+    pub version: u32,
+    /// Caller-chosen id, echoed in the response.
+    pub id: u64,
+    /// One of [`Method`]'s names.
+    pub method: String,
+    /// Method parameters; shape depends on `method`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params: Option<Value>,
+}
+
+/// One response line: exactly one of `result` or `error` is present.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Response {
+    /// Protocol version of the daemon.
+    pub version: u32,
+    /// The request's id (0 when the request could not be read far enough to find it).
+    pub id: u64,
+    /// The method's result on success.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    /// Why the request failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
+}
+
+/// The methods of the protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Method {
+    /// Prepare a claim ([`PrepareParams`] → [`PrepareResult`]). Idempotent per claim UID.
+    Prepare,
+    /// Release a claim ([`UidParams`] → [`UnprepareResult`]). Idempotent.
+    Unprepare,
+    /// One claim ([`UidParams`] → [`ClaimInfo`]).
+    GetClaim,
+    /// All claims (no params → `Vec<ClaimInfo>`).
+    ListClaims,
+    /// All GPUs of the node (no params → `Vec<GpuInfo>`).
+    ListGpus,
+    /// Tie a container to a claim ([`AttachParams`] → [`Attachment`]).
+    Attach,
+    /// Untie a container from a claim ([`DetachParams`] → [`DetachResult`]).
+    Detach,
+    /// Liveness and readiness (no params → [`HealthInfo`]).
+    Health,
+    /// Versions (no params → [`VersionInfo`]).
+    Version,
+}
+
+impl Method {
+    /// Every method, in documentation order.
+    pub const ALL: [Method; 9] = [
+        Method::Prepare,
+        Method::Unprepare,
+        Method::GetClaim,
+        Method::ListClaims,
+        Method::ListGpus,
+        Method::Attach,
+        Method::Detach,
+        Method::Health,
+        Method::Version,
+    ];
+
+    /// The method's wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::Prepare => "prepare",
+            Method::Unprepare => "unprepare",
+            Method::GetClaim => "get_claim",
+            Method::ListClaims => "list_claims",
+            Method::ListGpus => "list_gpus",
+            Method::Attach => "attach",
+            Method::Detach => "detach",
+            Method::Health => "health",
+            Method::Version => "version",
+        }
+    }
+
+    /// Parses a wire name; `None` for an unknown method.
+    pub fn parse(name: &str) -> Option<Method> {
+        Method::ALL.into_iter().find(|m| m.as_str() == name)
+    }
+
+    /// Whether the method changes state (and so needs a privileged peer).
+    pub fn is_changing(self) -> bool {
+        matches!(
+            self,
+            Method::Prepare | Method::Unprepare | Method::Attach | Method::Detach
+        )
+    }
+}
+
+impl fmt::Display for Method {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Stable, machine-readable error codes. Callers branch on these, never on messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ErrorCode {
+    /// A sharing config is malformed or out of range (field and value named in the message).
+    InvalidConfig,
+    /// The request itself is malformed: bad JSON, unknown method, bad claim object or UID.
+    InvalidRequest,
+    /// The claim's allocation names a pool other than this node.
+    WrongNode,
+    /// The allocation names a device this node does not have.
+    UnknownDevice,
+    /// The claim conflicts with what other claims hold (mode, interval, exclusivity).
+    Conflict,
+    /// The request is valid but this node or build cannot do it (e.g. MIG before its issue).
+    Unsupported,
+    /// The claim exists but is not ready (e.g. its MPS control daemon is gone).
+    NotReady,
+    /// No claim with that UID.
+    NotFound,
+    /// The claim's attach limit (`replicas`) is reached.
+    LimitReached,
+    /// The peer may not call this method.
+    PermissionDenied,
+    /// Anything else; the message says what failed on the host.
+    Internal,
+}
+
+impl ErrorCode {
+    /// The code's wire name, e.g. `"InvalidConfig"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidConfig => "InvalidConfig",
+            ErrorCode::InvalidRequest => "InvalidRequest",
+            ErrorCode::WrongNode => "WrongNode",
+            ErrorCode::UnknownDevice => "UnknownDevice",
+            ErrorCode::Conflict => "Conflict",
+            ErrorCode::Unsupported => "Unsupported",
+            ErrorCode::NotReady => "NotReady",
+            ErrorCode::NotFound => "NotFound",
+            ErrorCode::LimitReached => "LimitReached",
+            ErrorCode::PermissionDenied => "PermissionDenied",
+            ErrorCode::Internal => "Internal",
+        }
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An error answer: a stable code and a message for humans.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// Stable code.
+    pub code: ErrorCode,
+    /// One line naming the field and value at fault.
+    pub message: String,
+}
+
+impl fmt::Display for ErrorBody {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+/// Parameters of `prepare`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrepareParams {
+    /// A whole `ResourceClaim` object (`resource.k8s.io` v1, v1beta1 or v1beta2) as JSON, with
+    /// its `status.allocation`.
+    pub claim: Value,
+}
+
+/// Parameters of `unprepare` and `get_claim`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UidParams {
+    /// The claim's `metadata.uid`.
+    pub uid: String,
+}
+
+/// CDI devices prepared for one request of a claim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestDevices {
+    /// The request's name in the claim.
+    pub request: String,
+    /// Fully-qualified CDI device names, e.g. `gpushare.io/claim=<uid>`.
+    pub cdi_device_ids: Vec<String>,
+    /// The allocated device names (e.g. `gpu-3`) behind them.
+    pub devices: Vec<String>,
+}
+
+/// Result of `prepare`: what a kubelet plugin hands back from `NodePrepareResources`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrepareResult {
+    /// The claim's UID.
+    pub uid: String,
+    /// One entry per request, in the claim's allocation order.
+    pub requests: Vec<RequestDevices>,
+    /// `true` when the claim was already prepared and nothing was done.
+    pub already_prepared: bool,
+}
+
+/// Result of `unprepare`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnprepareResult {
+    /// The claim's UID.
+    pub uid: String,
+    /// `false` when there was no such claim (nothing to do; not an error).
+    pub released: bool,
+}
+
+/// Lifecycle state of a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClaimState {
+    /// Host setup is in progress.
+    PrepareStarted,
+    /// Every strategy is applied and verified; containers may attach.
+    Prepared,
+    /// Release is in progress.
+    Unpreparing,
+}
+
+/// Time-slice interval as NVIDIA names it; the number is what `nvidia-smi compute-policy
+/// --set-timeslice` takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
+pub enum TimeSliceInterval {
+    /// Driver default (0).
+    #[default]
+    Default,
+    /// Shorter slices (1).
+    Short,
+    /// Medium slices (2).
+    Medium,
+    /// Longer slices (3).
+    Long,
+}
+
+impl TimeSliceInterval {
+    /// The `nvidia-smi compute-policy --set-timeslice` value, 0–3.
+    pub fn as_int(self) -> u8 {
+        match self {
+            TimeSliceInterval::Default => 0,
+            TimeSliceInterval::Short => 1,
+            TimeSliceInterval::Medium => 2,
+            TimeSliceInterval::Long => 3,
+        }
+    }
+
+    /// NVIDIA's name (`Default`, `Short`, `Medium`, `Long`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TimeSliceInterval::Default => "Default",
+            TimeSliceInterval::Short => "Short",
+            TimeSliceInterval::Medium => "Medium",
+            TimeSliceInterval::Long => "Long",
+        }
+    }
+}
+
+/// GPU compute mode as NVML names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub enum ComputeMode {
+    /// Many processes per GPU (0).
+    #[default]
+    Default,
+    /// No CUDA contexts (2).
+    Prohibited,
+    /// One process per GPU (3); what MPS wants, so only the MPS server holds the GPU.
+    ExclusiveProcess,
+}
+
+/// A device of a claim, as found on this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimDevice {
+    /// The request it was allocated for.
+    pub request: String,
+    /// The allocated device name (`gpu-<minor>`).
+    pub device: String,
+    /// GPU UUID.
+    pub uuid: String,
+    /// Minor number (`/dev/nvidia<minor>`).
+    pub minor: u32,
+}
+
+/// MPS control daemon of one device group, as read back from the daemon itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MpsInfo {
+    /// PID of the MPS control daemon.
+    pub control_daemon_pid: i32,
+    /// Host pipe directory (mounted at `/tmp/nvidia-mps` in containers).
+    pub pipe_dir: String,
+    /// Host log directory (`control.log`).
+    pub log_dir: String,
+    /// Host tmpfs mounted at `/dev/shm` in the daemon's and the containers' mount namespaces.
+    pub shm_dir: String,
+    /// `CUDA_VISIBLE_DEVICES` given to the daemon: the group's GPU UUIDs, sorted.
+    pub visible_devices: Vec<String>,
+    /// `get_default_active_thread_percentage` as read back, e.g. `"50.0"`.
+    pub active_thread_percentage: String,
+    /// `get_default_device_pinned_mem_limit <ordinal>` as read back per CUDA ordinal inside the
+    /// daemon (`"8G"`, `"800M"`, or `""` when no limit is set).
+    pub pinned_device_memory_limits: BTreeMap<u32, String>,
+}
+
+/// The sharing strategy applied to one device group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "strategy")]
+pub enum StrategyInfo {
+    /// The group's GPUs belong to this claim alone; nothing was changed on them.
+    Exclusive,
+    /// The GPUs run with this time-slice interval.
+    TimeSlicing {
+        /// Interval applied to each GPU of the group.
+        interval: TimeSliceInterval,
+    },
+    /// The group runs under its own MPS control daemon.
+    Mps(MpsInfo),
+}
+
+/// One device group: results that share one config object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupInfo {
+    /// Requests whose devices form the group.
+    pub requests: Vec<String>,
+    /// GPUs of the group, sorted by UUID.
+    pub devices: Vec<ClaimDevice>,
+    /// What is applied to them.
+    pub sharing: StrategyInfo,
+}
+
+/// A container tied to a claim by the hook.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attachment {
+    /// The claim's UID.
+    pub claim_uid: String,
+    /// OCI container id.
+    pub container_id: String,
+    /// Host PID of the container's init process, if the runtime gave one.
+    pub pid: Option<i32>,
+    /// The container's cgroup path (from `/proc/<pid>/cgroup`), if it could be read.
+    pub cgroup: Option<String>,
+    /// OCI bundle directory, if given.
+    pub bundle: Option<String>,
+    /// Seconds since the Unix epoch.
+    pub attached_at: u64,
+}
+
+/// Everything the daemon knows about one claim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimInfo {
+    /// `metadata.uid`.
+    pub uid: String,
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// Lifecycle state.
+    pub state: ClaimState,
+    /// Device groups with their strategies.
+    pub groups: Vec<GroupInfo>,
+    /// CDI devices per request.
+    pub requests: Vec<RequestDevices>,
+    /// Path of the claim's CDI spec file.
+    pub cdi_spec: String,
+    /// Most containers that may be attached at once (`replicas`), if limited.
+    pub attach_limit: Option<u32>,
+    /// Containers attached now.
+    pub attached: Vec<Attachment>,
+}
+
+/// How a GPU is shared right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GpuSharing {
+    /// No claim holds it.
+    Free,
+    /// One claim holds it whole.
+    Exclusive,
+    /// Claims time-slice it.
+    TimeSlicing,
+    /// Claims' MPS control daemons share it.
+    Mps,
+}
+
+/// One GPU of the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    /// Device name as allocated (`gpu-<minor>`).
+    pub name: String,
+    /// Minor number.
+    pub minor: u32,
+    /// GPU UUID.
+    pub uuid: String,
+    /// Product name, e.g. `NVIDIA A100-SXM4-40GB`.
+    pub product_name: String,
+    /// Total memory in MiB.
+    pub memory_mib: u64,
+    /// Current compute mode.
+    pub compute_mode: ComputeMode,
+    /// Current time-slice interval.
+    pub time_slice: TimeSliceInterval,
+    /// Sharing mode held by claims.
+    pub sharing: GpuSharing,
+    /// UIDs of the claims holding it.
+    pub claims: Vec<String>,
+}
+
+/// Parameters of `attach` (sent by `gpushare-cdi-hook attach` at `createRuntime`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttachParams {
+    /// The claim's UID (from the hook's arguments in the CDI spec).
+    pub claim_uid: String,
+    /// OCI container id.
+    pub container_id: String,
+    /// Host PID of the container's init process.
+    #[serde(default)]
+    pub pid: Option<i32>,
+    /// OCI bundle directory.
+    #[serde(default)]
+    pub bundle: Option<String>,
+}
+
+/// Parameters of `detach` (sent by `gpushare-cdi-hook detach` at `poststop`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DetachParams {
+    /// The claim's UID.
+    pub claim_uid: String,
+    /// OCI container id.
+    pub container_id: String,
+}
+
+/// Result of `detach`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DetachResult {
+    /// `false` when the container was not attached (nothing to do; not an error).
+    pub detached: bool,
+}
+
+/// Result of `health`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthInfo {
+    /// The daemon accepts changing requests.
+    pub ready: bool,
+    /// Node (pool) name allocations must name.
+    pub node_name: String,
+    /// Number of GPUs found.
+    pub gpus: usize,
+    /// Number of claims held.
+    pub claims: usize,
+    /// GPU backend in use (`simulated:<profile>` or `nvml`).
+    pub backend: String,
+    /// Path of the MPS control program in use.
+    pub mps_control: String,
+}
+
+/// Result of `version`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionInfo {
+    /// `gpushared`'s version.
+    pub daemon: String,
+    /// The protocol version it speaks.
+    pub protocol: u32,
+}

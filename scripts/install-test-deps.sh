@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs what the test suite runs for real: runc, crun, podman (reads CDI specs with the
+# reference library), busybox-static (container rootfs) and NVIDIA's MPS control program
+# (Debian package nvidia-cuda-mps, in the non-free component). Idempotent; installs only what is
+# missing. Needs root and Debian bookworm's package registry.
+set -euo pipefail
+
+need=()
+command -v runc >/dev/null || need+=(runc)
+command -v crun >/dev/null || need+=(crun)
+command -v podman >/dev/null || need+=(podman)
+[ -x /bin/busybox ] || need+=(busybox-static)
+command -v nvidia-cuda-mps-control >/dev/null || need+=(nvidia-cuda-mps)
+command -v python3 >/dev/null || need+=(python3)
+[ ${#need[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-test-deps: missing ${need[*]}; run as root to install them" >&2
+  exit 1
+fi
+
+src=/etc/apt/sources.list.d/gpushare-non-free.sources
+if [ ! -f "$src" ]; then
+  cat >"$src" <<'SRC'
+# Added by gpushare's test setup: NVIDIA's MPS control program (nvidia-cuda-mps) is in non-free.
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: bookworm bookworm-updates
+Components: non-free
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: http://deb.debian.org/debian-security
+Suites: bookworm-security
+Components: non-free
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+echo "install-test-deps: installed ${need[*]}"
