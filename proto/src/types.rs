@@ -313,9 +313,10 @@ pub struct MpsInfo {
     pub visible_devices: Vec<String>,
     /// `get_default_active_thread_percentage` as read back, e.g. `"50.0"`.
     pub active_thread_percentage: String,
-    /// `get_default_device_pinned_mem_limit <ordinal>` as read back per CUDA ordinal inside the
-    /// daemon (`"8G"`, `"800M"`, or `""` when no limit is set).
-    pub pinned_device_memory_limits: BTreeMap<u32, String>,
+    /// `get_default_device_pinned_mem_limit <ordinal>` as read back, keyed by the CUDA ordinal
+    /// inside the daemon written in decimal (`"0"`, `"1"`; string keys because JSON object keys
+    /// are strings), valued `"8G"`, `"800M"`, or `""` when no limit is set.
+    pub pinned_device_memory_limits: BTreeMap<String, String>,
 }
 
 /// The sharing strategy applied to one device group.

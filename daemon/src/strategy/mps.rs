@@ -380,7 +380,7 @@ impl MpsControl {
                     actual: got,
                 });
             }
-            limits.insert(ordinal as u32, got);
+            limits.insert(ordinal.to_string(), got);
         }
         Ok(MpsInfo {
             control_daemon_pid: pid,
