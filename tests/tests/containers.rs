@@ -1,0 +1,187 @@
+//! Real containers on prepared claims: podman (which reads our CDI spec with the reference CDI
+//! library) and plain runc with our hooks in its `config.json`.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use gpushare_e2e::*;
+use gpushare_proto::{ClaimInfo, StrategyInfo};
+use serde_json::{json, Value};
+
+fn claim_via_cli(d: &Daemon, uid: &str) -> ClaimInfo {
+    let out = Command::new(bin("gpushare"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["claim", uid, "-o", "json"])
+        .output()
+        .expect("gpushare claim");
+    assert!(out.status.success(), "gpushare claim: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("claim JSON")
+}
+
+fn seed_mps(uid: &str) -> Option<Value> {
+    let cases = cases_dir()?;
+    Some(with_uid(&load_claim(&cases.join("claims/seed-mps.yaml")), uid))
+}
+
+fn atp_of(c: &ClaimInfo) -> String {
+    c.groups
+        .iter()
+        .find_map(|g| match &g.sharing {
+            StrategyInfo::Mps(m) => Some(m.active_thread_percentage.clone()),
+            _ => None,
+        })
+        .expect("an MPS group")
+}
+
+#[test]
+fn podman_container_uses_the_claims_mps_daemon() {
+    if !need(is_root(), "root") || !need(which("podman").is_some(), "podman") || !need(which("runc").is_some(), "runc") {
+        return;
+    }
+    let _serial = global_lock();
+    for (name, program) in mps_programs() {
+        eprintln!("--- MPS control program: {name}");
+        let d = Daemon::start(DaemonOptions {
+            mps_control: program.clone(),
+            // podman reads CDI specs from /etc/cdi and /var/run/cdi only.
+            cdi_dir: Some(PathBuf::from("/var/run/cdi")),
+        });
+        let uid = unique_uid(&format!("podman-{name}"));
+        let Some(claim) = seed_mps(&uid) else {
+            need(false, "shared/cases");
+            return;
+        };
+        d.prepare(&claim).unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+        let tmp = tempfile::tempdir().unwrap();
+        // NVIDIA's control UI (or ours) with its libraries, at the same path as on the host.
+        let rootfs = busybox_rootfs(tmp.path(), &[program.clone()]);
+        let script = format!(
+            "echo env=$CUDA_MPS_PIPE_DIRECTORY; ls /tmp/nvidia-mps; grep ' /dev/shm ' /proc/self/mountinfo; \
+             echo atp=$(echo get_default_active_thread_percentage | {}); sleep 3",
+            program.display()
+        );
+        let child = Command::new("podman")
+            .args(["run", "--rm", "--runtime", "runc", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", "--network", "none"])
+            .args(["--device", &format!("gpushare.io/claim={uid}")])
+            .arg("--rootfs")
+            .arg(&rootfs)
+            .args(["/bin/sh", "-c", &script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("podman run");
+        let attached = wait_until(Duration::from_secs(30), || claim_via_cli(&d, &uid).attached.len() == 1);
+        let during = claim_via_cli(&d, &uid);
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "podman failed: {stdout}\n{stderr}\n{}", d.log());
+        assert!(attached, "gpushare claim never showed the container attached: {during:?}");
+        let a = &during.attached[0];
+        assert!(a.pid.is_some_and(|p| p > 0), "{a:?}");
+        assert!(a.cgroup.is_some(), "{a:?}");
+        assert!(stdout.contains("env=/tmp/nvidia-mps"), "{stdout}");
+        assert!(stdout.lines().any(|l| l.trim() == "control"), "pipe dir mounted: {stdout}");
+        let shm = stdout.lines().find(|l| l.contains(" /dev/shm ")).unwrap_or_default();
+        assert!(shm.contains("tmpfs") && shm.contains("size=65536k"), "the claim's 64 MiB tmpfs on /dev/shm: {stdout}");
+        assert!(stdout.contains(&format!("atp={}", atp_of(&during))), "UI in the container: {stdout}");
+        assert!(stdout.contains("atp=50.0"), "{stdout}");
+        assert!(
+            wait_until(Duration::from_secs(10), || claim_via_cli(&d, &uid).attached.is_empty()),
+            "detached after exit"
+        );
+        d.unprepare(&uid);
+        d.assert_nothing_left(&uid, &[]);
+    }
+}
+
+fn runc_bundle(dir: &Path, cdi_spec: &Path, device: &str, cmd: &str) -> PathBuf {
+    let bundle = dir.join("bundle");
+    fs::create_dir_all(&bundle).unwrap();
+    busybox_rootfs(&bundle, &[]);
+    let st = Command::new("runc").args(["spec", "--bundle"]).arg(&bundle).status().unwrap();
+    assert!(st.success());
+    let path = bundle.join("config.json");
+    let mut config: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    config["process"]["terminal"] = json!(false);
+    config["process"]["args"] = json!(["/bin/sh", "-c", cmd]);
+    config["root"]["readonly"] = json!(false);
+    let spec: gpushare::cdi::Spec = serde_json::from_slice(&fs::read(cdi_spec).unwrap()).unwrap();
+    let dev = spec.devices.iter().find(|d| d.name == device).expect("device in spec");
+    gpushare::cdi::apply_to_oci_config(&mut config, &dev.container_edits).unwrap();
+    fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+    bundle
+}
+
+#[test]
+fn runc_container_attaches_detaches_and_fails_without_claim() {
+    if !need(is_root(), "root") || !need(which("runc").is_some(), "runc") {
+        return;
+    }
+    let program = mps_programs().remove(0).1;
+    let d = Daemon::start(DaemonOptions { mps_control: program, cdi_dir: None });
+    let uid = unique_uid("runc");
+    let Some(claim) = seed_mps(&uid) else {
+        need(false, "shared/cases");
+        return;
+    };
+    d.prepare(&claim).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = d.cdi_dir.join(format!("gpushare.io-claim_{uid}.json"));
+    let bundle = runc_bundle(
+        tmp.path(),
+        &spec,
+        &uid,
+        "test -S /tmp/nvidia-mps/control && echo pipe-ok; echo env=$CUDA_MPS_PIPE_DIRECTORY; test -c /dev/nvidia0 && echo dev-ok; sleep 2",
+    );
+    let runc_root = tmp.path().join("runc-root");
+    let run = |id: &str| {
+        Command::new("runc")
+            .arg("--root")
+            .arg(&runc_root)
+            .args(["run", "--bundle"])
+            .arg(&bundle)
+            .arg(id)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("runc run")
+    };
+    let child = run("gs-runc-1");
+    let attached = wait_until(Duration::from_secs(20), || {
+        d.claim(&uid).map(|c| c.attached.iter().any(|a| a.container_id == "gs-runc-1")).unwrap_or(false)
+    });
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "runc: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(attached, "container attached while running");
+    assert!(stdout.contains("pipe-ok") && stdout.contains("env=/tmp/nvidia-mps") && stdout.contains("dev-ok"), "{stdout}");
+    assert!(
+        wait_until(Duration::from_secs(10), || d.claim(&uid).map(|c| c.attached.is_empty()).unwrap_or(false)),
+        "detached after exit"
+    );
+
+    // Without the claim, the hook fails the start with its reason. (The claim's pipe and shm
+    // directories are gone with it, so this bundle carries only the hooks.)
+    let config_path = bundle.join("config.json");
+    let mut config: Value = serde_json::from_slice(&fs::read(&config_path).unwrap()).unwrap();
+    let hooks = config["hooks"].clone();
+    d.unprepare(&uid);
+    let _ = fs::remove_file(&config_path);
+    let st = Command::new("runc").args(["spec", "--bundle"]).arg(&bundle).status().unwrap();
+    assert!(st.success());
+    config = serde_json::from_slice(&fs::read(&config_path).unwrap()).unwrap();
+    config["process"]["terminal"] = json!(false);
+    config["process"]["args"] = json!(["/bin/true"]);
+    config["hooks"] = hooks;
+    fs::write(&config_path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+    let out = run("gs-runc-2").wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "runc must fail without the claim");
+    assert!(stderr.contains(&uid) && stderr.contains("not prepared"), "hook's reason in runc's error: {stderr}");
+    let _ = Command::new("runc").arg("--root").arg(&runc_root).args(["delete", "-f", "gs-runc-2"]).status();
+}
