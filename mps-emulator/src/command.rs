@@ -5,7 +5,7 @@
 //! NVIDIA's 535 daemon. The daemon module only moves bytes and spawns the simulated servers
 //! this module asks for.
 
-use crate::cnum::{is_c_space, scan_f64, scan_int, scan_u64, scan_uint};
+use crate::cnum::{is_c_space, scan_f64, scan_i64, scan_int, scan_u64, scan_uint};
 
 /// Device ordinals the 535 daemon accepts for pinned-memory limits (0..=31); others log
 /// `Invalid device ordinal!`.
@@ -85,16 +85,19 @@ impl Default for PinnedLimits {
 }
 
 impl PinnedLimits {
-    /// Applies `DEV VALUE` exactly like `set_default_device_pinned_mem_limit` in 535.
+    /// Applies the argument text `DEV VALUE` exactly like 535's
+    /// `set_default_device_pinned_mem_limit`.
     ///
-    /// Mirrors an `sscanf("%d %llu%c")`: a device token that is not an integer leaves both
-    /// device and value at 0, so it clears device 0; a missing or malformed value clears the
-    /// device; the unit is GiB for a `G`/`g` right after the digits and MiB otherwise, and the
-    /// byte count wraps modulo 2^64 like the C arithmetic.
-    fn set(&mut self, args: &[&str]) -> Vec<Output> {
-        let (device, bytes) = match args.first().and_then(|t| scan_int(t)) {
+    /// Mirrors an `sscanf(args, "%d %llu%c")` over the whole text: when the device is not
+    /// an integer, device and value stay 0, so device 0 is cleared; the value is read right
+    /// after the device's digits (`2abc 1G` reads no value), a missing or malformed value
+    /// clears the device; the unit is GiB for a `G`/`g` right after the value's digits and
+    /// MiB otherwise, and the byte count wraps modulo 2^64 like the C arithmetic.
+    fn set(&mut self, args: &str) -> Vec<Output> {
+        let (device, bytes) = match scan_i64(args) {
             None => (0, 0),
-            Some(device) => (device, args.get(1).map_or(0, |t| parse_limit_bytes(t))),
+            // Truncation to int is what sscanf's %d store does.
+            Some((device, after)) => (device as i32, parse_limit_bytes(after)),
         };
         match ordinal(device) {
             Some(slot) => {
@@ -106,8 +109,8 @@ impl PinnedLimits {
     }
 
     /// Answers `DEV` like `get_default_device_pinned_mem_limit`; a non-integer reads device 0.
-    fn get(&self, args: &[&str]) -> Vec<Output> {
-        let device = args.first().and_then(|t| scan_int(t)).unwrap_or(0);
+    fn get(&self, args: &str) -> Vec<Output> {
+        let device = scan_int(args).unwrap_or(0);
         match ordinal(device) {
             None => vec![Output::LogOnly(INVALID_ORDINAL.into())],
             Some(slot) if self.0[slot] == 0 => vec![Output::LogOnly(NO_LIMIT.into())],
@@ -125,10 +128,11 @@ fn ordinal(device: i32) -> Option<usize> {
     usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES)
 }
 
-/// Bytes for a pinned-limit value token: number of MiB, or GiB with a `G`/`g` suffix; any
-/// other suffix (even `T`) means MiB, and an unparsable token means 0 (no limit).
-pub fn parse_limit_bytes(token: &str) -> u64 {
-    match scan_u64(token) {
+/// Bytes for a pinned-limit value (leading blanks skipped): number of MiB, or GiB with a
+/// `G`/`g` right after the digits; any other suffix (even `T`, or a blank before `G`) means
+/// MiB, and text without digits means 0 (no limit).
+pub fn parse_limit_bytes(text: &str) -> u64 {
+    match scan_u64(text) {
         None => 0,
         Some((value, rest)) => {
             let shift = if rest.starts_with(['G', 'g']) { 30 } else { 20 };
@@ -151,9 +155,9 @@ pub fn format_percentage(value: f64) -> String {
     format!("{value:.1}")
 }
 
-/// A percentage as 535 accepts it: strtod of the token, in (0, 100]; NaN and empty fail.
-pub fn parse_percentage(token: Option<&str>) -> Option<f64> {
-    let value = token.and_then(scan_f64).unwrap_or(0.0);
+/// A percentage as 535 accepts it: strtod of the text, in (0, 100]; NaN and empty fail.
+pub fn parse_percentage(text: &str) -> Option<f64> {
+    let value = scan_f64(text).unwrap_or(0.0);
     (value > 0.0 && value <= 100.0).then_some(value)
 }
 
@@ -211,7 +215,7 @@ impl ControlState {
         let mut warnings = Vec::new();
         let default_percentage = match &env.active_thread_percentage {
             None => DEFAULT_PERCENTAGE,
-            Some(text) => parse_percentage(Some(text)).unwrap_or_else(|| {
+            Some(text) => parse_percentage(text).unwrap_or_else(|| {
                 warnings.push(
                     "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE should be between (0.0, 100.0]".into(),
                 );
@@ -261,12 +265,17 @@ impl ControlState {
     }
 
     /// Interprets one line exactly as received from the UI (without its newline).
+    ///
+    /// The command name is the first blank-separated word, matched case-sensitively.
+    /// Numbers are scanned from the text after it the way 535's `sscanf` calls do (so a
+    /// value is read right where the previous one stopped), while the flags `-uid` and
+    /// `-t` must be whole words.
     pub fn execute(&mut self, line: &str, caller: Caller) -> Outcome {
-        let tokens: Vec<&str> = line.split(is_c_space).filter(|t| !t.is_empty()).collect();
-        let (name, args) = match tokens.split_first() {
-            Some((name, args)) => (*name, args),
-            None => ("", &[][..]),
-        };
+        let trimmed = line.trim_start_matches(is_c_space);
+        let name_end = trimmed.find(is_c_space).unwrap_or(trimmed.len());
+        let (name, rest) = trimmed.split_at(name_end);
+        let words: Vec<&str> = rest.split(is_c_space).filter(|t| !t.is_empty()).collect();
+        let args = words.as_slice();
         match name {
             "get_server_list" => Outcome::new(
                 self.servers
@@ -275,18 +284,20 @@ impl ControlState {
                     .collect(),
             ),
             "start_server" => self.start_server(args, caller),
-            "shutdown_server" => self.with_server(args, |_, _| Vec::new()),
-            "get_client_list" => self.with_server(args, |_, _| Vec::new()),
+            "shutdown_server" => self.with_server(rest, |_, _| Vec::new()),
+            "get_client_list" => self.with_server(rest, |_, _| Vec::new()),
             "get_device_client_list" => {
-                if args.is_empty() {
+                // PID 0 (also: missing or not a number) lists every server's devices; the
+                // simulated servers have no clients, so there is nothing to list.
+                if scan_int(rest).unwrap_or(0) == 0 {
                     Outcome::new(Vec::new())
                 } else {
-                    self.with_server(args, |_, _| Vec::new())
+                    self.with_server(rest, |_, _| Vec::new())
                 }
             }
             "set_default_active_thread_percentage" => {
                 let mut outputs = Vec::new();
-                match parse_percentage(args.first().copied()) {
+                match parse_percentage(rest) {
                     Some(value) => self.default_percentage = value,
                     None => outputs.push(Output::LogOnly(INVALID_PERCENTAGE.into())),
                 }
@@ -296,31 +307,31 @@ impl ControlState {
             "get_default_active_thread_percentage" => Outcome::new(vec![Output::Reply(
                 format_percentage(self.default_percentage),
             )]),
-            "set_active_thread_percentage" => self.with_server(args, |server, rest| {
+            "set_active_thread_percentage" => self.with_server(rest, |server, after| {
                 let mut outputs = Vec::new();
-                match parse_percentage(rest.first().copied()) {
+                match parse_percentage(after) {
                     Some(value) => server.percentage = value,
                     None => outputs.push(Output::LogOnly(INVALID_PERCENTAGE.into())),
                 }
                 outputs.push(Output::Reply(format_percentage(server.percentage)));
                 outputs
             }),
-            "get_active_thread_percentage" => self.with_server(args, |server, _| {
+            "get_active_thread_percentage" => self.with_server(rest, |server, _| {
                 vec![Output::Reply(format_percentage(server.percentage))]
             }),
-            "set_default_device_pinned_mem_limit" => Outcome::new(self.default_limits.set(args)),
-            "get_default_device_pinned_mem_limit" => Outcome::new(self.default_limits.get(args)),
+            "set_default_device_pinned_mem_limit" => Outcome::new(self.default_limits.set(rest)),
+            "get_default_device_pinned_mem_limit" => Outcome::new(self.default_limits.get(rest)),
             "set_device_pinned_mem_limit" => {
-                self.with_server(args, |server, rest| server.limits.set(rest))
+                self.with_server(rest, |server, after| server.limits.set(after))
             }
             "get_device_pinned_mem_limit" => {
-                self.with_server(args, |server, rest| server.limits.get(rest))
+                self.with_server(rest, |server, after| server.limits.get(after))
             }
-            "terminate_client" => self.terminate_client(args),
-            "ps" => self.ps(args),
+            "terminate_client" => self.terminate_client(rest),
+            "ps" => self.ps(rest),
             "set_default_client_priority" => {
                 // atoi semantics: no digits reads as 0, which is valid.
-                match args.first().and_then(|t| scan_int(t)).unwrap_or(0) {
+                match scan_int(rest).unwrap_or(0) {
                     p @ (0 | 1) => {
                         self.default_priority = p;
                         Outcome::new(Vec::new())
@@ -340,17 +351,20 @@ impl ControlState {
         Output::Reply(format!("Server {pid} not found"))
     }
 
-    /// Runs `f` on the server named by the first argument (`%d`, 0 when absent or not a
-    /// number) or answers `Server N not found`.
+    /// Runs `f` on the server whose PID leads `args` (`%d`; 0 when absent or not a
+    /// number) with the text after the PID, or answers `Server N not found`.
     fn with_server(
         &mut self,
-        args: &[&str],
-        f: impl FnOnce(&mut Server, &[&str]) -> Vec<Output>,
+        args: &str,
+        f: impl FnOnce(&mut Server, &str) -> Vec<Output>,
     ) -> Outcome {
-        let pid = args.first().and_then(|t| scan_int(t)).unwrap_or(0);
-        let rest = args.get(1..).unwrap_or(&[]);
+        let (pid, after) = match scan_i64(args) {
+            // Truncation to int is what sscanf's %d store does.
+            Some((pid, after)) => (pid as i32, after),
+            None => (0, ""),
+        };
         match self.servers.iter_mut().find(|s| s.pid == pid) {
-            Some(server) => Outcome::new(f(server, rest)),
+            Some(server) => Outcome::new(f(server, after)),
             None => Outcome::new(vec![Self::not_found(pid)]),
         }
     }
@@ -381,11 +395,14 @@ impl ControlState {
         }
     }
 
-    fn terminate_client(&mut self, args: &[&str]) -> Outcome {
-        let pid = args.first().and_then(|t| scan_int(t)).unwrap_or(0);
+    fn terminate_client(&mut self, args: &str) -> Outcome {
+        let (pid, after) = match scan_i64(args) {
+            Some((pid, after)) => (pid as i32, after),
+            None => (0, ""),
+        };
         if self.servers.iter().any(|s| s.pid == pid) {
             // The simulated servers never have clients.
-            let client = args.get(1).and_then(|t| scan_int(t)).unwrap_or(0);
+            let client = scan_int(after).unwrap_or(0);
             return Outcome::new(vec![Output::Reply(format!("Invalid process {client}!"))]);
         }
         Outcome::new(vec![
@@ -395,9 +412,10 @@ impl ControlState {
         ])
     }
 
-    fn ps(&mut self, args: &[&str]) -> Outcome {
-        if args.first() == Some(&"-p") {
-            let pid = args.get(1).and_then(|t| scan_int(t)).unwrap_or(0);
+    fn ps(&mut self, args: &str) -> Outcome {
+        // 535 reads the option as `sscanf(args, " -%c %d")`: `-p55` and `-px` (PID 0) count.
+        if let Some(after) = args.trim_start_matches(is_c_space).strip_prefix("-p") {
+            let pid = scan_int(after).unwrap_or(0);
             if self.servers.iter().any(|s| s.pid == pid) {
                 return Outcome::new(Vec::new());
             }

@@ -30,7 +30,7 @@ use nix::errno::Errno;
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{
-    accept4, bind, getsockopt, listen, setsockopt, socket, sockopt, AddressFamily, Backlog,
+    accept4, bind, getsockopt, listen, setsockopt, socket, sockopt, AddressFamily, Backlog, MsgFlags,
     SockFlag, SockType, UnixAddr,
 };
 use nix::sys::stat::Mode;
@@ -378,7 +378,7 @@ impl Daemon {
             sockopt::SendTimeout,
             &TimeVal::seconds(UI_SEND_TIMEOUT_SECS),
         );
-        if send_frame(conn, &Frame::Hello, nix::sys::socket::MsgFlags::empty()).is_err() {
+        if send_frame(conn, &Frame::Hello, MsgFlags::empty()).is_err() {
             return None;
         }
         self.sink.log("NEW UI");
@@ -403,7 +403,7 @@ impl Daemon {
                 Ok(Received::Frame(_) | Received::Garbage) | Err(Errno::EINTR) => {}
                 Ok(Received::Eof) | Err(_) => {
                     self.sink.log("UI closed");
-                    let _ = send_frame(conn, &Frame::Exit(0), Default::default());
+                    let _ = send_frame(conn, &Frame::Exit(0), MsgFlags::empty());
                     return None;
                 }
             }
@@ -428,7 +428,7 @@ impl Daemon {
                 }
                 Output::StdoutOnly(text) => text,
             };
-            let _ = send_frame(conn, &Frame::Output(stdout.into_bytes()), Default::default());
+            let _ = send_frame(conn, &Frame::Output(stdout.into_bytes()), MsgFlags::empty());
         }
         match outcome.action {
             Action::None => None,
@@ -472,7 +472,7 @@ impl Daemon {
         self.fifo = None;
         self.control = None;
         self.privileged = None;
-        let _ = send_frame(conn, &Frame::Exit(report.ui_status), Default::default());
+        let _ = send_frame(conn, &Frame::Exit(report.ui_status), MsgFlags::empty());
         // Release the lock before the UI sees the connection close, so a new daemon can
         // start as soon as `quit` returns.
         self.lock = None;

@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
@@ -260,45 +259,9 @@ pub fn unique_uid(tag: &str) -> String {
     format!("e2e-{tag}-{}-{}", std::process::id(), Instant::now().elapsed().as_nanos() % 1_000_000)
 }
 
-/// A busybox root filesystem (from `busybox-static`) with `extra` host files copied in at the
-/// same paths, plus the libraries `ldd` lists for them.
+/// A busybox root filesystem with `extra` host programs and their libraries.
 pub fn busybox_rootfs(dir: &Path, extra: &[PathBuf]) -> PathBuf {
-    let root = dir.join("rootfs");
-    for d in ["bin", "tmp", "proc", "dev", "sys", "etc", "usr/bin"] {
-        fs::create_dir_all(root.join(d)).expect("rootfs dirs");
-    }
-    fs::copy("/bin/busybox", root.join("bin/busybox")).expect("copy /bin/busybox (busybox-static)");
-    let list = Command::new("/bin/busybox").arg("--list").output().expect("busybox --list");
-    for applet in String::from_utf8_lossy(&list.stdout).lines() {
-        let _ = symlink("busybox", root.join("bin").join(applet));
-    }
-    for file in extra {
-        copy_with_libs(file, &root);
-    }
-    root
-}
-
-fn copy_into(src: &Path, root: &Path) {
-    let real = fs::canonicalize(src).unwrap_or_else(|_| src.to_path_buf());
-    let dst = root.join(src.strip_prefix("/").expect("absolute path"));
-    fs::create_dir_all(dst.parent().expect("parent")).expect("mkdir");
-    fs::copy(&real, &dst).unwrap_or_else(|e| panic!("copy {}: {e}", real.display()));
-}
-
-fn copy_with_libs(file: &Path, root: &Path) {
-    copy_into(file, root);
-    let out = Command::new("ldd").arg(file).output().expect("ldd");
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)" or "/lib64/ld-linux-x86-64.so.2 (0x…)"
-        let path = line
-            .split("=>")
-            .last()
-            .and_then(|s| s.split_whitespace().next())
-            .filter(|p| p.starts_with('/'));
-        if let Some(p) = path {
-            copy_into(Path::new(p), root);
-        }
-    }
+    gpushare::cli::rootfs::busybox_rootfs(dir, extra).expect("building a busybox rootfs")
 }
 
 /// Polls `f` until it returns true or `timeout` passes.

@@ -1,6 +1,7 @@
 //! The operators' CLI: rendering what the daemon reports, and the demo.
 
 pub mod demo;
+pub mod rootfs;
 
 use std::fmt::Write as _;
 

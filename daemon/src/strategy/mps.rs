@@ -69,6 +69,16 @@ pub enum MpsError {
         /// How long we looked.
         timeout: Duration,
     },
+    /// The pipe directory is too deep for the sockets the daemon makes in it.
+    #[error("MPS pipe directory {} is too long: {len} bytes for {} leave no room in a Unix socket address (at most {max} bytes); use a shorter --run-dir", pipe.display(), SOCKET_NAME)]
+    PathTooLong {
+        /// Pipe directory.
+        pipe: PathBuf,
+        /// Length of the longest socket path.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
     /// A UI session failed (the daemon could not be reached).
     #[error("MPS control UI on {} failed for {commands:?}: {summary}", pipe.display())]
     Ui {
@@ -92,6 +102,13 @@ pub enum MpsError {
         actual: String,
     },
 }
+
+/// The longest socket the control daemon creates in its pipe directory.
+const SOCKET_NAME: &str = "control_privileged";
+
+/// `sun_path` holds 108 bytes including the terminating NUL. NVIDIA's daemon exits 1 without
+/// a word when its socket path does not fit, so the length is checked before it runs.
+const MAX_SOCKET_PATH: usize = 107;
 
 /// The directories of one MPS control daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -301,6 +318,14 @@ impl MpsControl {
 
     fn start_inner(&self, launch: &MpsLaunch, pid_out: &mut Option<i32>) -> Result<MpsInfo, MpsError> {
         let dirs = &launch.dirs;
+        let len = dirs.pipe.join(SOCKET_NAME).as_os_str().len();
+        if len > MAX_SOCKET_PATH {
+            return Err(MpsError::PathTooLong {
+                pipe: dirs.pipe.clone(),
+                len,
+                max: MAX_SOCKET_PATH,
+            });
+        }
         for (path, mode) in [(&dirs.root, 0o755), (&dirs.pipe, 0o755), (&dirs.log, 0o700), (&dirs.shm, 0o755)] {
             fsutil::create_dir(path, mode).map_err(|source| MpsError::Dir {
                 action: "creating",

@@ -1,0 +1,50 @@
+//! `gpushare demo` as a new user runs it: as root it completes the whole job; as an ordinary
+//! user it stops at once with one line saying what needs root.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use gpushare_e2e::*;
+
+#[test]
+fn demo_completes_as_root_and_refuses_in_one_line_otherwise() {
+    if !need(is_root(), "root") {
+        return;
+    }
+    let _serial = global_lock();
+    let out = Command::new(bin("gpushare")).arg("demo").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "demo failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    for expected in [
+        "seed-mps.yaml              prepared",
+        "seed-mig-3g20gb.yaml       refused: Unsupported",
+        "active thread percentage (read back): 50.0",
+        "nothing left behind",
+        "Demo complete.",
+    ] {
+        assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
+    }
+    if which("podman").is_some() || which("runc").is_some() {
+        assert!(stdout.contains("get_default_active_thread_percentage -> 50.0"), "{stdout}");
+        assert!(stdout.contains("0 containers attached"), "{stdout}");
+    }
+
+    // As nobody: one line, non-zero, at once.
+    if which("setpriv").is_none() {
+        need(false, "setpriv (util-linux)");
+        return;
+    }
+    let start = Instant::now();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(bin("gpushare"))
+        .arg("demo")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("must run as root"), "{stderr}");
+    assert!(out.stdout.is_empty());
+}
