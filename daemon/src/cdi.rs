@@ -167,7 +167,10 @@ pub fn mps_edits(pipe_dir: &Path, shm_dir: &Path) -> ContainerEdits {
     };
     ContainerEdits {
         env: vec![format!("CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}")],
-        mounts: vec![bind(pipe_dir, MPS_PIPE_IN_CONTAINER), bind(shm_dir, "/dev/shm")],
+        mounts: vec![
+            bind(pipe_dir, MPS_PIPE_IN_CONTAINER),
+            bind(shm_dir, "/dev/shm"),
+        ],
         ..ContainerEdits::default()
     }
 }
@@ -186,7 +189,11 @@ impl ContainerEdits {
             }
         }
         for m in other.mounts {
-            if !self.mounts.iter().any(|x| x.container_path == m.container_path) {
+            if !self
+                .mounts
+                .iter()
+                .any(|x| x.container_path == m.container_path)
+            {
                 self.mounts.push(m);
             }
         }
@@ -199,7 +206,10 @@ impl ContainerEdits {
 pub fn minimum_version(spec: &Spec) -> &'static str {
     let needs_050 = spec.devices.iter().any(|d| {
         d.name.starts_with(|c: char| c.is_ascii_digit())
-            || d.container_edits.device_nodes.iter().any(|n| n.host_path.is_some())
+            || d.container_edits
+                .device_nodes
+                .iter()
+                .any(|n| n.host_path.is_some())
     });
     let needs_040 = spec
         .devices
@@ -285,16 +295,22 @@ pub fn apply_to_oci_config(config: &mut Value, edits: &ContainerEdits) -> io::Re
         let (major, minor) = (libc::major(meta.rdev()), libc::minor(meta.rdev()));
         let linux = &mut config["linux"];
         obj(linux);
-        push(&mut linux["devices"], json!({
-            "path": node.path, "type": kind, "major": major, "minor": minor,
-            "fileMode": 0o666, "uid": 0, "gid": 0
-        }));
+        push(
+            &mut linux["devices"],
+            json!({
+                "path": node.path, "type": kind, "major": major, "minor": minor,
+                "fileMode": 0o666, "uid": 0, "gid": 0
+            }),
+        );
         let resources = &mut linux["resources"];
         obj(resources);
-        push(&mut resources["devices"], json!({
-            "allow": true, "type": kind, "major": major, "minor": minor,
-            "access": node.permissions.as_deref().unwrap_or("rwm")
-        }));
+        push(
+            &mut resources["devices"],
+            json!({
+                "allow": true, "type": kind, "major": major, "minor": minor,
+                "access": node.permissions.as_deref().unwrap_or("rwm")
+            }),
+        );
     }
 
     if !config["mounts"].is_array() {
@@ -351,8 +367,14 @@ mod tests {
             env: vec!["A=1".into()],
             ..Default::default()
         };
-        assert_eq!(build_spec(vec![("abc".into(), plain.clone())]).cdi_version, "0.3.0");
-        assert_eq!(build_spec(vec![("1abc".into(), plain.clone())]).cdi_version, "0.5.0");
+        assert_eq!(
+            build_spec(vec![("abc".into(), plain.clone())]).cdi_version,
+            "0.3.0"
+        );
+        assert_eq!(
+            build_spec(vec![("1abc".into(), plain.clone())]).cdi_version,
+            "0.5.0"
+        );
         let mps = mps_edits(Path::new("/p"), Path::new("/s"));
         assert_eq!(build_spec(vec![("abc".into(), mps)]).cdi_version, "0.4.0");
         let node = ContainerEdits {
@@ -376,7 +398,9 @@ mod tests {
         assert_eq!(hooks[0].args[1], "attach");
         assert_eq!(hooks[1].hook_name, "poststop");
         assert_eq!(hooks[1].args[1], "detach");
-        assert!(hooks.iter().all(|h| h.args.contains(&"/run/gpushare/gpushared.sock".to_string())));
+        assert!(hooks
+            .iter()
+            .all(|h| h.args.contains(&"/run/gpushare/gpushared.sock".to_string())));
     }
 
     #[test]
@@ -403,7 +427,10 @@ mod tests {
     #[test]
     fn write_is_atomic_and_named_per_claim() {
         let dir = tempfile::tempdir().unwrap();
-        let spec = build_spec(vec![("u".into(), mps_edits(Path::new("/p"), Path::new("/s")))]);
+        let spec = build_spec(vec![(
+            "u".into(),
+            mps_edits(Path::new("/p"), Path::new("/s")),
+        )]);
         let p = write_spec(dir.path(), "u", &spec).unwrap();
         assert_eq!(p, dir.path().join("gpushare.io-claim_u.json"));
         let back: Spec = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
@@ -421,8 +448,16 @@ mod tests {
         });
         edits.hooks = claim_hooks(&hook(), "u");
         apply_to_oci_config(&mut cfg, &edits).unwrap();
-        assert_eq!(cfg["process"]["env"][1], "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps");
-        let shm: Vec<_> = cfg["mounts"].as_array().unwrap().iter().filter(|m| m["destination"] == "/dev/shm").collect();
+        assert_eq!(
+            cfg["process"]["env"][1],
+            "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"
+        );
+        let shm: Vec<_> = cfg["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["destination"] == "/dev/shm")
+            .collect();
         assert_eq!(shm.len(), 1);
         assert_eq!(shm[0]["source"], "/s");
         assert_eq!(cfg["linux"]["devices"][0]["major"], 1);

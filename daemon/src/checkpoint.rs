@@ -133,7 +133,11 @@ mod tests {
     fn unknown_fields_are_tolerated() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("checkpoint.json");
-        fs::write(&p, r#"{"version": 2, "claims": {}, "from_the_future": true}"#).unwrap();
+        fs::write(
+            &p,
+            r#"{"version": 2, "claims": {}, "from_the_future": true}"#,
+        )
+        .unwrap();
         let loaded = CheckpointFile::new(p).load().unwrap();
         assert_eq!(loaded.checkpoint.version, 2);
         assert!(loaded.quarantined.is_none());
@@ -147,7 +151,11 @@ mod tests {
         let loaded = CheckpointFile::new(p.clone()).load().unwrap();
         let (aside, why) = loaded.quarantined.unwrap();
         assert!(aside.exists() && !p.exists());
-        assert!(aside.file_name().unwrap().to_string_lossy().starts_with("checkpoint.json.corrupt-"));
+        assert!(aside
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("checkpoint.json.corrupt-"));
         assert!(why.contains("EOF"), "{why}");
         assert!(loaded.checkpoint.claims.is_empty());
     }

@@ -112,8 +112,14 @@ mod tests {
         write_atomic(&p, b"one", 0o644).unwrap();
         write_atomic(&p, b"two", 0o600).unwrap();
         assert_eq!(fs::read(&p).unwrap(), b"two");
-        assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
-        let names: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(
+            fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names.len(), 1, "no temporary file left: {names:?}");
     }
 
@@ -125,6 +131,9 @@ mod tests {
         assert!(create_dir(&p, 0o755).is_err());
         let d = dir.path().join("x/y");
         create_dir(&d, 0o711).unwrap();
-        assert_eq!(fs::metadata(&d).unwrap().permissions().mode() & 0o777, 0o711);
+        assert_eq!(
+            fs::metadata(&d).unwrap().permissions().mode() & 0o777,
+            0o711
+        );
     }
 }

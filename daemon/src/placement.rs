@@ -104,7 +104,11 @@ impl Placement {
     ///
     /// # Errors
     /// [`Conflict`] naming the first GPU that cannot be shared that way; nothing is changed.
-    pub fn reserve(&mut self, claim: &str, wants: &[(String, String, Want)]) -> Result<(), Conflict> {
+    pub fn reserve(
+        &mut self,
+        claim: &str,
+        wants: &[(String, String, Want)],
+    ) -> Result<(), Conflict> {
         let mut next = self.holds.clone();
         for (uuid, name, want) in wants {
             let merged = match (next.get(uuid), *want) {
@@ -119,7 +123,10 @@ impl Placement {
                 {
                     let mut claims = claims.clone();
                     claims.insert(claim.to_string());
-                    Hold::TimeSliced { interval: asked, claims }
+                    Hold::TimeSliced {
+                        interval: asked,
+                        claims,
+                    }
                 }
                 (Some(Hold::Mps(claims)), Want::Mps) => {
                     let mut claims = claims.clone();
@@ -193,12 +200,26 @@ mod tests {
         let mut p = Placement::default();
         p.reserve("a", &[w("1", Want::TimeSlicing(Short))]).unwrap();
         p.reserve("b", &[w("1", Want::TimeSlicing(Short))]).unwrap();
-        let err = p.reserve("c", &[w("1", Want::TimeSlicing(Long))]).unwrap_err();
+        let err = p
+            .reserve("c", &[w("1", Want::TimeSlicing(Long))])
+            .unwrap_err();
         assert!(err.0.contains("time-sliced at Short"), "{err}");
         assert!(err.0.contains("asks time-slicing at Long"), "{err}");
         assert!(p.reserve("c", &[w("1", Want::Mps)]).is_err());
-        assert_eq!(p.release("a", "1"), Released { last_time_sliced: false, last_mps: false });
-        assert_eq!(p.release("b", "1"), Released { last_time_sliced: true, last_mps: false });
+        assert_eq!(
+            p.release("a", "1"),
+            Released {
+                last_time_sliced: false,
+                last_mps: false
+            }
+        );
+        assert_eq!(
+            p.release("b", "1"),
+            Released {
+                last_time_sliced: true,
+                last_mps: false
+            }
+        );
         assert_eq!(p.hold("1"), None);
     }
 
@@ -209,7 +230,10 @@ mod tests {
         p.reserve("b", &[w("4", Want::Mps)]).unwrap();
         let before = p.clone();
         let err = p
-            .reserve("c", &[w("5", Want::Mps), w("4", Want::TimeSlicing(Default))])
+            .reserve(
+                "c",
+                &[w("5", Want::Mps), w("4", Want::TimeSlicing(Default))],
+            )
             .unwrap_err();
         assert!(err.0.contains("shared through MPS"), "{err}");
         assert_eq!(p, before, "a refused reservation changes nothing");

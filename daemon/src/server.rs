@@ -50,7 +50,10 @@ pub fn bind(cfg: &ServerConfig) -> io::Result<UnixListener> {
         Ok(_) => {
             return Err(io::Error::new(
                 io::ErrorKind::AlreadyExists,
-                format!("{} exists and is not a socket; refusing to replace it", cfg.socket.display()),
+                format!(
+                    "{} exists and is not a socket; refusing to replace it",
+                    cfg.socket.display()
+                ),
             ))
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -65,7 +68,11 @@ pub fn bind(cfg: &ServerConfig) -> io::Result<UnixListener> {
 ///
 /// # Errors
 /// `accept` failed fatally.
-pub async fn serve(listener: UnixListener, service: Arc<Service>, cfg: Arc<ServerConfig>) -> io::Result<()> {
+pub async fn serve(
+    listener: UnixListener,
+    service: Arc<Service>,
+    cfg: Arc<ServerConfig>,
+) -> io::Result<()> {
     loop {
         let (stream, _) = listener.accept().await?;
         let service = Arc::clone(&service);
@@ -78,7 +85,11 @@ pub async fn serve(listener: UnixListener, service: Arc<Service>, cfg: Arc<Serve
     }
 }
 
-async fn connection(stream: UnixStream, service: Arc<Service>, cfg: &ServerConfig) -> io::Result<()> {
+async fn connection(
+    stream: UnixStream,
+    service: Arc<Service>,
+    cfg: &ServerConfig,
+) -> io::Result<()> {
     let peer_uid = stream.peer_cred().map(|c| c.uid()).ok();
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read);
@@ -94,7 +105,11 @@ async fn connection(stream: UnixStream, service: Arc<Service>, cfg: &ServerConfi
         }
         let too_long = line.len() > MAX_REQUEST_BYTES;
         let response = if too_long {
-            error_response(0, ErrorCode::InvalidRequest, format!("request line longer than {MAX_REQUEST_BYTES} bytes"))
+            error_response(
+                0,
+                ErrorCode::InvalidRequest,
+                format!("request line longer than {MAX_REQUEST_BYTES} bytes"),
+            )
         } else {
             handle(&service, cfg, peer_uid, &line).await
         };
@@ -119,7 +134,10 @@ fn error_response(id: u64, code: ErrorCode, message: String) -> Response {
 
 fn params<T: DeserializeOwned>(method: Method, p: Option<Value>) -> Result<T, ServiceError> {
     serde_json::from_value(p.unwrap_or(Value::Null)).map_err(|e| {
-        ServiceError::new(ErrorCode::InvalidRequest, format!("params of {method}: {e}"))
+        ServiceError::new(
+            ErrorCode::InvalidRequest,
+            format!("params of {method}: {e}"),
+        )
     })
 }
 
@@ -128,7 +146,12 @@ fn to_value<T: Serialize>(v: T) -> Result<Value, ServiceError> {
 }
 
 /// Answers one request line.
-pub async fn handle(service: &Arc<Service>, cfg: &ServerConfig, peer_uid: Option<u32>, line: &[u8]) -> Response {
+pub async fn handle(
+    service: &Arc<Service>,
+    cfg: &ServerConfig,
+    peer_uid: Option<u32>,
+    line: &[u8],
+) -> Response {
     let request: Request = match serde_json::from_slice(line) {
         Ok(r) => r,
         Err(e) => {
@@ -136,7 +159,11 @@ pub async fn handle(service: &Arc<Service>, cfg: &ServerConfig, peer_uid: Option
                 .ok()
                 .and_then(|v| v.get("id").and_then(Value::as_u64))
                 .unwrap_or(0);
-            return error_response(id, ErrorCode::InvalidRequest, format!("malformed request: {e}"));
+            return error_response(
+                id,
+                ErrorCode::InvalidRequest,
+                format!("malformed request: {e}"),
+            );
         }
     };
     let id = request.id;
@@ -144,7 +171,10 @@ pub async fn handle(service: &Arc<Service>, cfg: &ServerConfig, peer_uid: Option
         return error_response(
             id,
             ErrorCode::InvalidRequest,
-            format!("protocol version {} is not supported; this daemon speaks {PROTOCOL_VERSION}", request.version),
+            format!(
+                "protocol version {} is not supported; this daemon speaks {PROTOCOL_VERSION}",
+                request.version
+            ),
         );
     }
     let Some(method) = Method::parse(&request.method) else {
@@ -152,7 +182,11 @@ pub async fn handle(service: &Arc<Service>, cfg: &ServerConfig, peer_uid: Option
         return error_response(
             id,
             ErrorCode::InvalidRequest,
-            format!("unknown method {:?}; known: {}", request.method, known.join(", ")),
+            format!(
+                "unknown method {:?}; known: {}",
+                request.method,
+                known.join(", ")
+            ),
         );
     };
     if method.is_changing() {
@@ -161,7 +195,10 @@ pub async fn handle(service: &Arc<Service>, cfg: &ServerConfig, peer_uid: Option
             return error_response(
                 id,
                 ErrorCode::PermissionDenied,
-                format!("{method} needs root (peer uid {})", peer_uid.map_or("unknown".into(), |u| u.to_string())),
+                format!(
+                    "{method} needs root (peer uid {})",
+                    peer_uid.map_or("unknown".into(), |u| u.to_string())
+                ),
             );
         }
     }
@@ -169,7 +206,9 @@ pub async fn handle(service: &Arc<Service>, cfg: &ServerConfig, peer_uid: Option
     let p = request.params;
     let outcome = tokio::task::spawn_blocking(move || -> Result<Value, ServiceError> {
         match method {
-            Method::Prepare => to_value(service.prepare(&params::<PrepareParams>(method, p)?.claim)?),
+            Method::Prepare => {
+                to_value(service.prepare(&params::<PrepareParams>(method, p)?.claim)?)
+            }
             Method::Unprepare => to_value(service.unprepare(&params::<UidParams>(method, p)?.uid)?),
             Method::GetClaim => to_value(service.get_claim(&params::<UidParams>(method, p)?.uid)?),
             Method::ListClaims => to_value(service.list_claims()),

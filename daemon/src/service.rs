@@ -104,7 +104,10 @@ impl Service {
     ) -> Result<Service, ServiceError> {
         let checkpoint = CheckpointFile::new(cfg.checkpoint.clone());
         let loaded = checkpoint.load().map_err(|e| {
-            ServiceError::internal(format!("reading checkpoint {}: {e}", cfg.checkpoint.display()))
+            ServiceError::internal(format!(
+                "reading checkpoint {}: {e}",
+                cfg.checkpoint.display()
+            ))
         })?;
         if let Some((aside, why)) = &loaded.quarantined {
             tracing::error!(moved_to = %aside.display(), reason = %why, "checkpoint was corrupt; moved aside, starting empty");
@@ -197,7 +200,9 @@ impl Service {
             state: ClaimState::PrepareStarted,
             groups: plans.iter().map(|p| self.group_info(p, None)).collect(),
             requests: requests.clone(),
-            cdi_spec: cdi::spec_path(&self.cfg.cdi_dir, &spec.uid).display().to_string(),
+            cdi_spec: cdi::spec_path(&self.cfg.cdi_dir, &spec.uid)
+                .display()
+                .to_string(),
             attach_limit,
             attached: vec![],
         };
@@ -272,7 +277,10 @@ impl Service {
             if !seen.insert(gpu.uuid.clone()) {
                 return Err(ServiceError::new(
                     ErrorCode::InvalidRequest,
-                    format!("device {} is allocated twice in claim {}", r.device, spec.uid),
+                    format!(
+                        "device {} is allocated twice in claim {}",
+                        r.device, spec.uid
+                    ),
                 ));
             }
             gpus.push(gpu);
@@ -401,15 +409,23 @@ impl Service {
                 PlanKind::Exclusive => None,
                 PlanKind::TimeSlicing(interval) => {
                     for d in &plan.devices {
-                        self.backend.set_time_slice(&d.uuid, *interval).map_err(|e| {
-                            ServiceError::new(
-                                match e {
-                                    crate::gpu::GpuError::Unsupported(_) => ErrorCode::Unsupported,
-                                    _ => ErrorCode::Internal,
-                                },
-                                format!("setting time-slice {} on {}: {e}", interval.as_str(), d.device),
-                            )
-                        })?;
+                        self.backend
+                            .set_time_slice(&d.uuid, *interval)
+                            .map_err(|e| {
+                                ServiceError::new(
+                                    match e {
+                                        crate::gpu::GpuError::Unsupported(_) => {
+                                            ErrorCode::Unsupported
+                                        }
+                                        _ => ErrorCode::Internal,
+                                    },
+                                    format!(
+                                        "setting time-slice {} on {}: {e}",
+                                        interval.as_str(),
+                                        d.device
+                                    ),
+                                )
+                            })?;
                     }
                     None
                 }
@@ -424,9 +440,10 @@ impl Service {
                                 ))
                             })?;
                     }
-                    let started = self.mps.start(launch).map_err(|e| {
-                        ServiceError::internal(format!("claim {}: {e}", spec.uid))
-                    })?;
+                    let started = self
+                        .mps
+                        .start(launch)
+                        .map_err(|e| ServiceError::internal(format!("claim {}: {e}", spec.uid)))?;
                     // Record the pid at once, so that a failure later in this prepare stops
                     // this daemon too.
                     if let Some(c) = self.state().claims.get_mut(&spec.uid) {
@@ -465,7 +482,10 @@ impl Service {
                 }
                 if let StrategyInfo::Mps(m) = &g.sharing {
                     if g.requests.contains(&req.request) {
-                        edits.merge(cdi::mps_edits(Path::new(&m.pipe_dir), Path::new(&m.shm_dir)));
+                        edits.merge(cdi::mps_edits(
+                            Path::new(&m.pipe_dir),
+                            Path::new(&m.shm_dir),
+                        ));
                     }
                 }
             }
@@ -510,9 +530,7 @@ impl Service {
     /// Undoes everything a claim holds, whatever its state; used by unprepare and by a failed
     /// prepare. Errors are logged and the rest still runs; returns the first error.
     fn teardown(&self, uid: &str) -> Option<ServiceError> {
-        let Some(info) = self.state().claims.get(uid).cloned() else {
-            return None;
-        };
+        let info = self.state().claims.get(uid).cloned()?;
         if let Some(c) = self.state().claims.get_mut(uid) {
             c.state = ClaimState::Unpreparing;
         }
@@ -526,15 +544,24 @@ impl Service {
                 let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
                 let pid = (m.control_daemon_pid > 0).then_some(m.control_daemon_pid);
                 if let Err(e) = self.mps.stop(&dirs, pid) {
-                    note(&mut errors, ServiceError::internal(format!("claim {uid}: {e}")));
+                    note(
+                        &mut errors,
+                        ServiceError::internal(format!("claim {uid}: {e}")),
+                    );
                 }
             }
         }
         if let Err(e) = fsutil::remove_file_if_exists(&cdi::spec_path(&self.cfg.cdi_dir, uid)) {
-            note(&mut errors, ServiceError::internal(format!("removing CDI spec of claim {uid}: {e}")));
+            note(
+                &mut errors,
+                ServiceError::internal(format!("removing CDI spec of claim {uid}: {e}")),
+            );
         }
         if let Err(e) = fsutil::remove_dir_all_if_exists(&self.claim_dir(uid)) {
-            note(&mut errors, ServiceError::internal(format!("removing {}: {e}", self.claim_dir(uid).display())));
+            note(
+                &mut errors,
+                ServiceError::internal(format!("removing {}: {e}", self.claim_dir(uid).display())),
+            );
         }
         let mut st = self.state();
         self.release_gpus(&mut st, &info);
@@ -587,13 +614,19 @@ impl Service {
     pub fn attach(&self, p: &AttachParams) -> Result<Attachment, ServiceError> {
         config::validate_claim_uid(&p.claim_uid)?;
         if p.container_id.is_empty() {
-            return Err(ServiceError::new(ErrorCode::InvalidRequest, "container_id is empty"));
+            return Err(ServiceError::new(
+                ErrorCode::InvalidRequest,
+                "container_id is empty",
+            ));
         }
         let mut st = self.state();
         let claim = st.claims.get(&p.claim_uid).ok_or_else(|| {
             ServiceError::new(
                 ErrorCode::NotFound,
-                format!("claim {} is not prepared on node {}", p.claim_uid, self.cfg.node_name),
+                format!(
+                    "claim {} is not prepared on node {}",
+                    p.claim_uid, self.cfg.node_name
+                ),
             )
         })?;
         if claim.state != ClaimState::Prepared {
@@ -616,7 +649,11 @@ impl Service {
                 }
             }
         }
-        if let Some(a) = claim.attached.iter().find(|a| a.container_id == p.container_id) {
+        if let Some(a) = claim
+            .attached
+            .iter()
+            .find(|a| a.container_id == p.container_id)
+        {
             return Ok(a.clone());
         }
         if let Some(limit) = claim.attach_limit {

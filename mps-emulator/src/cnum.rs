@@ -72,9 +72,13 @@ pub fn scan_i64(s: &str) -> Option<(i64, &str)> {
     let mut value: i64 = 0;
     for b in rest[..n].bytes() {
         let d = i64::from(b - b'0');
-        let next = value
-            .checked_mul(10)
-            .and_then(|v| if neg { v.checked_sub(d) } else { v.checked_add(d) });
+        let next = value.checked_mul(10).and_then(|v| {
+            if neg {
+                v.checked_sub(d)
+            } else {
+                v.checked_add(d)
+            }
+        });
         match next {
             Some(v) => value = v,
             None => {

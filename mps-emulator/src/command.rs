@@ -529,10 +529,16 @@ mod tests {
     fn limit_roundtrip(set_args: &str, read: &str) -> Vec<Output> {
         let mut s = fresh();
         assert_eq!(
-            run(&mut s, &format!("set_default_device_pinned_mem_limit {set_args}")),
+            run(
+                &mut s,
+                &format!("set_default_device_pinned_mem_limit {set_args}")
+            ),
             vec![]
         );
-        run(&mut s, &format!("get_default_device_pinned_mem_limit {read}"))
+        run(
+            &mut s,
+            &format!("get_default_device_pinned_mem_limit {read}"),
+        )
     }
 
     fn unset() -> Vec<Output> {
@@ -634,7 +640,14 @@ mod tests {
 
     #[test]
     fn pinned_limit_zero_and_malformed_values_clear() {
-        for set in ["0 0.5G", "0 0M", "0 0G", "0 0x10M", "0 G", "0 17592186044416M"] {
+        for set in [
+            "0 0.5G",
+            "0 0M",
+            "0 0G",
+            "0 0x10M",
+            "0 G",
+            "0 17592186044416M",
+        ] {
             assert_eq!(limit_roundtrip(set, "0"), unset(), "{set}");
         }
         assert_eq!(
@@ -708,12 +721,18 @@ mod tests {
             let mut s = fresh();
             run(&mut s, "set_default_device_pinned_mem_limit 0 3G");
             assert_eq!(
-                run(&mut s, &format!("set_default_device_pinned_mem_limit {dev} 1G")),
+                run(
+                    &mut s,
+                    &format!("set_default_device_pinned_mem_limit {dev} 1G")
+                ),
                 invalid,
                 "{dev}"
             );
             assert_eq!(
-                run(&mut s, &format!("get_default_device_pinned_mem_limit {dev}")),
+                run(
+                    &mut s,
+                    &format!("get_default_device_pinned_mem_limit {dev}")
+                ),
                 invalid,
                 "{dev}"
             );
@@ -949,10 +968,7 @@ mod tests {
             run(&mut s, "get_device_pinned_mem_limit 4122 0"),
             vec![reply("2G")]
         );
-        assert_eq!(
-            run(&mut s, "get_device_pinned_mem_limit 4122 1"),
-            unset()
-        );
+        assert_eq!(run(&mut s, "get_device_pinned_mem_limit 4122 1"), unset());
         assert_eq!(run(&mut s, "set_device_pinned_mem_limit 4122 1 3G"), vec![]);
         assert_eq!(
             run(&mut s, "get_device_pinned_mem_limit 4122 1"),

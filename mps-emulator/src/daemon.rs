@@ -30,8 +30,8 @@ use nix::errno::Errno;
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{
-    accept4, bind, getsockopt, listen, setsockopt, socket, sockopt, AddressFamily, Backlog, MsgFlags,
-    SockFlag, SockType, UnixAddr,
+    accept4, bind, getsockopt, listen, setsockopt, socket, sockopt, AddressFamily, Backlog,
+    MsgFlags, SockFlag, SockType, UnixAddr,
 };
 use nix::sys::stat::Mode;
 use nix::sys::time::{TimeVal, TimeValLike};

@@ -113,7 +113,10 @@ mod tests {
             format_line("t", Kind::Other, 7, "Using log directory: /l"),
             "[t Other     7] Using log directory: /l\n"
         );
-        assert_eq!(format_line("t", Kind::Control, 1234567, ""), "[t Control 1234567] \n");
+        assert_eq!(
+            format_line("t", Kind::Control, 1234567, ""),
+            "[t Control 1234567] \n"
+        );
     }
 
     #[test]
@@ -121,7 +124,14 @@ mod tests {
         let stamp = now_stamp();
         assert_eq!(stamp.len(), 23, "{stamp}");
         let b = stamp.as_bytes();
-        for (i, c) in [(4, b'-'), (7, b'-'), (10, b' '), (13, b':'), (16, b':'), (19, b'.')] {
+        for (i, c) in [
+            (4, b'-'),
+            (7, b'-'),
+            (10, b' '),
+            (13, b':'),
+            (16, b':'),
+            (19, b'.'),
+        ] {
             assert_eq!(b[i], c, "{stamp}");
         }
     }

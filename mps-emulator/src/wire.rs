@@ -78,7 +78,11 @@ pub enum Received {
 /// Sends one frame; `MSG_NOSIGNAL` so a vanished peer is an error, not a SIGPIPE.
 pub fn send_frame(fd: impl AsFd, frame: &Frame, extra: MsgFlags) -> nix::Result<()> {
     let bytes = frame.encode();
-    let sent = send(fd.as_fd().as_raw_fd(), &bytes, MsgFlags::MSG_NOSIGNAL | extra)?;
+    let sent = send(
+        fd.as_fd().as_raw_fd(),
+        &bytes,
+        MsgFlags::MSG_NOSIGNAL | extra,
+    )?;
     if sent == bytes.len() {
         Ok(())
     } else {

@@ -238,7 +238,9 @@ pub enum ClaimState {
 
 /// Time-slice interval as NVIDIA names it; the number is what `nvidia-smi compute-policy
 /// --set-timeslice` takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
+)]
 pub enum TimeSliceInterval {
     /// Driver default (0).
     #[default]

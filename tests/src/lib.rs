@@ -11,7 +11,9 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use gpushare_proto::{ClaimInfo, Client, ClientError, GpuInfo, Method, PrepareParams, PrepareResult, UidParams};
+use gpushare_proto::{
+    ClaimInfo, Client, ClientError, GpuInfo, Method, PrepareParams, PrepareResult, UidParams,
+};
 use serde_json::Value;
 
 /// Node name of the cases in `shared/cases` (the `pool` of their allocations).
@@ -30,14 +32,19 @@ pub fn bin_dir() -> PathBuf {
 /// A binary of the workspace; panics with a hint when it was not built.
 pub fn bin(name: &str) -> PathBuf {
     let p = bin_dir().join(name);
-    assert!(p.is_file(), "{} is missing: run `cargo build --workspace` (or `cargo test --workspace`) first", p.display());
+    assert!(
+        p.is_file(),
+        "{} is missing: run `cargo build --workspace` (or `cargo test --workspace`) first",
+        p.display()
+    );
     p
 }
 
 /// `shared/cases` beside the repository, if present.
 pub fn cases_dir() -> Option<PathBuf> {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/cases");
-    p.is_dir().then(|| p.canonicalize().expect("canonical cases dir"))
+    p.is_dir()
+        .then(|| p.canonicalize().expect("canonical cases dir"))
 }
 
 /// Whether missing tools must fail tests instead of skipping them.
@@ -62,7 +69,9 @@ pub fn is_root() -> bool {
 /// A program on PATH.
 pub fn which(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths).map(|d| d.join(name)).find(|p| p.is_file())
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
     })
 }
 
@@ -72,7 +81,10 @@ pub fn mps_programs() -> Vec<(&'static str, PathBuf)> {
     match which("nvidia-cuda-mps-control") {
         Some(p) => v.push(("nvidia", p)),
         None => {
-            need(false, "nvidia-cuda-mps-control (Debian package nvidia-cuda-mps, non-free)");
+            need(
+                false,
+                "nvidia-cuda-mps-control (Debian package nvidia-cuda-mps, non-free)",
+            );
         }
     }
     v.push(("emulator", bin("gpushare-mps-control")));
@@ -116,19 +128,37 @@ impl Daemon {
     /// Starts a daemon on a simulated p4d.24xlarge named [`NODE`] and waits until it answers.
     pub fn start(opts: DaemonOptions) -> Daemon {
         // Under /tmp with a short name: Unix socket paths are limited to 108 bytes.
-        let dir = tempfile::Builder::new().prefix("gs-").tempdir_in("/tmp").expect("tempdir");
+        let dir = tempfile::Builder::new()
+            .prefix("gs-")
+            .tempdir_in("/tmp")
+            .expect("tempdir");
         let socket = dir.path().join("gpushared.sock");
-        let cdi_dir = opts.cdi_dir.clone().unwrap_or_else(|| dir.path().join("cdi"));
+        let cdi_dir = opts
+            .cdi_dir
+            .clone()
+            .unwrap_or_else(|| dir.path().join("cdi"));
         let run_dir = dir.path().join("run");
         let state = dir.path().join("state");
         let log = fs::File::create(dir.path().join("gpushared.log")).expect("log file");
         let child = Command::new(bin("gpushared"))
-            .args(["--simulate", "p4d.24xlarge", "--node-name", NODE, "--shm-size-mib", "64"])
-            .arg("--socket").arg(&socket)
-            .arg("--state-dir").arg(&state)
-            .arg("--run-dir").arg(&run_dir)
-            .arg("--cdi-dir").arg(&cdi_dir)
-            .arg("--mps-control").arg(&opts.mps_control)
+            .args([
+                "--simulate",
+                "p4d.24xlarge",
+                "--node-name",
+                NODE,
+                "--shm-size-mib",
+                "64",
+            ])
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--state-dir")
+            .arg(&state)
+            .arg("--run-dir")
+            .arg(&run_dir)
+            .arg("--cdi-dir")
+            .arg(&cdi_dir)
+            .arg("--mps-control")
+            .arg(&opts.mps_control)
             .env("RUST_LOG", "debug")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
@@ -146,7 +176,11 @@ impl Daemon {
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         while Client::connect(&d.socket, Duration::from_secs(2)).is_err() {
-            assert!(Instant::now() < deadline, "gpushared did not start; log:\n{}", d.log());
+            assert!(
+                Instant::now() < deadline,
+                "gpushared did not start; log:\n{}",
+                d.log()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         d
@@ -164,7 +198,12 @@ impl Daemon {
 
     /// Prepares a claim object.
     pub fn prepare(&self, claim: &Value) -> Result<PrepareResult, ClientError> {
-        self.client().call(Method::Prepare, Some(&PrepareParams { claim: claim.clone() }))
+        self.client().call(
+            Method::Prepare,
+            Some(&PrepareParams {
+                claim: claim.clone(),
+            }),
+        )
     }
 
     /// Releases a claim.
@@ -178,12 +217,16 @@ impl Daemon {
 
     /// One claim.
     pub fn claim(&self, uid: &str) -> Result<ClaimInfo, ClientError> {
-        self.client().call(Method::GetClaim, Some(&UidParams { uid: uid.into() }))
+        self.client()
+            .call(Method::GetClaim, Some(&UidParams { uid: uid.into() }))
     }
 
     /// The GPUs by device name.
     pub fn gpus(&self) -> BTreeMap<String, GpuInfo> {
-        let v: Vec<GpuInfo> = self.client().call(Method::ListGpus, None::<&()>).expect("list_gpus");
+        let v: Vec<GpuInfo> = self
+            .client()
+            .call(Method::ListGpus, None::<&()>)
+            .expect("list_gpus");
         v.into_iter().map(|g| (g.name.clone(), g)).collect()
     }
 
@@ -191,17 +234,28 @@ impl Daemon {
     /// run directory, no mount under it, and none of `pids` alive.
     pub fn assert_nothing_left(&self, uid: &str, pids: &[i32]) {
         assert!(self.claim(uid).is_err(), "claim {uid} still known");
-        let cp: Value = serde_json::from_slice(&fs::read(&self.checkpoint).unwrap_or_else(|_| b"{}".to_vec()))
-            .expect("checkpoint JSON");
-        assert!(cp["claims"].get(uid).is_none(), "checkpoint still holds {uid}: {cp}");
+        let cp: Value =
+            serde_json::from_slice(&fs::read(&self.checkpoint).unwrap_or_else(|_| b"{}".to_vec()))
+                .expect("checkpoint JSON");
+        assert!(
+            cp["claims"].get(uid).is_none(),
+            "checkpoint still holds {uid}: {cp}"
+        );
         let spec = self.cdi_dir.join(format!("gpushare.io-claim_{uid}.json"));
         assert!(!spec.exists(), "{} left behind", spec.display());
         let claim_dir = self.run_dir.join("claims").join(uid);
         assert!(!claim_dir.exists(), "{} left behind", claim_dir.display());
         let mounts = fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-        assert!(!mounts.contains(&claim_dir.display().to_string()), "mount left under {}", claim_dir.display());
+        assert!(
+            !mounts.contains(&claim_dir.display().to_string()),
+            "mount left under {}",
+            claim_dir.display()
+        );
         for &pid in pids {
-            assert!(!gpushare::sys::pid_alive(pid), "MPS control daemon {pid} of {uid} still running");
+            assert!(
+                !gpushare::sys::pid_alive(pid),
+                "MPS control daemon {pid} of {uid} still running"
+            );
         }
     }
 
@@ -216,7 +270,12 @@ impl Daemon {
             .stderr(Stdio::piped())
             .spawn()
             .expect("MPS control UI");
-        child.stdin.take().expect("stdin").write_all(format!("{command}\n").as_bytes()).expect("write");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(format!("{command}\n").as_bytes())
+            .expect("write");
         child.wait_with_output().expect("UI output")
     }
 }
@@ -228,9 +287,13 @@ impl Drop for Daemon {
             .and_then(|mut c| c.call::<(), Vec<ClaimInfo>>(Method::ListClaims, None))
         {
             for c in claims {
-                let _ = Client::connect(&self.socket, Duration::from_secs(30)).and_then(|mut cl| {
-                    cl.call::<_, Value>(Method::Unprepare, Some(&UidParams { uid: c.uid.clone() }))
-                });
+                let _ =
+                    Client::connect(&self.socket, Duration::from_secs(30)).and_then(|mut cl| {
+                        cl.call::<_, Value>(
+                            Method::Unprepare,
+                            Some(&UidParams { uid: c.uid.clone() }),
+                        )
+                    });
             }
         }
         let _ = nix::sys::signal::kill(
@@ -244,7 +307,8 @@ impl Drop for Daemon {
 /// Reads a case file (JSON or YAML) into a claim object.
 pub fn load_claim(path: &Path) -> Value {
     let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    gpushare::config::parse_claim_document(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    gpushare::config::parse_claim_document(&text)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// A copy of `claim` with another UID (for tests that share host-global directories).
@@ -256,7 +320,11 @@ pub fn with_uid(claim: &Value, uid: &str) -> Value {
 
 /// A unique claim UID for this test run.
 pub fn unique_uid(tag: &str) -> String {
-    format!("e2e-{tag}-{}-{}", std::process::id(), Instant::now().elapsed().as_nanos() % 1_000_000)
+    format!(
+        "e2e-{tag}-{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos() % 1_000_000
+    )
 }
 
 /// A busybox root filesystem with `extra` host programs and their libraries.

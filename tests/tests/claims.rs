@@ -2,13 +2,15 @@
 //! control daemon and once with our emulator: the outcomes of `shared/cases/README.md` after
 //! prepare, and nothing left after unprepare or after a refused prepare.
 
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 
 use gpushare_e2e::*;
 use gpushare_proto::{
-    Attachment, AttachParams, ClaimInfo, ComputeMode, ErrorCode, GpuSharing, Method, MpsInfo,
+    AttachParams, Attachment, ClaimInfo, ComputeMode, ErrorCode, GpuSharing, Method, MpsInfo,
     StrategyInfo, TimeSliceInterval,
 };
 use serde_json::Value;
@@ -28,41 +30,75 @@ fn daemon_env(pid: i32) -> BTreeMap<String, String> {
     raw.split(|b| *b == 0)
         .filter_map(|kv| {
             let s = String::from_utf8_lossy(kv);
-            s.split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))
+            s.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
         })
         .collect()
 }
 
 /// Checks one MPS group against the daemon itself: its environment, its answers over its own
 /// pipe directory, and that its /dev/shm is the claim's tmpfs.
-fn check_mps_daemon(d: &Daemon, m: &MpsInfo, expected_uuids: &[String], atp: &str, limits: &[(&str, &str)]) {
-    assert!(gpushare::sys::pid_alive(m.control_daemon_pid), "daemon {} not running", m.control_daemon_pid);
+fn check_mps_daemon(
+    d: &Daemon,
+    m: &MpsInfo,
+    expected_uuids: &[String],
+    atp: &str,
+    limits: &[(&str, &str)],
+) {
+    assert!(
+        gpushare::sys::pid_alive(m.control_daemon_pid),
+        "daemon {} not running",
+        m.control_daemon_pid
+    );
     let env = daemon_env(m.control_daemon_pid);
-    assert_eq!(env["CUDA_VISIBLE_DEVICES"], expected_uuids.join(","), "the daemon sees only its GPUs, sorted");
+    assert_eq!(
+        env["CUDA_VISIBLE_DEVICES"],
+        expected_uuids.join(","),
+        "the daemon sees only its GPUs, sorted"
+    );
     assert_eq!(env["CUDA_MPS_PIPE_DIRECTORY"], m.pipe_dir);
     assert_eq!(m.active_thread_percentage, atp);
     let ui = d.mps_ui(&m.pipe_dir, "get_default_active_thread_percentage");
-    assert_eq!(String::from_utf8_lossy(&ui.stdout).trim(), atp, "asked the daemon directly");
+    assert_eq!(
+        String::from_utf8_lossy(&ui.stdout).trim(),
+        atp,
+        "asked the daemon directly"
+    );
     for (ordinal, shown) in limits {
         assert_eq!(m.pinned_device_memory_limits[*ordinal], *shown);
-        let ui = d.mps_ui(&m.pipe_dir, &format!("get_default_device_pinned_mem_limit {ordinal}"));
-        assert_eq!(String::from_utf8_lossy(&ui.stdout).trim(), *shown, "device {ordinal} read directly");
+        let ui = d.mps_ui(
+            &m.pipe_dir,
+            &format!("get_default_device_pinned_mem_limit {ordinal}"),
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&ui.stdout).trim(),
+            *shown,
+            "device {ordinal} read directly"
+        );
     }
     // The daemon's own mount namespace has the claim's tmpfs on /dev/shm.
-    let ns_mounts = fs::read_to_string(format!("/proc/{}/mountinfo", m.control_daemon_pid)).expect("mountinfo");
+    let ns_mounts =
+        fs::read_to_string(format!("/proc/{}/mountinfo", m.control_daemon_pid)).expect("mountinfo");
     let shm_line = ns_mounts
         .lines()
         .find(|l| l.split(' ').nth(4) == Some("/dev/shm"))
         .expect("/dev/shm in the daemon's namespace");
     assert!(shm_line.contains("tmpfs"), "{shm_line}");
     let host_mounts = fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    assert!(host_mounts.contains(&m.shm_dir), "claim shm tmpfs mounted on the host at {}", m.shm_dir);
-    assert!(!host_mounts.lines().any(|l| l.split(' ').nth(4) == Some("/dev/shm") && l.contains(&m.shm_dir)));
+    assert!(
+        host_mounts.contains(&m.shm_dir),
+        "claim shm tmpfs mounted on the host at {}",
+        m.shm_dir
+    );
+    assert!(!host_mounts
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some("/dev/shm") && l.contains(&m.shm_dir)));
 }
 
 fn cdi_spec(d: &Daemon, uid: &str) -> Value {
     let p = d.cdi_dir.join(format!("gpushare.io-claim_{uid}.json"));
-    serde_json::from_slice(&fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))).expect("CDI JSON")
+    serde_json::from_slice(&fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+        .expect("CDI JSON")
 }
 
 fn uuid_of(d: &Daemon, name: &str) -> String {
@@ -79,18 +115,28 @@ fn valid_cases(program: &Path) {
         need(false, "shared/cases beside the repository");
         return;
     };
-    let d = Daemon::start(DaemonOptions { mps_control: program.to_path_buf(), cdi_dir: None });
+    let d = Daemon::start(DaemonOptions {
+        mps_control: program.to_path_buf(),
+        cdi_dir: None,
+    });
     let claims = cases.join("claims");
     let mut pids: BTreeMap<String, Vec<i32>> = BTreeMap::new();
 
     // seed-mps.yaml
-    let r = d.prepare(&load_claim(&claims.join("seed-mps.yaml"))).unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    let r = d
+        .prepare(&load_claim(&claims.join("seed-mps.yaml")))
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
     let uid = r.uid.clone();
-    assert_eq!(r.requests[0].cdi_device_ids, vec![format!("gpushare.io/claim={uid}")]);
+    assert_eq!(
+        r.requests[0].cdi_device_ids,
+        vec![format!("gpushare.io/claim={uid}")]
+    );
     let c = d.claim(&uid).unwrap();
     let m = &mps_groups(&c)[0];
     check_mps_daemon(&d, m, &[uuid_of(&d, "gpu-0")], "50.0", &[("0", "")]);
-    pids.entry(uid.clone()).or_default().push(m.control_daemon_pid);
+    pids.entry(uid.clone())
+        .or_default()
+        .push(m.control_daemon_pid);
     let spec = cdi_spec(&d, &uid);
     let edits = &spec["devices"][0]["containerEdits"];
     assert_eq!(edits["env"][0], "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps");
@@ -98,71 +144,144 @@ fn valid_cases(program: &Path) {
         .as_array()
         .unwrap()
         .iter()
-        .map(|m| (m["hostPath"].as_str().unwrap().into(), m["containerPath"].as_str().unwrap().into()))
+        .map(|m| {
+            (
+                m["hostPath"].as_str().unwrap().into(),
+                m["containerPath"].as_str().unwrap().into(),
+            )
+        })
         .collect();
-    assert!(mounts.contains(&(m.pipe_dir.clone(), "/tmp/nvidia-mps".into())), "{mounts:?}");
-    assert!(mounts.contains(&(m.shm_dir.clone(), "/dev/shm".into())), "{mounts:?}");
-    assert_eq!(d.gpus()["gpu-0"].compute_mode, ComputeMode::ExclusiveProcess);
+    assert!(
+        mounts.contains(&(m.pipe_dir.clone(), "/tmp/nvidia-mps".into())),
+        "{mounts:?}"
+    );
+    assert!(
+        mounts.contains(&(m.shm_dir.clone(), "/dev/shm".into())),
+        "{mounts:?}"
+    );
+    assert_eq!(
+        d.gpus()["gpu-0"].compute_mode,
+        ComputeMode::ExclusiveProcess
+    );
     // Prepare is idempotent.
-    let again = d.prepare(&load_claim(&claims.join("seed-mps.yaml"))).unwrap();
+    let again = d
+        .prepare(&load_claim(&claims.join("seed-mps.yaml")))
+        .unwrap();
     assert!(again.already_prepared);
     assert_eq!(again.requests, r.requests);
 
     // seed-timeslicing.yaml: interval Default, at most 4 containers attached.
-    let r = d.prepare(&load_claim(&claims.join("seed-timeslicing.yaml"))).unwrap();
+    let r = d
+        .prepare(&load_claim(&claims.join("seed-timeslicing.yaml")))
+        .unwrap();
     let ts = r.uid.clone();
     let c = d.claim(&ts).unwrap();
-    assert_eq!(c.groups[0].sharing, StrategyInfo::TimeSlicing { interval: TimeSliceInterval::Default });
+    assert_eq!(
+        c.groups[0].sharing,
+        StrategyInfo::TimeSlicing {
+            interval: TimeSliceInterval::Default
+        }
+    );
     assert_eq!(c.attach_limit, Some(4));
     assert_eq!(d.gpus()["gpu-1"].time_slice, TimeSliceInterval::Default);
     assert_eq!(d.gpus()["gpu-1"].sharing, GpuSharing::TimeSlicing);
     for i in 0..4 {
         let a: Attachment = d
             .client()
-            .call(Method::Attach, Some(&AttachParams { claim_uid: ts.clone(), container_id: format!("c{i}"), pid: None, bundle: None }))
+            .call(
+                Method::Attach,
+                Some(&AttachParams {
+                    claim_uid: ts.clone(),
+                    container_id: format!("c{i}"),
+                    pid: None,
+                    bundle: None,
+                }),
+            )
             .unwrap();
         assert_eq!(a.container_id, format!("c{i}"));
     }
     let err = d
         .client()
-        .call::<_, Attachment>(Method::Attach, Some(&AttachParams { claim_uid: ts.clone(), container_id: "c4".into(), pid: None, bundle: None }))
+        .call::<_, Attachment>(
+            Method::Attach,
+            Some(&AttachParams {
+                claim_uid: ts.clone(),
+                container_id: "c4".into(),
+                pid: None,
+                bundle: None,
+            }),
+        )
         .unwrap_err();
     let body = err.remote().expect("a refusal");
     assert_eq!(body.code, ErrorCode::LimitReached);
-    assert!(body.message.contains(&ts) && body.message.contains('4'), "{}", body.message);
+    assert!(
+        body.message.contains(&ts) && body.message.contains('4'),
+        "{}",
+        body.message
+    );
 
     // seed-basic-v1beta1.yaml: gpu-3 exclusive, nothing changed.
-    let r = d.prepare(&load_claim(&claims.join("seed-basic-v1beta1.yaml"))).unwrap();
+    let r = d
+        .prepare(&load_claim(&claims.join("seed-basic-v1beta1.yaml")))
+        .unwrap();
     let basic = r.uid.clone();
     let g3 = &d.gpus()["gpu-3"];
     assert_eq!(g3.sharing, GpuSharing::Exclusive);
-    assert_eq!((g3.compute_mode, g3.time_slice), (ComputeMode::Default, TimeSliceInterval::Default));
-    assert_eq!(d.claim(&basic).unwrap().groups[0].sharing, StrategyInfo::Exclusive);
+    assert_eq!(
+        (g3.compute_mode, g3.time_slice),
+        (ComputeMode::Default, TimeSliceInterval::Default)
+    );
+    assert_eq!(
+        d.claim(&basic).unwrap().groups[0].sharing,
+        StrategyInfo::Exclusive
+    );
 
     // nvidia-mps-2gpu.json: one daemon over gpu-4 and gpu-5, limits by ordinal.
-    let r = d.prepare(&load_claim(&claims.join("nvidia-mps-2gpu.json"))).unwrap();
+    let r = d
+        .prepare(&load_claim(&claims.join("nvidia-mps-2gpu.json")))
+        .unwrap();
     let two = r.uid.clone();
     let c = d.claim(&two).unwrap();
     let groups = mps_groups(&c);
     assert_eq!(groups.len(), 1);
     let uuids = sorted(vec![uuid_of(&d, "gpu-4"), uuid_of(&d, "gpu-5")]);
     check_mps_daemon(&d, &groups[0], &uuids, "30.0", &[("0", "8G"), ("1", "20G")]);
-    pids.entry(two.clone()).or_default().push(groups[0].control_daemon_pid);
+    pids.entry(two.clone())
+        .or_default()
+        .push(groups[0].control_daemon_pid);
 
     // nvidia-two-requests.yaml: gpu-6 Short, gpu-7 MPS 50, one CDI device per request.
-    let r = d.prepare(&load_claim(&claims.join("nvidia-two-requests.yaml"))).unwrap();
+    let r = d
+        .prepare(&load_claim(&claims.join("nvidia-two-requests.yaml")))
+        .unwrap();
     let mixed = r.uid.clone();
     assert_eq!(r.requests.len(), 2);
-    assert_eq!(r.requests[0].cdi_device_ids, vec![format!("gpushare.io/claim={mixed}-ts-gpu")]);
-    assert_eq!(r.requests[1].cdi_device_ids, vec![format!("gpushare.io/claim={mixed}-mps-gpu")]);
+    assert_eq!(
+        r.requests[0].cdi_device_ids,
+        vec![format!("gpushare.io/claim={mixed}-ts-gpu")]
+    );
+    assert_eq!(
+        r.requests[1].cdi_device_ids,
+        vec![format!("gpushare.io/claim={mixed}-mps-gpu")]
+    );
     assert_eq!(d.gpus()["gpu-6"].time_slice, TimeSliceInterval::Short);
     let c = d.claim(&mixed).unwrap();
     let groups = mps_groups(&c);
     check_mps_daemon(&d, &groups[0], &[uuid_of(&d, "gpu-7")], "50.0", &[]);
-    pids.entry(mixed.clone()).or_default().push(groups[0].control_daemon_pid);
+    pids.entry(mixed.clone())
+        .or_default()
+        .push(groups[0].control_daemon_pid);
     let spec = cdi_spec(&d, &mixed);
-    let ts_dev = spec["devices"].as_array().unwrap().iter().find(|x| x["name"] == format!("{mixed}-ts-gpu")).unwrap();
-    assert!(ts_dev["containerEdits"].get("env").is_none(), "the time-sliced request gets no MPS env");
+    let ts_dev = spec["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["name"] == format!("{mixed}-ts-gpu"))
+        .unwrap();
+    assert!(
+        ts_dev["containerEdits"].get("env").is_none(),
+        "the time-sliced request gets no MPS env"
+    );
 
     // seed-mig-3g20gb.yaml: refused until MIG support lands, nothing left.
     let mig = load_claim(&claims.join("seed-mig-3g20gb.yaml"));
@@ -178,13 +297,30 @@ fn valid_cases(program: &Path) {
         d.assert_nothing_left(uid, pids.get(uid).map_or(&[][..], Vec::as_slice));
     }
     for g in d.gpus().values() {
-        assert_eq!((g.compute_mode, g.time_slice, g.sharing), (ComputeMode::Default, TimeSliceInterval::Default, GpuSharing::Free), "{}", g.name);
+        assert_eq!(
+            (g.compute_mode, g.time_slice, g.sharing),
+            (
+                ComputeMode::Default,
+                TimeSliceInterval::Default,
+                GpuSharing::Free
+            ),
+            "{}",
+            g.name
+        );
     }
-    assert_eq!(fs::read_dir(d.run_dir.join("claims")).map(|r| r.count()).unwrap_or(0), 0);
+    assert_eq!(
+        fs::read_dir(d.run_dir.join("claims"))
+            .map(|r| r.count())
+            .unwrap_or(0),
+        0
+    );
     // Unprepare is idempotent.
     let r: gpushare_proto::UnprepareResult = d
         .client()
-        .call(Method::Unprepare, Some(&gpushare_proto::UidParams { uid: uid.clone() }))
+        .call(
+            Method::Unprepare,
+            Some(&gpushare_proto::UidParams { uid: uid.clone() }),
+        )
         .unwrap();
     assert!(!r.released);
 }
@@ -198,7 +334,10 @@ fn invalid_cases(program: &Path) {
     let expected: BTreeMap<String, String> =
         serde_json::from_slice(&fs::read(dir.join("expected.json")).unwrap()).unwrap();
     assert!(expected.len() >= 10);
-    let d = Daemon::start(DaemonOptions { mps_control: program.to_path_buf(), cdi_dir: None });
+    let d = Daemon::start(DaemonOptions {
+        mps_control: program.to_path_buf(),
+        cdi_dir: None,
+    });
     for (file, code) in &expected {
         let claim = load_claim(&dir.join(file));
         let err = d.prepare(&claim).expect_err(file);
@@ -214,7 +353,12 @@ fn invalid_cases(program: &Path) {
     let claims: Vec<ClaimInfo> = d.client().call(Method::ListClaims, None::<&()>).unwrap();
     assert!(claims.is_empty());
     assert_eq!(fs::read_dir(&d.cdi_dir).map(|r| r.count()).unwrap_or(0), 0);
-    assert_eq!(fs::read_dir(d.run_dir.join("claims")).map(|r| r.count()).unwrap_or(0), 0);
+    assert_eq!(
+        fs::read_dir(d.run_dir.join("claims"))
+            .map(|r| r.count())
+            .unwrap_or(0),
+        0
+    );
     assert!(!Path::new("/etc/cron.d/x").exists());
     for g in d.gpus().values() {
         assert_eq!(g.sharing, GpuSharing::Free);
@@ -252,12 +396,16 @@ fn conflicting_claims_are_refused_and_change_nothing() {
         need(false, "shared/cases");
         return;
     };
-    let d = Daemon::start(DaemonOptions { mps_control: bin("gpushare-mps-control"), cdi_dir: None });
+    let d = Daemon::start(DaemonOptions {
+        mps_control: bin("gpushare-mps-control"),
+        cdi_dir: None,
+    });
     let ts = load_claim(&cases.join("claims/seed-timeslicing.yaml"));
     d.prepare(&ts).unwrap();
     // The same GPU asked with another interval, and with MPS.
     let mut long = with_uid(&ts, "conflict-long");
-    long["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]["timeSlice"] = "long".into();
+    long["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]["timeSlice"] =
+        "long".into();
     let err = d.prepare(&long).unwrap_err();
     assert_eq!(err.remote().unwrap().code, ErrorCode::Conflict, "{err}");
     assert!(err.to_string().contains("gpu-1"), "{err}");
@@ -274,11 +422,16 @@ fn conflicting_claims_are_refused_and_change_nothing() {
     d.prepare(&same).unwrap();
     let mut short = with_uid(&ts, "short-elsewhere");
     short["status"]["allocation"]["devices"]["results"][0]["device"] = "gpu-2".into();
-    short["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]["timeSlice"] = "short".into();
+    short["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]["timeSlice"] =
+        "short".into();
     d.prepare(&short).unwrap();
     assert_eq!(d.gpus()["gpu-2"].time_slice, TimeSliceInterval::Short);
     d.unprepare("short-elsewhere");
-    assert_eq!(d.gpus()["gpu-2"].time_slice, TimeSliceInterval::Default, "last time-sliced claim restores Default");
+    assert_eq!(
+        d.gpus()["gpu-2"].time_slice,
+        TimeSliceInterval::Default,
+        "last time-sliced claim restores Default"
+    );
     assert_eq!(d.gpus()["gpu-1"].claims.len(), 2);
     d.unprepare(ts["metadata"]["uid"].as_str().unwrap());
     assert_eq!(d.gpus()["gpu-1"].sharing, GpuSharing::TimeSlicing);

@@ -1,6 +1,8 @@
 //! Real containers on prepared claims: podman (which reads our CDI spec with the reference CDI
 //! library) and plain runc with our hooks in its `config.json`.
 
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -17,13 +19,20 @@ fn claim_via_cli(d: &Daemon, uid: &str) -> ClaimInfo {
         .args(["claim", uid, "-o", "json"])
         .output()
         .expect("gpushare claim");
-    assert!(out.status.success(), "gpushare claim: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "gpushare claim: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).expect("claim JSON")
 }
 
 fn seed_mps(uid: &str) -> Option<Value> {
     let cases = cases_dir()?;
-    Some(with_uid(&load_claim(&cases.join("claims/seed-mps.yaml")), uid))
+    Some(with_uid(
+        &load_claim(&cases.join("claims/seed-mps.yaml")),
+        uid,
+    ))
 }
 
 fn atp_of(c: &ClaimInfo) -> String {
@@ -38,7 +47,10 @@ fn atp_of(c: &ClaimInfo) -> String {
 
 #[test]
 fn podman_container_uses_the_claims_mps_daemon() {
-    if !need(is_root(), "root") || !need(which("podman").is_some(), "podman") || !need(which("runc").is_some(), "runc") {
+    if !need(is_root(), "root")
+        || !need(which("podman").is_some(), "podman")
+        || !need(which("runc").is_some(), "runc")
+    {
         return;
     }
     let _serial = global_lock();
@@ -54,17 +66,29 @@ fn podman_container_uses_the_claims_mps_daemon() {
             need(false, "shared/cases");
             return;
         };
-        d.prepare(&claim).unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+        d.prepare(&claim)
+            .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
         let tmp = tempfile::tempdir().unwrap();
         // NVIDIA's control UI (or ours) with its libraries, at the same path as on the host.
-        let rootfs = busybox_rootfs(tmp.path(), &[program.clone()]);
+        let rootfs = busybox_rootfs(tmp.path(), std::slice::from_ref(&program));
         let script = format!(
             "echo env=$CUDA_MPS_PIPE_DIRECTORY; ls /tmp/nvidia-mps; grep ' /dev/shm ' /proc/self/mountinfo; \
              echo atp=$(echo get_default_active_thread_percentage | {}); sleep 3",
             program.display()
         );
         let child = Command::new("podman")
-            .args(["run", "--rm", "--runtime", "runc", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", "--network", "none"])
+            .args([
+                "run",
+                "--rm",
+                "--runtime",
+                "runc",
+                "--ulimit",
+                "nofile=1024:1024",
+                "--ulimit",
+                "nproc=1024:1024",
+                "--network",
+                "none",
+            ])
             .args(["--device", &format!("gpushare.io/claim={uid}")])
             .arg("--rootfs")
             .arg(&rootfs)
@@ -73,24 +97,47 @@ fn podman_container_uses_the_claims_mps_daemon() {
             .stderr(Stdio::piped())
             .spawn()
             .expect("podman run");
-        let attached = wait_until(Duration::from_secs(30), || claim_via_cli(&d, &uid).attached.len() == 1);
+        let attached = wait_until(Duration::from_secs(30), || {
+            claim_via_cli(&d, &uid).attached.len() == 1
+        });
         let during = claim_via_cli(&d, &uid);
         let out = child.wait_with_output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "podman failed: {stdout}\n{stderr}\n{}", d.log());
-        assert!(attached, "gpushare claim never showed the container attached: {during:?}");
+        assert!(
+            out.status.success(),
+            "podman failed: {stdout}\n{stderr}\n{}",
+            d.log()
+        );
+        assert!(
+            attached,
+            "gpushare claim never showed the container attached: {during:?}"
+        );
         let a = &during.attached[0];
         assert!(a.pid.is_some_and(|p| p > 0), "{a:?}");
         assert!(a.cgroup.is_some(), "{a:?}");
         assert!(stdout.contains("env=/tmp/nvidia-mps"), "{stdout}");
-        assert!(stdout.lines().any(|l| l.trim() == "control"), "pipe dir mounted: {stdout}");
-        let shm = stdout.lines().find(|l| l.contains(" /dev/shm ")).unwrap_or_default();
-        assert!(shm.contains("tmpfs") && shm.contains("size=65536k"), "the claim's 64 MiB tmpfs on /dev/shm: {stdout}");
-        assert!(stdout.contains(&format!("atp={}", atp_of(&during))), "UI in the container: {stdout}");
+        assert!(
+            stdout.lines().any(|l| l.trim() == "control"),
+            "pipe dir mounted: {stdout}"
+        );
+        let shm = stdout
+            .lines()
+            .find(|l| l.contains(" /dev/shm "))
+            .unwrap_or_default();
+        assert!(
+            shm.contains("tmpfs") && shm.contains("size=65536k"),
+            "the claim's 64 MiB tmpfs on /dev/shm: {stdout}"
+        );
+        assert!(
+            stdout.contains(&format!("atp={}", atp_of(&during))),
+            "UI in the container: {stdout}"
+        );
         assert!(stdout.contains("atp=50.0"), "{stdout}");
         assert!(
-            wait_until(Duration::from_secs(10), || claim_via_cli(&d, &uid).attached.is_empty()),
+            wait_until(Duration::from_secs(10), || claim_via_cli(&d, &uid)
+                .attached
+                .is_empty()),
             "detached after exit"
         );
         d.unprepare(&uid);
@@ -102,7 +149,11 @@ fn runc_bundle(dir: &Path, cdi_spec: &Path, device: &str, cmd: &str) -> PathBuf 
     let bundle = dir.join("bundle");
     fs::create_dir_all(&bundle).unwrap();
     busybox_rootfs(&bundle, &[]);
-    let st = Command::new("runc").args(["spec", "--bundle"]).arg(&bundle).status().unwrap();
+    let st = Command::new("runc")
+        .args(["spec", "--bundle"])
+        .arg(&bundle)
+        .status()
+        .unwrap();
     assert!(st.success());
     let path = bundle.join("config.json");
     let mut config: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
@@ -110,7 +161,11 @@ fn runc_bundle(dir: &Path, cdi_spec: &Path, device: &str, cmd: &str) -> PathBuf 
     config["process"]["args"] = json!(["/bin/sh", "-c", cmd]);
     config["root"]["readonly"] = json!(false);
     let spec: gpushare::cdi::Spec = serde_json::from_slice(&fs::read(cdi_spec).unwrap()).unwrap();
-    let dev = spec.devices.iter().find(|d| d.name == device).expect("device in spec");
+    let dev = spec
+        .devices
+        .iter()
+        .find(|d| d.name == device)
+        .expect("device in spec");
     gpushare::cdi::apply_to_oci_config(&mut config, &dev.container_edits).unwrap();
     fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
     bundle
@@ -122,7 +177,10 @@ fn runc_container_attaches_detaches_and_fails_without_claim() {
         return;
     }
     let program = mps_programs().remove(0).1;
-    let d = Daemon::start(DaemonOptions { mps_control: program, cdi_dir: None });
+    let d = Daemon::start(DaemonOptions {
+        mps_control: program,
+        cdi_dir: None,
+    });
     let uid = unique_uid("runc");
     let Some(claim) = seed_mps(&uid) else {
         need(false, "shared/cases");
@@ -153,15 +211,29 @@ fn runc_container_attaches_detaches_and_fails_without_claim() {
     };
     let child = run("gs-runc-1");
     let attached = wait_until(Duration::from_secs(20), || {
-        d.claim(&uid).map(|c| c.attached.iter().any(|a| a.container_id == "gs-runc-1")).unwrap_or(false)
+        d.claim(&uid)
+            .map(|c| c.attached.iter().any(|a| a.container_id == "gs-runc-1"))
+            .unwrap_or(false)
     });
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "runc: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(attached, "container attached while running");
-    assert!(stdout.contains("pipe-ok") && stdout.contains("env=/tmp/nvidia-mps") && stdout.contains("dev-ok"), "{stdout}");
     assert!(
-        wait_until(Duration::from_secs(10), || d.claim(&uid).map(|c| c.attached.is_empty()).unwrap_or(false)),
+        out.status.success(),
+        "runc: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(attached, "container attached while running");
+    assert!(
+        stdout.contains("pipe-ok")
+            && stdout.contains("env=/tmp/nvidia-mps")
+            && stdout.contains("dev-ok"),
+        "{stdout}"
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || d
+            .claim(&uid)
+            .map(|c| c.attached.is_empty())
+            .unwrap_or(false)),
         "detached after exit"
     );
 
@@ -172,7 +244,11 @@ fn runc_container_attaches_detaches_and_fails_without_claim() {
     let hooks = config["hooks"].clone();
     d.unprepare(&uid);
     let _ = fs::remove_file(&config_path);
-    let st = Command::new("runc").args(["spec", "--bundle"]).arg(&bundle).status().unwrap();
+    let st = Command::new("runc")
+        .args(["spec", "--bundle"])
+        .arg(&bundle)
+        .status()
+        .unwrap();
     assert!(st.success());
     config = serde_json::from_slice(&fs::read(&config_path).unwrap()).unwrap();
     config["process"]["terminal"] = json!(false);
@@ -182,6 +258,13 @@ fn runc_container_attaches_detaches_and_fails_without_claim() {
     let out = run("gs-runc-2").wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "runc must fail without the claim");
-    assert!(stderr.contains(&uid) && stderr.contains("not prepared"), "hook's reason in runc's error: {stderr}");
-    let _ = Command::new("runc").arg("--root").arg(&runc_root).args(["delete", "-f", "gs-runc-2"]).status();
+    assert!(
+        stderr.contains(&uid) && stderr.contains("not prepared"),
+        "hook's reason in runc's error: {stderr}"
+    );
+    let _ = Command::new("runc")
+        .arg("--root")
+        .arg(&runc_root)
+        .args(["delete", "-f", "gs-runc-2"])
+        .status();
 }

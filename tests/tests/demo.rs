@@ -1,6 +1,8 @@
 //! `gpushare demo` as a new user runs it: as root it completes the whole job; as an ordinary
 //! user it stops at once with one line saying what needs root.
 
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -14,7 +16,11 @@ fn demo_completes_as_root_and_refuses_in_one_line_otherwise() {
     let _serial = global_lock();
     let out = Command::new(bin("gpushare")).arg("demo").output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "demo failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "demo failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for expected in [
         "seed-mps.yaml              prepared",
         "seed-mig-3g20gb.yaml       refused: Unsupported",
@@ -22,10 +28,16 @@ fn demo_completes_as_root_and_refuses_in_one_line_otherwise() {
         "nothing left behind",
         "Demo complete.",
     ] {
-        assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
     }
     if which("podman").is_some() || which("runc").is_some() {
-        assert!(stdout.contains("get_default_active_thread_percentage -> 50.0"), "{stdout}");
+        assert!(
+            stdout.contains("get_default_active_thread_percentage -> 50.0"),
+            "{stdout}"
+        );
         assert!(stdout.contains("0 containers attached"), "{stdout}");
     }
 

@@ -1,6 +1,8 @@
 //! The OCI state cases of `shared/cases/oci` through the real hook binary and a real daemon,
 //! as the table in `shared/cases/README.md` says.
 
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -32,7 +34,10 @@ fn oci_state_cases_behave_as_documented() {
     };
     let oci = cases.join("oci");
     let read = |f: &str| std::fs::read(oci.join(f)).unwrap();
-    let d = Daemon::start(DaemonOptions { mps_control: bin("gpushare-mps-control"), cdi_dir: None });
+    let d = Daemon::start(DaemonOptions {
+        mps_control: bin("gpushare-mps-control"),
+        cdi_dir: None,
+    });
     // The createRuntime state names claim 3b0c6e52-… (seed-mps.yaml).
     let uid = "3b0c6e52-8f0a-4d7e-9a51-0c2f7d1e9a01";
     let id = "8f1d6b2a0c3e4f5a9b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a";
@@ -44,9 +49,14 @@ fn oci_state_cases_behave_as_documented() {
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
     assert!(err.contains(uid), "{err}");
 
-    d.prepare(&load_claim(&cases.join("claims/seed-mps.yaml"))).unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    d.prepare(&load_claim(&cases.join("claims/seed-mps.yaml")))
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
     let out = hook("attach", &d.socket, uid, &read("state-createRuntime.json"));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let c = d.claim(uid).unwrap();
     assert_eq!(c.attached.len(), 1);
     let a = &c.attached[0];
@@ -56,13 +66,20 @@ fn oci_state_cases_behave_as_documented() {
     assert!(a.bundle.as_deref().is_some_and(|b| b.ends_with(id)));
 
     // Malformed states: one line naming the field, non-zero, nothing sent.
-    for (file, field) in [("state-truncated.json", "pid"), ("state-bad-values.json", "pid")] {
+    for (file, field) in [
+        ("state-truncated.json", "pid"),
+        ("state-bad-values.json", "pid"),
+    ] {
         let out = hook("attach", &d.socket, uid, &read(file));
         assert!(!out.status.success(), "{file}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(err.trim().lines().count(), 1, "{file}: {err}");
         assert!(err.contains(field), "{file}: {err}");
-        assert_eq!(d.claim(uid).unwrap().attached.len(), 1, "{file}: nothing changed");
+        assert_eq!(
+            d.claim(uid).unwrap().attached.len(),
+            1,
+            "{file}: nothing changed"
+        );
     }
 
     // poststop: detach, always exit 0.
@@ -70,9 +87,13 @@ fn oci_state_cases_behave_as_documented() {
     assert!(out.status.success());
     assert!(d.claim(uid).unwrap().attached.is_empty());
     // Again (already detached), with the claim gone, and with the daemon down: still 0.
-    assert!(hook("detach", &d.socket, uid, &read("state-poststop.json")).status.success());
+    assert!(hook("detach", &d.socket, uid, &read("state-poststop.json"))
+        .status
+        .success());
     d.unprepare(uid);
-    assert!(hook("detach", &d.socket, uid, &read("state-poststop.json")).status.success());
+    assert!(hook("detach", &d.socket, uid, &read("state-poststop.json"))
+        .status
+        .success());
     let gone = d.dir.path().join("no-such.sock");
     let out = hook("detach", &gone, uid, &read("state-poststop.json"));
     assert!(out.status.success());

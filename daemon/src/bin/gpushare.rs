@@ -57,7 +57,11 @@ enum Command {
     Demo(cli::demo::DemoArgs),
 }
 
-fn print_structured_or<T: serde::Serialize>(value: &T, output: Output, table: impl FnOnce(&T) -> String) -> Result<()> {
+fn print_structured_or<T: serde::Serialize>(
+    value: &T,
+    output: Output,
+    table: impl FnOnce(&T) -> String,
+) -> Result<()> {
     match cli::render_structured(value, output)? {
         Some(text) => print!("{text}"),
         None => print!("{}", table(value)),
@@ -106,7 +110,8 @@ fn run(args: Args) -> Result<()> {
             print_structured_or(&claims, args.output, |c| cli::claims_table(c))?;
         }
         Command::Claim { uid } => {
-            let c: ClaimInfo = client.call(Method::GetClaim, Some(&UidParams { uid: uid.clone() }))?;
+            let c: ClaimInfo =
+                client.call(Method::GetClaim, Some(&UidParams { uid: uid.clone() }))?;
             print_structured_or(&c, args.output, cli::claim_detail)?;
         }
         Command::Prepare { file } => {
@@ -114,7 +119,8 @@ fn run(args: Args) -> Result<()> {
             let text = if file.as_os_str() == "-" {
                 std::io::read_to_string(std::io::stdin()).context("reading stdin")?
             } else {
-                std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?
+                std::fs::read_to_string(file)
+                    .with_context(|| format!("reading {}", file.display()))?
             };
             let claim = gpushare::config::parse_claim_document(&text)
                 .map_err(|e| anyhow::anyhow!("{}: {}: {}", file.display(), e.code, e.message))?;
@@ -123,7 +129,11 @@ fn run(args: Args) -> Result<()> {
                 let mut s = format!(
                     "claim {} {}\n",
                     r.uid,
-                    if r.already_prepared { "was already prepared" } else { "prepared" }
+                    if r.already_prepared {
+                        "was already prepared"
+                    } else {
+                        "prepared"
+                    }
                 );
                 for q in &r.requests {
                     s += &format!("  request {}: {}\n", q.request, q.cdi_device_ids.join(","));
@@ -133,7 +143,8 @@ fn run(args: Args) -> Result<()> {
         }
         Command::Unprepare { uid } => {
             require_root("unprepare")?;
-            let r: UnprepareResult = client.call(Method::Unprepare, Some(&UidParams { uid: uid.clone() }))?;
+            let r: UnprepareResult =
+                client.call(Method::Unprepare, Some(&UidParams { uid: uid.clone() }))?;
             print_structured_or(&r, args.output, |r| {
                 if r.released {
                     format!("claim {} released\n", r.uid)

@@ -161,7 +161,8 @@ async fn main() -> Result<()> {
         },
         shm_bytes: args.shm_size_mib.map(|m| m << 20),
     };
-    let service = Arc::new(Service::new(cfg, backend.clone(), mps).map_err(|e| anyhow::anyhow!(e))?);
+    let service =
+        Arc::new(Service::new(cfg, backend.clone(), mps).map_err(|e| anyhow::anyhow!(e))?);
     let server_cfg = Arc::new(ServerConfig {
         socket: socket.clone(),
         mode: args.socket_mode,

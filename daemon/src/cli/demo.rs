@@ -25,12 +25,30 @@ pub const DEMO_NODE: &str = "ip-10-0-1-23.us-west-2.compute.internal";
 
 /// The sample claims: real-shaped ResourceClaim objects as our users write them.
 const CLAIMS: &[(&str, &str)] = &[
-    ("seed-mps.yaml", include_str!("../../examples/claims/seed-mps.yaml")),
-    ("seed-timeslicing.yaml", include_str!("../../examples/claims/seed-timeslicing.yaml")),
-    ("seed-basic-v1beta1.yaml", include_str!("../../examples/claims/seed-basic-v1beta1.yaml")),
-    ("nvidia-mps-2gpu.json", include_str!("../../examples/claims/nvidia-mps-2gpu.json")),
-    ("nvidia-two-requests.yaml", include_str!("../../examples/claims/nvidia-two-requests.yaml")),
-    ("seed-mig-3g20gb.yaml", include_str!("../../examples/claims/seed-mig-3g20gb.yaml")),
+    (
+        "seed-mps.yaml",
+        include_str!("../../examples/claims/seed-mps.yaml"),
+    ),
+    (
+        "seed-timeslicing.yaml",
+        include_str!("../../examples/claims/seed-timeslicing.yaml"),
+    ),
+    (
+        "seed-basic-v1beta1.yaml",
+        include_str!("../../examples/claims/seed-basic-v1beta1.yaml"),
+    ),
+    (
+        "nvidia-mps-2gpu.json",
+        include_str!("../../examples/claims/nvidia-mps-2gpu.json"),
+    ),
+    (
+        "nvidia-two-requests.yaml",
+        include_str!("../../examples/claims/nvidia-two-requests.yaml"),
+    ),
+    (
+        "seed-mig-3g20gb.yaml",
+        include_str!("../../examples/claims/seed-mig-3g20gb.yaml"),
+    ),
 ];
 
 /// Container engine for the container step.
@@ -75,7 +93,8 @@ struct DemoDaemon {
 
 impl DemoDaemon {
     fn client(&self) -> Result<Client> {
-        Client::connect(&self.socket, Duration::from_secs(60)).context("connecting to the demo's gpushared")
+        Client::connect(&self.socket, Duration::from_secs(60))
+            .context("connecting to the demo's gpushared")
     }
 
     fn log_tail(&self) -> String {
@@ -90,7 +109,8 @@ impl Drop for DemoDaemon {
         if let Ok(mut c) = Client::connect(&self.socket, Duration::from_secs(5)) {
             if let Ok(claims) = c.call::<(), Vec<ClaimInfo>>(Method::ListClaims, None) {
                 for claim in claims {
-                    let _ = c.call::<_, Value>(Method::Unprepare, Some(&UidParams { uid: claim.uid }));
+                    let _ =
+                        c.call::<_, Value>(Method::Unprepare, Some(&UidParams { uid: claim.uid }));
                 }
             }
         }
@@ -117,7 +137,10 @@ pub fn run(args: &DemoArgs, _output: super::Output) -> Result<()> {
     let exe = std::env::current_exe().context("finding gpushare's own path")?;
     let gpushared = exe.with_file_name("gpushared");
     if !gpushared.is_file() {
-        bail!("{} is missing: build the whole workspace (cargo build --workspace)", gpushared.display());
+        bail!(
+            "{} is missing: build the whole workspace (cargo build --workspace)",
+            gpushared.display()
+        );
     }
     let engine = match args.engine {
         Engine::Auto if which("podman").is_some() && which("runc").is_some() => Engine::Podman,
@@ -140,30 +163,42 @@ pub fn run(args: &DemoArgs, _output: super::Output) -> Result<()> {
     let log = tmp.path().join("gpushared.log");
     let log_file = fs::File::create(&log)?;
     let mut cmd = Command::new(&gpushared);
-    cmd.args(["--simulate", "p4d.24xlarge", "--node-name", DEMO_NODE, "--shm-size-mib", "64"])
-        .arg("--socket")
-        .arg(&socket)
-        .arg("--state-dir")
-        .arg(tmp.path().join("state"))
-        .arg("--run-dir")
-        .arg(tmp.path().join("run"))
-        .arg("--cdi-dir")
-        .arg(&cdi_dir)
-        .stdin(Stdio::null())
-        .stdout(log_file.try_clone()?)
-        .stderr(log_file);
+    cmd.args([
+        "--simulate",
+        "p4d.24xlarge",
+        "--node-name",
+        DEMO_NODE,
+        "--shm-size-mib",
+        "64",
+    ])
+    .arg("--socket")
+    .arg(&socket)
+    .arg("--state-dir")
+    .arg(tmp.path().join("state"))
+    .arg("--run-dir")
+    .arg(tmp.path().join("run"))
+    .arg("--cdi-dir")
+    .arg(&cdi_dir)
+    .stdin(Stdio::null())
+    .stdout(log_file.try_clone()?)
+    .stderr(log_file);
     if let Some(p) = &args.mps_control {
         cmd.arg("--mps-control").arg(p);
     }
     let daemon = DemoDaemon {
-        child: cmd.spawn().with_context(|| format!("starting {}", gpushared.display()))?,
+        child: cmd
+            .spawn()
+            .with_context(|| format!("starting {}", gpushared.display()))?,
         socket: socket.clone(),
         log: log.clone(),
     };
     let deadline = Instant::now() + Duration::from_secs(20);
     while Client::connect(&socket, Duration::from_secs(2)).is_err() {
         if Instant::now() > deadline {
-            bail!("gpushared did not start within 20 s; its log:\n{}", daemon.log_tail());
+            bail!(
+                "gpushared did not start within 20 s; its log:\n{}",
+                daemon.log_tail()
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -177,10 +212,15 @@ pub fn run(args: &DemoArgs, _output: super::Output) -> Result<()> {
     step("Preparing the sample ResourceClaims");
     let mut prepared: Vec<String> = Vec::new();
     for (file, text) in CLAIMS {
-        let claim = crate::config::parse_claim_document(text).map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
+        let claim = crate::config::parse_claim_document(text)
+            .map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
         match client.call::<_, PrepareResult>(Method::Prepare, Some(&PrepareParams { claim })) {
             Ok(r) => {
-                let ids: Vec<String> = r.requests.iter().flat_map(|q| q.cdi_device_ids.clone()).collect();
+                let ids: Vec<String> = r
+                    .requests
+                    .iter()
+                    .flat_map(|q| q.cdi_device_ids.clone())
+                    .collect();
                 println!("  {file:<26} prepared -> {}", ids.join(", "));
                 prepared.push(r.uid);
             }
@@ -210,20 +250,35 @@ pub fn run(args: &DemoArgs, _output: super::Output) -> Result<()> {
         .find(|c| c.name == "inference-pod-gpu-claim-4xk9q")
         .context("the MPS sample claim was not prepared")?
         .clone();
-    step(&format!("One claim in detail (gpushare claim {})", mps_claim.uid));
+    step(&format!(
+        "One claim in detail (gpushare claim {})",
+        mps_claim.uid
+    ));
     print!("{}", claim_detail(&mps_claim));
 
-    container_step(engine, &daemon, &mps_claim, &health.mps_control, &cdi_dir, tmp.path())?;
+    container_step(
+        engine,
+        &daemon,
+        &mps_claim,
+        &health.mps_control,
+        &cdi_dir,
+        tmp.path(),
+    )?;
 
     step("Releasing every claim");
     for uid in &prepared {
-        let r: UnprepareResult = client.call(Method::Unprepare, Some(&UidParams { uid: uid.clone() }))?;
+        let r: UnprepareResult =
+            client.call(Method::Unprepare, Some(&UidParams { uid: uid.clone() }))?;
         println!("  {uid} released: {}", r.released);
     }
     let claims: Vec<ClaimInfo> = client.call(Method::ListClaims, None::<&()>)?;
     let run_claims = tmp.path().join("run/claims");
     let leftovers: Vec<String> = fs::read_dir(&run_claims)
-        .map(|r| r.flatten().map(|e| e.path().display().to_string()).collect())
+        .map(|r| {
+            r.flatten()
+                .map(|e| e.path().display().to_string())
+                .collect()
+        })
         .unwrap_or_default();
     let specs: Vec<&String> = prepared
         .iter()
@@ -232,7 +287,12 @@ pub fn run(args: &DemoArgs, _output: super::Output) -> Result<()> {
     let alive: Vec<&i32> = mps_pids.iter().filter(|p| pid_alive(**p)).collect();
     let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let mounted = mounts.contains(&run_claims.display().to_string());
-    if !claims.is_empty() || !leftovers.is_empty() || !specs.is_empty() || !alive.is_empty() || mounted {
+    if !claims.is_empty()
+        || !leftovers.is_empty()
+        || !specs.is_empty()
+        || !alive.is_empty()
+        || mounted
+    {
         bail!("left behind: claims {claims:?}, dirs {leftovers:?}, CDI specs {specs:?}, MPS daemons {alive:?}, mounts {mounted}");
     }
     println!(
@@ -276,9 +336,25 @@ fn container_step(
     );
     let mut child = match engine {
         Engine::Podman => {
-            step(&format!("podman run --device {device} (podman reads our CDI spec)"));
+            step(&format!(
+                "podman run --device {device} (podman reads our CDI spec)"
+            ));
             Command::new("podman")
-                .args(["run", "--rm", "--runtime", "runc", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", "--network", "none", "--device", &device, "--rootfs"])
+                .args([
+                    "run",
+                    "--rm",
+                    "--runtime",
+                    "runc",
+                    "--ulimit",
+                    "nofile=1024:1024",
+                    "--ulimit",
+                    "nproc=1024:1024",
+                    "--network",
+                    "none",
+                    "--device",
+                    &device,
+                    "--rootfs",
+                ])
                 .arg(&root)
                 .args(["/bin/sh", "-c", &script])
                 .stdout(Stdio::piped())
@@ -287,9 +363,14 @@ fn container_step(
                 .context("starting podman")?
         }
         _ => {
-            step(&format!("runc run with the CDI edits of {device} in config.json"));
+            step(&format!(
+                "runc run with the CDI edits of {device} in config.json"
+            ));
             let bundle = root.parent().context("bundle dir")?.to_path_buf();
-            let st = Command::new("runc").args(["spec", "--bundle"]).arg(&bundle).status()?;
+            let st = Command::new("runc")
+                .args(["spec", "--bundle"])
+                .arg(&bundle)
+                .status()?;
             if !st.success() {
                 bail!("runc spec failed");
             }
@@ -301,7 +382,11 @@ fn container_step(
             let spec: crate::cdi::Spec =
                 serde_json::from_slice(&fs::read(crate::cdi::spec_path(cdi_dir, &claim.uid))?)?;
             let name = device.rsplit('=').next().unwrap_or_default();
-            let dev = spec.devices.iter().find(|d| d.name == name).context("device in CDI spec")?;
+            let dev = spec
+                .devices
+                .iter()
+                .find(|d| d.name == name)
+                .context("device in CDI spec")?;
             crate::cdi::apply_to_oci_config(&mut config, &dev.container_edits)?;
             fs::write(&path, serde_json::to_vec_pretty(&config)?)?;
             Command::new("runc")
@@ -319,7 +404,12 @@ fn container_step(
     };
     let mut client = daemon.client()?;
     let mut get = || -> Result<ClaimInfo> {
-        Ok(client.call(Method::GetClaim, Some(&UidParams { uid: claim.uid.clone() }))?)
+        Ok(client.call(
+            Method::GetClaim,
+            Some(&UidParams {
+                uid: claim.uid.clone(),
+            }),
+        )?)
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut attached = None;
@@ -350,7 +440,10 @@ fn container_step(
     let out = child.wait_with_output()?;
     print!("{}", String::from_utf8_lossy(&out.stdout));
     if !out.status.success() {
-        bail!("the container failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "the container failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     while !get()?.attached.is_empty() {
@@ -359,6 +452,9 @@ fn container_step(
         }
         std::thread::sleep(Duration::from_millis(25));
     }
-    println!("  container exited; gpushare claim {}: 0 containers attached", claim.uid);
+    println!(
+        "  container exited; gpushare claim {}: 0 containers attached",
+        claim.uid
+    );
     Ok(())
 }

@@ -24,7 +24,10 @@ pub enum Output {
 ///
 /// # Errors
 /// Serialization failed.
-pub fn render_structured<T: Serialize>(value: &T, output: Output) -> anyhow::Result<Option<String>> {
+pub fn render_structured<T: Serialize>(
+    value: &T,
+    output: Output,
+) -> anyhow::Result<Option<String>> {
     Ok(match output {
         Output::Table => None,
         Output::Json => Some(serde_json::to_string_pretty(value)? + "\n"),
@@ -53,7 +56,16 @@ pub fn strategy_summary(c: &ClaimInfo) -> String {
 
 /// The `gpushare gpus` table.
 pub fn gpus_table(gpus: &[GpuInfo]) -> String {
-    let mut t = table(&["DEVICE", "UUID", "PRODUCT", "MEMORY", "COMPUTE MODE", "TIME-SLICE", "SHARING", "CLAIMS"]);
+    let mut t = table(&[
+        "DEVICE",
+        "UUID",
+        "PRODUCT",
+        "MEMORY",
+        "COMPUTE MODE",
+        "TIME-SLICE",
+        "SHARING",
+        "CLAIMS",
+    ]);
     for g in gpus {
         t.add_row(vec![
             g.name.clone(),
@@ -71,7 +83,14 @@ pub fn gpus_table(gpus: &[GpuInfo]) -> String {
 
 /// The `gpushare claims` table.
 pub fn claims_table(claims: &[ClaimInfo]) -> String {
-    let mut t = table(&["UID", "NAMESPACE/NAME", "STATE", "STRATEGY", "DEVICES", "ATTACHED"]);
+    let mut t = table(&[
+        "UID",
+        "NAMESPACE/NAME",
+        "STATE",
+        "STRATEGY",
+        "DEVICES",
+        "ATTACHED",
+    ]);
     for c in claims {
         let devices: Vec<String> = c.requests.iter().flat_map(|r| r.devices.clone()).collect();
         let attached = match c.attach_limit {
@@ -97,17 +116,32 @@ pub fn claim_detail(c: &ClaimInfo) -> String {
     let _ = writeln!(s, "State:      {:?}", c.state);
     let _ = writeln!(s, "CDI spec:   {}", c.cdi_spec);
     for r in &c.requests {
-        let _ = writeln!(s, "Request {}: devices {} -> CDI {}", r.request, r.devices.join(","), r.cdi_device_ids.join(","));
+        let _ = writeln!(
+            s,
+            "Request {}: devices {} -> CDI {}",
+            r.request,
+            r.devices.join(","),
+            r.cdi_device_ids.join(",")
+        );
     }
     for g in &c.groups {
-        let devs: Vec<String> = g.devices.iter().map(|d| format!("{} ({})", d.device, d.uuid)).collect();
+        let devs: Vec<String> = g
+            .devices
+            .iter()
+            .map(|d| format!("{} ({})", d.device, d.uuid))
+            .collect();
         let _ = writeln!(s, "Group [{}]: {}", g.requests.join(","), devs.join(", "));
         match &g.sharing {
             StrategyInfo::Exclusive => {
                 let _ = writeln!(s, "  strategy:  Exclusive (nothing changed on the GPU)");
             }
             StrategyInfo::TimeSlicing { interval } => {
-                let _ = writeln!(s, "  strategy:  TimeSlicing, interval {} ({})", interval.as_str(), interval.as_int());
+                let _ = writeln!(
+                    s,
+                    "  strategy:  TimeSlicing, interval {} ({})",
+                    interval.as_str(),
+                    interval.as_int()
+                );
             }
             StrategyInfo::Mps(m) => {
                 let _ = writeln!(s, "  strategy:  MPS");
@@ -115,15 +149,28 @@ pub fn claim_detail(c: &ClaimInfo) -> String {
                 let _ = writeln!(s, "  pipe dir:  {}", m.pipe_dir);
                 let _ = writeln!(s, "  shm dir:   {}", m.shm_dir);
                 let _ = writeln!(s, "  CUDA_VISIBLE_DEVICES: {}", m.visible_devices.join(","));
-                let _ = writeln!(s, "  active thread percentage (read back): {}", m.active_thread_percentage);
+                let _ = writeln!(
+                    s,
+                    "  active thread percentage (read back): {}",
+                    m.active_thread_percentage
+                );
                 for (ordinal, limit) in &m.pinned_device_memory_limits {
-                    let shown = if limit.is_empty() { "none" } else { limit.as_str() };
-                    let _ = writeln!(s, "  pinned device memory limit, device {ordinal} (read back): {shown}");
+                    let shown = if limit.is_empty() {
+                        "none"
+                    } else {
+                        limit.as_str()
+                    };
+                    let _ = writeln!(
+                        s,
+                        "  pinned device memory limit, device {ordinal} (read back): {shown}"
+                    );
                 }
             }
         }
     }
-    let limit = c.attach_limit.map_or("unlimited".to_string(), |l| l.to_string());
+    let limit = c
+        .attach_limit
+        .map_or("unlimited".to_string(), |l| l.to_string());
     let _ = writeln!(s, "Attached:   {} (limit {limit})", c.attached.len());
     for a in &c.attached {
         let _ = writeln!(

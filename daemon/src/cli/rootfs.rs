@@ -21,7 +21,10 @@ pub fn busybox_rootfs(dir: &Path, extra: &[PathBuf]) -> io::Result<PathBuf> {
         fs::create_dir_all(root.join(d))?;
     }
     fs::copy(BUSYBOX, root.join("bin/busybox")).map_err(|e| {
-        io::Error::new(e.kind(), format!("copying {BUSYBOX} (package busybox-static): {e}"))
+        io::Error::new(
+            e.kind(),
+            format!("copying {BUSYBOX} (package busybox-static): {e}"),
+        )
     })?;
     let list = Command::new(BUSYBOX).arg("--list").output()?;
     for applet in String::from_utf8_lossy(&list.stdout).lines() {
@@ -38,9 +41,12 @@ pub fn busybox_rootfs(dir: &Path, extra: &[PathBuf]) -> io::Result<PathBuf> {
 
 fn copy_into(src: &Path, root: &Path) -> io::Result<()> {
     let real = fs::canonicalize(src)?;
-    let rel = src
-        .strip_prefix("/")
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not absolute", src.display())))?;
+    let rel = src.strip_prefix("/").map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not absolute", src.display()),
+        )
+    })?;
     let dst = root.join(rel);
     if let Some(parent) = dst.parent() {
         fs::create_dir_all(parent)?;
@@ -82,7 +88,10 @@ mod tests {
         let out = "\tlinux-vdso.so.1 (0x00007ffd)\n\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x7f)\n\t/lib64/ld-linux-x86-64.so.2 (0x7f)\n";
         assert_eq!(
             ldd_paths(out),
-            vec![PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6"), PathBuf::from("/lib64/ld-linux-x86-64.so.2")]
+            vec![
+                PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6"),
+                PathBuf::from("/lib64/ld-linux-x86-64.so.2")
+            ]
         );
     }
 }

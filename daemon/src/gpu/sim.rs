@@ -252,6 +252,8 @@ mod tests {
         assert_eq!(meta.rdev(), makedev(195, 7));
         b.set_time_slice(&g.uuid, TimeSliceInterval::Long).unwrap();
         assert_eq!(b.time_slice(&g.uuid).unwrap(), TimeSliceInterval::Long);
-        assert!(b.set_compute_mode("GPU-nope", ComputeMode::Default).is_err());
+        assert!(b
+            .set_compute_mode("GPU-nope", ComputeMode::Default)
+            .is_err());
     }
 }

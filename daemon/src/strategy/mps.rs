@@ -143,7 +143,9 @@ impl MpsDirs {
 impl MpsDirs {
     /// The directories of a daemon whose pipe directory is `pipe` (as recorded in a claim).
     pub fn from_pipe(pipe: &Path) -> MpsDirs {
-        let root = pipe.parent().map_or_else(|| pipe.to_path_buf(), Path::to_path_buf);
+        let root = pipe
+            .parent()
+            .map_or_else(|| pipe.to_path_buf(), Path::to_path_buf);
         MpsDirs {
             pipe: root.join("pipe"),
             log: root.join("log"),
@@ -197,7 +199,9 @@ pub fn set_commands(launch: &MpsLaunch) -> Vec<String> {
     }
     for (ordinal, mib) in launch.pinned_limits_mib.iter().enumerate() {
         if let Some(mib) = mib {
-            cmds.push(format!("set_default_device_pinned_mem_limit {ordinal} {mib}M"));
+            cmds.push(format!(
+                "set_default_device_pinned_mem_limit {ordinal} {mib}M"
+            ));
         }
     }
     cmds
@@ -254,8 +258,14 @@ impl MpsControl {
 
     fn env(&self, dirs: &MpsDirs) -> BTreeMap<String, String> {
         BTreeMap::from([
-            ("CUDA_MPS_PIPE_DIRECTORY".into(), dirs.pipe.display().to_string()),
-            ("CUDA_MPS_LOG_DIRECTORY".into(), dirs.log.display().to_string()),
+            (
+                "CUDA_MPS_PIPE_DIRECTORY".into(),
+                dirs.pipe.display().to_string(),
+            ),
+            (
+                "CUDA_MPS_LOG_DIRECTORY".into(),
+                dirs.log.display().to_string(),
+            ),
             // The daemon finds nvidia-cuda-mps-server through PATH.
             (
                 "PATH".into(),
@@ -316,7 +326,11 @@ impl MpsControl {
         result
     }
 
-    fn start_inner(&self, launch: &MpsLaunch, pid_out: &mut Option<i32>) -> Result<MpsInfo, MpsError> {
+    fn start_inner(
+        &self,
+        launch: &MpsLaunch,
+        pid_out: &mut Option<i32>,
+    ) -> Result<MpsInfo, MpsError> {
         let dirs = &launch.dirs;
         let len = dirs.pipe.join(SOCKET_NAME).as_os_str().len();
         if len > MAX_SOCKET_PATH {
@@ -326,18 +340,26 @@ impl MpsControl {
                 max: MAX_SOCKET_PATH,
             });
         }
-        for (path, mode) in [(&dirs.root, 0o755), (&dirs.pipe, 0o755), (&dirs.log, 0o700), (&dirs.shm, 0o755)] {
+        for (path, mode) in [
+            (&dirs.root, 0o755),
+            (&dirs.pipe, 0o755),
+            (&dirs.log, 0o700),
+            (&dirs.shm, 0o755),
+        ] {
             fsutil::create_dir(path, mode).map_err(|source| MpsError::Dir {
                 action: "creating",
                 path: path.clone(),
                 source,
             })?;
         }
-        let mounted = self.mounter.is_mounted(&dirs.shm).map_err(|source| MpsError::Mount {
-            action: "checking",
-            path: dirs.shm.clone(),
-            source,
-        })?;
+        let mounted = self
+            .mounter
+            .is_mounted(&dirs.shm)
+            .map_err(|source| MpsError::Mount {
+                action: "checking",
+                path: dirs.shm.clone(),
+                source,
+            })?;
         if !mounted {
             self.mounter
                 .mount_tmpfs(&dirs.shm, launch.shm_bytes)
@@ -349,7 +371,10 @@ impl MpsControl {
         }
 
         let mut env = self.env(dirs);
-        env.insert("CUDA_VISIBLE_DEVICES".into(), launch.visible_devices.join(","));
+        env.insert(
+            "CUDA_VISIBLE_DEVICES".into(),
+            launch.visible_devices.join(","),
+        );
         let mut args = vec!["-d".to_string()];
         if launch.multi_user {
             args.push("-M".into());
@@ -395,7 +420,10 @@ impl MpsControl {
         }
         let mut limits = BTreeMap::new();
         for (ordinal, mib) in launch.pinned_limits_mib.iter().enumerate() {
-            let got = self.query(dirs, format!("get_default_device_pinned_mem_limit {ordinal}"))?;
+            let got = self.query(
+                dirs,
+                format!("get_default_device_pinned_mem_limit {ordinal}"),
+            )?;
             let want = pinned_limit_display(*mib);
             if got != want {
                 return Err(MpsError::Verify {
@@ -437,7 +465,11 @@ impl MpsControl {
 
     /// Whether the daemon `pid` still runs and still holds its pipe directory.
     pub fn is_running(&self, dirs: &MpsDirs, pid: i32) -> bool {
-        pid_alive(pid) && find_lock_holder(&dirs.pipe.join("control_lock")).ok().flatten() == Some(pid)
+        pid_alive(pid)
+            && find_lock_holder(&dirs.pipe.join("control_lock"))
+                .ok()
+                .flatten()
+                == Some(pid)
     }
 
     /// Stops a daemon: `quit` (bounded), then SIGKILL if it is still alive, then unmounts the
@@ -447,22 +479,31 @@ impl MpsControl {
     /// # Errors
     /// The tmpfs could not be unmounted or the directories removed.
     pub fn stop(&self, dirs: &MpsDirs, pid: Option<i32>) -> Result<(), MpsError> {
-        let pid = pid.or_else(|| find_lock_holder(&dirs.pipe.join("control_lock")).ok().flatten());
+        let pid = pid.or_else(|| {
+            find_lock_holder(&dirs.pipe.join("control_lock"))
+                .ok()
+                .flatten()
+        });
         if let Some(pid) = pid.filter(|p| pid_alive(*p)) {
             if let Err(e) = self.ui(dirs, &["quit".to_string()]) {
                 tracing::warn!(pid, error = %e, "MPS control daemon did not take quit; killing it");
             }
             if !self.wait_exit(pid, self.timeout) {
-                tracing::warn!(pid, "MPS control daemon still running after quit; sending SIGKILL");
+                tracing::warn!(
+                    pid,
+                    "MPS control daemon still running after quit; sending SIGKILL"
+                );
                 let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
                 self.wait_exit(pid, self.timeout);
             }
         }
-        self.mounter.unmount(&dirs.shm).map_err(|source| MpsError::Mount {
-            action: "unmounting",
-            path: dirs.shm.clone(),
-            source,
-        })?;
+        self.mounter
+            .unmount(&dirs.shm)
+            .map_err(|source| MpsError::Mount {
+                action: "unmounting",
+                path: dirs.shm.clone(),
+                source,
+            })?;
         fsutil::remove_dir_all_if_exists(&dirs.root).map_err(|source| MpsError::Dir {
             action: "removing",
             path: dirs.root.clone(),
@@ -530,13 +571,19 @@ mod tests {
     fn group_dirs_are_stable_and_distinct() {
         let a = MpsDirs::for_group(Path::new("/c"), &["GPU-1".into()]);
         assert_eq!(a, MpsDirs::for_group(Path::new("/c"), &["GPU-1".into()]));
-        assert_ne!(a.root, MpsDirs::for_group(Path::new("/c"), &["GPU-2".into()]).root);
+        assert_ne!(
+            a.root,
+            MpsDirs::for_group(Path::new("/c"), &["GPU-2".into()]).root
+        );
         assert_eq!(a.pipe, a.root.join("pipe"));
     }
 
     #[test]
     fn mem_total_parse() {
-        assert_eq!(parse_mem_total_kib("MemTotal:       24576000 kB\nMemFree: 1 kB\n"), Some(24576000));
+        assert_eq!(
+            parse_mem_total_kib("MemTotal:       24576000 kB\nMemFree: 1 kB\n"),
+            Some(24576000)
+        );
         assert_eq!(parse_mem_total_kib("nothing"), None);
     }
 }

@@ -1,5 +1,6 @@
 //! The production leaf: real processes and real mounts.
 
+use std::collections::BTreeSet;
 use std::ffi::CString;
 use std::fs;
 use std::io::{self, Write};
@@ -7,7 +8,6 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::collections::BTreeSet;
 use std::sync::{mpsc, Mutex, MutexGuard};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
@@ -122,7 +122,11 @@ pub fn reap_orphans() -> Vec<i32> {
         return reaped;
     };
     for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
             continue;
         };
         if running.contains(&pid) {
@@ -137,7 +141,8 @@ pub fn reap_orphans() -> Vec<i32> {
         let mut fields = rest.split(' ');
         let state = fields.next();
         let ppid = fields.next().and_then(|p| p.parse::<i32>().ok());
-        if state == Some("Z") && ppid == Some(me)
+        if state == Some("Z")
+            && ppid == Some(me)
             && waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)).is_ok()
         {
             reaped.push(pid);
@@ -224,7 +229,12 @@ mod tests {
     #[test]
     fn runs_with_stdin_and_exact_env() {
         let out = HostRunner
-            .run(&spec("/bin/sh", &["-c", "cat; echo \"[$HOME]\" >&2; exit 3"], "hi", 5000))
+            .run(&spec(
+                "/bin/sh",
+                &["-c", "cat; echo \"[$HOME]\" >&2; exit 3"],
+                "hi",
+                5000,
+            ))
             .unwrap();
         assert_eq!(out.stdout, "hi");
         assert_eq!(out.stderr, "[]\n", "HOME is not inherited");
@@ -235,7 +245,9 @@ mod tests {
     #[test]
     fn kills_at_the_timeout() {
         let start = Instant::now();
-        let out = HostRunner.run(&spec("/bin/sleep", &["30"], "", 200)).unwrap();
+        let out = HostRunner
+            .run(&spec("/bin/sleep", &["30"], "", 200))
+            .unwrap();
         assert!(out.timed_out);
         assert_eq!(out.code, None);
         assert!(start.elapsed() < Duration::from_secs(10));

@@ -107,8 +107,18 @@ mod tests {
         assert_eq!(
             locks,
             vec![
-                LockEntry { pid: 2238, major: 0xfe, minor: 0, inode: 10010780 },
-                LockEntry { pid: 17, major: 0, minor: 0x1a, inode: 42 },
+                LockEntry {
+                    pid: 2238,
+                    major: 0xfe,
+                    minor: 0,
+                    inode: 10010780
+                },
+                LockEntry {
+                    pid: 17,
+                    major: 0,
+                    minor: 0x1a,
+                    inode: 42
+                },
             ]
         );
     }
