@@ -4,14 +4,16 @@
 //! so the Unix socket is the whole transport. SEQPACKET keeps message boundaries, so each
 //! message is one frame: a type byte followed by its payload.
 //!
-//! | type | direction | payload |
-//! |---|---|---|
-//! | `H` | daemon → UI, once after accept | protocol name, [`HELLO`] |
-//! | `C` | UI → daemon | one command line as read, without its newline |
-//! | `O` | daemon → UI | one line of output; the UI adds the newline |
-//! | `X` | daemon → UI, last | exit status for the UI, `i32` little-endian |
+//! | type | name | direction | payload |
+//! |---|---|---|---|
+//! | 1 | hello | daemon → UI, once after accept | protocol name, [`HELLO`] |
+//! | 2 | command | UI → daemon | one command line as read, without its newline |
+//! | 3 | output | daemon → UI | one line of output; the UI adds the newline |
+//! | 4 | exit | daemon → UI, last | exit status for the UI, `i32` little-endian |
 //!
-//! The UI ends its input with `shutdown(SHUT_WR)`; the daemon answers with `X` and closes.
+//! Type bytes are control characters so that text from a foreign peer (NVIDIA's daemon
+//! greets with `OUTBHELL`) never decodes. The UI ends its input with `shutdown(SHUT_WR)`;
+//! the daemon answers with an exit frame and closes.
 
 use std::os::fd::{AsFd, AsRawFd};
 
@@ -22,6 +24,11 @@ pub const HELLO: &[u8] = b"gpushare-mps-control/1";
 
 /// Largest frame either side sends or accepts; longer command lines are cut to fit.
 pub const MAX_FRAME: usize = 64 * 1024;
+
+const TAG_HELLO: u8 = 1;
+const TAG_COMMAND: u8 = 2;
+const TAG_OUTPUT: u8 = 3;
+const TAG_EXIT: u8 = 4;
 
 /// One decoded message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,10 +47,10 @@ impl Frame {
     /// Serialises the frame; payloads longer than [`MAX_FRAME`] − 1 bytes are truncated.
     pub fn encode(&self) -> Vec<u8> {
         let (tag, payload): (u8, &[u8]) = match self {
-            Frame::Hello => (b'H', HELLO),
-            Frame::Command(line) => (b'C', line),
-            Frame::Output(text) => (b'O', text),
-            Frame::Exit(status) => return [&[b'X'][..], &status.to_le_bytes()].concat(),
+            Frame::Hello => (TAG_HELLO, HELLO),
+            Frame::Command(line) => (TAG_COMMAND, line),
+            Frame::Output(text) => (TAG_OUTPUT, text),
+            Frame::Exit(status) => return [&[TAG_EXIT][..], &status.to_le_bytes()].concat(),
         };
         let mut bytes = Vec::with_capacity(1 + payload.len().min(MAX_FRAME - 1));
         bytes.push(tag);
@@ -55,10 +62,10 @@ impl Frame {
     pub fn decode(bytes: &[u8]) -> Option<Frame> {
         let (&tag, payload) = bytes.split_first()?;
         match tag {
-            b'H' if payload == HELLO => Some(Frame::Hello),
-            b'C' => Some(Frame::Command(payload.to_vec())),
-            b'O' => Some(Frame::Output(payload.to_vec())),
-            b'X' => Some(Frame::Exit(i32::from_le_bytes(payload.try_into().ok()?))),
+            TAG_HELLO if payload == HELLO => Some(Frame::Hello),
+            TAG_COMMAND => Some(Frame::Command(payload.to_vec())),
+            TAG_OUTPUT => Some(Frame::Output(payload.to_vec())),
+            TAG_EXIT => Some(Frame::Exit(i32::from_le_bytes(payload.try_into().ok()?))),
             _ => None,
         }
     }
@@ -129,8 +136,8 @@ mod tests {
         // NVIDIA's daemon greets with "OUTBHELL\0".
         assert_eq!(Frame::decode(b"OUTBHELL\0"), None);
         assert_eq!(Frame::decode(b""), None);
-        assert_eq!(Frame::decode(b"Hnope"), None);
-        assert_eq!(Frame::decode(b"X\x01"), None);
+        assert_eq!(Frame::decode(b"\x01nope"), None);
+        assert_eq!(Frame::decode(b"\x04\x01"), None);
     }
 
     #[test]
