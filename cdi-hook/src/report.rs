@@ -8,7 +8,7 @@ use std::ffi::OsStr;
 use std::io;
 use std::path::PathBuf;
 
-use gpushare_proto::{ClientError, ErrorBody, ErrorCode};
+use gpushare_proto::{ClientError, ErrorBody};
 
 use crate::state::StateError;
 
@@ -69,14 +69,6 @@ impl DaemonError {
                 }
             }
             other => DaemonError::Exchange(other),
-        }
-    }
-
-    /// The daemon's error code, when it answered with one.
-    pub fn code(&self) -> Option<ErrorCode> {
-        match self {
-            DaemonError::Refused(body) => Some(body.code),
-            _ => None,
         }
     }
 }
@@ -191,6 +183,7 @@ pub fn one_line(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpushare_proto::ErrorCode;
 
     fn refused(code: ErrorCode, message: &str) -> DaemonError {
         DaemonError::from_client(
@@ -230,10 +223,6 @@ mod tests {
             err.to_string(),
             "cannot attach container c1 to claim u1: refused with NotReady"
         );
-        assert_eq!(
-            refused(ErrorCode::NotReady, "").code(),
-            Some(ErrorCode::NotReady)
-        );
     }
 
     #[test]
@@ -250,7 +239,7 @@ mod tests {
                 err.to_string(),
                 "gpushared at /run/g.sock did not answer within 3s"
             );
-            assert_eq!(err.code(), None);
+            assert!(matches!(err, DaemonError::NoAnswer { .. }));
         }
         let broken = DaemonError::from_client(
             ClientError::Io {

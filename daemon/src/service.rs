@@ -790,3 +790,354 @@ fn node_edit(node: &crate::gpu::DeviceNode) -> ContainerEdits {
         ..ContainerEdits::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use gpushare_proto::TimeSliceInterval;
+    use serde_json::json;
+
+    use super::*;
+    use crate::gpu::SimulatedBackend;
+    use crate::sys::fake::FakeHost;
+
+    const NODE: &str = "node-a";
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        host: FakeHost,
+        service: Service,
+        cfg: ServiceConfig,
+    }
+
+    fn fixture() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let host = FakeHost::default();
+        let cfg = ServiceConfig {
+            node_name: NODE.into(),
+            drivers: vec!["gpu.nvidia.com".into()],
+            run_dir: dir.path().join("run"),
+            cdi_dir: dir.path().join("cdi"),
+            checkpoint: dir.path().join("state/checkpoint.json"),
+            hook: HookConfig {
+                path: "/usr/bin/gpushare-cdi-hook".into(),
+                socket: "/run/gpushare/gpushared.sock".into(),
+                timeout_secs: 10,
+            },
+            shm_bytes: Some(1 << 20),
+        };
+        let backend = Arc::new(
+            SimulatedBackend::without_device_nodes("p4d.24xlarge", NODE, &dir.path().join("dev"))
+                .unwrap(),
+        );
+        let mps = MpsControl::new(
+            "/usr/bin/nvidia-cuda-mps-control".into(),
+            host.ops(),
+            Duration::from_millis(200),
+        );
+        let service = Service::new(cfg.clone(), backend, mps).unwrap();
+        Fixture {
+            _dir: dir,
+            host,
+            service,
+            cfg,
+        }
+    }
+
+    fn claim(uid: &str, devices: &[&str], params: Option<Value>) -> Value {
+        let results: Vec<Value> = devices
+            .iter()
+            .map(|d| json!({"request": "gpus", "driver": "gpu.nvidia.com", "pool": NODE, "device": d}))
+            .collect();
+        let config: Vec<Value> = params
+            .into_iter()
+            .map(|p| json!({"source": "FromClaim", "requests": ["gpus"], "opaque": {"driver": "gpu.nvidia.com", "parameters": p}}))
+            .collect();
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+               "metadata": {"uid": uid, "name": "c", "namespace": "ns"},
+               "status": {"allocation": {"devices": {"results": results, "config": config}}}})
+    }
+
+    fn mps(atp: u32) -> Value {
+        json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+               "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": atp}}})
+    }
+
+    fn mps_two_gpus(atp: u32) -> Value {
+        json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+               "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": atp,
+                 "defaultPinnedDeviceMemoryLimit": "8Gi", "defaultPerDevicePinnedMemoryLimit": {"1": "20Gi"}}}})
+    }
+
+    fn gpu(f: &Fixture, name: &str) -> GpuInfo {
+        f.service
+            .list_gpus()
+            .into_iter()
+            .find(|g| g.name == name)
+            .unwrap()
+    }
+
+    /// Nothing of `uid` remains: registry, checkpoint, CDI file, run directory, mounts, and
+    /// every fake MPS daemon is gone.
+    fn assert_clean(f: &Fixture, uid: &str) {
+        assert!(f.service.get_claim(uid).is_err());
+        let cp = CheckpointFile::new(f.cfg.checkpoint.clone())
+            .load()
+            .unwrap()
+            .checkpoint;
+        assert!(!cp.claims.contains_key(uid));
+        assert!(!cdi::spec_path(&f.cfg.cdi_dir, uid).exists());
+        assert!(!f.cfg.run_dir.join("claims").join(uid).exists());
+        let st = f.host.state();
+        assert!(st.mounts.is_empty(), "{:?}", st.mounts);
+        assert!(st.daemons.values().all(|d| !d.alive));
+    }
+
+    #[test]
+    fn mps_prepare_sets_limits_by_ordinal_reads_back_and_releases() {
+        let f = fixture();
+        let r = f
+            .service
+            .prepare(&claim("u1", &["gpu-5", "gpu-4"], Some(mps_two_gpus(30))))
+            .unwrap();
+        assert_eq!(r.requests[0].cdi_device_ids, vec!["gpushare.io/claim=u1"]);
+        let c = f.service.get_claim("u1").unwrap();
+        let StrategyInfo::Mps(m) = &c.groups[0].sharing else {
+            panic!("not MPS: {c:?}")
+        };
+        assert_eq!(m.active_thread_percentage, "30.0");
+        assert_eq!(m.pinned_device_memory_limits["0"], "8G");
+        assert_eq!(m.pinned_device_memory_limits["1"], "20G");
+        let mut uuids = vec![gpu(&f, "gpu-4").uuid, gpu(&f, "gpu-5").uuid];
+        uuids.sort();
+        assert_eq!(m.visible_devices, uuids);
+        {
+            let st = f.host.state();
+            let d = st.daemons.values().next().unwrap();
+            assert_eq!(d.env["CUDA_VISIBLE_DEVICES"], uuids.join(","));
+            let sets: Vec<&String> = st
+                .calls
+                .iter()
+                .filter(|c| c.contains("set_default"))
+                .collect();
+            assert_eq!(sets.len(), 1, "one UI session carries every set: {sets:?}");
+            assert!(sets[0].contains("set_default_device_pinned_mem_limit 0 8192M"));
+            assert!(sets[0].contains("set_default_device_pinned_mem_limit 1 20480M"));
+            assert!(!sets[0].contains("GPU-"), "never a UUID key: {}", sets[0]);
+            assert_eq!(st.mounts.len(), 1);
+        }
+        assert_eq!(gpu(&f, "gpu-4").compute_mode, ComputeMode::ExclusiveProcess);
+        assert!(cdi::spec_path(&f.cfg.cdi_dir, "u1").exists());
+
+        let again = f
+            .service
+            .prepare(&claim("u1", &["gpu-5", "gpu-4"], Some(mps_two_gpus(30))))
+            .unwrap();
+        assert!(again.already_prepared);
+        assert_eq!(
+            f.host.state().daemons.len(),
+            1,
+            "no second daemon on a retry"
+        );
+
+        assert!(f.service.unprepare("u1").unwrap().released);
+        assert!(f.host.state().calls.last().unwrap().contains("quit"));
+        assert_clean(&f, "u1");
+        assert_eq!(gpu(&f, "gpu-4").compute_mode, ComputeMode::Default);
+        assert!(!f.service.unprepare("u1").unwrap().released);
+    }
+
+    #[test]
+    fn a_limit_the_daemon_did_not_take_fails_prepare_and_leaves_nothing() {
+        let f = fixture();
+        f.host.state().ignore_atp = true;
+        let err = f
+            .service
+            .prepare(&claim("u2", &["gpu-0"], Some(mps(50))))
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::Internal);
+        assert!(
+            err.message.contains("read back \"100.0\""),
+            "{}",
+            err.message
+        );
+        assert_clean(&f, "u2");
+        assert_eq!(gpu(&f, "gpu-0").compute_mode, ComputeMode::Default);
+        assert_eq!(gpu(&f, "gpu-0").sharing, GpuSharing::Free);
+    }
+
+    #[test]
+    fn a_daemon_that_fails_to_start_leaves_nothing() {
+        let f = fixture();
+        f.host.state().fail_start = true;
+        let err = f
+            .service
+            .prepare(&claim("u3", &["gpu-0"], Some(mps(50))))
+            .unwrap_err();
+        assert!(err.message.contains("failed to start"), "{}", err.message);
+        assert_clean(&f, "u3");
+    }
+
+    #[test]
+    fn a_daemon_that_ignores_quit_is_killed() {
+        let f = fixture();
+        f.service
+            .prepare(&claim("u4", &["gpu-0"], Some(mps(50))))
+            .unwrap();
+        let pid = f.host.state().daemons.values().next().unwrap().pid;
+        f.host.state().ignore_quit = true;
+        f.service.unprepare("u4").unwrap();
+        assert_eq!(f.host.state().killed, vec![pid]);
+        assert_clean(&f, "u4");
+    }
+
+    #[test]
+    fn attach_needs_a_live_daemon_and_respects_replicas() {
+        let f = fixture();
+        let short = json!({"sharingMode": "mps", "mpsActiveThreadPercentage": 50, "replicas": 2});
+        f.service
+            .prepare(&claim("u5", &["gpu-1"], Some(short)))
+            .unwrap();
+        let p = |id: &str| AttachParams {
+            claim_uid: "u5".into(),
+            container_id: id.into(),
+            pid: None,
+            bundle: None,
+        };
+        f.service.attach(&p("a")).unwrap();
+        f.service.attach(&p("a")).unwrap(); // idempotent
+        f.service.attach(&p("b")).unwrap();
+        let err = f.service.attach(&p("c")).unwrap_err();
+        assert_eq!(err.code, ErrorCode::LimitReached);
+        assert!(
+            err.message.contains("u5") && err.message.contains("2 of 2"),
+            "{}",
+            err.message
+        );
+        assert!(
+            f.service
+                .detach(&DetachParams {
+                    claim_uid: "u5".into(),
+                    container_id: "a".into()
+                })
+                .unwrap()
+                .detached
+        );
+        f.service.attach(&p("c")).unwrap();
+        // The MPS control daemon dies: the next container start is refused.
+        for d in f.host.state().daemons.values_mut() {
+            d.alive = false;
+        }
+        let err = f.service.attach(&p("d")).unwrap_err();
+        assert_eq!(err.code, ErrorCode::NotReady);
+        let err = f
+            .service
+            .attach(&AttachParams {
+                claim_uid: "nope".into(),
+                ..p("e")
+            })
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::NotFound);
+    }
+
+    #[test]
+    fn time_slicing_applies_only_where_asked_and_restores_default() {
+        let f = fixture();
+        let ts = json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}});
+        f.service
+            .prepare(&claim("t1", &["gpu-2"], Some(ts.clone())))
+            .unwrap();
+        f.service
+            .prepare(&claim("t2", &["gpu-2"], Some(ts)))
+            .unwrap();
+        assert_eq!(gpu(&f, "gpu-2").time_slice, TimeSliceInterval::Long);
+        assert!(f
+            .service
+            .list_gpus()
+            .iter()
+            .filter(|g| g.name != "gpu-2")
+            .all(|g| g.time_slice == TimeSliceInterval::Default));
+        f.service.unprepare("t1").unwrap();
+        assert_eq!(
+            gpu(&f, "gpu-2").time_slice,
+            TimeSliceInterval::Long,
+            "t2 still holds it"
+        );
+        f.service.unprepare("t2").unwrap();
+        assert_eq!(gpu(&f, "gpu-2").time_slice, TimeSliceInterval::Default);
+        // Exclusive after release is allowed again; MPS on an exclusive GPU is a conflict.
+        f.service.prepare(&claim("e1", &["gpu-2"], None)).unwrap();
+        let err = f
+            .service
+            .prepare(&claim("m1", &["gpu-2"], Some(mps(10))))
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::Conflict);
+        assert_clean(&f, "m1");
+    }
+
+    #[test]
+    fn refusals_change_nothing() {
+        let f = fixture();
+        let cases = [
+            (claim("x1", &["gpu-99"], None), ErrorCode::UnknownDevice),
+            (
+                claim(
+                    "x2",
+                    &["gpu-2-mig-3g20gb-9-4"],
+                    Some(json!({"sharingMode": "mig", "migProfile": "3g.20gb"})),
+                ),
+                ErrorCode::Unsupported,
+            ),
+            (
+                claim("x3", &["gpu-0", "gpu-0"], None),
+                ErrorCode::InvalidRequest,
+            ),
+            (
+                claim(
+                    "x4",
+                    &["gpu-0"],
+                    Some(
+                        json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                "sharing": {"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"3": "1Gi"}}}}),
+                    ),
+                ),
+                ErrorCode::InvalidConfig,
+            ),
+        ];
+        for (c, code) in cases {
+            let uid = c["metadata"]["uid"].as_str().unwrap().to_string();
+            let err = f.service.prepare(&c).unwrap_err();
+            assert_eq!(err.code, code, "{uid}: {}", err.message);
+            assert_clean(&f, &uid);
+        }
+        assert!(f.host.state().calls.is_empty(), "no program was run");
+        assert!(f
+            .service
+            .list_gpus()
+            .iter()
+            .all(|g| g.sharing == GpuSharing::Free));
+    }
+
+    #[test]
+    fn a_restarted_service_finds_its_claims() {
+        let f = fixture();
+        f.service
+            .prepare(&claim("r1", &["gpu-3"], Some(mps(40))))
+            .unwrap();
+        let backend = Arc::new(
+            SimulatedBackend::without_device_nodes("p4d.24xlarge", NODE, Path::new("/nonexistent"))
+                .unwrap(),
+        );
+        let mps = MpsControl::new("/x".into(), f.host.ops(), Duration::from_millis(200));
+        let again = Service::new(f.cfg.clone(), backend, mps).unwrap();
+        assert_eq!(again.get_claim("r1").unwrap().state, ClaimState::Prepared);
+        let err = again.prepare(&claim("r2", &["gpu-3"], None)).unwrap_err();
+        assert_eq!(
+            err.code,
+            ErrorCode::Conflict,
+            "placement rebuilt from the checkpoint"
+        );
+    }
+}

@@ -1129,30 +1129,256 @@ mod tests {
         );
     }
 
+    /// Splits outputs into what the UI prints and what control.log gets.
+    fn render(outputs: &[Output]) -> (String, Vec<String>) {
+        let mut stdout = String::new();
+        let mut log = Vec::new();
+        for output in outputs {
+            match output {
+                Output::Reply(text) => {
+                    stdout.push_str(text);
+                    stdout.push('\n');
+                    log.push(text.clone());
+                }
+                Output::StdoutOnly(text) => {
+                    stdout.push_str(text);
+                    stdout.push('\n');
+                }
+                Output::LogOnly(text) => log.push(text.clone()),
+            }
+        }
+        (stdout, log)
+    }
+
     #[test]
-    fn golden_script_replies() {
-        // The replies of the golden transcript (stdout and log-only lines) in one run.
-        let mut s = fresh();
-        let steps: &[(&str, &[Output])] = &[
-            ("get_default_active_thread_percentage", &[]),
-            ("set_default_device_pinned_mem_limit 1 5G", &[]),
-            ("set_default_device_pinned_mem_limit 0 3G", &[]),
+    fn golden_535_transcript() {
+        // Every step of shared/cases/mps/golden-535.309.01.json before `quit`: the UI's
+        // stdout and the reply lines of control.log, in one daemon's lifetime.
+        let steps: &[(&str, &str, &[&str])] = &[
+            (
+                "get_default_active_thread_percentage",
+                "100.0\n",
+                &["100.0"],
+            ),
+            (
+                "set_default_active_thread_percentage 50",
+                "50.0\n",
+                &["50.0"],
+            ),
+            ("get_default_active_thread_percentage", "50.0\n", &["50.0"]),
+            (
+                "set_default_active_thread_percentage 12.345",
+                "12.3\n",
+                &["12.3"],
+            ),
+            (
+                "set_default_active_thread_percentage 0",
+                "12.3\n",
+                &["Invalid percentage, expected between (0.0, 100.0]", "12.3"],
+            ),
+            (
+                "set_default_active_thread_percentage 101",
+                "12.3\n",
+                &["Invalid percentage, expected between (0.0, 100.0]", "12.3"],
+            ),
+            (
+                "set_default_active_thread_percentage abc",
+                "12.3\n",
+                &["Invalid percentage, expected between (0.0, 100.0]", "12.3"],
+            ),
+            ("get_default_active_thread_percentage", "12.3\n", &["12.3"]),
+            (
+                "get_default_device_pinned_mem_limit 0",
+                "",
+                &["No default pinned memory limit set for the device!"],
+            ),
+            ("set_default_device_pinned_mem_limit 0 1G", "", &[]),
+            ("get_default_device_pinned_mem_limit 0", "1G\n", &["1G"]),
+            ("set_default_device_pinned_mem_limit 0 1536M", "", &[]),
+            ("get_default_device_pinned_mem_limit 0", "1G\n", &["1G"]),
+            ("set_default_device_pinned_mem_limit 0 800", "", &[]),
+            ("get_default_device_pinned_mem_limit 0", "800M\n", &["800M"]),
+            ("set_default_device_pinned_mem_limit 1 5G", "", &[]),
+            ("set_default_device_pinned_mem_limit 0 3G", "", &[]),
             (
                 "set_default_device_pinned_mem_limit GPU-5f3c0c52-0000-0000-0000-000000000001 4G",
+                "",
                 &[],
             ),
+            (
+                "get_default_device_pinned_mem_limit 0",
+                "",
+                &["No default pinned memory limit set for the device!"],
+            ),
+            ("get_default_device_pinned_mem_limit 1", "5G\n", &["5G"]),
+            ("set_default_device_pinned_mem_limit 1 xyz", "", &[]),
+            (
+                "get_default_device_pinned_mem_limit 1",
+                "",
+                &["No default pinned memory limit set for the device!"],
+            ),
+            ("set_default_device_pinned_mem_limit 0 2T", "", &[]),
+            ("get_default_device_pinned_mem_limit 0", "2M\n", &["2M"]),
+            ("get_server_list", "", &[]),
+            (
+                "get_client_list 1234",
+                "Server 1234 not found\n",
+                &["Server 1234 not found"],
+            ),
+            (
+                "shutdown_server 1234",
+                "Server 1234 not found\n",
+                &["Server 1234 not found"],
+            ),
+            (
+                "terminate_client 1234 5678",
+                "Server 1234 not found\nServer 1234 not found!\n1\n",
+                &["Server 1234 not found", "Server 1234 not found!", "1"],
+            ),
+            ("set_default_client_priority 1", "", &[]),
+            ("get_default_client_priority", "1\n", &["1"]),
+            (
+                "set_default_client_priority 7",
+                "Invalid priority value - must be 0 or 1!\n",
+                &["Invalid priority value - must be 0 or 1!"],
+            ),
+            (
+                "GET_SERVER_LIST",
+                "Unknown command \"GET_SERVER_LIST\"\n",
+                &["Unknown command \"GET_SERVER_LIST\""],
+            ),
+            (
+                "set_default_chunk_size 4",
+                "Unknown command \"set_default_chunk_size\"\n",
+                &["Unknown command \"set_default_chunk_size\""],
+            ),
+            ("ps", "Server not found\n", &["Server not found"]),
+            (
+                "start_server",
+                "A user id (UID) is required to start a new server\n",
+                &["A user id (UID) is required to start a new server"],
+            ),
         ];
-        assert_eq!(run(&mut s, steps[0].0), vec![reply("100.0")]);
-        for (line, want) in &steps[1..] {
-            assert_eq!(run(&mut s, line), want.to_vec(), "{line}");
+        let mut s = fresh();
+        for (line, stdout, log) in steps {
+            let outcome = s.execute(line, ROOT);
+            assert_eq!(outcome.action, Action::None, "{line}");
+            let (got_stdout, got_log) = render(&outcome.outputs);
+            assert_eq!(got_stdout, *stdout, "{line}");
+            assert_eq!(got_log, log.to_vec(), "{line}");
         }
+        let outcome = s.execute("quit", ROOT);
         assert_eq!(
-            run(&mut s, "get_default_device_pinned_mem_limit 0"),
+            outcome,
+            Outcome {
+                outputs: vec![],
+                action: Action::Quit { timeout: None }
+            }
+        );
+        assert_eq!(
+            s.finish_quit(&[]).log,
+            vec!["Exit with status 0".to_string()]
+        );
+    }
+
+    #[test]
+    fn values_are_scanned_where_the_previous_one_stopped() {
+        // `%d %llu`: the value is read right after the device's digits.
+        let mut s = fresh();
+        run(&mut s, "set_default_device_pinned_mem_limit 2 7G");
+        assert_eq!(
+            run(&mut s, "set_default_device_pinned_mem_limit 2abc 1G"),
+            vec![]
+        );
+        assert_eq!(
+            run(&mut s, "get_default_device_pinned_mem_limit 2"),
             unset()
         );
+        run(&mut s, "set_default_device_pinned_mem_limit 3 4G");
+        run(&mut s, "set_default_device_pinned_mem_limit 3 ,5G");
         assert_eq!(
-            run(&mut s, "get_default_device_pinned_mem_limit 1"),
-            vec![reply("5G")]
+            run(&mut s, "get_default_device_pinned_mem_limit 3"),
+            unset()
         );
+        for line in [
+            "set_default_device_pinned_mem_limit  3   5G",
+            "set_default_device_pinned_mem_limit\t3\t5G",
+            "  set_default_device_pinned_mem_limit 3 5G  ",
+        ] {
+            run(&mut s, "set_default_device_pinned_mem_limit 3 1G");
+            assert_eq!(run(&mut s, line), vec![], "{line:?}");
+            assert_eq!(
+                run(&mut s, "get_default_device_pinned_mem_limit 3"),
+                vec![reply("5G")],
+                "{line:?}"
+            );
+        }
+        // A blank between value and unit means MiB, whatever the blank.
+        for line in [
+            "set_default_device_pinned_mem_limit 3 6 G",
+            "set_default_device_pinned_mem_limit 3 6\tG",
+        ] {
+            run(&mut s, line);
+            assert_eq!(
+                run(&mut s, "get_default_device_pinned_mem_limit 3"),
+                vec![reply("6M")],
+                "{line:?}"
+            );
+        }
+        assert_eq!(
+            run(&mut s, "set_default_active_thread_percentage\t25"),
+            vec![reply("25.0")]
+        );
+        run(&mut s, "set_default_client_priority\t1 0");
+        assert_eq!(run(&mut s, "get_default_client_priority"), vec![reply("1")]);
+    }
+
+    #[test]
+    fn ps_option_and_device_client_list_pid_zero() {
+        let mut s = fresh();
+        let twice = |n: &str| {
+            let line = format!("Server {n} not found");
+            vec![
+                reply(&line),
+                reply(&line),
+                Output::StdoutOnly(String::new()),
+            ]
+        };
+        assert_eq!(run(&mut s, "ps -p55"), twice("55"));
+        assert_eq!(run(&mut s, "ps  -p 55"), twice("55"));
+        assert_eq!(run(&mut s, "ps -p 55abc"), twice("55"));
+        assert_eq!(run(&mut s, "ps -px"), twice("0"));
+        assert_eq!(run(&mut s, "ps -x 5"), vec![reply("Server not found")]);
+        assert_eq!(run(&mut s, "ps - p"), vec![reply("Server not found")]);
+        // PID 0, spelled any way, means "all servers": nothing to list.
+        for line in [
+            "get_device_client_list 0",
+            "get_device_client_list 0abc",
+            "get_device_client_list -0",
+            "get_device_client_list abc",
+        ] {
+            assert_eq!(run(&mut s, line), vec![], "{line}");
+        }
+    }
+
+    #[test]
+    fn flags_must_be_whole_words() {
+        for line in ["start_server -uid5", "start_server -uidx 5"] {
+            assert_eq!(
+                fresh().execute(line, ROOT).outputs,
+                vec![reply(UID_REQUIRED)],
+                "{line}"
+            );
+        }
+        for line in ["quit -t4", "quit -tx 4"] {
+            assert_eq!(
+                fresh().execute(line, ROOT),
+                Outcome {
+                    outputs: vec![],
+                    action: Action::Quit { timeout: None }
+                },
+                "{line}"
+            );
+        }
     }
 }

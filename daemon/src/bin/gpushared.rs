@@ -13,7 +13,7 @@ use gpushare::gpu::{GpuBackend, SimulatedBackend};
 use gpushare::server::{self, ServerConfig};
 use gpushare::service::{Service, ServiceConfig};
 use gpushare::strategy::mps::MpsControl;
-use gpushare::sys::{reap_orphans, HostMounter, HostRunner};
+use gpushare::sys::{reap_orphans, HostOps};
 
 /// gpushared: per-claim MPS control daemons, time-slicing and exclusive GPUs for Kubernetes DRA
 /// claims, with one CDI spec per claim.
@@ -144,8 +144,7 @@ async fn main() -> Result<()> {
     let socket = absolute(&args.socket)?;
     let mps = MpsControl::new(
         mps_program.clone(),
-        Arc::new(HostRunner),
-        Arc::new(HostMounter),
+        HostOps::host(),
         Duration::from_secs(args.mps_timeout),
     );
     let cfg = ServiceConfig {

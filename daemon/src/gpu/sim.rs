@@ -81,6 +81,15 @@ impl SimulatedBackend {
     /// An unknown profile (the message lists the known ones), or the device nodes could not be
     /// created (mknod needs root).
     pub fn new(profile_name: &str, node_name: &str, dev_root: &Path) -> io::Result<Self> {
+        Self::build(profile_name, node_name, dev_root, true)
+    }
+
+    fn build(
+        profile_name: &str,
+        node_name: &str,
+        dev_root: &Path,
+        make_nodes: bool,
+    ) -> io::Result<Self> {
         let profile = *NODE_PROFILES
             .iter()
             .find(|p| p.name == profile_name)
@@ -103,14 +112,16 @@ impl SimulatedBackend {
                 compute_capability: profile.compute_capability,
             })
             .collect();
-        crate::fsutil::create_dir(dev_root, 0o755)?;
-        for gpu in &gpus {
-            make_char_device(
-                &dev_root.join(format!("nvidia{}", gpu.minor)),
-                u64::from(gpu.minor),
-            )?;
+        if make_nodes {
+            crate::fsutil::create_dir(dev_root, 0o755)?;
+            for gpu in &gpus {
+                make_char_device(
+                    &dev_root.join(format!("nvidia{}", gpu.minor)),
+                    u64::from(gpu.minor),
+                )?;
+            }
+            make_char_device(&dev_root.join("nvidiactl"), NVIDIACTL_MINOR)?;
         }
-        make_char_device(&dev_root.join("nvidiactl"), NVIDIACTL_MINOR)?;
         let settings = gpus
             .iter()
             .map(|g| (g.uuid.clone(), Settings::default()))
@@ -121,6 +132,19 @@ impl SimulatedBackend {
             dev_root: dev_root.to_path_buf(),
             settings: Mutex::new(settings),
         })
+    }
+
+    /// Like [`SimulatedBackend::new`] but creates no device nodes (their host paths still
+    /// point under `dev_root`): for tests of the logic above the backend, which need no root.
+    ///
+    /// # Errors
+    /// An unknown profile.
+    pub fn without_device_nodes(
+        profile_name: &str,
+        node_name: &str,
+        dev_root: &Path,
+    ) -> io::Result<Self> {
+        Self::build(profile_name, node_name, dev_root, false)
     }
 
     fn with_settings<T>(

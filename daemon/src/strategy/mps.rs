@@ -10,17 +10,13 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpushare_proto::MpsInfo;
-use nix::sys::signal::{kill, Signal};
-use nix::sys::wait::{waitpid, WaitPidFlag};
-use nix::unistd::Pid;
 use sha2::{Digest, Sha256};
 
 use crate::fsutil;
-use crate::sys::{find_lock_holder, pid_alive, CommandRunner, CommandSpec, Mounter};
+use crate::sys::{CommandSpec, HostOps};
 
 /// Why an MPS operation failed. Each message names the claim's pipe directory or the value.
 #[derive(Debug, thiserror::Error)]
@@ -229,24 +225,17 @@ fn parse_mem_total_kib(meminfo: &str) -> Option<u64> {
 #[derive(Debug, Clone)]
 pub struct MpsControl {
     program: PathBuf,
-    runner: Arc<dyn CommandRunner>,
-    mounter: Arc<dyn Mounter>,
+    ops: HostOps,
     timeout: Duration,
 }
 
 impl MpsControl {
     /// A driver for `program` (NVIDIA's `nvidia-cuda-mps-control` or `gpushare-mps-control`).
     /// `timeout` bounds every run of the program and every wait for a daemon to exit.
-    pub fn new(
-        program: PathBuf,
-        runner: Arc<dyn CommandRunner>,
-        mounter: Arc<dyn Mounter>,
-        timeout: Duration,
-    ) -> MpsControl {
+    pub fn new(program: PathBuf, ops: HostOps, timeout: Duration) -> MpsControl {
         MpsControl {
             program,
-            runner,
-            mounter,
+            ops,
             timeout,
         }
     }
@@ -283,6 +272,7 @@ impl MpsControl {
         let mut stdin = commands.join("\n").into_bytes();
         stdin.push(b'\n');
         let out = self
+            .ops
             .runner
             .run(&CommandSpec {
                 program: self.program.clone(),
@@ -353,6 +343,7 @@ impl MpsControl {
             })?;
         }
         let mounted = self
+            .ops
             .mounter
             .is_mounted(&dirs.shm)
             .map_err(|source| MpsError::Mount {
@@ -361,7 +352,8 @@ impl MpsControl {
                 source,
             })?;
         if !mounted {
-            self.mounter
+            self.ops
+                .mounter
                 .mount_tmpfs(&dirs.shm, launch.shm_bytes)
                 .map_err(|source| MpsError::Mount {
                     action: "mounting",
@@ -380,6 +372,7 @@ impl MpsControl {
             args.push("-M".into());
         }
         let out = self
+            .ops
             .runner
             .run(&CommandSpec {
                 program: self.program.clone(),
@@ -450,7 +443,7 @@ impl MpsControl {
         let lock = dirs.pipe.join("control_lock");
         let deadline = Instant::now() + self.timeout;
         loop {
-            if let Ok(Some(pid)) = find_lock_holder(&lock) {
+            if let Some(pid) = self.ops.processes.lock_holder(&lock) {
                 return Ok(pid);
             }
             if Instant::now() >= deadline {
@@ -465,10 +458,11 @@ impl MpsControl {
 
     /// Whether the daemon `pid` still runs and still holds its pipe directory.
     pub fn is_running(&self, dirs: &MpsDirs, pid: i32) -> bool {
-        pid_alive(pid)
-            && find_lock_holder(&dirs.pipe.join("control_lock"))
-                .ok()
-                .flatten()
+        self.ops.processes.alive(pid)
+            && self
+                .ops
+                .processes
+                .lock_holder(&dirs.pipe.join("control_lock"))
                 == Some(pid)
     }
 
@@ -480,11 +474,11 @@ impl MpsControl {
     /// The tmpfs could not be unmounted or the directories removed.
     pub fn stop(&self, dirs: &MpsDirs, pid: Option<i32>) -> Result<(), MpsError> {
         let pid = pid.or_else(|| {
-            find_lock_holder(&dirs.pipe.join("control_lock"))
-                .ok()
-                .flatten()
+            self.ops
+                .processes
+                .lock_holder(&dirs.pipe.join("control_lock"))
         });
-        if let Some(pid) = pid.filter(|p| pid_alive(*p)) {
+        if let Some(pid) = pid.filter(|p| self.ops.processes.alive(*p)) {
             if let Err(e) = self.ui(dirs, &["quit".to_string()]) {
                 tracing::warn!(pid, error = %e, "MPS control daemon did not take quit; killing it");
             }
@@ -493,11 +487,12 @@ impl MpsControl {
                     pid,
                     "MPS control daemon still running after quit; sending SIGKILL"
                 );
-                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                self.ops.processes.kill(pid);
                 self.wait_exit(pid, self.timeout);
             }
         }
-        self.mounter
+        self.ops
+            .mounter
             .unmount(&dirs.shm)
             .map_err(|source| MpsError::Mount {
                 action: "unmounting",
@@ -516,10 +511,10 @@ impl MpsControl {
     fn wait_exit(&self, pid: i32, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         loop {
-            // ECHILD (not our child) is fine: liveness is then read from /proc.
-            let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
-            if !pid_alive(pid) {
-                let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+            // A pid that is not our child is not reaped; liveness then comes from /proc.
+            self.ops.processes.reap(pid);
+            if !self.ops.processes.alive(pid) {
+                self.ops.processes.reap(pid);
                 return true;
             }
             if Instant::now() >= deadline {

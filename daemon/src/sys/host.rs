@@ -16,7 +16,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
 
-use super::{CommandOutput, CommandRunner, CommandSpec, Mounter};
+use super::{CommandOutput, CommandRunner, CommandSpec, Mounter, Processes};
 
 /// Runs processes on the host with `std::process`.
 #[derive(Debug, Default, Clone, Copy)]
@@ -149,6 +149,33 @@ pub fn reap_orphans() -> Vec<i32> {
         }
     }
     reaped
+}
+
+/// The host's processes, through `/proc` and signals.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HostProcesses;
+
+impl Processes for HostProcesses {
+    fn lock_holder(&self, path: &Path) -> Option<i32> {
+        super::find_lock_holder(path).ok().flatten()
+    }
+
+    fn alive(&self, pid: i32) -> bool {
+        super::pid_alive(pid)
+    }
+
+    fn kill(&self, pid: i32) {
+        if pid > 0 {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+
+    fn reap(&self, pid: i32) {
+        // ECHILD (not our child) is expected and harmless.
+        if pid > 0 {
+            let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+        }
+    }
 }
 
 /// Mounts with the real syscalls (needs CAP_SYS_ADMIN).

@@ -1,15 +1,18 @@
 //! The leaf: every process spawn, mount and `/proc` read the daemon makes goes through the
 //! narrow traits here, so everything above runs unchanged against the recording fakes in tests.
 
+#[cfg(test)]
+pub(crate) mod fake;
 mod host;
 mod proc;
 
-pub use host::{reap_orphans, HostMounter, HostRunner};
+pub use host::{reap_orphans, HostMounter, HostProcesses, HostRunner};
 pub use proc::{find_lock_holder, parse_proc_locks, pid_alive, read_cgroup};
 
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A program to run, with exactly this environment (nothing is inherited).
@@ -91,4 +94,41 @@ pub trait Mounter: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// mountinfo could not be read.
     fn is_mounted(&self, target: &Path) -> io::Result<bool>;
+}
+
+/// Looking at and signalling other processes.
+pub trait Processes: Send + Sync + std::fmt::Debug {
+    /// The pid holding a POSIX lock on `path` (see [`find_lock_holder`]).
+    fn lock_holder(&self, path: &Path) -> Option<i32>;
+
+    /// Whether `pid` runs (zombies count as gone).
+    fn alive(&self, pid: i32) -> bool;
+
+    /// Sends SIGKILL to `pid`.
+    fn kill(&self, pid: i32);
+
+    /// Reaps `pid` if it is an exited child of ours; anything else is ignored.
+    fn reap(&self, pid: i32);
+}
+
+/// The leaf operations the strategies use, bundled so that tests swap them all at once.
+#[derive(Debug, Clone)]
+pub struct HostOps {
+    /// Runs programs.
+    pub runner: Arc<dyn CommandRunner>,
+    /// Mounts.
+    pub mounter: Arc<dyn Mounter>,
+    /// Other processes.
+    pub processes: Arc<dyn Processes>,
+}
+
+impl HostOps {
+    /// The real host.
+    pub fn host() -> HostOps {
+        HostOps {
+            runner: Arc::new(HostRunner),
+            mounter: Arc::new(HostMounter),
+            processes: Arc::new(HostProcesses),
+        }
+    }
 }

@@ -1,0 +1,179 @@
+//! A recording fake of the leaf for unit tests: an MPS control program that keeps its state in
+//! memory, mounts that are only remembered, and processes that exist only here. Knobs make it
+//! misbehave the ways the real programs do.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::{CommandOutput, CommandRunner, CommandSpec, HostOps, Mounter, Processes};
+
+#[derive(Debug, Clone)]
+pub(crate) struct FakeDaemon {
+    pub pid: i32,
+    pub alive: bool,
+    pub env: BTreeMap<String, String>,
+    pub atp: f64,
+    pub limits: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct FakeState {
+    pub next_pid: i32,
+    pub daemons: BTreeMap<PathBuf, FakeDaemon>,
+    pub mounts: BTreeSet<PathBuf>,
+    /// Every command line run, with its stdin.
+    pub calls: Vec<String>,
+    pub killed: Vec<i32>,
+    /// `-d` exits 1.
+    pub fail_start: bool,
+    /// `set_default_active_thread_percentage` is silently not applied.
+    pub ignore_atp: bool,
+    /// `quit` does not end the daemon.
+    pub ignore_quit: bool,
+}
+
+/// The fake host; clone it to keep a handle for assertions.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct FakeHost(pub Arc<Mutex<FakeState>>);
+
+impl FakeHost {
+    pub fn ops(&self) -> HostOps {
+        HostOps {
+            runner: Arc::new(self.clone()),
+            mounter: Arc::new(self.clone()),
+            processes: Arc::new(self.clone()),
+        }
+    }
+
+    pub fn state(&self) -> MutexGuard<'_, FakeState> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn output(code: i32, stdout: String, stderr: &str) -> CommandOutput {
+    CommandOutput {
+        code: Some(code),
+        stdout,
+        stderr: stderr.into(),
+        timed_out: false,
+    }
+}
+
+fn pinned_display(value: &str) -> String {
+    let mib: u64 = value.trim_end_matches(['M', 'm']).parse().unwrap_or(0);
+    crate::strategy::mps::pinned_limit_display((mib > 0).then_some(mib))
+}
+
+impl CommandRunner for FakeHost {
+    fn run(&self, spec: &CommandSpec) -> io::Result<CommandOutput> {
+        let mut st = self.state();
+        st.calls.push(format!(
+            "{} {} <<{}",
+            spec.program.display(),
+            spec.args.join(" "),
+            String::from_utf8_lossy(&spec.stdin).trim()
+        ));
+        let pipe = PathBuf::from(
+            spec.env
+                .get("CUDA_MPS_PIPE_DIRECTORY")
+                .cloned()
+                .unwrap_or_default(),
+        );
+        if spec.args.first().map(String::as_str) == Some("-d") {
+            if st.fail_start {
+                return Ok(output(1, String::new(), ""));
+            }
+            st.next_pid += 1;
+            let pid = 900_000 + st.next_pid;
+            st.daemons.insert(
+                pipe,
+                FakeDaemon {
+                    pid,
+                    alive: true,
+                    env: spec.env.clone(),
+                    atp: 100.0,
+                    limits: BTreeMap::new(),
+                },
+            );
+            return Ok(output(0, String::new(), ""));
+        }
+        let (ignore_atp, ignore_quit) = (st.ignore_atp, st.ignore_quit);
+        let Some(d) = st.daemons.get_mut(&pipe).filter(|d| d.alive) else {
+            return Ok(output(
+                1,
+                String::new(),
+                "Cannot find MPS control daemon process\n",
+            ));
+        };
+        let mut out = String::new();
+        for line in String::from_utf8_lossy(&spec.stdin).lines() {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            match words.as_slice() {
+                ["set_default_active_thread_percentage", p, ..] => {
+                    if let (Ok(v), false) = (p.parse::<f64>(), ignore_atp) {
+                        d.atp = v;
+                    }
+                    out += &format!("{:.1}\n", d.atp);
+                }
+                ["get_default_active_thread_percentage", ..] => out += &format!("{:.1}\n", d.atp),
+                ["set_default_device_pinned_mem_limit", dev, value, ..] => {
+                    d.limits.insert((*dev).to_string(), pinned_display(value));
+                }
+                ["get_default_device_pinned_mem_limit", dev, ..] => {
+                    if let Some(v) = d.limits.get(*dev).filter(|v| !v.is_empty()) {
+                        out += &format!("{v}\n");
+                    }
+                }
+                ["quit", ..] if !ignore_quit => d.alive = false,
+                _ => {}
+            }
+        }
+        Ok(output(0, out, ""))
+    }
+}
+
+impl Mounter for FakeHost {
+    fn mount_tmpfs(&self, target: &Path, _size_bytes: u64) -> io::Result<()> {
+        self.state().mounts.insert(target.to_path_buf());
+        Ok(())
+    }
+
+    fn unmount(&self, target: &Path) -> io::Result<()> {
+        self.state().mounts.remove(target);
+        Ok(())
+    }
+
+    fn is_mounted(&self, target: &Path) -> io::Result<bool> {
+        Ok(self.state().mounts.contains(target))
+    }
+}
+
+impl Processes for FakeHost {
+    fn lock_holder(&self, path: &Path) -> Option<i32> {
+        let pipe = path.parent()?;
+        self.state()
+            .daemons
+            .get(pipe)
+            .filter(|d| d.alive)
+            .map(|d| d.pid)
+    }
+
+    fn alive(&self, pid: i32) -> bool {
+        self.state()
+            .daemons
+            .values()
+            .any(|d| d.pid == pid && d.alive)
+    }
+
+    fn kill(&self, pid: i32) {
+        let mut st = self.state();
+        st.killed.push(pid);
+        for d in st.daemons.values_mut().filter(|d| d.pid == pid) {
+            d.alive = false;
+        }
+    }
+
+    fn reap(&self, _pid: i32) {}
+}
