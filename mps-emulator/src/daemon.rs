@@ -473,6 +473,11 @@ impl Daemon {
         self.control = None;
         self.privileged = None;
         let _ = send_frame(conn, &Frame::Exit(report.ui_status), MsgFlags::empty());
+        // Lines sent after `quit` are ignored; consuming them spares the UI a reset.
+        while matches!(
+            nix::sys::socket::recv(conn.as_raw_fd(), &mut [0u8; 1], MsgFlags::MSG_DONTWAIT),
+            Ok(n) if n > 0
+        ) {}
         // Release the lock before the UI sees the connection close, so a new daemon can
         // start as soon as `quit` returns.
         self.lock = None;
