@@ -508,6 +508,8 @@ fn take_lock(path: &Path) -> Result<File, StartError> {
     let file = OpenOptions::new()
         .write(true)
         .create(true)
+        // The running daemon's lock file is never modified by a contender.
+        .truncate(false)
         .mode(0o666)
         .open(path)
         .map_err(|_| StartError::CannotAccess)?;
