@@ -15,4 +15,9 @@ echo "== cargo build"
 cargo build --workspace --locked
 echo "== cargo test"
 # The end-to-end tests fail (instead of skipping) when a tool they need is missing.
-GPUSHARE_E2E_REQUIRE=1 cargo test --workspace --locked -- --test-threads=2
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+GPUSHARE_E2E_REQUIRE=1 cargo test --workspace --locked -- --test-threads=2 2>&1 | tee "$log"
+# One closing line for the whole run (the last runner line is the doc tests' alone).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) s += $i } }
+     END { printf "%d passed, %d failed, %d skipped\n", p, f, s }' "$log"
