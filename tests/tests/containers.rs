@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use gpushare_e2e::*;
 use gpushare_proto::{ClaimInfo, StrategyInfo};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 fn claim_via_cli(d: &Daemon, uid: &str) -> ClaimInfo {
     let out = Command::new(bin("gpushare"))
@@ -76,27 +76,15 @@ fn podman_container_uses_the_claims_mps_daemon() {
              echo atp=$(echo get_default_active_thread_percentage | {}); sleep 3",
             program.display()
         );
-        let child = Command::new("podman")
-            .args([
-                "run",
-                "--rm",
-                "--runtime",
-                "runc",
-                "--ulimit",
-                "nofile=1024:1024",
-                "--ulimit",
-                "nproc=1024:1024",
-                "--network",
-                "none",
-            ])
-            .args(["--device", &format!("gpushare.io/claim={uid}")])
-            .arg("--rootfs")
-            .arg(&rootfs)
-            .args(["/bin/sh", "-c", &script])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("podman run");
+        let child = gpushare::cli::container::podman_run(
+            &format!("gpushare.io/claim={uid}"),
+            &rootfs,
+            &script,
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("podman run");
         let attached = wait_until(Duration::from_secs(30), || {
             claim_via_cli(&d, &uid).attached.len() == 1
         });
@@ -149,25 +137,13 @@ fn runc_bundle(dir: &Path, cdi_spec: &Path, device: &str, cmd: &str) -> PathBuf 
     let bundle = dir.join("bundle");
     fs::create_dir_all(&bundle).unwrap();
     busybox_rootfs(&bundle, &[]);
-    let st = Command::new("runc")
-        .args(["spec", "--bundle"])
-        .arg(&bundle)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let path = bundle.join("config.json");
-    let mut config: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
-    config["process"]["terminal"] = json!(false);
-    config["process"]["args"] = json!(["/bin/sh", "-c", cmd]);
-    config["root"]["readonly"] = json!(false);
     let spec: gpushare::cdi::Spec = serde_json::from_slice(&fs::read(cdi_spec).unwrap()).unwrap();
     let dev = spec
         .devices
         .iter()
         .find(|d| d.name == device)
         .expect("device in spec");
-    gpushare::cdi::apply_to_oci_config(&mut config, &dev.container_edits).unwrap();
-    fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+    gpushare::cli::container::runc_config(&bundle, cmd, &dev.container_edits).unwrap();
     bundle
 }
 
@@ -239,22 +215,13 @@ fn runc_container_attaches_detaches_and_fails_without_claim() {
 
     // Without the claim, the hook fails the start with its reason. (The claim's pipe and shm
     // directories are gone with it, so this bundle carries only the hooks.)
-    let config_path = bundle.join("config.json");
-    let mut config: Value = serde_json::from_slice(&fs::read(&config_path).unwrap()).unwrap();
-    let hooks = config["hooks"].clone();
+    let spec: gpushare::cdi::Spec = serde_json::from_slice(&fs::read(&spec).unwrap()).unwrap();
+    let hooks_only = gpushare::cdi::ContainerEdits {
+        hooks: spec.devices[0].container_edits.hooks.clone(),
+        ..Default::default()
+    };
     d.unprepare(&uid);
-    let _ = fs::remove_file(&config_path);
-    let st = Command::new("runc")
-        .args(["spec", "--bundle"])
-        .arg(&bundle)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    config = serde_json::from_slice(&fs::read(&config_path).unwrap()).unwrap();
-    config["process"]["terminal"] = json!(false);
-    config["process"]["args"] = json!(["/bin/true"]);
-    config["hooks"] = hooks;
-    fs::write(&config_path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+    gpushare::cli::container::runc_config(&bundle, "true", &hooks_only).unwrap();
     let out = run("gs-runc-2").wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "runc must fail without the claim");

@@ -17,7 +17,7 @@ use gpushare_proto::{
 };
 use serde_json::Value;
 
-use super::{claim_detail, claims_table, gpus_table, rootfs};
+use super::{claim_detail, claims_table, container, gpus_table};
 use crate::sys::pid_alive;
 
 /// Node name of the sample claims' allocations.
@@ -316,7 +316,7 @@ fn container_step(
         step("No container engine (podman or runc) found: skipping the container step");
         return Ok(());
     }
-    if !Path::new(rootfs::BUSYBOX).is_file() {
+    if !Path::new(container::BUSYBOX).is_file() {
         step("No /bin/busybox (package busybox-static): skipping the container step");
         return Ok(());
     }
@@ -327,7 +327,7 @@ fn container_step(
         .context("claim has no CDI device")?
         .clone();
     let ui = PathBuf::from(mps_control);
-    let root = rootfs::busybox_rootfs(tmp, std::slice::from_ref(&ui))?;
+    let root = container::busybox_rootfs(tmp, std::slice::from_ref(&ui))?;
     let script = format!(
         "echo \"  CUDA_MPS_PIPE_DIRECTORY=$CUDA_MPS_PIPE_DIRECTORY\"; echo \"  pipe dir: $(ls /tmp/nvidia-mps | tr '\\n' ' ')\"; \
          echo \"  /dev/shm: $(grep ' /dev/shm ' /proc/self/mountinfo | cut -d' ' -f9-)\"; \
@@ -339,24 +339,7 @@ fn container_step(
             step(&format!(
                 "podman run --device {device} (podman reads our CDI spec)"
             ));
-            Command::new("podman")
-                .args([
-                    "run",
-                    "--rm",
-                    "--runtime",
-                    "runc",
-                    "--ulimit",
-                    "nofile=1024:1024",
-                    "--ulimit",
-                    "nproc=1024:1024",
-                    "--network",
-                    "none",
-                    "--device",
-                    &device,
-                    "--rootfs",
-                ])
-                .arg(&root)
-                .args(["/bin/sh", "-c", &script])
+            container::podman_run(&device, &root, &script)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
@@ -367,18 +350,6 @@ fn container_step(
                 "runc run with the CDI edits of {device} in config.json"
             ));
             let bundle = root.parent().context("bundle dir")?.to_path_buf();
-            let st = Command::new("runc")
-                .args(["spec", "--bundle"])
-                .arg(&bundle)
-                .status()?;
-            if !st.success() {
-                bail!("runc spec failed");
-            }
-            let path = bundle.join("config.json");
-            let mut config: Value = serde_json::from_slice(&fs::read(&path)?)?;
-            config["process"]["terminal"] = Value::Bool(false);
-            config["process"]["args"] = serde_json::json!(["/bin/sh", "-c", script]);
-            config["root"]["readonly"] = Value::Bool(false);
             let spec: crate::cdi::Spec =
                 serde_json::from_slice(&fs::read(crate::cdi::spec_path(cdi_dir, &claim.uid))?)?;
             let name = device.rsplit('=').next().unwrap_or_default();
@@ -387,8 +358,7 @@ fn container_step(
                 .iter()
                 .find(|d| d.name == name)
                 .context("device in CDI spec")?;
-            crate::cdi::apply_to_oci_config(&mut config, &dev.container_edits)?;
-            fs::write(&path, serde_json::to_vec_pretty(&config)?)?;
+            container::runc_config(&bundle, &script, &dev.container_edits)?;
             Command::new("runc")
                 .arg("--root")
                 .arg(tmp.join("runc"))

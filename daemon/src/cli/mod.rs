@@ -1,7 +1,7 @@
 //! The operators' CLI: rendering what the daemon reports, and the demo.
 
+pub mod container;
 pub mod demo;
-pub mod rootfs;
 
 use std::fmt::Write as _;
 

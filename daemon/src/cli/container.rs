@@ -1,11 +1,16 @@
-//! Minimal container root filesystems for the demo and the end-to-end tests: busybox from
-//! Debian's `busybox-static`, plus host programs copied in with the libraries `ldd` lists.
+//! Containers for the demo and the end-to-end tests: busybox root filesystems (Debian's
+//! `busybox-static`, plus host programs copied in with the libraries `ldd` lists), podman runs
+//! with the flags these hosts need, and runc bundles carrying a CDI device's edits.
 
 use std::fs;
 use std::io;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use serde_json::{json, Value};
+
+use crate::cdi::ContainerEdits;
 
 /// Where `busybox-static` installs its binary.
 pub const BUSYBOX: &str = "/bin/busybox";
@@ -77,6 +82,51 @@ fn copy_with_libs(file: &Path, root: &Path) -> io::Result<()> {
         copy_into(&lib, root)?;
     }
     Ok(())
+}
+
+/// `podman run --rm` of `script` under `/bin/sh` in `rootfs` with CDI device `device`. runc,
+/// not crun (crun refuses hybrid cgroup layouts), fixed rlimits (raising them is not permitted
+/// in every sandbox) and no network (nothing to set up).
+pub fn podman_run(device: &str, rootfs: &Path, script: &str) -> Command {
+    let mut cmd = Command::new("podman");
+    cmd.args(["run", "--rm", "--runtime", "runc"])
+        .args([
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+        ])
+        .args(["--network", "none", "--device", device, "--rootfs"])
+        .arg(rootfs)
+        .args(["/bin/sh", "-c", script]);
+    cmd
+}
+
+/// Writes `<bundle>/config.json` from `runc spec`, running `script` under `/bin/sh` without a
+/// terminal, with `edits` (a CDI device's container edits) applied as the CDI library would.
+///
+/// # Errors
+/// `runc spec` fails, the config cannot be read or written, or a device node of `edits` is
+/// missing.
+pub fn runc_config(bundle: &Path, script: &str, edits: &ContainerEdits) -> io::Result<()> {
+    let path = bundle.join("config.json");
+    crate::fsutil::remove_file_if_exists(&path)?;
+    let st = Command::new("runc")
+        .args(["spec", "--bundle"])
+        .arg(bundle)
+        .status()?;
+    if !st.success() {
+        return Err(io::Error::other(format!(
+            "runc spec --bundle {} failed: {st}",
+            bundle.display()
+        )));
+    }
+    let mut config: Value = serde_json::from_slice(&fs::read(&path)?)?;
+    config["process"]["terminal"] = json!(false);
+    config["process"]["args"] = json!(["/bin/sh", "-c", script]);
+    config["root"]["readonly"] = json!(false);
+    crate::cdi::apply_to_oci_config(&mut config, edits)?;
+    fs::write(&path, serde_json::to_vec_pretty(&config)?)
 }
 
 #[cfg(test)]
