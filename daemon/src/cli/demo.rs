@@ -122,6 +122,15 @@ impl Drop for DemoDaemon {
     }
 }
 
+/// Engines' 64-hex container ids, shortened the way `podman ps` shows them.
+fn short_id(id: &str) -> &str {
+    if id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        &id[..12]
+    } else {
+        id
+    }
+}
+
 fn step(text: &str) {
     println!("\n==> {text}");
 }
@@ -401,7 +410,7 @@ fn container_step(
         Some(a) => println!(
             "  gpushare claim {}: container {} attached (pid {}, cgroup {})",
             claim.uid,
-            &a.container_id[..a.container_id.len().min(12)],
+            short_id(&a.container_id),
             a.pid.map_or("-".into(), |p| p.to_string()),
             a.cgroup.as_deref().unwrap_or("-")
         ),
