@@ -1,9 +1,11 @@
 //! Which claims hold which GPU, and the rules for sharing one (pure).
 //!
 //! A GPU is free, held whole by one claim, time-sliced by claims that all asked the same
-//! interval, or shared by claims' MPS control daemons. Anything else is a conflict: MPS wants
-//! EXCLUSIVE_PROCESS compute mode while time-slicing wants DEFAULT, and one interval applies to
-//! the whole GPU.
+//! interval, or run by one claim's MPS control daemon. Anything else is a conflict: MPS wants
+//! EXCLUSIVE_PROCESS compute mode, in which only one process — the one MPS server — may hold
+//! the GPU, so a second claim's MPS server could never start there; time-slicing wants DEFAULT;
+//! and one interval applies to the whole GPU. (Many pods share an MPS GPU by sharing its one
+//! claim.)
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -32,16 +34,16 @@ pub enum Hold {
         /// Holders' claim UIDs.
         claims: BTreeSet<String>,
     },
-    /// Claims run MPS control daemons over it.
-    Mps(BTreeSet<String>),
+    /// One claim's MPS control daemon runs over it.
+    Mps(String),
 }
 
 impl Hold {
     /// UIDs of the claims holding the GPU.
     pub fn claims(&self) -> Vec<String> {
         match self {
-            Hold::Exclusive(c) => vec![c.clone()],
-            Hold::TimeSliced { claims, .. } | Hold::Mps(claims) => claims.iter().cloned().collect(),
+            Hold::Exclusive(c) | Hold::Mps(c) => vec![c.clone()],
+            Hold::TimeSliced { claims, .. } => claims.iter().cloned().collect(),
         }
     }
 
@@ -61,7 +63,7 @@ impl Hold {
             Hold::TimeSliced { interval, .. } => {
                 format!("time-sliced at {} by claim(s) {claims}", interval.as_str())
             }
-            Hold::Mps(_) => format!("shared through MPS by claim(s) {claims}"),
+            Hold::Mps(_) => format!("run by the MPS control daemon of claim {claims}"),
         }
     }
 }
@@ -117,7 +119,7 @@ impl Placement {
                     interval,
                     claims: BTreeSet::from([claim.to_string()]),
                 },
-                (None, Want::Mps) => Hold::Mps(BTreeSet::from([claim.to_string()])),
+                (None, Want::Mps) => Hold::Mps(claim.to_string()),
                 (Some(Hold::TimeSliced { interval, claims }), Want::TimeSlicing(asked))
                     if *interval == asked =>
                 {
@@ -127,11 +129,6 @@ impl Placement {
                         interval: asked,
                         claims,
                     }
-                }
-                (Some(Hold::Mps(claims)), Want::Mps) => {
-                    let mut claims = claims.clone();
-                    claims.insert(claim.to_string());
-                    Hold::Mps(claims)
                 }
                 (Some(hold), want) => {
                     return Err(Conflict(format!(
@@ -158,14 +155,13 @@ impl Placement {
         };
         let empty = match hold {
             Hold::Exclusive(c) => c == claim,
+            Hold::Mps(c) => {
+                released.last_mps = c == claim;
+                c == claim
+            }
             Hold::TimeSliced { claims, .. } => {
                 claims.remove(claim);
                 released.last_time_sliced = claims.is_empty();
-                claims.is_empty()
-            }
-            Hold::Mps(claims) => {
-                claims.remove(claim);
-                released.last_mps = claims.is_empty();
                 claims.is_empty()
             }
         };
@@ -224,10 +220,11 @@ mod tests {
     }
 
     #[test]
-    fn mps_shares_with_mps_only_and_reserve_is_all_or_nothing() {
+    fn one_mps_claim_per_gpu_and_reserve_is_all_or_nothing() {
         let mut p = Placement::default();
         p.reserve("a", &[w("4", Want::Mps)]).unwrap();
-        p.reserve("b", &[w("4", Want::Mps)]).unwrap();
+        let err = p.reserve("b", &[w("4", Want::Mps)]).unwrap_err();
+        assert!(err.0.contains("MPS control daemon of claim a"), "{err}");
         let before = p.clone();
         let err = p
             .reserve(
@@ -235,9 +232,10 @@ mod tests {
                 &[w("5", Want::Mps), w("4", Want::TimeSlicing(Default))],
             )
             .unwrap_err();
-        assert!(err.0.contains("shared through MPS"), "{err}");
+        assert!(err.0.contains("gpu-4"), "{err}");
         assert_eq!(p, before, "a refused reservation changes nothing");
-        assert!(!p.release("a", "4").last_mps);
-        assert!(p.release("b", "4").last_mps);
+        assert!(!p.release("b", "4").last_mps, "b never held it");
+        assert!(p.release("a", "4").last_mps);
+        assert_eq!(p.hold("4"), None);
     }
 }

@@ -23,9 +23,9 @@ use crate::config::{self, ClaimSpec, ParseContext, Sharing};
 use crate::error::ServiceError;
 use crate::fsutil;
 use crate::gpu::{Gpu, GpuBackend};
-use crate::placement::{Placement, Want};
+use crate::placement::{Hold, Placement, Want};
 use crate::strategy::mps::{default_shm_bytes, MpsControl, MpsDirs, MpsLaunch};
-use crate::sys::read_cgroup;
+use crate::sys::{read_cgroup, Processes};
 
 /// Where the service keeps things and whom it serves.
 #[derive(Debug, Clone)]
@@ -60,6 +60,7 @@ pub struct Service {
     ctx: ParseContext,
     backend: Arc<dyn GpuBackend>,
     mps: MpsControl,
+    processes: Arc<dyn Processes>,
     checkpoint: CheckpointFile,
     state: Mutex<State>,
     changes: Mutex<()>,
@@ -129,6 +130,7 @@ impl Service {
             }
             state.claims.insert(uid, info);
         }
+        reapply_gpu_settings(backend.as_ref(), &state.placement);
         state.ready = true;
         let ctx = ParseContext {
             node_name: cfg.node_name.clone(),
@@ -138,6 +140,7 @@ impl Service {
             cfg,
             ctx,
             backend,
+            processes: Arc::clone(&mps.ops().processes),
             mps,
             checkpoint,
             state: Mutex::new(state),
@@ -320,7 +323,12 @@ impl Service {
                 Sharing::Mps { settings, replicas } => {
                     cap(*replicas);
                     let uuids: Vec<String> = devices.iter().map(|d| d.uuid.clone()).collect();
-                    let pinned = settings.resolve_pinned_limits(&uuids)?;
+                    let pinned = settings.resolve_pinned_limits(&uuids).map_err(|e| {
+                        ServiceError::new(
+                            e.code,
+                            format!("config of request(s) {}: {}", requests.join(", "), e.message),
+                        )
+                    })?;
                     PlanKind::Mps(MpsLaunch {
                         dirs: MpsDirs::for_group(&self.claim_dir(&spec.uid), &uuids),
                         visible_devices: uuids,
@@ -656,6 +664,23 @@ impl Service {
         {
             return Ok(a.clone());
         }
+        // A container whose init process is gone and whose poststop hook never ran (runtime
+        // crash, node reboot) must not hold a slot forever.
+        let stale: Vec<String> = claim
+            .attached
+            .iter()
+            .filter(|a| a.pid.is_some_and(|pid| !self.processes.alive(pid)))
+            .map(|a| a.container_id.clone())
+            .collect();
+        if !stale.is_empty() {
+            tracing::warn!(claim = %p.claim_uid, containers = ?stale, "detaching containers whose process is gone");
+            if let Some(c) = st.claims.get_mut(&p.claim_uid) {
+                c.attached.retain(|a| !stale.contains(&a.container_id));
+            }
+        }
+        let Some(claim) = st.claims.get(&p.claim_uid) else {
+            return Err(ServiceError::internal("claim vanished while attaching"));
+        };
         if let Some(limit) = claim.attach_limit {
             if claim.attached.len() >= limit as usize {
                 return Err(ServiceError::new(
@@ -714,8 +739,9 @@ impl Service {
     /// One claim.
     ///
     /// # Errors
-    /// `NotFound`.
+    /// `InvalidRequest` for a malformed UID, `NotFound`.
     pub fn get_claim(&self, uid: &str) -> Result<ClaimInfo, ServiceError> {
+        config::validate_claim_uid(uid)?;
         self.state().claims.get(uid).cloned().ok_or_else(|| {
             ServiceError::new(ErrorCode::NotFound, format!("no claim {uid} on this node"))
         })
@@ -759,6 +785,36 @@ impl Service {
             claims: st.claims.len(),
             backend: self.backend.describe(),
             mps_control: self.mps.program().display().to_string(),
+        }
+    }
+}
+
+/// Makes every held GPU show the settings its holders asked for: after a restart the
+/// checkpoint is the truth, and a GPU reset or another tool may have changed them meanwhile.
+/// Idempotent; GPUs nobody holds are left alone.
+fn reapply_gpu_settings(backend: &dyn GpuBackend, placement: &Placement) {
+    for gpu in backend.gpus() {
+        let name = gpu.device_name();
+        match placement.hold(&gpu.uuid) {
+            Some(Hold::TimeSliced { interval, .. }) => {
+                if backend.time_slice(&gpu.uuid).ok() != Some(*interval) {
+                    tracing::warn!(gpu = %name, interval = interval.as_str(), "time-slice interval differs from what its claims asked; re-applying");
+                    if let Err(e) = backend.set_time_slice(&gpu.uuid, *interval) {
+                        tracing::error!(gpu = %name, error = %e, "re-applying the time-slice interval");
+                    }
+                }
+            }
+            Some(Hold::Mps(_)) => {
+                if backend.compute_mode(&gpu.uuid).ok() != Some(ComputeMode::ExclusiveProcess) {
+                    tracing::warn!(gpu = %name, "compute mode is not EXCLUSIVE_PROCESS under an MPS claim; re-applying");
+                    if let Err(e) =
+                        backend.set_compute_mode(&gpu.uuid, ComputeMode::ExclusiveProcess)
+                    {
+                        tracing::error!(gpu = %name, error = %e, "re-applying compute mode");
+                    }
+                }
+            }
+            Some(Hold::Exclusive(_)) | None => {}
         }
     }
 }
@@ -1042,6 +1098,59 @@ mod tests {
     }
 
     #[test]
+    fn containers_whose_process_is_gone_free_their_slot() {
+        let f = fixture();
+        let ts = json!({"sharingMode": "time-slicing", "replicas": 2});
+        f.service
+            .prepare(&claim("s1", &["gpu-6"], Some(ts)))
+            .unwrap();
+        let p = |id: &str, pid: Option<i32>| AttachParams {
+            claim_uid: "s1".into(),
+            container_id: id.into(),
+            pid,
+            bundle: None,
+        };
+        // The fake host knows no process 4242: that container died without its poststop hook.
+        f.service.attach(&p("dead", Some(4242))).unwrap();
+        f.service.attach(&p("unknown-pid", None)).unwrap();
+        f.service.attach(&p("new", None)).unwrap();
+        let ids: Vec<String> = f
+            .service
+            .get_claim("s1")
+            .unwrap()
+            .attached
+            .into_iter()
+            .map(|a| a.container_id)
+            .collect();
+        assert_eq!(ids, vec!["unknown-pid", "new"]);
+        let err = f.service.attach(&p("third", None)).unwrap_err();
+        assert_eq!(err.code, ErrorCode::LimitReached);
+    }
+
+    #[test]
+    fn one_mps_claim_per_gpu() {
+        let f = fixture();
+        f.service
+            .prepare(&claim("m1", &["gpu-7"], Some(mps(50))))
+            .unwrap();
+        let err = f
+            .service
+            .prepare(&claim("m2", &["gpu-7"], Some(mps(50))))
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::Conflict);
+        assert!(
+            err.message.contains("gpu-7") && err.message.contains("m1"),
+            "{}",
+            err.message
+        );
+        assert_eq!(
+            f.host.state().daemons.len(),
+            1,
+            "no second daemon was started"
+        );
+    }
+
+    #[test]
     fn time_slicing_applies_only_where_asked_and_restores_default() {
         let f = fixture();
         let ts = json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
@@ -1131,8 +1240,21 @@ mod tests {
                 .unwrap(),
         );
         let mps = MpsControl::new("/x".into(), f.host.ops(), Duration::from_millis(200));
-        let again = Service::new(f.cfg.clone(), backend, mps).unwrap();
+        assert_eq!(
+            backend
+                .compute_mode(&backend.find("gpu-3").unwrap().uuid)
+                .unwrap(),
+            ComputeMode::Default
+        );
+        let again = Service::new(f.cfg.clone(), backend.clone(), mps).unwrap();
         assert_eq!(again.get_claim("r1").unwrap().state, ClaimState::Prepared);
+        assert_eq!(
+            backend
+                .compute_mode(&backend.find("gpu-3").unwrap().uuid)
+                .unwrap(),
+            ComputeMode::ExclusiveProcess,
+            "settings of held GPUs are re-applied from the checkpoint"
+        );
         let err = again.prepare(&claim("r2", &["gpu-3"], None)).unwrap_err();
         assert_eq!(
             err.code,

@@ -195,7 +195,7 @@ impl MpsSettings {
         &self,
         sorted_uuids: &[String],
     ) -> Result<Vec<Option<u64>>, ConfigError> {
-        let field = "defaultPerDevicePinnedMemoryLimit";
+        let field = "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit";
         let mut limits = vec![self.default_pinned_limit_mib; sorted_uuids.len()];
         let mut set_by: Vec<Option<&DeviceKey>> = vec![None; sorted_uuids.len()];
         for (key, mib) in &self.per_device_pinned_limit_mib {

@@ -240,6 +240,11 @@ impl MpsControl {
         }
     }
 
+    /// The leaf operations it uses.
+    pub fn ops(&self) -> &HostOps {
+        &self.ops
+    }
+
     /// The program in use.
     pub fn program(&self) -> &Path {
         &self.program
