@@ -142,7 +142,7 @@ where
         Ok(None) => Err(no_answer()),
         Err(spawn) => Err(DaemonError::Exchange(ClientError::Io {
             path: opts.socket.clone(),
-            source: spawn,
+            error: spawn,
         })),
     }
 }

@@ -57,9 +57,9 @@ impl DaemonError {
     pub fn from_client(err: ClientError, timeout_secs: u64) -> DaemonError {
         match err {
             ClientError::Remote(body) => DaemonError::Refused(body),
-            ClientError::Io { path, source }
+            ClientError::Io { path, error }
                 if matches!(
-                    source.kind(),
+                    error.kind(),
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                 ) =>
             {
@@ -231,7 +231,7 @@ mod tests {
             let err = DaemonError::from_client(
                 ClientError::Io {
                     path: "/run/g.sock".into(),
-                    source: io::Error::from(kind),
+                    error: io::Error::from(kind),
                 },
                 3,
             );
@@ -244,7 +244,7 @@ mod tests {
         let broken = DaemonError::from_client(
             ClientError::Io {
                 path: "/run/g.sock".into(),
-                source: io::Error::from(io::ErrorKind::BrokenPipe),
+                error: io::Error::from(io::ErrorKind::BrokenPipe),
             },
             3,
         );
@@ -256,7 +256,7 @@ mod tests {
         let err = DaemonError::from_client(
             ClientError::Connect {
                 path: "/nope.sock".into(),
-                source: io::Error::from(io::ErrorKind::NotFound),
+                error: io::Error::from(io::ErrorKind::NotFound),
             },
             5,
         );

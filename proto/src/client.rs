@@ -17,20 +17,22 @@ const MAX_RESPONSE_BYTES: u64 = 64 * 1024 * 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The socket could not be reached (daemon down, wrong path, no permission).
-    #[error("cannot connect to gpushared at {path}: {source}")]
+    // The I/O error is part of the message, not a `source`, so that error chains
+    // (`anyhow`'s `{:#}`) do not print it twice.
+    #[error("cannot connect to gpushared at {}: {error}", path.display())]
     Connect {
         /// Socket path.
         path: PathBuf,
         /// Underlying error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// Reading or writing failed, or the timeout passed.
-    #[error("talking to gpushared at {path}: {source}")]
+    #[error("talking to gpushared at {}: {error}", path.display())]
     Io {
         /// Socket path.
         path: PathBuf,
         /// Underlying error (`WouldBlock`/`TimedOut` when the timeout passed).
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The daemon's answer was not a valid response.
     #[error("bad response from gpushared: {0}")]
@@ -65,13 +67,13 @@ impl Client {
     /// [`ClientError::Connect`] when the socket cannot be reached.
     pub fn connect(path: impl AsRef<Path>, timeout: Duration) -> Result<Client, ClientError> {
         let path = path.as_ref().to_path_buf();
-        let stream = UnixStream::connect(&path).map_err(|source| ClientError::Connect {
+        let stream = UnixStream::connect(&path).map_err(|error| ClientError::Connect {
             path: path.clone(),
-            source,
+            error,
         })?;
-        let io = |source| ClientError::Io {
+        let io = |error| ClientError::Io {
             path: path.clone(),
-            source,
+            error,
         };
         stream.set_read_timeout(Some(timeout)).map_err(io)?;
         stream.set_write_timeout(Some(timeout)).map_err(io)?;
@@ -122,9 +124,9 @@ impl Client {
             .map_err(|e| ClientError::Protocol(format!("encoding request: {e}")))?;
         line.push(b'\n');
         let path = self.path.clone();
-        let io = |source| ClientError::Io {
+        let io = |error| ClientError::Io {
             path: path.clone(),
-            source,
+            error,
         };
         self.reader.get_mut().write_all(&line).map_err(io)?;
 

@@ -12,16 +12,16 @@ use gpushare_proto::{
     UnprepareResult, VersionInfo,
 };
 
-/// Inspect and control gpushared, the node's GPU sharing daemon.
+/// gpushare: inspect and control gpushared, the node's GPU sharing daemon.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
-    /// gpushared's socket.
-    #[arg(long, global = true, default_value = gpushare_proto::DEFAULT_SOCKET)]
-    socket: PathBuf,
-    /// Output format.
-    #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
-    output: Output,
+    /// gpushared's socket [default: /run/gpushare/gpushared.sock].
+    #[arg(long, global = true)]
+    socket: Option<PathBuf>,
+    /// Output format [default: table].
+    #[arg(short, long, global = true, value_enum)]
+    output: Option<Output>,
     /// Seconds to wait for the daemon's answer.
     #[arg(long, global = true, default_value_t = 60)]
     timeout: u64,
@@ -89,30 +89,39 @@ fn main() -> std::process::ExitCode {
 
 fn run(args: Args) -> Result<()> {
     if let Command::Demo(demo) = &args.command {
-        return cli::demo::run(demo, args.output);
+        if args.socket.is_some() || args.output.is_some() {
+            anyhow::bail!("gpushare demo starts its own daemon and prints tables: --socket and -o do not apply");
+        }
+        return cli::demo::run(demo);
     }
-    let mut client = Client::connect(&args.socket, Duration::from_secs(args.timeout))
-        .with_context(|| "is gpushared running? (pass --socket for another socket)")?;
+    let socket = args
+        .socket
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(gpushare_proto::DEFAULT_SOCKET));
+    let output = args.output.unwrap_or(Output::Table);
+    let mut client = Client::connect(&socket, Duration::from_secs(args.timeout)).map_err(|e| {
+        anyhow::anyhow!("{e} (is gpushared running? --socket names another socket)")
+    })?;
     let none = None::<&()>;
     match &args.command {
         Command::Status => {
             let h: HealthInfo = client.call(Method::Health, none)?;
             let v: VersionInfo = client.call(Method::Version, none)?;
             let both = serde_json::json!({"health": h, "version": v});
-            print_structured_or(&both, args.output, |_| cli::status_text(&h, &v))?;
+            print_structured_or(&both, output, |_| cli::status_text(&h, &v))?;
         }
         Command::Gpus => {
             let gpus: Vec<GpuInfo> = client.call(Method::ListGpus, none)?;
-            print_structured_or(&gpus, args.output, |g| cli::gpus_table(g))?;
+            print_structured_or(&gpus, output, |g| cli::gpus_table(g))?;
         }
         Command::Claims => {
             let claims: Vec<ClaimInfo> = client.call(Method::ListClaims, none)?;
-            print_structured_or(&claims, args.output, |c| cli::claims_table(c))?;
+            print_structured_or(&claims, output, |c| cli::claims_table(c))?;
         }
         Command::Claim { uid } => {
             let c: ClaimInfo =
                 client.call(Method::GetClaim, Some(&UidParams { uid: uid.clone() }))?;
-            print_structured_or(&c, args.output, cli::claim_detail)?;
+            print_structured_or(&c, output, cli::claim_detail)?;
         }
         Command::Prepare { file } => {
             require_root("prepare")?;
@@ -125,7 +134,7 @@ fn run(args: Args) -> Result<()> {
             let claim = gpushare::config::parse_claim_document(&text)
                 .map_err(|e| anyhow::anyhow!("{}: {}: {}", file.display(), e.code, e.message))?;
             let r: PrepareResult = client.call(Method::Prepare, Some(&PrepareParams { claim }))?;
-            print_structured_or(&r, args.output, |r| {
+            print_structured_or(&r, output, |r| {
                 let mut s = format!(
                     "claim {} {}\n",
                     r.uid,
@@ -145,7 +154,7 @@ fn run(args: Args) -> Result<()> {
             require_root("unprepare")?;
             let r: UnprepareResult =
                 client.call(Method::Unprepare, Some(&UidParams { uid: uid.clone() }))?;
-            print_structured_or(&r, args.output, |r| {
+            print_structured_or(&r, output, |r| {
                 if r.released {
                     format!("claim {} released\n", r.uid)
                 } else {

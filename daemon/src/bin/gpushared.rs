@@ -18,7 +18,7 @@ use gpushare::sys::{reap_orphans, HostOps};
 /// gpushared: per-claim MPS control daemons, time-slicing and exclusive GPUs for Kubernetes DRA
 /// claims, with one CDI spec per claim.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// Unix socket the DRA driver, the hook and the CLI talk to.
     #[arg(long, default_value = gpushare_proto::DEFAULT_SOCKET)]
@@ -97,8 +97,19 @@ fn absolute(p: &Path) -> Result<PathBuf> {
     std::path::absolute(p).with_context(|| format!("making {} absolute", p.display()))
 }
 
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // One line for the journal, whatever RUST_BACKTRACE says.
+            eprintln!("gpushared: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 #[tokio::main]
-async fn main() -> Result<()> {
+async fn run() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

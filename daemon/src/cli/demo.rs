@@ -139,7 +139,7 @@ fn step(text: &str) {
 ///
 /// # Errors
 /// Not root, a binary is missing, or a step failed (the message says which).
-pub fn run(args: &DemoArgs, _output: super::Output) -> Result<()> {
+pub fn run(args: &DemoArgs) -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
         bail!("gpushare demo must run as root: it creates simulated GPU device nodes (mknod), mounts a tmpfs per MPS claim and starts containers");
     }

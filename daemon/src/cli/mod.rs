@@ -89,13 +89,13 @@ pub fn claims_table(claims: &[ClaimInfo]) -> String {
         "STATE",
         "STRATEGY",
         "DEVICES",
-        "ATTACHED",
+        "ATTACHED/REPLICAS",
     ]);
     for c in claims {
         let devices: Vec<String> = c.requests.iter().flat_map(|r| r.devices.clone()).collect();
         let attached = match c.attach_limit {
             Some(l) => format!("{}/{l}", c.attached.len()),
-            None => c.attached.len().to_string(),
+            None => format!("{}/-", c.attached.len()),
         };
         t.add_row(vec![
             c.uid.clone(),
@@ -160,9 +160,16 @@ pub fn claim_detail(c: &ClaimInfo) -> String {
                     } else {
                         limit.as_str()
                     };
+                    // The ordinal counts the daemon's CUDA_VISIBLE_DEVICES (sorted UUIDs).
+                    let device = ordinal
+                        .parse::<usize>()
+                        .ok()
+                        .and_then(|i| m.visible_devices.get(i))
+                        .and_then(|uuid| g.devices.iter().find(|d| &d.uuid == uuid))
+                        .map_or("?".to_string(), |d| d.device.clone());
                     let _ = writeln!(
                         s,
-                        "  pinned device memory limit, device {ordinal} (read back): {shown}"
+                        "  pinned device memory limit, CUDA device {ordinal} = {device} (read back): {shown}"
                     );
                 }
             }
