@@ -181,18 +181,28 @@ impl Service {
     pub fn prepare(&self, claim: &Value) -> Result<PrepareResult, ServiceError> {
         let spec = config::parse_claim(claim, &self.ctx)?;
         let _changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(existing) = self.state().claims.get(&spec.uid) {
-            return match existing.state {
-                ClaimState::Prepared => Ok(PrepareResult {
-                    uid: existing.uid.clone(),
-                    requests: existing.requests.clone(),
+        let existing = self.state().claims.get(&spec.uid).cloned();
+        if let Some(existing) = existing {
+            if existing.state == ClaimState::Prepared && self.dead_mps_daemon(&existing).is_none() {
+                return Ok(PrepareResult {
+                    uid: existing.uid,
+                    requests: existing.requests,
                     already_prepared: true,
-                }),
-                other => Err(ServiceError::new(
-                    ErrorCode::NotReady,
-                    format!("claim {} is {other:?}; retry later", spec.uid),
-                )),
-            };
+                });
+            }
+            // Left half-done by a crash (PrepareStarted), by a release that failed part-way
+            // (Unpreparing), or prepared but with a dead MPS control daemon: nothing else works
+            // on it now (we hold `changes`), so undo what is left and prepare afresh.
+            tracing::warn!(claim = %spec.uid, state = ?existing.state, "finishing the release of an interrupted claim before preparing it again");
+            if let Some(e) = self.teardown(&spec.uid) {
+                return Err(ServiceError::new(
+                    e.code,
+                    format!(
+                        "claim {} was left {:?} and cannot be released yet: {}",
+                        spec.uid, existing.state, e.message
+                    ),
+                ));
+            }
         }
         let (plans, attach_limit) = self.plan(&spec)?;
         let requests = self.request_devices(&spec);
@@ -572,14 +582,32 @@ impl Service {
             );
         }
         let mut st = self.state();
-        self.release_gpus(&mut st, &info);
+        // Only a complete release frees the GPUs: while a daemon or mount may still be there,
+        // the claim keeps its holds (state Unpreparing), so no other claim is placed on top of
+        // it, and the next unprepare or prepare of this claim finishes the job.
         if errors.is_empty() {
+            self.release_gpus(&mut st, &info);
             st.claims.remove(uid);
         }
         if let Err(e) = self.save(&st) {
             note(&mut errors, e);
         }
         errors.into_iter().next()
+    }
+
+    /// The pid of a claim's MPS control daemon that no longer runs, if any.
+    fn dead_mps_daemon(&self, claim: &ClaimInfo) -> Option<i32> {
+        claim.groups.iter().find_map(|g| match &g.sharing {
+            StrategyInfo::Mps(m)
+                if !self.mps.is_running(
+                    &MpsDirs::from_pipe(Path::new(&m.pipe_dir)),
+                    m.control_daemon_pid,
+                ) =>
+            {
+                Some(m.control_daemon_pid)
+            }
+            _ => None,
+        })
     }
 
     /// Releases a claim: stops its MPS control daemons (quit, bounded, then kill), restores
@@ -643,19 +671,14 @@ impl Service {
                 format!("claim {} is {:?}, not ready", p.claim_uid, claim.state),
             ));
         }
-        for g in &claim.groups {
-            if let StrategyInfo::Mps(m) = &g.sharing {
-                let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
-                if !self.mps.is_running(&dirs, m.control_daemon_pid) {
-                    return Err(ServiceError::new(
-                        ErrorCode::NotReady,
-                        format!(
-                            "claim {}: its MPS control daemon (pid {}) is not running",
-                            p.claim_uid, m.control_daemon_pid
-                        ),
-                    ));
-                }
-            }
+        if let Some(pid) = self.dead_mps_daemon(claim) {
+            return Err(ServiceError::new(
+                ErrorCode::NotReady,
+                format!(
+                    "claim {}: its MPS control daemon (pid {pid}) is not running",
+                    p.claim_uid
+                ),
+            ));
         }
         if let Some(a) = claim
             .attached
@@ -1081,12 +1104,24 @@ mod tests {
                 .detached
         );
         f.service.attach(&p("c")).unwrap();
-        // The MPS control daemon dies: the next container start is refused.
+        // The MPS control daemon dies: the next container start is refused...
         for d in f.host.state().daemons.values_mut() {
             d.alive = false;
         }
         let err = f.service.attach(&p("d")).unwrap_err();
         assert_eq!(err.code, ErrorCode::NotReady);
+        // ...until a prepare retry starts a new one with the claim's limits.
+        let short = json!({"sharingMode": "mps", "mpsActiveThreadPercentage": 50, "replicas": 2});
+        let r = f
+            .service
+            .prepare(&claim("u5", &["gpu-1"], Some(short)))
+            .unwrap();
+        assert!(!r.already_prepared);
+        assert_eq!(
+            f.host.state().daemons.values().filter(|d| d.alive).count(),
+            1
+        );
+        f.service.attach(&p("d")).unwrap();
         let err = f
             .service
             .attach(&AttachParams {
@@ -1125,6 +1160,91 @@ mod tests {
         assert_eq!(ids, vec!["unknown-pid", "new"]);
         let err = f.service.attach(&p("third", None)).unwrap_err();
         assert_eq!(err.code, ErrorCode::LimitReached);
+    }
+
+    #[test]
+    fn a_release_that_fails_part_way_keeps_the_gpu_until_finished() {
+        let f = fixture();
+        f.service
+            .prepare(&claim("p1", &["gpu-0"], Some(mps(50))))
+            .unwrap();
+        f.host.state().fail_unmount = true;
+        let err = f.service.unprepare("p1").unwrap_err();
+        assert_eq!(err.code, ErrorCode::Internal);
+        assert_eq!(
+            f.service.get_claim("p1").unwrap().state,
+            ClaimState::Unpreparing
+        );
+        let err = f
+            .service
+            .prepare(&claim("p2", &["gpu-0"], None))
+            .unwrap_err();
+        assert_eq!(
+            err.code,
+            ErrorCode::Conflict,
+            "the GPU stays held: {}",
+            err.message
+        );
+        // A prepare retry of the same claim finishes the release and prepares afresh.
+        let err = f
+            .service
+            .prepare(&claim("p1", &["gpu-0"], Some(mps(50))))
+            .unwrap_err();
+        assert!(
+            err.message.contains("cannot be released yet"),
+            "{}",
+            err.message
+        );
+        f.host.state().fail_unmount = false;
+        let r = f
+            .service
+            .prepare(&claim("p1", &["gpu-0"], Some(mps(50))))
+            .unwrap();
+        assert!(!r.already_prepared);
+        assert_eq!(
+            f.service.get_claim("p1").unwrap().state,
+            ClaimState::Prepared
+        );
+        assert_eq!(
+            f.host.state().daemons.values().filter(|d| d.alive).count(),
+            1
+        );
+        f.service.unprepare("p1").unwrap();
+        assert_clean(&f, "p1");
+    }
+
+    #[test]
+    fn a_claim_left_prepare_started_by_a_crash_is_prepared_afresh() {
+        let f = fixture();
+        f.service
+            .prepare(&claim("c1", &["gpu-1"], Some(mps(50))))
+            .unwrap();
+        // As a crash between start and finish leaves it on disk.
+        let file = CheckpointFile::new(f.cfg.checkpoint.clone());
+        let mut cp = file.load().unwrap().checkpoint;
+        cp.claims.get_mut("c1").unwrap().state = ClaimState::PrepareStarted;
+        file.save(&cp).unwrap();
+        let backend = Arc::new(
+            SimulatedBackend::without_device_nodes("p4d.24xlarge", NODE, Path::new("/x")).unwrap(),
+        );
+        let again = Service::new(
+            f.cfg.clone(),
+            backend,
+            MpsControl::new("/x".into(), f.host.ops(), Duration::from_millis(200)),
+        )
+        .unwrap();
+        let r = again
+            .prepare(&claim("c1", &["gpu-1"], Some(mps(50))))
+            .unwrap();
+        assert!(!r.already_prepared);
+        assert_eq!(again.get_claim("c1").unwrap().state, ClaimState::Prepared);
+        let st = f.host.state();
+        assert_eq!(
+            st.daemons.values().filter(|d| d.alive).count(),
+            1,
+            "the old daemon was stopped"
+        );
+        assert_eq!(st.mounts.len(), 1);
     }
 
     #[test]

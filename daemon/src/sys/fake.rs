@@ -32,6 +32,8 @@ pub(crate) struct FakeState {
     pub ignore_atp: bool,
     /// `quit` does not end the daemon.
     pub ignore_quit: bool,
+    /// Unmounting fails (EBUSY).
+    pub fail_unmount: bool,
 }
 
 /// The fake host; clone it to keep a handle for assertions.
@@ -141,7 +143,11 @@ impl Mounter for FakeHost {
     }
 
     fn unmount(&self, target: &Path) -> io::Result<()> {
-        self.state().mounts.remove(target);
+        let mut st = self.state();
+        if st.fail_unmount {
+            return Err(io::Error::from_raw_os_error(libc::EBUSY));
+        }
+        st.mounts.remove(target);
         Ok(())
     }
 
