@@ -9,6 +9,7 @@ use std::io;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use gpushare_proto::{
     AttachParams, DetachParams, ErrorBody, ErrorCode, Method, PrepareParams, Request, Response,
@@ -19,12 +20,19 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Semaphore;
 
 use crate::error::ServiceError;
 use crate::service::Service;
 
 /// Longest request line accepted (a ResourceClaim with managedFields fits easily).
 pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
+
+/// Default for [`ServerConfig::max_connections`].
+pub const MAX_CONNECTIONS: usize = 512;
+
+/// Default for [`ServerConfig::idle_timeout`].
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How the socket is set up.
 #[derive(Debug, Clone)]
@@ -35,6 +43,11 @@ pub struct ServerConfig {
     pub mode: u32,
     /// Uids besides 0 allowed to call changing methods.
     pub changing_uids: Vec<u32>,
+    /// Most connections served at once; one more is told so and closed, which keeps a flood
+    /// of idle clients from exhausting the daemon's file descriptors.
+    pub max_connections: usize,
+    /// How long a connection may sit without sending a complete request line.
+    pub idle_timeout: Duration,
 }
 
 /// Binds the socket: creates its directory, replaces a stale socket, sets the mode.
@@ -64,24 +77,50 @@ pub fn bind(cfg: &ServerConfig) -> io::Result<UnixListener> {
     Ok(listener)
 }
 
-/// Serves connections until the listener fails.
+/// Serves connections forever. `accept` errors (such as running out of file descriptors) are
+/// logged and retried after a pause, never fatal.
 ///
 /// # Errors
-/// `accept` failed fatally.
+/// None in practice; the signature leaves room for a fatal listener error.
 pub async fn serve(
     listener: UnixListener,
     service: Arc<Service>,
     cfg: Arc<ServerConfig>,
 ) -> io::Result<()> {
+    let slots = Arc::new(Semaphore::new(cfg.max_connections));
     loop {
-        let (stream, _) = listener.accept().await?;
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, "accepting a connection failed; pausing");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+            tokio::spawn(refuse_busy(stream, cfg.max_connections));
+            continue;
+        };
         let service = Arc::clone(&service);
         let cfg = Arc::clone(&cfg);
         tokio::spawn(async move {
             if let Err(e) = connection(stream, service, &cfg).await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
+            drop(permit);
         });
+    }
+}
+
+async fn refuse_busy(mut stream: UnixStream, max: usize) {
+    let response = error_response(
+        0,
+        ErrorCode::Internal,
+        format!("gpushared is serving {max} connections already; retry later"),
+    );
+    if let Ok(mut line) = serde_json::to_vec(&response) {
+        line.push(b'\n');
+        let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&line)).await;
     }
 }
 
@@ -96,10 +135,13 @@ async fn connection(
     let mut line = Vec::new();
     loop {
         line.clear();
-        let n = (&mut reader)
-            .take(MAX_REQUEST_BYTES as u64 + 1)
-            .read_until(b'\n', &mut line)
-            .await?;
+        let mut limited = (&mut reader).take(MAX_REQUEST_BYTES as u64 + 1);
+        let read = limited.read_until(b'\n', &mut line);
+        let Ok(n) = tokio::time::timeout(cfg.idle_timeout, read).await else {
+            // Idle (or stuck mid-line) too long: free the slot for others.
+            return Ok(());
+        };
+        let n = n?;
         if n == 0 {
             return Ok(());
         }
@@ -139,6 +181,18 @@ fn params<T: DeserializeOwned>(method: Method, p: Option<Value>) -> Result<T, Se
             format!("params of {method}: {e}"),
         )
     })
+}
+
+/// Methods without parameters accept none, `null` or `{}`: anything else is likely a mistake.
+fn no_params(method: Method, p: &Option<Value>) -> Result<(), ServiceError> {
+    match p {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::Object(o)) if o.is_empty() => Ok(()),
+        Some(other) => Err(ServiceError::new(
+            ErrorCode::InvalidRequest,
+            format!("{method} takes no params, got {other}"),
+        )),
+    }
 }
 
 fn to_value<T: Serialize>(v: T) -> Result<Value, ServiceError> {
@@ -211,15 +265,27 @@ pub async fn handle(
             }
             Method::Unprepare => to_value(service.unprepare(&params::<UidParams>(method, p)?.uid)?),
             Method::GetClaim => to_value(service.get_claim(&params::<UidParams>(method, p)?.uid)?),
-            Method::ListClaims => to_value(service.list_claims()),
-            Method::ListGpus => to_value(service.list_gpus()),
+            Method::ListClaims => {
+                no_params(method, &p)?;
+                to_value(service.list_claims())
+            }
+            Method::ListGpus => {
+                no_params(method, &p)?;
+                to_value(service.list_gpus())
+            }
             Method::Attach => to_value(service.attach(&params::<AttachParams>(method, p)?)?),
             Method::Detach => to_value(service.detach(&params::<DetachParams>(method, p)?)?),
-            Method::Health => to_value(service.health()),
-            Method::Version => to_value(VersionInfo {
-                daemon: env!("CARGO_PKG_VERSION").to_string(),
-                protocol: PROTOCOL_VERSION,
-            }),
+            Method::Health => {
+                no_params(method, &p)?;
+                to_value(service.health())
+            }
+            Method::Version => {
+                no_params(method, &p)?;
+                to_value(VersionInfo {
+                    daemon: env!("CARGO_PKG_VERSION").to_string(),
+                    protocol: PROTOCOL_VERSION,
+                })
+            }
         }
     })
     .await;
@@ -239,5 +305,98 @@ pub async fn handle(
 pub fn remove_socket(path: &Path) {
     if fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
         let _ = fs::remove_file(path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cdi::HookConfig;
+    use crate::gpu::SimulatedBackend;
+    use crate::service::ServiceConfig;
+    use crate::strategy::mps::MpsControl;
+    use crate::sys::fake::FakeHost;
+    use tokio::io::AsyncReadExt as _;
+
+    async fn start(max_connections: usize, idle: Duration) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let host = FakeHost::default();
+        let cfg = ServiceConfig {
+            node_name: "n".into(),
+            drivers: vec!["gpu.nvidia.com".into()],
+            run_dir: dir.path().join("run"),
+            cdi_dir: dir.path().join("cdi"),
+            checkpoint: dir.path().join("cp.json"),
+            hook: HookConfig {
+                path: "/h".into(),
+                socket: "/s".into(),
+                timeout_secs: 1,
+            },
+            shm_bytes: Some(1),
+        };
+        let backend = Arc::new(
+            SimulatedBackend::without_device_nodes("g5.xlarge", "n", Path::new("/d")).unwrap(),
+        );
+        let mps = MpsControl::new("/m".into(), host.ops(), Duration::from_millis(100));
+        let service = Arc::new(Service::new(cfg, backend, mps).unwrap());
+        let socket = dir.path().join("s");
+        let server_cfg = Arc::new(ServerConfig {
+            socket: socket.clone(),
+            mode: 0o660,
+            changing_uids: vec![],
+            max_connections,
+            idle_timeout: idle,
+        });
+        let listener = bind(&server_cfg).unwrap();
+        tokio::spawn(serve(listener, service, server_cfg));
+        (dir, socket)
+    }
+
+    async fn call(stream: &mut UnixStream, line: &str) -> Response {
+        stream
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .unwrap();
+        let mut reader = BufReader::new(stream);
+        let mut out = String::new();
+        reader.read_line(&mut out).await.unwrap();
+        serde_json::from_str(&out).unwrap()
+    }
+
+    #[tokio::test]
+    async fn methods_without_params_refuse_params() {
+        let (_dir, socket) = start(8, IDLE_TIMEOUT).await;
+        let mut s = UnixStream::connect(&socket).await.unwrap();
+        let ok = call(
+            &mut s,
+            r#"{"version":1,"id":1,"method":"list_gpus","params":{}}"#,
+        )
+        .await;
+        assert_eq!(ok.result.unwrap().as_array().unwrap().len(), 1);
+        let bad = call(
+            &mut s,
+            r#"{"version":1,"id":2,"method":"health","params":{"verbose":true}}"#,
+        )
+        .await;
+        assert_eq!(bad.error.unwrap().code, ErrorCode::InvalidRequest);
+        assert_eq!(bad.id, 2);
+    }
+
+    #[tokio::test]
+    async fn connections_past_the_cap_are_refused_and_idle_ones_closed() {
+        let (_dir, socket) = start(2, Duration::from_millis(300)).await;
+        let _a = UnixStream::connect(&socket).await.unwrap();
+        let _b = UnixStream::connect(&socket).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut c = UnixStream::connect(&socket).await.unwrap();
+        let mut text = String::new();
+        c.read_to_string(&mut text).await.unwrap();
+        assert!(text.contains("serving 2 connections already"), "{text}");
+        // The idle ones are closed after the idle timeout, and their slots serve again.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut d = UnixStream::connect(&socket).await.unwrap();
+        let r = call(&mut d, r#"{"version":1,"id":7,"method":"version"}"#).await;
+        assert_eq!(r.id, 7);
+        assert!(r.result.is_some());
     }
 }

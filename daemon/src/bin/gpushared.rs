@@ -177,6 +177,8 @@ async fn run() -> Result<()> {
         socket: socket.clone(),
         mode: args.socket_mode,
         changing_uids: vec![],
+        max_connections: server::MAX_CONNECTIONS,
+        idle_timeout: server::IDLE_TIMEOUT,
     });
     let listener = server::bind(&server_cfg)
         .with_context(|| format!("binding socket {}", socket.display()))?;
