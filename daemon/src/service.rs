@@ -339,8 +339,15 @@ impl Service {
                             format!("config of request(s) {}: {}", requests.join(", "), e.message),
                         )
                     })?;
+                    let dirs = MpsDirs::for_group(&self.claim_dir(&spec.uid), &uuids);
+                    dirs.check_socket_paths().map_err(|e| {
+                        ServiceError::new(
+                            ErrorCode::InvalidRequest,
+                            format!("claim UID {:?} is too long for an MPS claim here: {e}", spec.uid),
+                        )
+                    })?;
                     PlanKind::Mps(MpsLaunch {
-                        dirs: MpsDirs::for_group(&self.claim_dir(&spec.uid), &uuids),
+                        dirs,
                         visible_devices: uuids,
                         multi_user: settings.multi_user,
                         active_thread_percentage: settings.active_thread_percentage,
@@ -1321,6 +1328,10 @@ mod tests {
             ),
             (
                 claim("x3", &["gpu-0", "gpu-0"], None),
+                ErrorCode::InvalidRequest,
+            ),
+            (
+                claim(&"l".repeat(120), &["gpu-0"], Some(mps(50))),
                 ErrorCode::InvalidRequest,
             ),
             (

@@ -93,6 +93,27 @@ fn default_mps_control() -> Result<PathBuf> {
     )
 }
 
+/// Holds `<state-dir>/gpushared.lock` for the daemon's life; a second daemon on the same
+/// state directory is refused at once with the holder named.
+fn lock_instance(state_dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    gpushare::fsutil::create_dir_if_missing(state_dir, 0o700)
+        .with_context(|| format!("creating {}", state_dir.display()))?;
+    let path = state_dir.join("gpushared.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
+        anyhow::anyhow!(
+            "another gpushared already runs on state directory {} ({}: {e})",
+            state_dir.display(),
+            path.display()
+        )
+    })
+}
+
 fn absolute(p: &Path) -> Result<PathBuf> {
     std::path::absolute(p).with_context(|| format!("making {} absolute", p.display()))
 }
@@ -132,6 +153,9 @@ async fn run() -> Result<()> {
             .into_owned(),
     };
     let run_dir = absolute(&args.run_dir)?;
+    let state_dir = absolute(&args.state_dir)?;
+    // Two daemons on one state directory would each believe they own every claim.
+    let _instance = lock_instance(&state_dir)?;
     let Some(profile) = &args.simulate else {
         bail!("the NVML backend is not available in this build yet; run with --simulate <node profile> (e.g. p4d.24xlarge)");
     };
@@ -148,6 +172,12 @@ async fn run() -> Result<()> {
         Some(p) => absolute(p)?,
         None => default_mps_control()?,
     };
+    let executable = std::fs::metadata(&mps_program)
+        .map(|m| m.is_file() && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0)
+        .unwrap_or(false);
+    if !executable {
+        bail!("MPS control program {} is not an executable file", mps_program.display());
+    }
     let hook_path = match &args.hook_path {
         Some(p) => absolute(p)?,
         None => beside_exe("gpushare-cdi-hook")?,
@@ -163,7 +193,7 @@ async fn run() -> Result<()> {
         drivers: args.drivers.clone(),
         run_dir,
         cdi_dir: absolute(&args.cdi_dir)?,
-        checkpoint: absolute(&args.state_dir)?.join("checkpoint.json"),
+        checkpoint: state_dir.join("checkpoint.json"),
         hook: HookConfig {
             path: hook_path,
             socket: socket.clone(),

@@ -137,6 +137,22 @@ impl MpsDirs {
 }
 
 impl MpsDirs {
+    /// Checks that the daemon's sockets fit in a Unix socket address.
+    ///
+    /// # Errors
+    /// [`MpsError::PathTooLong`].
+    pub fn check_socket_paths(&self) -> Result<(), MpsError> {
+        let len = self.pipe.join(SOCKET_NAME).as_os_str().len();
+        if len > MAX_SOCKET_PATH {
+            return Err(MpsError::PathTooLong {
+                pipe: self.pipe.clone(),
+                len,
+                max: MAX_SOCKET_PATH,
+            });
+        }
+        Ok(())
+    }
+
     /// The directories of a daemon whose pipe directory is `pipe` (as recorded in a claim).
     pub fn from_pipe(pipe: &Path) -> MpsDirs {
         let root = pipe
@@ -327,14 +343,7 @@ impl MpsControl {
         pid_out: &mut Option<i32>,
     ) -> Result<MpsInfo, MpsError> {
         let dirs = &launch.dirs;
-        let len = dirs.pipe.join(SOCKET_NAME).as_os_str().len();
-        if len > MAX_SOCKET_PATH {
-            return Err(MpsError::PathTooLong {
-                pipe: dirs.pipe.clone(),
-                len,
-                max: MAX_SOCKET_PATH,
-            });
-        }
+        dirs.check_socket_paths()?;
         for (path, mode) in [
             (&dirs.root, 0o755),
             (&dirs.pipe, 0o755),
