@@ -173,10 +173,15 @@ async fn run() -> Result<()> {
         None => default_mps_control()?,
     };
     let executable = std::fs::metadata(&mps_program)
-        .map(|m| m.is_file() && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0)
+        .map(|m| {
+            m.is_file() && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
+        })
         .unwrap_or(false);
     if !executable {
-        bail!("MPS control program {} is not an executable file", mps_program.display());
+        bail!(
+            "MPS control program {} is not an executable file",
+            mps_program.display()
+        );
     }
     let hook_path = match &args.hook_path {
         Some(p) => absolute(p)?,

@@ -40,8 +40,19 @@ pub fn parse_claim_document(text: &str) -> Result<Value, ConfigError> {
         Ok(v) => return Ok(v),
         Err(e) => e,
     };
-    match serde_norway::from_str::<Value>(text) {
-        Ok(v) => Ok(v),
+    match serde_norway::from_str::<serde_norway::Value>(text) {
+        Ok(v) => {
+            // JSON has no NaN or infinity: converted, they would turn into null and read as
+            // "field absent", silently dropping what the user wrote.
+            if let Some(path) = non_finite_number(&v, String::new()) {
+                return Err(ConfigError::invalid_request(format!(
+                    "claim document: {path}: not a finite number"
+                )));
+            }
+            serde_json::to_value(v).map_err(|e| {
+                ConfigError::invalid_request(format!("claim document cannot be read as JSON: {e}"))
+            })
+        }
         Err(yaml_err) => {
             let looks_like_json = text.trim_start().starts_with(['{', '[']);
             Err(ConfigError::invalid_request(if looks_like_json {
@@ -50,6 +61,33 @@ pub fn parse_claim_document(text: &str) -> Result<Value, ConfigError> {
                 format!("claim document is not valid YAML: {yaml_err}")
             }))
         }
+    }
+}
+
+/// The path of the first NaN or infinite number in a YAML document, if any.
+fn non_finite_number(v: &serde_norway::Value, path: String) -> Option<String> {
+    use serde_norway::Value as Y;
+    match v {
+        Y::Number(n) if n.is_nan() || n.is_infinite() => Some(if path.is_empty() {
+            "(document)".into()
+        } else {
+            path
+        }),
+        Y::Sequence(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, item)| non_finite_number(item, format!("{path}[{i}]"))),
+        Y::Mapping(map) => map.iter().find_map(|(k, item)| {
+            let key = k.as_str().map_or_else(|| format!("{k:?}"), str::to_string);
+            let child = if path.is_empty() {
+                key
+            } else {
+                format!("{path}.{key}")
+            };
+            non_finite_number(item, child)
+        }),
+        Y::Tagged(t) => non_finite_number(&t.value, path),
+        _ => None,
     }
 }
 
@@ -316,6 +354,24 @@ fn allocation_devices<'a>(root: Obj<'a>, who: &str) -> Result<Obj<'a>, ConfigErr
         .ok_or_else(|| not_allocated("status.allocation.devices"))
 }
 
+/// A request name as Kubernetes allows it: a DNS label, or `<request>/<subrequest>` for a
+/// prioritized-list alternative. Names end up in CDI device names, so nothing else may pass.
+fn is_request_name(name: &str) -> bool {
+    let label = |l: &str| {
+        (1..=63).contains(&l.len())
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    let mut parts = name.split('/');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(a), None, None) => label(a),
+        (Some(a), Some(b), None) => label(a) && label(b),
+        _ => false,
+    }
+}
+
 /// Allocation results of our drivers with their JSON paths, in allocation order.
 fn our_results(
     devices: Obj<'_>,
@@ -349,6 +405,12 @@ fn our_results(
             pool: field("pool")?,
             device: field("device")?,
         };
+        if !is_request_name(&device.request) {
+            return Err(result.err(
+                "request",
+                "must be a DNS label (lower-case letters, digits, '-', at most 63) or <request>/<subrequest>",
+            ));
+        }
         if device.pool != ctx.node_name {
             return Err(ConfigError::new(
                 ErrorCode::WrongNode,

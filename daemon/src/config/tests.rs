@@ -578,6 +578,8 @@ fn documents_in_json_and_yaml() {
         ("{\"a\": [1, 2}", "not valid JSON"),
         ("a: [1\nb: 2", "not valid YAML"),
         ("a: 1\n---\nb: 2\n", "not valid YAML"),
+        ("spec:\n  p: .nan\n", "spec.p: not a finite number"),
+        ("spec:\n  l: [1, -.inf]\n", "spec.l[1]: not a finite number"),
     ] {
         let err = parse_claim_document(bad).expect_err(bad);
         assert_eq!(err.code, ErrorCode::InvalidRequest);
@@ -875,5 +877,27 @@ fn shared_invalid_cases() {
                 assert!(err.message.contains(needle), "{file}: {}", err.message);
             }
         }
+    }
+}
+
+#[test]
+fn request_names_must_be_dns_labels() {
+    let ctx = ParseContext::new("node-a");
+    let claim = |request: &str| {
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"uid": "u"},
+               "status": {"allocation": {"devices": {"results": [
+                   {"request": request, "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0"}]}}}})
+    };
+    for good in ["gpu", "gpus-2", "req/sub"] {
+        assert!(parse_claim(&claim(good), &ctx).is_ok(), "{good}");
+    }
+    for bad in ["a b", "c:d", "a_b", "A", "-a", "a/b/c", "a/", ""] {
+        let err = parse_claim(&claim(bad), &ctx).expect_err(bad);
+        assert_eq!(err.code, ErrorCode::InvalidRequest, "{bad}");
+        assert!(
+            err.message.contains("results[0].request"),
+            "{}",
+            err.message
+        );
     }
 }

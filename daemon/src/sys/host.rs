@@ -300,7 +300,11 @@ mod tests {
             .run(&spec("/bin/sh", &["-c", "sleep 4 & exit 0"], "", 300))
             .unwrap();
         assert!(out.timed_out);
-        assert!(start.elapsed() < Duration::from_secs(3), "{:?}", start.elapsed());
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            start.elapsed()
+        );
     }
 
     #[test]
