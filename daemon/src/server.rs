@@ -316,7 +316,6 @@ mod tests {
     use crate::service::ServiceConfig;
     use crate::strategy::mps::MpsControl;
     use crate::sys::fake::FakeHost;
-    use tokio::io::AsyncReadExt as _;
 
     async fn start(max_connections: usize, idle: Duration) -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();

@@ -1,9 +1,9 @@
 //! Command line and environment, as NVIDIA's 535 program reads them.
 //!
 //! 535 recognises an option only when it is the single argument: `-d`, `-f`, `-h`,
-//! `--help`. Anything else (`-v`, `-d -f`, `foo`) runs the UI front end. The one extension
-//! here is `-M` (multi-user) next to `-d`/`-f`, because gpushared and NVIDIA's DRA driver
-//! start daemons as `-d -M`; 535 itself would treat that as a UI invocation.
+//! `--help`. Anything else (`-v`, `-d -f`, `foo`, and `-d -M`, the multi-user start of newer
+//! releases) runs the UI front end, which then finds no daemon. The emulator does the same, so
+//! that gpushared behaves alike with either program.
 
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
@@ -17,8 +17,6 @@ pub enum Mode {
     Daemon {
         /// `-f`: stay in the foreground, log to stdout, write no log files.
         foreground: bool,
-        /// `-M` was given (accepted; the simulated servers do not differ).
-        multi_user: bool,
     },
     /// Front end: send stdin's lines to the daemon, print its replies.
     Ui,
@@ -32,15 +30,6 @@ pub fn parse_mode<S: AsRef<OsStr>>(args: &[S]) -> Mode {
         [a] if is(a, "-h") || is(a, "--help") => Mode::Help,
         [a] if is(a, "-d") || is(a, "-f") => Mode::Daemon {
             foreground: is(a, "-f"),
-            multi_user: false,
-        },
-        [a, b] if is(b, "-M") && (is(a, "-d") || is(a, "-f")) => Mode::Daemon {
-            foreground: is(a, "-f"),
-            multi_user: true,
-        },
-        [a, b] if is(a, "-M") && (is(b, "-d") || is(b, "-f")) => Mode::Daemon {
-            foreground: is(b, "-f"),
-            multi_user: true,
         },
         _ => Mode::Ui,
     }
@@ -115,18 +104,12 @@ mod tests {
 
     #[test]
     fn modes() {
-        let daemon = |foreground, multi_user| Mode::Daemon {
-            foreground,
-            multi_user,
-        };
+        let daemon = |foreground| Mode::Daemon { foreground };
         assert_eq!(parse_mode::<&str>(&[]), Mode::Ui);
         assert_eq!(parse_mode(&["-h"]), Mode::Help);
         assert_eq!(parse_mode(&["--help"]), Mode::Help);
-        assert_eq!(parse_mode(&["-d"]), daemon(false, false));
-        assert_eq!(parse_mode(&["-f"]), daemon(true, false));
-        assert_eq!(parse_mode(&["-d", "-M"]), daemon(false, true));
-        assert_eq!(parse_mode(&["-M", "-d"]), daemon(false, true));
-        assert_eq!(parse_mode(&["-f", "-M"]), daemon(true, true));
+        assert_eq!(parse_mode(&["-d"]), daemon(false));
+        assert_eq!(parse_mode(&["-f"]), daemon(true));
         // Like 535, everything else is a UI invocation.
         for args in [
             &["-v"][..],
@@ -139,6 +122,9 @@ mod tests {
             &["--version"],
             &["-dM"],
             &["-M"],
+            &["-d", "-M"],
+            &["-M", "-d"],
+            &["-f", "-M"],
             &["-d", "-M", "-M"],
         ] {
             assert_eq!(parse_mode(args), Mode::Ui, "{args:?}");

@@ -135,6 +135,11 @@ fn failure_transcript(program: &Path) -> Vec<String> {
             lines.push(attempt(program, args, &pipe, &log, r));
         }
     }
+    // Multi-user start (`-d -M`, newer releases) on usable directories: 535 takes it as a UI
+    // call and finds no daemon.
+    let fresh = r.join("fresh");
+    std::fs::create_dir(&fresh).expect("fresh pipe dir");
+    lines.push(attempt(program, &["-d", "-M"], &fresh, &log, r));
     // Already running, then the UI against what `quit` leaves behind.
     let daemon = Daemon::start_with(program, &[]);
     for args in [&["-d"][..], &["-f"]] {

@@ -23,7 +23,7 @@ struct Args {
     #[arg(short, long, global = true, value_enum)]
     output: Option<Output>,
     /// Seconds to wait for the daemon's answer.
-    #[arg(long, global = true, default_value_t = 60)]
+    #[arg(long, global = true, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     timeout: u64,
     #[command(subcommand)]
     command: Command,

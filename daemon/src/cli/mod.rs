@@ -35,6 +35,14 @@ pub fn render_structured<T: Serialize>(
     })
 }
 
+/// Text from claims (names come from the API server, but may come from a hand-written file)
+/// with control characters replaced, so a table cannot be broken or a terminal driven by it.
+fn clean(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
 fn table(header: &[&str]) -> Table {
     let mut t = Table::new();
     t.load_preset(presets::NOTHING).set_header(header.to_vec());
@@ -99,7 +107,7 @@ pub fn claims_table(claims: &[ClaimInfo]) -> String {
         };
         t.add_row(vec![
             c.uid.clone(),
-            format!("{}/{}", c.namespace, c.name),
+            clean(&format!("{}/{}", c.namespace, c.name)),
             format!("{:?}", c.state),
             strategy_summary(c),
             devices.join(","),
@@ -112,7 +120,12 @@ pub fn claims_table(claims: &[ClaimInfo]) -> String {
 /// The `gpushare claim UID` detail view.
 pub fn claim_detail(c: &ClaimInfo) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "Claim:      {} ({}/{})", c.uid, c.namespace, c.name);
+    let _ = writeln!(
+        s,
+        "Claim:      {} ({})",
+        c.uid,
+        clean(&format!("{}/{}", c.namespace, c.name))
+    );
     let _ = writeln!(s, "State:      {:?}", c.state);
     let _ = writeln!(s, "CDI spec:   {}", c.cdi_spec);
     for r in &c.requests {
@@ -183,7 +196,7 @@ pub fn claim_detail(c: &ClaimInfo) -> String {
         let _ = writeln!(
             s,
             "  container {} pid {} cgroup {}",
-            a.container_id,
+            clean(&a.container_id),
             a.pid.map_or("-".into(), |p| p.to_string()),
             a.cgroup.as_deref().unwrap_or("-")
         );

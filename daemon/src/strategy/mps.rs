@@ -401,9 +401,15 @@ impl MpsControl {
                 source,
             })?;
         if !out.success() {
+            let mut summary = out.summary();
+            if launch.multi_user {
+                summary.push_str(
+                    " (multiUser: this MPS control program may not know -M; NVIDIA's 535 does not)",
+                );
+            }
             return Err(MpsError::StartFailed {
                 pipe: dirs.pipe.clone(),
-                summary: out.summary(),
+                summary,
             });
         }
         let pid = self.wait_for_pid(dirs)?;
