@@ -1,9 +1,10 @@
 //! The claim service: prepare, unprepare, attach, detach and the read-only views.
 //!
 //! Methods are blocking (they spawn processes and fsync files); the server runs them on
-//! tokio's blocking pool. Changing a claim's host setup (prepare, unprepare) is serialized by
-//! one mutex so two kubelet retries of one claim can never interleave; the registry mutex that
-//! readers, attach and detach take is never held across a process spawn.
+//! tokio's blocking pool. Changing a claim's host setup (prepare, unprepare) is serialized per
+//! claim UID, so two kubelet retries of one claim can never interleave while other claims go
+//! on; GPU reservations are made atomically under the registry mutex, which readers, attach
+//! and detach take briefly and which is never held across a process spawn.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -63,7 +64,53 @@ pub struct Service {
     processes: Arc<dyn Processes>,
     checkpoint: CheckpointFile,
     state: Mutex<State>,
-    changes: Mutex<()>,
+    changes: ClaimLocks,
+}
+
+/// One lock per claim UID, so that a kubelet retry never interleaves with the same claim's
+/// prepare or unprepare, while different claims proceed in parallel (a slow or stuck MPS
+/// daemon of one claim holds up nobody else). Entries live only while someone holds or waits.
+#[derive(Debug, Default)]
+struct ClaimLocks {
+    locks: Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// A held claim lock; forgets the map entry on drop when nobody else holds or waits for it.
+struct ClaimGuard<'a> {
+    owner: &'a ClaimLocks,
+    uid: String,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl ClaimLocks {
+    /// Blocks until this thread holds `uid`'s lock. Must not be called from async code (the
+    /// service runs on tokio's blocking pool).
+    fn lock(&self, uid: &str) -> ClaimGuard<'_> {
+        let lock = {
+            let mut map = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(map.entry(uid.to_string()).or_default())
+        };
+        ClaimGuard {
+            owner: self,
+            uid: uid.to_string(),
+            guard: Some(lock.blocking_lock_owned()),
+        }
+    }
+}
+
+impl Drop for ClaimGuard<'_> {
+    fn drop(&mut self) {
+        let mut map = self.owner.locks.lock().unwrap_or_else(|p| p.into_inner());
+        drop(self.guard.take());
+        // Two references left (the map's and none other after our guard's is gone) means
+        // nobody waits: the entry can go.
+        if map
+            .get(&self.uid)
+            .is_some_and(|l| Arc::strong_count(l) == 1)
+        {
+            map.remove(&self.uid);
+        }
+    }
 }
 
 /// The plan for one device group, before anything is applied.
@@ -144,7 +191,7 @@ impl Service {
             mps,
             checkpoint,
             state: Mutex::new(state),
-            changes: Mutex::new(()),
+            changes: ClaimLocks::default(),
         })
     }
 
@@ -180,7 +227,7 @@ impl Service {
     /// `Unsupported` (MIG), `Conflict` with other claims, `Internal` for host failures.
     pub fn prepare(&self, claim: &Value) -> Result<PrepareResult, ServiceError> {
         let spec = config::parse_claim(claim, &self.ctx)?;
-        let _changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        let _claim = self.changes.lock(&spec.uid);
         let existing = self.state().claims.get(&spec.uid).cloned();
         if let Some(existing) = existing {
             if existing.state == ClaimState::Prepared && self.dead_mps_daemon(&existing).is_none() {
@@ -192,7 +239,7 @@ impl Service {
             }
             // Left half-done by a crash (PrepareStarted), by a release that failed part-way
             // (Unpreparing), or prepared but with a dead MPS control daemon: nothing else works
-            // on it now (we hold `changes`), so undo what is left and prepare afresh.
+            // on it now (we hold its lock), so undo what is left and prepare afresh.
             tracing::warn!(claim = %spec.uid, state = ?existing.state, "finishing the release of an interrupted claim before preparing it again");
             if let Some(e) = self.teardown(&spec.uid) {
                 return Err(ServiceError::new(
@@ -626,7 +673,7 @@ impl Service {
     /// stays recorded so a retry finishes the job).
     pub fn unprepare(&self, uid: &str) -> Result<UnprepareResult, ServiceError> {
         config::validate_claim_uid(uid)?;
-        let _changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        let _claim = self.changes.lock(uid);
         let Some(info) = self.state().claims.get(uid).cloned() else {
             return Ok(UnprepareResult {
                 uid: uid.to_string(),
@@ -1252,6 +1299,51 @@ mod tests {
             "the old daemon was stopped"
         );
         assert_eq!(st.mounts.len(), 1);
+    }
+
+    #[test]
+    fn one_claim_is_prepared_once_and_a_slow_claim_holds_up_nobody_else() {
+        let f = Arc::new(fixture());
+        f.host.state().delay = Some(Duration::from_millis(150));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut threads = Vec::new();
+        for i in 0..3 {
+            let (f, tx) = (Arc::clone(&f), tx.clone());
+            threads.push(std::thread::spawn(move || {
+                let r = f
+                    .service
+                    .prepare(&claim("slow", &["gpu-0"], Some(mps(50))))
+                    .unwrap();
+                tx.send(format!("slow{i}:{}", r.already_prepared)).unwrap();
+            }));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let (f2, tx2) = (Arc::clone(&f), tx.clone());
+        threads.push(std::thread::spawn(move || {
+            f2.service
+                .prepare(&claim("fast", &["gpu-1"], None))
+                .unwrap();
+            tx2.send("fast".to_string()).unwrap();
+        }));
+        drop(tx);
+        for t in threads {
+            t.join().unwrap();
+        }
+        let order: Vec<String> = rx.iter().collect();
+        assert_eq!(
+            order[0], "fast",
+            "the exclusive claim did not wait for the MPS one: {order:?}"
+        );
+        let fresh = order.iter().filter(|o| o.ends_with(":false")).count();
+        assert_eq!(
+            fresh, 1,
+            "one prepare did the work, the others found it done: {order:?}"
+        );
+        assert_eq!(f.host.state().daemons.len(), 1);
+        assert!(
+            f.service.changes.locks.lock().unwrap().is_empty(),
+            "no lock entry outlives its use"
+        );
     }
 
     #[test]

@@ -34,6 +34,8 @@ pub(crate) struct FakeState {
     pub ignore_quit: bool,
     /// Unmounting fails (EBUSY).
     pub fail_unmount: bool,
+    /// Every program run takes this long (a slow or stuck control daemon).
+    pub delay: Option<std::time::Duration>,
 }
 
 /// The fake host; clone it to keep a handle for assertions.
@@ -70,6 +72,10 @@ fn pinned_display(value: &str) -> String {
 
 impl CommandRunner for FakeHost {
     fn run(&self, spec: &CommandSpec) -> io::Result<CommandOutput> {
+        let delay = self.state().delay;
+        if let Some(d) = delay {
+            std::thread::sleep(d);
+        }
         let mut st = self.state();
         st.calls.push(format!(
             "{} {} <<{}",
