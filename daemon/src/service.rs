@@ -1347,6 +1347,42 @@ mod tests {
     }
 
     #[test]
+    fn a_leftover_daemon_on_the_claims_pipe_directory_is_replaced() {
+        let f = fixture();
+        f.service
+            .prepare(&claim("o1", &["gpu-2"], Some(mps(50))))
+            .unwrap();
+        let old = f.host.state().daemons.values().next().unwrap().pid;
+        // The checkpoint is lost (say, quarantined): the daemon runs on, unknown to the service.
+        std::fs::remove_file(&f.cfg.checkpoint).unwrap();
+        let backend = Arc::new(
+            SimulatedBackend::without_device_nodes("p4d.24xlarge", NODE, Path::new("/x")).unwrap(),
+        );
+        let again = Service::new(
+            f.cfg.clone(),
+            backend,
+            MpsControl::new("/x".into(), f.host.ops(), Duration::from_millis(200)),
+        )
+        .unwrap();
+        again
+            .prepare(&claim("o1", &["gpu-2"], Some(mps(50))))
+            .unwrap();
+        let st = f.host.state();
+        let alive: Vec<i32> = st
+            .daemons
+            .values()
+            .filter(|d| d.alive)
+            .map(|d| d.pid)
+            .collect();
+        assert_eq!(alive.len(), 1);
+        assert_ne!(
+            alive[0], old,
+            "the leftover was stopped and a new daemon started"
+        );
+        assert!(st.calls.iter().any(|c| c.contains("quit")));
+    }
+
+    #[test]
     fn one_mps_claim_per_gpu() {
         let f = fixture();
         f.service

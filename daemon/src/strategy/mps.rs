@@ -344,6 +344,17 @@ impl MpsControl {
     ) -> Result<MpsInfo, MpsError> {
         let dirs = &launch.dirs;
         dirs.check_socket_paths()?;
+        // A daemon still holding this group's pipe directory is a leftover of an earlier run
+        // (a quarantined checkpoint, a crash mid-prepare): it would refuse our start with
+        // "An instance of this daemon is already running", so it goes first.
+        if let Some(old) = self
+            .ops
+            .processes
+            .lock_holder(&dirs.pipe.join("control_lock"))
+        {
+            tracing::warn!(pid = old, pipe = %dirs.pipe.display(), "stopping a leftover MPS control daemon on this claim's pipe directory");
+            self.stop(dirs, Some(old))?;
+        }
         for (path, mode) in [
             (&dirs.root, 0o755),
             (&dirs.pipe, 0o755),
