@@ -41,6 +41,27 @@ fn demo_completes_as_root_and_refuses_in_one_line_otherwise() {
         assert!(stdout.contains("0 containers attached"), "{stdout}");
     }
 
+    // As on a machine with only the Rust toolchain: our emulator, no container engine.
+    let out = Command::new(bin("gpushare"))
+        .args(["demo", "--engine", "none", "--mps-control"])
+        .arg(bin("gpushare-mps-control"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "demo with the emulator failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("MPS control program ") && stdout.contains("gpushare-mps-control"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("skipping the container step") && stdout.contains("nothing left behind"),
+        "{stdout}"
+    );
+
     // As nobody: one line, non-zero, at once.
     if which("setpriv").is_none() {
         need(false, "setpriv (util-linux)");

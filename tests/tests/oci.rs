@@ -99,3 +99,58 @@ fn oci_state_cases_behave_as_documented() {
     assert!(out.status.success());
     assert!(!out.stderr.is_empty(), "a warning on stderr");
 }
+
+#[test]
+fn the_fifth_container_on_a_four_replica_claim_fails_to_start() {
+    if !need(is_root(), "root") {
+        return;
+    }
+    let Some(cases) = cases_dir() else {
+        need(false, "shared/cases");
+        return;
+    };
+    let d = Daemon::start(DaemonOptions {
+        mps_control: bin("gpushare-mps-control"),
+        cdi_dir: None,
+    });
+    let r = d
+        .prepare(&load_claim(&cases.join("claims/seed-timeslicing.yaml")))
+        .unwrap();
+    let uid = r.uid;
+    // Live pids: the daemon frees the slots of containers whose process is gone.
+    let state = |id: &str| {
+        format!(
+            r#"{{"ociVersion":"1.2.0","id":"{id}","status":"creating","pid":{},"bundle":"/run/b/{id}"}}"#,
+            std::process::id()
+        )
+    };
+    for i in 1..=4 {
+        let out = hook(
+            "attach",
+            &d.socket,
+            &uid,
+            state(&format!("c{i}")).as_bytes(),
+        );
+        assert!(
+            out.status.success(),
+            "container {i}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = hook("attach", &d.socket, &uid, state("c5").as_bytes());
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&uid) && err.contains("4 of 4") && err.contains("replicas: 4"),
+        "{err}"
+    );
+    // One leaves; the next one starts.
+    assert!(hook("detach", &d.socket, &uid, state("c2").as_bytes())
+        .status
+        .success());
+    assert!(hook("attach", &d.socket, &uid, state("c5").as_bytes())
+        .status
+        .success());
+    assert_eq!(d.claim(&uid).unwrap().attached.len(), 4);
+}

@@ -322,7 +322,7 @@ fn container_step(
     tmp: &Path,
 ) -> Result<()> {
     if engine == Engine::None {
-        step("No container engine (podman or runc) found: skipping the container step");
+        step("No container engine (podman or runc found, or --engine none): skipping the container step");
         return Ok(());
     }
     if !Path::new(container::BUSYBOX).is_file() {
