@@ -1,0 +1,597 @@
+//! Service tests on the recording fake host: no privileges needed.
+
+use std::time::Duration;
+
+use gpushare_proto::TimeSliceInterval;
+use serde_json::json;
+
+use super::*;
+use crate::gpu::SimulatedBackend;
+use crate::sys::fake::FakeHost;
+
+const NODE: &str = "node-a";
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    host: FakeHost,
+    service: Service,
+    cfg: ServiceConfig,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let host = FakeHost::default();
+    let cfg = ServiceConfig {
+        node_name: NODE.into(),
+        drivers: vec!["gpu.nvidia.com".into()],
+        run_dir: dir.path().join("run"),
+        cdi_dir: dir.path().join("cdi"),
+        checkpoint: dir.path().join("state/checkpoint.json"),
+        hook: HookConfig {
+            path: "/usr/bin/gpushare-cdi-hook".into(),
+            socket: "/run/gpushare/gpushared.sock".into(),
+            timeout_secs: 10,
+        },
+        shm_bytes: Some(1 << 20),
+    };
+    let backend = Arc::new(
+        SimulatedBackend::without_device_nodes("p4d.24xlarge", NODE, &dir.path().join("dev"))
+            .unwrap(),
+    );
+    let mps = MpsControl::new(
+        "/usr/bin/nvidia-cuda-mps-control".into(),
+        host.ops(),
+        Duration::from_millis(200),
+    );
+    let service = Service::new(cfg.clone(), backend, mps).unwrap();
+    Fixture {
+        _dir: dir,
+        host,
+        service,
+        cfg,
+    }
+}
+
+fn claim(uid: &str, devices: &[&str], params: Option<Value>) -> Value {
+    let results: Vec<Value> = devices
+        .iter()
+        .map(|d| json!({"request": "gpus", "driver": "gpu.nvidia.com", "pool": NODE, "device": d}))
+        .collect();
+    let config: Vec<Value> = params
+        .into_iter()
+        .map(|p| json!({"source": "FromClaim", "requests": ["gpus"], "opaque": {"driver": "gpu.nvidia.com", "parameters": p}}))
+        .collect();
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+           "metadata": {"uid": uid, "name": "c", "namespace": "ns"},
+           "status": {"allocation": {"devices": {"results": results, "config": config}}}})
+}
+
+fn mps(atp: u32) -> Value {
+    json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+           "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": atp}}})
+}
+
+fn mps_two_gpus(atp: u32) -> Value {
+    json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+           "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": atp,
+             "defaultPinnedDeviceMemoryLimit": "8Gi", "defaultPerDevicePinnedMemoryLimit": {"1": "20Gi"}}}})
+}
+
+fn gpu(f: &Fixture, name: &str) -> GpuInfo {
+    f.service
+        .list_gpus()
+        .into_iter()
+        .find(|g| g.name == name)
+        .unwrap()
+}
+
+/// Nothing of `uid` remains: registry, checkpoint, CDI file, run directory, mounts, and
+/// every fake MPS daemon is gone.
+fn assert_clean(f: &Fixture, uid: &str) {
+    assert!(f.service.get_claim(uid).is_err());
+    let cp = CheckpointFile::new(f.cfg.checkpoint.clone())
+        .load()
+        .unwrap()
+        .checkpoint;
+    assert!(!cp.claims.contains_key(uid));
+    assert!(!cdi::spec_path(&f.cfg.cdi_dir, uid).exists());
+    assert!(!f.cfg.run_dir.join("claims").join(uid).exists());
+    let st = f.host.state();
+    assert!(st.mounts.is_empty(), "{:?}", st.mounts);
+    assert!(st.daemons.values().all(|d| !d.alive));
+}
+
+#[test]
+fn mps_prepare_sets_limits_by_ordinal_reads_back_and_releases() {
+    let f = fixture();
+    let r = f
+        .service
+        .prepare(&claim("u1", &["gpu-5", "gpu-4"], Some(mps_two_gpus(30))))
+        .unwrap();
+    assert_eq!(r.requests[0].cdi_device_ids, vec!["gpushare.io/claim=u1"]);
+    let c = f.service.get_claim("u1").unwrap();
+    let StrategyInfo::Mps(m) = &c.groups[0].sharing else {
+        panic!("not MPS: {c:?}")
+    };
+    assert_eq!(m.active_thread_percentage, "30.0");
+    assert_eq!(m.pinned_device_memory_limits["0"], "8G");
+    assert_eq!(m.pinned_device_memory_limits["1"], "20G");
+    let mut uuids = vec![gpu(&f, "gpu-4").uuid, gpu(&f, "gpu-5").uuid];
+    uuids.sort();
+    assert_eq!(m.visible_devices, uuids);
+    {
+        let st = f.host.state();
+        let d = st.daemons.values().next().unwrap();
+        assert_eq!(d.env["CUDA_VISIBLE_DEVICES"], uuids.join(","));
+        let sets: Vec<&String> = st
+            .calls
+            .iter()
+            .filter(|c| c.contains("set_default"))
+            .collect();
+        assert_eq!(sets.len(), 1, "one UI session carries every set: {sets:?}");
+        assert!(sets[0].contains("set_default_device_pinned_mem_limit 0 8192M"));
+        assert!(sets[0].contains("set_default_device_pinned_mem_limit 1 20480M"));
+        assert!(!sets[0].contains("GPU-"), "never a UUID key: {}", sets[0]);
+        assert_eq!(st.mounts.len(), 1);
+    }
+    assert_eq!(gpu(&f, "gpu-4").compute_mode, ComputeMode::ExclusiveProcess);
+    assert!(cdi::spec_path(&f.cfg.cdi_dir, "u1").exists());
+
+    let again = f
+        .service
+        .prepare(&claim("u1", &["gpu-5", "gpu-4"], Some(mps_two_gpus(30))))
+        .unwrap();
+    assert!(again.already_prepared);
+    assert_eq!(
+        f.host.state().daemons.len(),
+        1,
+        "no second daemon on a retry"
+    );
+
+    assert!(f.service.unprepare("u1").unwrap().released);
+    assert!(f.host.state().calls.last().unwrap().contains("quit"));
+    assert_clean(&f, "u1");
+    assert_eq!(gpu(&f, "gpu-4").compute_mode, ComputeMode::Default);
+    assert!(!f.service.unprepare("u1").unwrap().released);
+}
+
+#[test]
+fn a_limit_the_daemon_did_not_take_fails_prepare_and_leaves_nothing() {
+    let f = fixture();
+    f.host.state().ignore_atp = true;
+    let err = f
+        .service
+        .prepare(&claim("u2", &["gpu-0"], Some(mps(50))))
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Internal);
+    assert!(
+        err.message.contains("read back \"100.0\""),
+        "{}",
+        err.message
+    );
+    assert_clean(&f, "u2");
+    assert_eq!(gpu(&f, "gpu-0").compute_mode, ComputeMode::Default);
+    assert_eq!(gpu(&f, "gpu-0").sharing, GpuSharing::Free);
+}
+
+#[test]
+fn a_daemon_that_fails_to_start_leaves_nothing() {
+    let f = fixture();
+    f.host.state().fail_start = true;
+    let err = f
+        .service
+        .prepare(&claim("u3", &["gpu-0"], Some(mps(50))))
+        .unwrap_err();
+    assert!(err.message.contains("failed to start"), "{}", err.message);
+    assert_clean(&f, "u3");
+}
+
+#[test]
+fn a_daemon_that_ignores_quit_is_killed() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("u4", &["gpu-0"], Some(mps(50))))
+        .unwrap();
+    let pid = f.host.state().daemons.values().next().unwrap().pid;
+    f.host.state().ignore_quit = true;
+    f.service.unprepare("u4").unwrap();
+    assert_eq!(f.host.state().killed, vec![pid]);
+    assert_clean(&f, "u4");
+}
+
+#[test]
+fn attach_needs_a_live_daemon_and_respects_replicas() {
+    let f = fixture();
+    let short = json!({"sharingMode": "mps", "mpsActiveThreadPercentage": 50, "replicas": 2});
+    f.service
+        .prepare(&claim("u5", &["gpu-1"], Some(short)))
+        .unwrap();
+    let p = |id: &str| AttachParams {
+        claim_uid: "u5".into(),
+        container_id: id.into(),
+        pid: None,
+        bundle: None,
+    };
+    f.service.attach(&p("a")).unwrap();
+    f.service.attach(&p("a")).unwrap(); // idempotent
+    f.service.attach(&p("b")).unwrap();
+    let err = f.service.attach(&p("c")).unwrap_err();
+    assert_eq!(err.code, ErrorCode::LimitReached);
+    assert!(
+        err.message.contains("u5") && err.message.contains("2 of 2"),
+        "{}",
+        err.message
+    );
+    assert!(
+        f.service
+            .detach(&DetachParams {
+                claim_uid: "u5".into(),
+                container_id: "a".into()
+            })
+            .unwrap()
+            .detached
+    );
+    f.service.attach(&p("c")).unwrap();
+    // The MPS control daemon dies: the next container start is refused...
+    for d in f.host.state().daemons.values_mut() {
+        d.alive = false;
+    }
+    let err = f.service.attach(&p("d")).unwrap_err();
+    assert_eq!(err.code, ErrorCode::NotReady);
+    // ...until a prepare retry starts a new one with the claim's limits.
+    let short = json!({"sharingMode": "mps", "mpsActiveThreadPercentage": 50, "replicas": 2});
+    let r = f
+        .service
+        .prepare(&claim("u5", &["gpu-1"], Some(short)))
+        .unwrap();
+    assert!(!r.already_prepared);
+    assert_eq!(
+        f.host.state().daemons.values().filter(|d| d.alive).count(),
+        1
+    );
+    f.service.attach(&p("d")).unwrap();
+    let err = f
+        .service
+        .attach(&AttachParams {
+            claim_uid: "nope".into(),
+            ..p("e")
+        })
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::NotFound);
+}
+
+#[test]
+fn containers_whose_process_is_gone_free_their_slot() {
+    let f = fixture();
+    let ts = json!({"sharingMode": "time-slicing", "replicas": 2});
+    f.service
+        .prepare(&claim("s1", &["gpu-6"], Some(ts)))
+        .unwrap();
+    let p = |id: &str, pid: Option<i32>| AttachParams {
+        claim_uid: "s1".into(),
+        container_id: id.into(),
+        pid,
+        bundle: None,
+    };
+    // The fake host knows no process 4242: that container died without its poststop hook.
+    f.service.attach(&p("dead", Some(4242))).unwrap();
+    f.service.attach(&p("unknown-pid", None)).unwrap();
+    f.service.attach(&p("new", None)).unwrap();
+    let ids: Vec<String> = f
+        .service
+        .get_claim("s1")
+        .unwrap()
+        .attached
+        .into_iter()
+        .map(|a| a.container_id)
+        .collect();
+    assert_eq!(ids, vec!["unknown-pid", "new"]);
+    let err = f.service.attach(&p("third", None)).unwrap_err();
+    assert_eq!(err.code, ErrorCode::LimitReached);
+}
+
+#[test]
+fn a_release_that_fails_part_way_keeps_the_gpu_until_finished() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("p1", &["gpu-0"], Some(mps(50))))
+        .unwrap();
+    f.host.state().fail_unmount = true;
+    let err = f.service.unprepare("p1").unwrap_err();
+    assert_eq!(err.code, ErrorCode::Internal);
+    assert_eq!(
+        f.service.get_claim("p1").unwrap().state,
+        ClaimState::Unpreparing
+    );
+    let err = f
+        .service
+        .prepare(&claim("p2", &["gpu-0"], None))
+        .unwrap_err();
+    assert_eq!(
+        err.code,
+        ErrorCode::Conflict,
+        "the GPU stays held: {}",
+        err.message
+    );
+    // A prepare retry of the same claim finishes the release and prepares afresh.
+    let err = f
+        .service
+        .prepare(&claim("p1", &["gpu-0"], Some(mps(50))))
+        .unwrap_err();
+    assert!(
+        err.message.contains("cannot be released yet"),
+        "{}",
+        err.message
+    );
+    f.host.state().fail_unmount = false;
+    let r = f
+        .service
+        .prepare(&claim("p1", &["gpu-0"], Some(mps(50))))
+        .unwrap();
+    assert!(!r.already_prepared);
+    assert_eq!(
+        f.service.get_claim("p1").unwrap().state,
+        ClaimState::Prepared
+    );
+    assert_eq!(
+        f.host.state().daemons.values().filter(|d| d.alive).count(),
+        1
+    );
+    f.service.unprepare("p1").unwrap();
+    assert_clean(&f, "p1");
+}
+
+#[test]
+fn a_claim_left_prepare_started_by_a_crash_is_prepared_afresh() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("c1", &["gpu-1"], Some(mps(50))))
+        .unwrap();
+    // As a crash between start and finish leaves it on disk.
+    let file = CheckpointFile::new(f.cfg.checkpoint.clone());
+    let mut cp = file.load().unwrap().checkpoint;
+    cp.claims.get_mut("c1").unwrap().state = ClaimState::PrepareStarted;
+    file.save(&cp).unwrap();
+    let backend = Arc::new(
+        SimulatedBackend::without_device_nodes("p4d.24xlarge", NODE, Path::new("/x")).unwrap(),
+    );
+    let again = Service::new(
+        f.cfg.clone(),
+        backend,
+        MpsControl::new("/x".into(), f.host.ops(), Duration::from_millis(200)),
+    )
+    .unwrap();
+    let r = again
+        .prepare(&claim("c1", &["gpu-1"], Some(mps(50))))
+        .unwrap();
+    assert!(!r.already_prepared);
+    assert_eq!(again.get_claim("c1").unwrap().state, ClaimState::Prepared);
+    let st = f.host.state();
+    assert_eq!(
+        st.daemons.values().filter(|d| d.alive).count(),
+        1,
+        "the old daemon was stopped"
+    );
+    assert_eq!(st.mounts.len(), 1);
+}
+
+#[test]
+fn one_claim_is_prepared_once_and_a_slow_claim_holds_up_nobody_else() {
+    let f = Arc::new(fixture());
+    f.host.state().delay = Some(Duration::from_millis(150));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut threads = Vec::new();
+    for i in 0..3 {
+        let (f, tx) = (Arc::clone(&f), tx.clone());
+        threads.push(std::thread::spawn(move || {
+            let r = f
+                .service
+                .prepare(&claim("slow", &["gpu-0"], Some(mps(50))))
+                .unwrap();
+            tx.send(format!("slow{i}:{}", r.already_prepared)).unwrap();
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let (f2, tx2) = (Arc::clone(&f), tx.clone());
+    threads.push(std::thread::spawn(move || {
+        f2.service
+            .prepare(&claim("fast", &["gpu-1"], None))
+            .unwrap();
+        tx2.send("fast".to_string()).unwrap();
+    }));
+    drop(tx);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let order: Vec<String> = rx.iter().collect();
+    assert_eq!(
+        order[0], "fast",
+        "the exclusive claim did not wait for the MPS one: {order:?}"
+    );
+    let fresh = order.iter().filter(|o| o.ends_with(":false")).count();
+    assert_eq!(
+        fresh, 1,
+        "one prepare did the work, the others found it done: {order:?}"
+    );
+    assert_eq!(f.host.state().daemons.len(), 1);
+    assert!(
+        f.service.changes.locks.lock().unwrap().is_empty(),
+        "no lock entry outlives its use"
+    );
+}
+
+#[test]
+fn a_leftover_daemon_on_the_claims_pipe_directory_is_replaced() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("o1", &["gpu-2"], Some(mps(50))))
+        .unwrap();
+    let old = f.host.state().daemons.values().next().unwrap().pid;
+    // The checkpoint is lost (say, quarantined): the daemon runs on, unknown to the service.
+    std::fs::remove_file(&f.cfg.checkpoint).unwrap();
+    let backend = Arc::new(
+        SimulatedBackend::without_device_nodes("p4d.24xlarge", NODE, Path::new("/x")).unwrap(),
+    );
+    let again = Service::new(
+        f.cfg.clone(),
+        backend,
+        MpsControl::new("/x".into(), f.host.ops(), Duration::from_millis(200)),
+    )
+    .unwrap();
+    again
+        .prepare(&claim("o1", &["gpu-2"], Some(mps(50))))
+        .unwrap();
+    let st = f.host.state();
+    let alive: Vec<i32> = st
+        .daemons
+        .values()
+        .filter(|d| d.alive)
+        .map(|d| d.pid)
+        .collect();
+    assert_eq!(alive.len(), 1);
+    assert_ne!(
+        alive[0], old,
+        "the leftover was stopped and a new daemon started"
+    );
+    assert!(st.calls.iter().any(|c| c.contains("quit")));
+}
+
+#[test]
+fn one_mps_claim_per_gpu() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("m1", &["gpu-7"], Some(mps(50))))
+        .unwrap();
+    let err = f
+        .service
+        .prepare(&claim("m2", &["gpu-7"], Some(mps(50))))
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Conflict);
+    assert!(
+        err.message.contains("gpu-7") && err.message.contains("m1"),
+        "{}",
+        err.message
+    );
+    assert_eq!(
+        f.host.state().daemons.len(),
+        1,
+        "no second daemon was started"
+    );
+}
+
+#[test]
+fn time_slicing_applies_only_where_asked_and_restores_default() {
+    let f = fixture();
+    let ts = json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                    "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}});
+    f.service
+        .prepare(&claim("t1", &["gpu-2"], Some(ts.clone())))
+        .unwrap();
+    f.service
+        .prepare(&claim("t2", &["gpu-2"], Some(ts)))
+        .unwrap();
+    assert_eq!(gpu(&f, "gpu-2").time_slice, TimeSliceInterval::Long);
+    assert!(f
+        .service
+        .list_gpus()
+        .iter()
+        .filter(|g| g.name != "gpu-2")
+        .all(|g| g.time_slice == TimeSliceInterval::Default));
+    f.service.unprepare("t1").unwrap();
+    assert_eq!(
+        gpu(&f, "gpu-2").time_slice,
+        TimeSliceInterval::Long,
+        "t2 still holds it"
+    );
+    f.service.unprepare("t2").unwrap();
+    assert_eq!(gpu(&f, "gpu-2").time_slice, TimeSliceInterval::Default);
+    // Exclusive after release is allowed again; MPS on an exclusive GPU is a conflict.
+    f.service.prepare(&claim("e1", &["gpu-2"], None)).unwrap();
+    let err = f
+        .service
+        .prepare(&claim("m1", &["gpu-2"], Some(mps(10))))
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Conflict);
+    assert_clean(&f, "m1");
+}
+
+#[test]
+fn refusals_change_nothing() {
+    let f = fixture();
+    let cases = [
+        (claim("x1", &["gpu-99"], None), ErrorCode::UnknownDevice),
+        (
+            claim(
+                "x2",
+                &["gpu-2-mig-3g20gb-9-4"],
+                Some(json!({"sharingMode": "mig", "migProfile": "3g.20gb"})),
+            ),
+            ErrorCode::Unsupported,
+        ),
+        (
+            claim("x3", &["gpu-0", "gpu-0"], None),
+            ErrorCode::InvalidRequest,
+        ),
+        (
+            claim(&"l".repeat(120), &["gpu-0"], Some(mps(50))),
+            ErrorCode::InvalidRequest,
+        ),
+        (
+            claim(
+                "x4",
+                &["gpu-0"],
+                Some(
+                    json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+            "sharing": {"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"3": "1Gi"}}}}),
+                ),
+            ),
+            ErrorCode::InvalidConfig,
+        ),
+    ];
+    for (c, code) in cases {
+        let uid = c["metadata"]["uid"].as_str().unwrap().to_string();
+        let err = f.service.prepare(&c).unwrap_err();
+        assert_eq!(err.code, code, "{uid}: {}", err.message);
+        assert_clean(&f, &uid);
+    }
+    assert!(f.host.state().calls.is_empty(), "no program was run");
+    assert!(f
+        .service
+        .list_gpus()
+        .iter()
+        .all(|g| g.sharing == GpuSharing::Free));
+}
+
+#[test]
+fn a_restarted_service_finds_its_claims() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("r1", &["gpu-3"], Some(mps(40))))
+        .unwrap();
+    let backend = Arc::new(
+        SimulatedBackend::without_device_nodes("p4d.24xlarge", NODE, Path::new("/nonexistent"))
+            .unwrap(),
+    );
+    let mps = MpsControl::new("/x".into(), f.host.ops(), Duration::from_millis(200));
+    assert_eq!(
+        backend
+            .compute_mode(&backend.find("gpu-3").unwrap().uuid)
+            .unwrap(),
+        ComputeMode::Default
+    );
+    let again = Service::new(f.cfg.clone(), backend.clone(), mps).unwrap();
+    assert_eq!(again.get_claim("r1").unwrap().state, ClaimState::Prepared);
+    assert_eq!(
+        backend
+            .compute_mode(&backend.find("gpu-3").unwrap().uuid)
+            .unwrap(),
+        ComputeMode::ExclusiveProcess,
+        "settings of held GPUs are re-applied from the checkpoint"
+    );
+    let err = again.prepare(&claim("r2", &["gpu-3"], None)).unwrap_err();
+    assert_eq!(
+        err.code,
+        ErrorCode::Conflict,
+        "placement rebuilt from the checkpoint"
+    );
+}
