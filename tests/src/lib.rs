@@ -61,6 +61,17 @@ pub fn need(ok: bool, what: &str) -> bool {
     ok
 }
 
+/// The cases directory when the end-to-end prerequisites hold (root, `shared/cases`); `None`
+/// (after a note, or a failure under `GPUSHARE_E2E_REQUIRE=1`) otherwise.
+pub fn setup() -> Option<PathBuf> {
+    if !need(is_root(), "root (mounts, device nodes, containers)") {
+        return None;
+    }
+    let cases = cases_dir();
+    need(cases.is_some(), "shared/cases beside the repository");
+    cases
+}
+
 /// Whether we run as root.
 pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
@@ -125,6 +136,14 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    /// A daemon with our MPS control emulator and a private CDI directory.
+    pub fn emulated() -> Daemon {
+        Daemon::start(DaemonOptions {
+            mps_control: bin("gpushare-mps-control"),
+            cdi_dir: None,
+        })
+    }
+
     /// Starts a daemon on a simulated p4d.24xlarge named [`NODE`] and waits until it answers.
     pub fn start(opts: DaemonOptions) -> Daemon {
         // Under /tmp with a short name: Unix socket paths are limited to 108 bytes.

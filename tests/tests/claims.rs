@@ -389,17 +389,10 @@ fn invalid_cases_leave_nothing_behind() {
 
 #[test]
 fn conflicting_claims_are_refused_and_change_nothing() {
-    if !need(is_root(), "root (mounts, device nodes)") {
-        return;
-    }
-    let Some(cases) = cases_dir() else {
-        need(false, "shared/cases");
+    let Some(cases) = setup() else {
         return;
     };
-    let d = Daemon::start(DaemonOptions {
-        mps_control: bin("gpushare-mps-control"),
-        cdi_dir: None,
-    });
+    let d = Daemon::emulated();
     let ts = load_claim(&cases.join("claims/seed-timeslicing.yaml"));
     d.prepare(&ts).unwrap();
     // The same GPU asked with another interval, and with MPS.

@@ -11,10 +11,7 @@ fn a_second_daemon_on_the_same_state_directory_is_refused() {
     if !need(is_root(), "root") {
         return;
     }
-    let d = Daemon::start(DaemonOptions {
-        mps_control: bin("gpushare-mps-control"),
-        cdi_dir: None,
-    });
+    let d = Daemon::emulated();
     let state = d.checkpoint.parent().unwrap();
     let out = Command::new(bin("gpushared"))
         .args(["--simulate", "p4d.24xlarge", "--node-name", NODE])

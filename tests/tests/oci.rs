@@ -25,19 +25,12 @@ fn hook(verb: &str, socket: &Path, claim: &str, state: &[u8]) -> Output {
 
 #[test]
 fn oci_state_cases_behave_as_documented() {
-    if !need(is_root(), "root") {
-        return;
-    }
-    let Some(cases) = cases_dir() else {
-        need(false, "shared/cases");
+    let Some(cases) = setup() else {
         return;
     };
     let oci = cases.join("oci");
     let read = |f: &str| std::fs::read(oci.join(f)).unwrap();
-    let d = Daemon::start(DaemonOptions {
-        mps_control: bin("gpushare-mps-control"),
-        cdi_dir: None,
-    });
+    let d = Daemon::emulated();
     // The createRuntime state names claim 3b0c6e52-… (seed-mps.yaml).
     let uid = "3b0c6e52-8f0a-4d7e-9a51-0c2f7d1e9a01";
     let id = "8f1d6b2a0c3e4f5a9b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a";
@@ -102,17 +95,10 @@ fn oci_state_cases_behave_as_documented() {
 
 #[test]
 fn the_fifth_container_on_a_four_replica_claim_fails_to_start() {
-    if !need(is_root(), "root") {
-        return;
-    }
-    let Some(cases) = cases_dir() else {
-        need(false, "shared/cases");
+    let Some(cases) = setup() else {
         return;
     };
-    let d = Daemon::start(DaemonOptions {
-        mps_control: bin("gpushare-mps-control"),
-        cdi_dir: None,
-    });
+    let d = Daemon::emulated();
     let r = d
         .prepare(&load_claim(&cases.join("claims/seed-timeslicing.yaml")))
         .unwrap();
