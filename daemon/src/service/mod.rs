@@ -25,7 +25,7 @@ use crate::error::ServiceError;
 use crate::fsutil;
 use crate::gpu::{Gpu, GpuBackend};
 use crate::placement::{Hold, Placement, Want};
-use crate::strategy::mps::{default_shm_bytes, MpsControl, MpsDirs, MpsLaunch};
+use crate::strategy::mps::{default_shm_bytes, Liveness, MpsControl, MpsDirs, MpsLaunch};
 use crate::sys::{read_cgroup, Processes};
 
 mod locks;
@@ -127,7 +127,7 @@ impl Service {
             for group in &info.groups {
                 if let StrategyInfo::Mps(m) = &group.sharing {
                     let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
-                    if !mps.is_running(&dirs, m.control_daemon_pid) {
+                    if mps.liveness(&dirs, m.control_daemon_pid) != Liveness::Running {
                         tracing::warn!(claim = %uid, pid = m.control_daemon_pid, "MPS control daemon of checkpointed claim is not running");
                     }
                 }
@@ -606,16 +606,21 @@ impl Service {
         errors.into_iter().next()
     }
 
-    /// The pid of a claim's MPS control daemon that no longer runs, if any.
+    /// The pid of a claim's MPS control daemon known to be gone, if any. A daemon whose state
+    /// cannot be read (say, `/proc` is out of reach for want of file descriptors) is not
+    /// taken for gone: tearing down a healthy claim would be worse than waiting.
     fn dead_mps_daemon(&self, claim: &ClaimInfo) -> Option<i32> {
         claim.groups.iter().find_map(|g| match &g.sharing {
-            StrategyInfo::Mps(m)
-                if !self.mps.is_running(
-                    &MpsDirs::from_pipe(Path::new(&m.pipe_dir)),
-                    m.control_daemon_pid,
-                ) =>
-            {
-                Some(m.control_daemon_pid)
+            StrategyInfo::Mps(m) => {
+                let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
+                match self.mps.liveness(&dirs, m.control_daemon_pid) {
+                    Liveness::Gone => Some(m.control_daemon_pid),
+                    Liveness::Running => None,
+                    Liveness::Unknown(why) => {
+                        tracing::warn!(claim = %claim.uid, pid = m.control_daemon_pid, error = %why, "cannot tell whether the MPS control daemon runs");
+                        None
+                    }
+                }
             }
             _ => None,
         })

@@ -595,3 +595,69 @@ fn a_restarted_service_finds_its_claims() {
         "placement rebuilt from the checkpoint"
     );
 }
+
+#[test]
+fn a_reused_pid_is_never_signalled() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("z1", &["gpu-4"], Some(mps(50))))
+        .unwrap();
+    let pid = {
+        let mut st = f.host.state();
+        let d = st.daemons.values_mut().next().unwrap();
+        d.alive = false;
+        d.pid
+    };
+    // An unrelated process now has the dead daemon's pid (it holds no pipe directory of ours).
+    f.host.state().daemons.insert(
+        PathBuf::from("/elsewhere"),
+        crate::sys::fake::FakeDaemon {
+            pid,
+            alive: true,
+            env: Default::default(),
+            atp: 100.0,
+            limits: Default::default(),
+        },
+    );
+    f.host.state().ignore_quit = true;
+    f.service.unprepare("z1").unwrap();
+    let st = f.host.state();
+    assert!(st.killed.is_empty(), "killed {:?}", st.killed);
+    assert!(st.daemons[Path::new("/elsewhere")].alive);
+    assert!(
+        !st.calls.last().unwrap().contains("quit"),
+        "no quit sent to a dead daemon's pipe"
+    );
+}
+
+#[test]
+fn an_unreadable_proc_is_not_taken_for_a_dead_daemon() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("q1", &["gpu-5"], Some(mps(50))))
+        .unwrap();
+    let daemons_before = f.host.state().daemons.len();
+    f.host.state().fail_proc = true;
+    let r = f
+        .service
+        .prepare(&claim("q1", &["gpu-5"], Some(mps(50))))
+        .unwrap();
+    assert!(r.already_prepared, "a healthy claim is not torn down");
+    f.service
+        .attach(&AttachParams {
+            claim_uid: "q1".into(),
+            container_id: "c".into(),
+            pid: None,
+            bundle: None,
+        })
+        .unwrap();
+    // Releasing needs to know the daemon: it waits for /proc rather than guessing.
+    let err = f.service.unprepare("q1").unwrap_err();
+    assert_eq!(err.code, ErrorCode::Internal);
+    assert!(err.message.contains("/proc/locks"), "{}", err.message);
+    assert_eq!(gpu(&f, "gpu-5").sharing, GpuSharing::Mps);
+    f.host.state().fail_proc = false;
+    f.service.unprepare("q1").unwrap();
+    assert_clean(&f, "q1");
+    assert_eq!(f.host.state().daemons.len(), daemons_before);
+}

@@ -347,11 +347,7 @@ impl MpsControl {
         // A daemon still holding this group's pipe directory is a leftover of an earlier run
         // (a quarantined checkpoint, a crash mid-prepare): it would refuse our start with
         // "An instance of this daemon is already running", so it goes first.
-        if let Some(old) = self
-            .ops
-            .processes
-            .lock_holder(&dirs.pipe.join("control_lock"))
-        {
+        if let Some(old) = self.holder(dirs).ok().flatten() {
             tracing::warn!(pid = old, pipe = %dirs.pipe.display(), "stopping a leftover MPS control daemon on this claim's pipe directory");
             self.stop(dirs, Some(old))?;
         }
@@ -474,7 +470,7 @@ impl MpsControl {
         let lock = dirs.pipe.join("control_lock");
         let deadline = Instant::now() + self.timeout;
         loop {
-            if let Some(pid) = self.ops.processes.lock_holder(&lock) {
+            if let Ok(Some(pid)) = self.ops.processes.lock_holder(&lock) {
                 return Ok(pid);
             }
             if Instant::now() >= deadline {
@@ -487,39 +483,52 @@ impl MpsControl {
         }
     }
 
-    /// Whether the daemon `pid` still runs and still holds its pipe directory.
-    pub fn is_running(&self, dirs: &MpsDirs, pid: i32) -> bool {
-        self.ops.processes.alive(pid)
-            && self
-                .ops
-                .processes
-                .lock_holder(&dirs.pipe.join("control_lock"))
-                == Some(pid)
+    fn holder(&self, dirs: &MpsDirs) -> io::Result<Option<i32>> {
+        self.ops
+            .processes
+            .lock_holder(&dirs.pipe.join("control_lock"))
     }
 
-    /// Stops a daemon: `quit` (bounded), then SIGKILL if it is still alive, then unmounts the
-    /// shm tmpfs and removes the directories. Idempotent: a missing daemon or directory is
-    /// fine. `pid` is the daemon's pid if known; otherwise the lock holder is looked up.
+    /// Whether the daemon recorded as `pid` still runs on its pipe directory. Only the holder
+    /// of the directory's `control_lock` counts: a pid alone may have been reused by now.
+    pub fn liveness(&self, dirs: &MpsDirs, pid: i32) -> Liveness {
+        match self.holder(dirs) {
+            Ok(Some(holder)) if holder == pid && self.ops.processes.alive(pid) => Liveness::Running,
+            Ok(_) => Liveness::Gone,
+            Err(e) => Liveness::Unknown(e.to_string()),
+        }
+    }
+
+    /// Stops the daemon on `dirs`: `quit` (bounded), then SIGKILL if it still holds the pipe
+    /// directory, then unmounts the shm tmpfs and removes the directories. The daemon is found
+    /// as the holder of `control_lock`, never by a recorded pid alone, which a dead daemon may
+    /// have handed on to an unrelated process. Idempotent: no daemon or directory is fine.
     ///
     /// # Errors
-    /// The tmpfs could not be unmounted or the directories removed.
-    pub fn stop(&self, dirs: &MpsDirs, pid: Option<i32>) -> Result<(), MpsError> {
-        let pid = pid.or_else(|| {
-            self.ops
-                .processes
-                .lock_holder(&dirs.pipe.join("control_lock"))
-        });
-        if let Some(pid) = pid.filter(|p| self.ops.processes.alive(*p)) {
+    /// `/proc/locks` cannot be read (then nothing is signalled), or the tmpfs cannot be
+    /// unmounted or the directories removed.
+    pub fn stop(&self, dirs: &MpsDirs, recorded: Option<i32>) -> Result<(), MpsError> {
+        let holder = self.holder(dirs).map_err(|source| MpsError::Dir {
+            action: "finding the daemon (through /proc/locks) of",
+            path: dirs.pipe.clone(),
+            source,
+        })?;
+        if let (Some(recorded), Some(holder)) = (recorded, holder) {
+            if recorded != holder {
+                tracing::warn!(recorded, holder, pipe = %dirs.pipe.display(), "the daemon on this pipe directory is not the one recorded");
+            }
+        }
+        if let Some(pid) = holder {
             if let Err(e) = self.ui(dirs, &["quit".to_string()]) {
                 tracing::warn!(pid, error = %e, "MPS control daemon did not take quit; killing it");
             }
-            if !self.wait_exit(pid, self.timeout) {
+            if !self.wait_exit(dirs, pid, self.timeout) {
                 tracing::warn!(
                     pid,
                     "MPS control daemon still running after quit; sending SIGKILL"
                 );
                 self.ops.processes.kill(pid);
-                self.wait_exit(pid, self.timeout);
+                self.wait_exit(dirs, pid, self.timeout);
             }
         }
         self.ops
@@ -537,14 +546,15 @@ impl MpsControl {
         })
     }
 
-    /// Waits for `pid` to exit, reaping it when it is our child (we are a child subreaper, so
-    /// double-forked daemons become our children). Returns whether it exited.
-    fn wait_exit(&self, pid: i32, timeout: Duration) -> bool {
+    /// Waits until `pid` no longer holds `dirs` (it exited, or at least let go of the pipe
+    /// directory), reaping it when it is our child (we are a child subreaper, so double-forked
+    /// daemons become our children). Returns whether it let go.
+    fn wait_exit(&self, dirs: &MpsDirs, pid: i32, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         loop {
-            // A pid that is not our child is not reaped; liveness then comes from /proc.
             self.ops.processes.reap(pid);
-            if !self.ops.processes.alive(pid) {
+            let holds = matches!(self.holder(dirs), Ok(Some(h)) if h == pid);
+            if !holds || !self.ops.processes.alive(pid) {
                 self.ops.processes.reap(pid);
                 return true;
             }
@@ -554,6 +564,17 @@ impl MpsControl {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
+}
+
+/// What is known about a claim's MPS control daemon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Liveness {
+    /// It runs and holds its pipe directory.
+    Running,
+    /// It is gone (or another process holds its pipe directory).
+    Gone,
+    /// `/proc` could not be read; nothing is known.
+    Unknown(String),
 }
 
 #[cfg(test)]

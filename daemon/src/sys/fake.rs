@@ -34,6 +34,8 @@ pub(crate) struct FakeState {
     pub ignore_quit: bool,
     /// Unmounting fails (EBUSY).
     pub fail_unmount: bool,
+    /// Reading `/proc/locks` fails (out of file descriptors).
+    pub fail_proc: bool,
     /// Every program run takes this long (a slow or stuck control daemon).
     pub delay: Option<std::time::Duration>,
 }
@@ -163,13 +165,16 @@ impl Mounter for FakeHost {
 }
 
 impl Processes for FakeHost {
-    fn lock_holder(&self, path: &Path) -> Option<i32> {
-        let pipe = path.parent()?;
-        self.state()
-            .daemons
-            .get(pipe)
+    fn lock_holder(&self, path: &Path) -> io::Result<Option<i32>> {
+        let st = self.state();
+        if st.fail_proc {
+            return Err(io::Error::from_raw_os_error(libc::EMFILE));
+        }
+        Ok(path
+            .parent()
+            .and_then(|pipe| st.daemons.get(pipe))
             .filter(|d| d.alive)
-            .map(|d| d.pid)
+            .map(|d| d.pid))
     }
 
     fn alive(&self, pid: i32) -> bool {

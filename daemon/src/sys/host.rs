@@ -169,8 +169,11 @@ pub fn reap_orphans() -> Vec<i32> {
 pub struct HostProcesses;
 
 impl Processes for HostProcesses {
-    fn lock_holder(&self, path: &Path) -> Option<i32> {
-        super::find_lock_holder(path).ok().flatten()
+    fn lock_holder(&self, path: &Path) -> io::Result<Option<i32>> {
+        match super::find_lock_holder(path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            other => other,
+        }
     }
 
     fn alive(&self, pid: i32) -> bool {

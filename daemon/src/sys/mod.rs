@@ -98,8 +98,13 @@ pub trait Mounter: Send + Sync + std::fmt::Debug {
 
 /// Looking at and signalling other processes.
 pub trait Processes: Send + Sync + std::fmt::Debug {
-    /// The pid holding a POSIX lock on `path` (see [`find_lock_holder`]).
-    fn lock_holder(&self, path: &Path) -> Option<i32>;
+    /// The pid holding a POSIX lock on `path` (see [`find_lock_holder`]); `Ok(None)` when
+    /// nobody holds one or the file is gone.
+    ///
+    /// # Errors
+    /// `/proc/locks` could not be read (say, out of file descriptors): then nothing is known,
+    /// and callers must not take it for "no daemon".
+    fn lock_holder(&self, path: &Path) -> io::Result<Option<i32>>;
 
     /// Whether `pid` runs (zombies count as gone).
     fn alive(&self, pid: i32) -> bool;
