@@ -25,11 +25,12 @@ use tokio::sync::Semaphore;
 use crate::error::ServiceError;
 use crate::service::Service;
 
-/// Longest request line accepted (a ResourceClaim with managedFields fits easily).
-pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
+/// Longest request line accepted: a ResourceClaim is at most 1.5 MiB (etcd's object limit),
+/// plus the envelope.
+pub const MAX_REQUEST_BYTES: usize = 2 * 1024 * 1024;
 
 /// Default for [`ServerConfig::max_connections`].
-pub const MAX_CONNECTIONS: usize = 512;
+pub const MAX_CONNECTIONS: usize = 256;
 
 /// Default for [`ServerConfig::idle_timeout`].
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -59,7 +60,19 @@ pub fn bind(cfg: &ServerConfig) -> io::Result<UnixListener> {
         crate::fsutil::create_dir_if_missing(dir, 0o755)?;
     }
     match fs::symlink_metadata(&cfg.socket) {
-        Ok(m) if m.file_type().is_socket() => fs::remove_file(&cfg.socket)?,
+        Ok(m) if m.file_type().is_socket() => {
+            // Stale (left by a crash) or live (another daemon): only a stale one may go.
+            if std::os::unix::net::UnixStream::connect(&cfg.socket).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!(
+                        "another process listens on {}; refusing to take it over",
+                        cfg.socket.display()
+                    ),
+                ));
+            }
+            fs::remove_file(&cfg.socket)?
+        }
         Ok(_) => {
             return Err(io::Error::new(
                 io::ErrorKind::AlreadyExists,
@@ -88,15 +101,20 @@ pub async fn serve(
     cfg: Arc<ServerConfig>,
 ) -> io::Result<()> {
     let slots = Arc::new(Semaphore::new(cfg.max_connections));
+    let mut backoff = Duration::from_millis(100);
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(e) => {
-                tracing::warn!(error = %e, "accepting a connection failed; pausing");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                // Out of file descriptors, most likely: back off (up to ~3 s) instead of
+                // spinning and flooding the log, and serve again once they are freed.
+                tracing::warn!(error = %e, pause_ms = backoff.as_millis() as u64, "accepting a connection failed; pausing");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(3200));
                 continue;
             }
         };
+        backoff = Duration::from_millis(100);
         let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
             tokio::spawn(refuse_busy(stream, cfg.max_connections));
             continue;
@@ -157,7 +175,11 @@ async fn connection(
         };
         let mut out = serde_json::to_vec(&response).map_err(io::Error::other)?;
         out.push(b'\n');
-        write.write_all(&out).await?;
+        // A client that never reads must not hold its slot forever either.
+        match tokio::time::timeout(cfg.idle_timeout, write.write_all(&out)).await {
+            Ok(written) => written?,
+            Err(_) => return Ok(()),
+        }
         if too_long {
             // The rest of the oversized line cannot be told apart from the next request.
             return Ok(());

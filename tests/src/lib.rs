@@ -115,6 +115,8 @@ pub struct DaemonOptions {
     pub mps_control: PathBuf,
     /// CDI directory (default: inside the daemon's temporary directory).
     pub cdi_dir: Option<PathBuf>,
+    /// Runtime directory (default: inside the daemon's temporary directory).
+    pub run_dir: Option<PathBuf>,
 }
 
 /// A running `gpushared` in its own temporary directory, stopped on drop.
@@ -141,6 +143,7 @@ impl Daemon {
         Daemon::start(DaemonOptions {
             mps_control: bin("gpushare-mps-control"),
             cdi_dir: None,
+            run_dir: None,
         })
     }
 
@@ -156,7 +159,10 @@ impl Daemon {
             .cdi_dir
             .clone()
             .unwrap_or_else(|| dir.path().join("cdi"));
-        let run_dir = dir.path().join("run");
+        let run_dir = opts
+            .run_dir
+            .clone()
+            .unwrap_or_else(|| dir.path().join("run"));
         let state = dir.path().join("state");
         let log = fs::File::create(dir.path().join("gpushared.log")).expect("log file");
         let child = Command::new(bin("gpushared"))

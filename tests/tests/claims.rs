@@ -118,6 +118,7 @@ fn valid_cases(program: &Path) {
     let d = Daemon::start(DaemonOptions {
         mps_control: program.to_path_buf(),
         cdi_dir: None,
+        run_dir: None,
     });
     let claims = cases.join("claims");
     let mut pids: BTreeMap<String, Vec<i32>> = BTreeMap::new();
@@ -337,6 +338,7 @@ fn invalid_cases(program: &Path) {
     let d = Daemon::start(DaemonOptions {
         mps_control: program.to_path_buf(),
         cdi_dir: None,
+        run_dir: None,
     });
     for (file, code) in &expected {
         let claim = load_claim(&dir.join(file));

@@ -60,6 +60,7 @@ fn podman_container_uses_the_claims_mps_daemon() {
             mps_control: program.clone(),
             // podman reads CDI specs from /etc/cdi and /var/run/cdi only.
             cdi_dir: Some(PathBuf::from("/var/run/cdi")),
+            run_dir: None,
         });
         let uid = unique_uid(&format!("podman-{name}"));
         let Some(claim) = seed_mps(&uid) else {
@@ -156,6 +157,7 @@ fn runc_container_attaches_detaches_and_fails_without_claim() {
     let d = Daemon::start(DaemonOptions {
         mps_control: program,
         cdi_dir: None,
+        run_dir: None,
     });
     let uid = unique_uid("runc");
     let Some(claim) = seed_mps(&uid) else {

@@ -1,5 +1,6 @@
 //! `gpushared`: the node daemon that owns every GPU sharing decision on its node.
 
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -118,6 +119,26 @@ fn absolute(p: &Path) -> Result<PathBuf> {
     std::path::absolute(p).with_context(|| format!("making {} absolute", p.display()))
 }
 
+/// Creates `dir` if missing and resolves it to its real path. Mount points are compared with
+/// `/proc/self/mountinfo`, which shows resolved paths, and the default CDI directory itself
+/// (`/var/run/cdi`) usually lies behind the `/var/run` → `/run` link.
+fn real_dir(dir: &Path, mode: u32) -> Result<PathBuf> {
+    let dir = absolute(dir)?;
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(mode)
+            .create(&dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let real =
+        std::fs::canonicalize(&dir).with_context(|| format!("resolving {}", dir.display()))?;
+    if !real.is_dir() {
+        bail!("{} is not a directory", dir.display());
+    }
+    Ok(real)
+}
+
 fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -152,8 +173,8 @@ async fn run() -> Result<()> {
             .to_string_lossy()
             .into_owned(),
     };
-    let run_dir = absolute(&args.run_dir)?;
-    let state_dir = absolute(&args.state_dir)?;
+    let run_dir = real_dir(&args.run_dir, 0o755)?;
+    let state_dir = real_dir(&args.state_dir, 0o700)?;
     // Two daemons on one state directory would each believe they own every claim.
     let _instance = lock_instance(&state_dir)?;
     let Some(profile) = &args.simulate else {
@@ -197,7 +218,7 @@ async fn run() -> Result<()> {
         node_name: node_name.clone(),
         drivers: args.drivers.clone(),
         run_dir,
-        cdi_dir: absolute(&args.cdi_dir)?,
+        cdi_dir: real_dir(&args.cdi_dir, 0o755)?,
         checkpoint: state_dir.join("checkpoint.json"),
         hook: HookConfig {
             path: hook_path,

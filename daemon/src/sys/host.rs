@@ -222,7 +222,9 @@ impl Mounter for HostMounter {
 
     fn is_mounted(&self, target: &Path) -> io::Result<bool> {
         let text = fs::read_to_string("/proc/self/mountinfo")?;
-        Ok(mountinfo_has(&text, target))
+        // mountinfo shows resolved paths; a target reached through a symlink must be too.
+        let real = fs::canonicalize(target).unwrap_or_else(|_| target.to_path_buf());
+        Ok(mountinfo_has(&text, &real))
     }
 }
 
