@@ -58,7 +58,7 @@ fn demo_completes_as_root_and_refuses_in_one_line_otherwise() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("skipping the container step") && stdout.contains("nothing left behind"),
+        stdout.contains("Skipping the container step") && stdout.contains("nothing left behind"),
         "{stdout}"
     );
 

@@ -322,7 +322,7 @@ fn container_step(
     tmp: &Path,
 ) -> Result<()> {
     if engine == Engine::None {
-        step("No container engine (podman or runc found, or --engine none): skipping the container step");
+        step("Skipping the container step (--engine none, or neither podman nor runc installed)");
         return Ok(());
     }
     if !Path::new(container::BUSYBOX).is_file() {

@@ -186,8 +186,15 @@ impl Service {
         let spec = config::parse_claim(claim, &self.ctx)?;
         let _claim = self.changes.lock(&spec.uid);
         let existing = self.state().claims.get(&spec.uid).cloned();
+        // Containers still running on a claim that is prepared afresh keep their slots.
+        let mut carried: Vec<Attachment> = Vec::new();
         if let Some(existing) = existing {
             if existing.state == ClaimState::Prepared && self.dead_mps_daemon(&existing).is_none() {
+                // The kubelet is about to hand these CDI IDs to the runtime: they must resolve.
+                if !Path::new(&existing.cdi_spec).exists() {
+                    tracing::warn!(claim = %spec.uid, path = %existing.cdi_spec, "CDI spec of a prepared claim is missing; writing it again");
+                    self.write_cdi(&spec.uid, &existing.groups, &existing)?;
+                }
                 return Ok(PrepareResult {
                     uid: existing.uid,
                     requests: existing.requests,
@@ -198,6 +205,12 @@ impl Service {
             // (Unpreparing), or prepared but with a dead MPS control daemon: nothing else works
             // on it now (we hold its lock), so undo what is left and prepare afresh.
             tracing::warn!(claim = %spec.uid, state = ?existing.state, "finishing the release of an interrupted claim before preparing it again");
+            carried = existing
+                .attached
+                .iter()
+                .filter(|a| a.pid.is_some_and(|pid| self.processes.alive(pid)))
+                .cloned()
+                .collect();
             if let Some(e) = self.teardown(&spec.uid) {
                 return Err(ServiceError::new(
                     e.code,
@@ -243,6 +256,7 @@ impl Service {
                 if let Some(c) = st.claims.get_mut(&spec.uid) {
                     c.groups = groups;
                     c.state = ClaimState::Prepared;
+                    c.attached = carried;
                 }
                 if let Err(e) = self.save(&st) {
                     drop(st);
@@ -485,13 +499,13 @@ impl Service {
             };
             groups.push(self.group_info(plan, started));
         }
-        self.write_cdi(spec, &groups, info)?;
+        self.write_cdi(&spec.uid, &groups, info)?;
         Ok(groups)
     }
 
     fn write_cdi(
         &self,
-        spec: &ClaimSpec,
+        uid: &str,
         groups: &[GroupInfo],
         info: &ClaimInfo,
     ) -> Result<(), ServiceError> {
@@ -518,15 +532,14 @@ impl Service {
                     }
                 }
             }
-            edits.hooks = cdi::claim_hooks(&self.cfg.hook, &spec.uid);
-            let name = cdi::device_name(&spec.uid, &req.request, info.requests.len() == 1);
+            edits.hooks = cdi::claim_hooks(&self.cfg.hook, uid);
+            let name = cdi::device_name(uid, &req.request, info.requests.len() == 1);
             devices.push((name, edits));
         }
         let cdi_spec = cdi::build_spec(devices);
-        cdi::write_spec(&self.cfg.cdi_dir, &spec.uid, &cdi_spec).map_err(|e| {
+        cdi::write_spec(&self.cfg.cdi_dir, uid, &cdi_spec).map_err(|e| {
             ServiceError::internal(format!(
-                "writing CDI spec for claim {} into {}: {e}",
-                spec.uid,
+                "writing CDI spec for claim {uid} into {}: {e}",
                 self.cfg.cdi_dir.display()
             ))
         })?;
@@ -671,6 +684,13 @@ impl Service {
                 "container_id is empty",
             ));
         }
+        if let Some(pid) = p.pid.filter(|pid| *pid <= 0) {
+            return Err(ServiceError::new(
+                ErrorCode::InvalidRequest,
+                format!("pid must be a positive process id, got {pid}"),
+            ));
+        }
+
         let mut st = self.state();
         let claim = st.claims.get(&p.claim_uid).ok_or_else(|| {
             ServiceError::new(
@@ -701,7 +721,28 @@ impl Service {
             .iter()
             .find(|a| a.container_id == p.container_id)
         {
-            return Ok(a.clone());
+            if a.pid == p.pid {
+                return Ok(a.clone());
+            }
+            // The same container id started again (a restart in place): its record follows
+            // the new process, so that the old pid's death does not free a live slot.
+            let updated = Attachment {
+                pid: p.pid,
+                cgroup: p.pid.and_then(read_cgroup),
+                bundle: p.bundle.clone(),
+                ..a.clone()
+            };
+            if let Some(c) = st.claims.get_mut(&p.claim_uid) {
+                if let Some(slot) = c
+                    .attached
+                    .iter_mut()
+                    .find(|x| x.container_id == p.container_id)
+                {
+                    *slot = updated.clone();
+                }
+            }
+            self.save(&st)?;
+            return Ok(updated);
         }
         // A container whose init process is gone and whose poststop hook never ran (runtime
         // crash, node reboot) must not hold a slot forever.

@@ -661,3 +661,113 @@ fn an_unreadable_proc_is_not_taken_for_a_dead_daemon() {
     assert_clean(&f, "q1");
     assert_eq!(f.host.state().daemons.len(), daemons_before);
 }
+
+/// A live process the fake host knows, standing for a container's init.
+fn live_process(f: &Fixture, pid: i32) {
+    f.host.state().daemons.insert(
+        PathBuf::from(format!("/proc-{pid}")),
+        crate::sys::fake::FakeDaemon {
+            pid,
+            alive: true,
+            env: Default::default(),
+            atp: 100.0,
+            limits: Default::default(),
+        },
+    );
+}
+
+#[test]
+fn running_containers_keep_their_slots_when_a_claim_is_prepared_afresh() {
+    let f = fixture();
+    let one = json!({"sharingMode": "mps", "mpsActiveThreadPercentage": 50, "replicas": 1});
+    f.service
+        .prepare(&claim("k1", &["gpu-3"], Some(one.clone())))
+        .unwrap();
+    live_process(&f, 4242);
+    let p = |id: &str, pid: i32| AttachParams {
+        claim_uid: "k1".into(),
+        container_id: id.into(),
+        pid: Some(pid),
+        bundle: None,
+    };
+    f.service.attach(&p("c1", 4242)).unwrap();
+    // The MPS daemon dies; the kubelet's retry brings a new one.
+    let mut pipe = None;
+    for (path, d) in f.host.state().daemons.iter_mut() {
+        if path.ends_with("pipe") {
+            d.alive = false;
+            pipe = Some(path.clone());
+        }
+    }
+    assert!(pipe.is_some());
+    assert!(
+        !f.service
+            .prepare(&claim("k1", &["gpu-3"], Some(one)))
+            .unwrap()
+            .already_prepared
+    );
+    let c = f.service.get_claim("k1").unwrap();
+    assert_eq!(c.attached.len(), 1);
+    assert_eq!(c.attached[0].container_id, "c1");
+    live_process(&f, 4343);
+    let err = f.service.attach(&p("c2", 4343)).unwrap_err();
+    assert_eq!(
+        err.code,
+        ErrorCode::LimitReached,
+        "replicas still hold: {}",
+        err.message
+    );
+}
+
+#[test]
+fn a_container_attached_again_follows_its_new_process() {
+    let f = fixture();
+    let two = json!({"sharingMode": "time-slicing", "replicas": 1});
+    f.service
+        .prepare(&claim("r1", &["gpu-2"], Some(two)))
+        .unwrap();
+    live_process(&f, 5001);
+    live_process(&f, 5002);
+    let p = |pid: i32| AttachParams {
+        claim_uid: "r1".into(),
+        container_id: "same".into(),
+        pid: Some(pid),
+        bundle: None,
+    };
+    f.service.attach(&p(5001)).unwrap();
+    assert_eq!(f.service.attach(&p(5002)).unwrap().pid, Some(5002));
+    // The first process ends: the slot is still held by the live one.
+    f.host
+        .state()
+        .daemons
+        .get_mut(Path::new("/proc-5001"))
+        .unwrap()
+        .alive = false;
+    live_process(&f, 5003);
+    let err = f
+        .service
+        .attach(&AttachParams {
+            container_id: "other".into(),
+            ..p(5003)
+        })
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::LimitReached);
+    let err = f.service.attach(&p(-5)).unwrap_err();
+    assert_eq!(err.code, ErrorCode::InvalidRequest);
+}
+
+#[test]
+fn a_missing_cdi_spec_is_written_again_on_retry() {
+    let f = fixture();
+    f.service.prepare(&claim("w1", &["gpu-6"], None)).unwrap();
+    let path = cdi::spec_path(&f.cfg.cdi_dir, "w1");
+    let written = std::fs::read(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert!(
+        f.service
+            .prepare(&claim("w1", &["gpu-6"], None))
+            .unwrap()
+            .already_prepared
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), written);
+}
