@@ -56,7 +56,9 @@ pub fn strategy_summary(c: &ClaimInfo) -> String {
         .map(|g| match &g.sharing {
             StrategyInfo::Exclusive => "Exclusive".to_string(),
             StrategyInfo::TimeSlicing { interval } => format!("TimeSlicing({})", interval.as_str()),
-            StrategyInfo::Mps(m) if m.active_thread_percentage.is_empty() => "MPS(starting)".to_string(),
+            StrategyInfo::Mps(m) if m.active_thread_percentage.is_empty() => {
+                "MPS(starting)".to_string()
+            }
             StrategyInfo::Mps(m) => format!("MPS({}%)", m.active_thread_percentage),
         })
         .collect::<Vec<_>>()
