@@ -4,7 +4,7 @@
 //! claim's own pipe and log directories, `CUDA_VISIBLE_DEVICES` set to the group's sorted UUIDs,
 //! and its own mount namespace whose `/dev/shm` is a per-claim tmpfs that the claim's containers
 //! get too. The program is NVIDIA's `nvidia-cuda-mps-control` or our emulator: both are reached
-//! through the very same [`CommandRunner`] path.
+//! through the very same [`crate::sys::CommandRunner`] path.
 
 use std::collections::BTreeMap;
 use std::fs;
