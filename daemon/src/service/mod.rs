@@ -513,22 +513,22 @@ impl Service {
         for req in &info.requests {
             let mut edits = ContainerEdits::default();
             for node in self.backend.control_device_nodes() {
-                edits.merge(node_edit(&node));
+                cdi::merge(&mut edits, node_edit(&node));
             }
             for g in groups {
                 for d in g.devices.iter().filter(|d| d.request == req.request) {
                     if let Some(gpu) = self.backend.find(&d.uuid) {
                         for node in self.backend.gpu_device_nodes(gpu) {
-                            edits.merge(node_edit(&node));
+                            cdi::merge(&mut edits, node_edit(&node));
                         }
                     }
                 }
                 if let StrategyInfo::Mps(m) = &g.sharing {
                     if g.requests.contains(&req.request) {
-                        edits.merge(cdi::mps_edits(
-                            Path::new(&m.pipe_dir),
-                            Path::new(&m.shm_dir),
-                        ));
+                        cdi::merge(
+                            &mut edits,
+                            cdi::mps_edits(Path::new(&m.pipe_dir), Path::new(&m.shm_dir)),
+                        );
                     }
                 }
             }
@@ -918,11 +918,7 @@ fn wants_of(info: &ClaimInfo) -> Vec<(String, String, Want)> {
 
 fn node_edit(node: &crate::gpu::DeviceNode) -> ContainerEdits {
     ContainerEdits {
-        device_nodes: vec![cdi::DeviceNode {
-            path: node.path.display().to_string(),
-            host_path: (node.host_path != node.path).then(|| node.host_path.display().to_string()),
-            permissions: Some("rw".into()),
-        }],
+        device_nodes: vec![cdi::device_node(&node.path, &node.host_path)],
         ..ContainerEdits::default()
     }
 }
