@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the test suite runs for real: runc, crun, podman (reads CDI specs with the
-# reference library), busybox-static (container rootfs) and NVIDIA's MPS control program
+# reference library), containerd 1.6 with ctr (runs gpushare-runtime as its runc binary),
+# busybox-static (container rootfs) and NVIDIA's MPS control program
 # (Debian package nvidia-cuda-mps, in the non-free component). Idempotent; installs only what is
 # missing. Needs root and Debian bookworm's package registry.
 set -euo pipefail
@@ -9,6 +10,7 @@ need=()
 command -v runc >/dev/null || need+=(runc)
 command -v crun >/dev/null || need+=(crun)
 command -v podman >/dev/null || need+=(podman)
+command -v containerd >/dev/null || need+=(containerd)
 [ -x /bin/busybox ] || need+=(busybox-static)
 command -v nvidia-cuda-mps-control >/dev/null || need+=(nvidia-cuda-mps)
 command -v python3 >/dev/null || need+=(python3)

@@ -385,6 +385,32 @@ fn cases(nodes: &Path) -> Vec<Case> {
             extra: vec![],
         },
         Case {
+            // The shape gpushared writes for an MPS claim (daemon/src/cdi.rs): a digit-first
+            // device name (the claim UID), simulated GPU nodes by hostPath with "rw", the MPS
+            // env, the pipe dir and shm tmpfs as typed bind mounts, attach/detach hooks.
+            name: "gpushared's own MPS claim spec",
+            specs: vec![format!(
+                r#"{{"cdiVersion": "0.5.0", "kind": "KIND0", "devices": [{{"name": "3b0c6e52-8f0a-4d7e-9a51-0c2f7d1e9a01", "containerEdits": {{
+                    "env": ["CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"],
+                    "deviceNodes": [
+                        {{"path": "/dev/nvidiactl", "hostPath": "{null}", "permissions": "rw"}},
+                        {{"path": "/dev/nvidia0", "hostPath": "{zero}", "permissions": "rw"}}
+                    ],
+                    "mounts": [
+                        {{"hostPath": "/tmp", "containerPath": "/tmp/nvidia-mps", "type": "bind", "options": ["rbind", "rw", "nosuid", "nodev"]}},
+                        {{"hostPath": "/var/tmp", "containerPath": "/dev/shm", "type": "bind", "options": ["rbind", "rw", "nosuid", "nodev"]}}
+                    ],
+                    "hooks": [
+                        {{"hookName": "createRuntime", "path": "/usr/bin/gpushare-cdi-hook", "args": ["gpushare-cdi-hook", "attach", "--socket", "/run/gpushare/gpushared.sock", "--claim", "3b0c6e52-8f0a-4d7e-9a51-0c2f7d1e9a01"], "timeout": 10}},
+                        {{"hookName": "poststop", "path": "/usr/bin/gpushare-cdi-hook", "args": ["gpushare-cdi-hook", "detach", "--socket", "/run/gpushare/gpushared.sock", "--claim", "3b0c6e52-8f0a-4d7e-9a51-0c2f7d1e9a01"], "timeout": 10}}
+                    ]}}}}]}}"#,
+                null = n("null"),
+                zero = n("zero")
+            )],
+            devices: vec!["KIND0=3b0c6e52-8f0a-4d7e-9a51-0c2f7d1e9a01"],
+            extra: vec![],
+        },
+        Case {
             name: "non-root process user: node owner defaults",
             specs: vec![format!(
                 r#"{{"cdiVersion": "0.5.0", "kind": "KIND0", "devices": [{{"name": "u", "containerEdits": {{
