@@ -15,12 +15,17 @@ pub enum SpecFormat {
 }
 
 impl SpecFormat {
-    /// The format for a file name: `.json` or `.yaml`, anything else `None`.
+    /// The format for a file name ending in `.json` or `.yaml` (a name that is only the suffix,
+    /// such as `.json`, counts too, as the reference scanner matches by suffix); anything else
+    /// `None`.
     pub fn from_path(path: &Path) -> Option<SpecFormat> {
-        match path.extension().and_then(|e| e.to_str()) {
-            Some("json") => Some(SpecFormat::Json),
-            Some("yaml") => Some(SpecFormat::Yaml),
-            _ => None,
+        let name = path.file_name()?.to_str()?;
+        if name.ends_with(".json") {
+            Some(SpecFormat::Json)
+        } else if name.ends_with(".yaml") {
+            Some(SpecFormat::Yaml)
+        } else {
+            None
         }
     }
 }
@@ -166,6 +171,20 @@ mod tests {
             spec.devices[0].container_edits.device_nodes[0].file_mode,
             Some(0o644)
         );
+    }
+
+    #[test]
+    fn a_name_that_is_only_the_suffix_is_a_spec_file() {
+        assert_eq!(
+            SpecFormat::from_path(Path::new("/d/.json")),
+            Some(SpecFormat::Json)
+        );
+        assert_eq!(
+            SpecFormat::from_path(Path::new("/d/.yaml")),
+            Some(SpecFormat::Yaml)
+        );
+        assert_eq!(SpecFormat::from_path(Path::new("/d/a.yml")), None);
+        assert_eq!(SpecFormat::from_path(Path::new("/d/json")), None);
     }
 
     #[test]

@@ -85,7 +85,7 @@ pub enum InjectError {
     #[error(transparent)]
     Unresolved(#[from] ResolveError),
     /// Applying the merged edits failed; the config was left unchanged.
-    #[error("failed to inject devices: {0}")]
+    #[error(transparent)]
     Apply(#[from] ApplyError),
 }
 

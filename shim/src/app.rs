@@ -14,6 +14,7 @@ use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
 use gpushare_cdi::Registry;
+use serde_json::Value;
 
 use crate::args::{self, Invocation};
 use crate::bundle;
@@ -31,6 +32,8 @@ pub struct Environment {
     pub path: Option<OsString>,
     /// This program's own executable, so it is never chosen as the low-level runtime.
     pub self_exe: Option<PathBuf>,
+    /// [`exec::LOOP_MARKER`] is set: a runtime this wrapper exec'd has led back to it.
+    pub looped: bool,
 }
 
 impl Environment {
@@ -40,6 +43,7 @@ impl Environment {
             config_path: std::env::var_os(config::CONFIG_ENV),
             path: std::env::var_os("PATH"),
             self_exe: std::env::current_exe().ok(),
+            looped: std::env::var_os(exec::LOOP_MARKER).is_some(),
         }
     }
 }
@@ -80,20 +84,39 @@ fn make_logger(inv: &Invocation, config: &Config) -> Logger {
     logger
 }
 
-/// Edits the bundle's config for `create`/`run` if the container requests devices.
+/// Annotation recording the devices this wrapper injected, so that a second `create` on the
+/// same bundle (a retry after a failed start) does not apply them twice.
+pub const INJECTED_ANNOTATION: &str = "io.gpushare.runtime.injected";
+
+/// Whether the raw text of a config that could not be parsed still names CDI requests.
+fn mentions_requests(file: &Path) -> bool {
+    std::fs::read(file).is_ok_and(|data| {
+        let text = String::from_utf8_lossy(&data);
+        text.contains("cdi.k8s.io/") || text.contains(requests::ENV_VAR)
+    })
+}
+
+/// Edits the container's OCI config for `create`/`run`/`restore` if it requests devices.
 fn prepare_bundle(
-    bundle_dir: &Path,
+    config_file: &Path,
     config: &Config,
     config_error: Option<&ConfigError>,
     logger: &Logger,
 ) -> Result<(), Failure> {
-    let mut oci = match bundle::read_config(bundle_dir) {
+    let mut oci = match bundle::read_config(config_file) {
         Ok(oci) => oci,
+        Err(e) if mentions_requests(config_file) => {
+            // It asks for devices we cannot read: starting it without them would be silent
+            // breakage; a container that asks for none is not ours to judge.
+            return Err(Failure(format!(
+                "cannot read {} to inject its CDI devices: {e}",
+                config_file.display()
+            )));
+        }
         Err(e) => {
-            // Not ours to judge: the low-level runtime reports a broken bundle itself.
             logger.debug(&format!(
                 "cannot read {}: {e}; passing through",
-                bundle::config_path(bundle_dir).display()
+                config_file.display()
             ));
             return Ok(());
         }
@@ -104,6 +127,18 @@ fn prepare_bundle(
         return Ok(());
     }
     let list = requested.join(", ");
+    if let Some(done) = oci
+        .pointer(&format!(
+            "/annotations/{}",
+            INJECTED_ANNOTATION.replace('/', "~1")
+        ))
+        .and_then(Value::as_str)
+    {
+        logger.debug(&format!(
+            "CDI devices {done} were injected already; passing through"
+        ));
+        return Ok(());
+    }
     if let Some(e) = config_error {
         return Err(Failure(format!("cannot inject CDI devices {list}: {e}")));
     }
@@ -113,16 +148,20 @@ fn prepare_bundle(
     }
     registry
         .inject(&mut oci, &requested)
-        .map_err(|e| Failure(format!("failed to inject CDI devices: {e}")))?;
-    bundle::write_config(bundle_dir, &oci).map_err(|e| {
-        Failure(format!(
-            "failed to write {}: {e}",
-            bundle::config_path(bundle_dir).display()
-        ))
-    })?;
+        .map_err(|e| Failure(format!("cannot inject CDI devices {list}: {e}")))?;
+    if let Some(annotations) = oci.as_object_mut().map(|o| {
+        o.entry("annotations")
+            .or_insert_with(|| Value::Object(Default::default()))
+    }) {
+        if let Some(map) = annotations.as_object_mut() {
+            map.insert(INJECTED_ANNOTATION.into(), Value::String(list.clone()));
+        }
+    }
+    bundle::write_config(config_file, &oci)
+        .map_err(|e| Failure(format!("failed to write {}: {e}", config_file.display())))?;
     logger.info(&format!(
         "injected CDI devices {list} into {}",
-        bundle::config_path(bundle_dir).display()
+        config_file.display()
     ));
     Ok(())
 }
@@ -157,15 +196,25 @@ fn proceed(
     env: &Environment,
     logger: &Logger,
 ) -> Result<Never, Failure> {
-    let runtime = exec::find_runtime(
-        &config.runtimes,
-        env.path.as_deref().map(OsStr::new),
-        env.self_exe.as_deref(),
-    )
-    .map_err(|e| Failure(e.to_string()))?;
+    if env.looped {
+        return Err(Failure(format!(
+            "gpushare-runtime was started again by its own low-level runtime (an exec loop: one of {} leads back here); fix `runtimes` in the config",
+            config.runtimes.join(", ")
+        )));
+    }
+    let path = env.path.as_deref().map(OsStr::new);
+    let self_exe = env.self_exe.as_deref();
+    // A configured runtime that is missing is an error for every container, as containerd
+    // shows it: silently starting another runtime than the one configured would hide it.
+    let runtime =
+        exec::find_runtime(&config.runtimes, path, self_exe).map_err(|e| Failure(e.to_string()))?;
     if inv.creates_container() {
         let bundle_dir = inv.bundle.clone().unwrap_or_else(|| PathBuf::from("."));
-        prepare_bundle(&bundle_dir, config, config_error, logger)?;
+        let file = inv
+            .config
+            .clone()
+            .unwrap_or_else(|| bundle::config_path(&bundle_dir));
+        prepare_bundle(&file, config, config_error, logger)?;
     }
     logger.debug(&format!("exec {}", runtime.display()));
     let err = exec::exec_runtime(&runtime, args);

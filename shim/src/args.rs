@@ -11,18 +11,28 @@
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 
-/// runc's global flags that take a value (`--root X`, `--log=X`, ...). Every other global flag
-/// is a switch.
-const GLOBAL_VALUE_FLAGS: [&str; 5] = ["log", "log-format", "root", "criu", "rootless"];
+/// Global flags that take a value (`--root X`, `--log=X`, ...): runc's, and crun's
+/// `--cgroup-manager` and `--log-level`. Every other global flag is a switch.
+const GLOBAL_VALUE_FLAGS: [&str; 7] = [
+    "log",
+    "log-format",
+    "root",
+    "criu",
+    "rootless",
+    "cgroup-manager",
+    "log-level",
+];
 
 /// Flags of `create` and `run` that take a value.
-const CREATE_VALUE_FLAGS: [&str; 6] = [
+const CREATE_VALUE_FLAGS: [&str; 8] = [
     "bundle",
     "b",
     "console-socket",
     "pid-file",
     "preserve-fds",
     "pidfd-socket",
+    "config",
+    "f",
 ];
 
 /// What the wrapper needs to know about one runc command line.
@@ -36,15 +46,21 @@ pub struct Invocation {
     pub debug: bool,
     /// The subcommand (`create`, `start`, `delete`, ...), if any.
     pub subcommand: Option<String>,
-    /// For `create` and `run`: the bundle directory from `--bundle`/`-b` (the last one
-    /// given wins), or `.` when absent or empty, as runc does.
+    /// For `create`, `run` and `restore`: the bundle directory from `--bundle`/`-b` (the
+    /// last one given wins), or `.` when absent or empty, as runc does.
     pub bundle: Option<PathBuf>,
+    /// crun's `create --config FILE` (`-f`): the OCI config to use instead of the bundle's.
+    pub config: Option<PathBuf>,
 }
 
 impl Invocation {
-    /// True for the subcommands that create a container from a bundle.
+    /// True for the subcommands that create a container from a bundle (`restore` creates one
+    /// from a checkpoint, with the bundle's config).
     pub fn creates_container(&self) -> bool {
-        matches!(self.subcommand.as_deref(), Some("create" | "run"))
+        matches!(
+            self.subcommand.as_deref(),
+            Some("create" | "run" | "restore")
+        )
     }
 }
 
@@ -123,25 +139,47 @@ pub fn scan(args: &[OsString]) -> Invocation {
     };
     inv.subcommand = Some(sub.to_string_lossy().into_owned());
     if inv.creates_container() {
-        inv.bundle = Some(scan_bundle(&args[i + 1..]));
+        let (bundle, config) = scan_bundle(&args[i + 1..]);
+        inv.bundle = Some(bundle);
+        inv.config = config;
     }
     inv
 }
 
-/// The bundle of `create`/`run`: the last `--bundle`/`-b` before the first positional
-/// argument; `.` when there is none or it is empty.
-fn scan_bundle(args: &[OsString]) -> PathBuf {
+/// The bundle of `create`/`run`: the last `--bundle`/`-b` (`.` when there is none or it is
+/// empty), and crun's `--config`/`-f`. runc's CLI library also takes flags after the container
+/// id (`run ID --bundle B` works), so positional arguments are stepped over, up to `--`.
+fn scan_bundle(args: &[OsString]) -> (PathBuf, Option<PathBuf>) {
+    use std::os::unix::ffi::OsStrExt;
     let mut bundle: Option<OsString> = None;
+    let mut config: Option<OsString> = None;
     let mut i = 0;
     while i < args.len() {
         let arg = &args[i];
+        i += 1;
         if is_terminator(arg) {
             break;
         }
         let Some((name, inline)) = split_flag(arg) else {
-            break;
+            continue;
         };
-        i += 1;
+        // crun (getopt) also takes a short flag's value attached: `-b/path`, `-fconfig.json`.
+        // Go's single-dash long names (`-bundle`) are known flags and parse as such; no runc
+        // or crun create switch starts with `b` or `f`.
+        let bytes = arg.as_bytes();
+        if !CREATE_VALUE_FLAGS.contains(&name.as_str())
+            && bytes.len() > 2
+            && !bytes.starts_with(b"--")
+            && inline.is_none()
+        {
+            let attached = OsStr::from_bytes(&bytes[2..]).to_os_string();
+            match bytes[1] {
+                b'b' => bundle = Some(attached),
+                b'f' => config = Some(attached),
+                _ => {}
+            }
+            continue;
+        }
         if !CREATE_VALUE_FLAGS.contains(&name.as_str()) {
             continue;
         }
@@ -153,14 +191,17 @@ fn scan_bundle(args: &[OsString]) -> PathBuf {
                 v
             }
         };
-        if name == "bundle" || name == "b" {
-            bundle = value;
+        match name.as_str() {
+            "bundle" | "b" => bundle = value,
+            "config" | "f" => config = value.filter(|v| !v.is_empty()),
+            _ => {}
         }
     }
-    match bundle {
+    let bundle = match bundle {
         Some(b) if !b.is_empty() => PathBuf::from(b),
         _ => PathBuf::from("."),
-    }
+    };
+    (bundle, config.map(PathBuf::from))
 }
 
 #[cfg(test)]
@@ -271,9 +312,14 @@ mod tests {
             // A value that looks like a subcommand or a flag is still a value.
             ("create --pid-file --bundle id", "."),
             ("create --console-socket /s --bundle create id", "create"),
-            // Flags after the container id are not flags (runc would not read them either).
-            ("create id --bundle /late", "."),
+            // runc's CLI library reads flags after the container id too (`run ID --bundle B`
+            // starts B); only `--` ends the flags.
+            ("create id --bundle /late", "/late"),
+            ("run id -b=/late", "/late"),
             ("create -- --bundle /b", "."),
+            // crun's getopt: a short flag's value attached.
+            ("create -b/attached id", "/attached"),
+            ("restore --bundle /r id", "/r"),
             (
                 "create --no-pivot --no-new-keyring --preserve-fds 3 --bundle /b id",
                 "/b",
@@ -282,6 +328,20 @@ mod tests {
             let inv = scan(&argv(line));
             assert_eq!(inv.bundle, Some(PathBuf::from(want)), "{line}");
         }
+    }
+
+    #[test]
+    fn crun_command_lines() {
+        let inv = scan(&argv(
+            "--cgroup-manager cgroupfs --log-level debug create --bundle /b -f /b/other.json id",
+        ));
+        assert_eq!(inv.subcommand.as_deref(), Some("create"));
+        assert_eq!(inv.bundle, Some(PathBuf::from("/b")));
+        assert_eq!(inv.config, Some(PathBuf::from("/b/other.json")));
+        let inv = scan(&argv("create --config=/c.json -b /b id"));
+        assert_eq!(inv.config, Some(PathBuf::from("/c.json")));
+        let inv = scan(&argv("create -fcfg.json -b /b id"));
+        assert_eq!(inv.config, Some(PathBuf::from("cfg.json")));
     }
 
     #[test]

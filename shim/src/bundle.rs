@@ -31,22 +31,27 @@ impl std::fmt::Display for ReadError {
 
 impl std::error::Error for ReadError {}
 
-/// Reads `<bundle>/config.json` as generic JSON, so that unknown fields survive.
-pub fn read_config(bundle: &Path) -> Result<Value, ReadError> {
-    let data = std::fs::read(config_path(bundle)).map_err(ReadError::Io)?;
+/// Reads an OCI config file (normally `<bundle>/config.json`) as generic JSON, so that
+/// unknown fields survive.
+pub fn read_config(file: &Path) -> Result<Value, ReadError> {
+    let data = std::fs::read(file).map_err(ReadError::Io)?;
     serde_json::from_slice(&data).map_err(ReadError::Json)
 }
 
-/// Replaces `<bundle>/config.json` with `config`, atomically: a temporary file in the bundle
+/// Replaces the OCI config file `file` with `config`, atomically: a temporary file beside it
 /// gets the old file's permission bits and (best effort) owner, is written and fsynced, then
 /// renamed over the old one, and the directory is fsynced. A reader sees the old or the new
 /// file, never a partial one.
-pub fn write_config(bundle: &Path, config: &Value) -> std::io::Result<()> {
-    let target = config_path(bundle);
+pub fn write_config(file: &Path, config: &Value) -> std::io::Result<()> {
+    let target = file.to_path_buf();
+    let dir = match target.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
     let old = std::fs::metadata(&target).ok();
     let mut tmp = tempfile::Builder::new()
         .prefix(".config.json.gpushare-")
-        .tempfile_in(bundle)?;
+        .tempfile_in(&dir)?;
     let mode = old
         .as_ref()
         .map_or(0o644, |m| m.permissions().mode() & 0o7777);
@@ -60,7 +65,7 @@ pub fn write_config(bundle: &Path, config: &Value) -> std::io::Result<()> {
     tmp.write_all(&data)?;
     tmp.as_file().sync_all()?;
     tmp.persist(&target).map_err(|e| e.error)?;
-    std::fs::File::open(bundle)?.sync_all()
+    std::fs::File::open(&dir)?.sync_all()
 }
 
 #[cfg(test)]
@@ -78,10 +83,10 @@ mod tests {
         )
         .unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let mut config = read_config(dir.path()).unwrap();
+        let mut config = read_config(&config_path(dir.path())).unwrap();
         config["process"]["env"] = json!(["A=1"]);
-        write_config(dir.path(), &config).unwrap();
-        let back = read_config(dir.path()).unwrap();
+        write_config(&config_path(dir.path()), &config).unwrap();
+        let back = read_config(&config_path(dir.path())).unwrap();
         assert_eq!(back, config);
         assert_eq!(back["x-vendor"], json!({"a": [1, 2]}));
         assert_eq!(
@@ -99,9 +104,12 @@ mod tests {
     #[test]
     fn read_errors() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(matches!(read_config(dir.path()), Err(ReadError::Io(_))));
+        assert!(matches!(
+            read_config(&config_path(dir.path())),
+            Err(ReadError::Io(_))
+        ));
         std::fs::write(config_path(dir.path()), "{broken").unwrap();
-        let err = read_config(dir.path()).unwrap_err();
+        let err = read_config(&config_path(dir.path())).unwrap_err();
         assert!(matches!(err, ReadError::Json(_)));
         assert!(err.to_string().starts_with("not valid JSON"));
     }
@@ -109,6 +117,6 @@ mod tests {
     #[test]
     fn writing_into_a_missing_bundle_fails() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(write_config(&dir.path().join("missing"), &json!({})).is_err());
+        assert!(write_config(&dir.path().join("missing/config.json"), &json!({})).is_err());
     }
 }

@@ -77,11 +77,20 @@ pub fn find_runtime(
     })
 }
 
+/// Set in the low-level runtime's environment: if this wrapper is started again with it, some
+/// runtime in between (a script, a symlink, another wrapper) leads back here, and going on
+/// would exec in a circle forever.
+pub const LOOP_MARKER: &str = "GPUSHARE_RUNTIME_ACTIVE";
+
 /// Replaces this process with `runtime`, argv\[0\] set to the runtime's path and the other
-/// arguments exactly `args`; the environment, pid, file descriptors and signal dispositions
-/// carry over. Returns only on failure.
+/// arguments exactly `args`; the environment (plus [`LOOP_MARKER`]), pid, file descriptors and
+/// signal dispositions carry over. Returns only on failure.
 pub fn exec_runtime(runtime: &Path, args: &[OsString]) -> std::io::Error {
-    Command::new(runtime).arg0(runtime).args(args).exec()
+    Command::new(runtime)
+        .arg0(runtime)
+        .args(args)
+        .env(LOOP_MARKER, "1")
+        .exec()
 }
 
 #[cfg(test)]

@@ -98,13 +98,18 @@ impl World {
     }
 
     fn run(&self, args: &[String]) -> Output {
+        self.run_with_path(
+            args,
+            &format!("{}:/usr/bin:/bin", self.path("bin").display()),
+        )
+    }
+
+    /// Runs the wrapper with this PATH (one without any runtime shows the missing-runtime path).
+    fn run_with_path(&self, args: &[String], path: &str) -> Output {
         Command::new(BIN)
             .args(args)
             .env_clear()
-            .env(
-                "PATH",
-                format!("{}:/usr/bin:/bin", self.path("bin").display()),
-            )
+            .env("PATH", path)
             .env("GPUSHARE_RUNTIME_CONFIG", self.path("runtime.toml"))
             .env("FAKE_RUNTIME_OUT", self.path("out"))
             .output()
@@ -214,6 +219,8 @@ fn devices_are_applied_and_the_arguments_untouched() {
             &["vendor.example/gpu=g0", "gpushare.io/claim=c1"],
         )
         .unwrap();
+    expected["annotations"]["io.gpushare.runtime.injected"] =
+        serde_json::json!("vendor.example/gpu=g0, gpushare.io/claim=c1");
     let seen = w.recorded_config();
     assert_eq!(seen, expected);
     let env: Vec<&str> = seen["process"]["env"]
@@ -468,11 +475,13 @@ fn other_device_failures_stop_the_start() {
 fn a_missing_low_level_runtime_is_one_readable_line() {
     let w = World::new();
     w.write_config("runtimes = [\"/nonexistent/runc\", \"no-such-runtime\"]\n");
+    let empty = w.path("empty-path");
+    std::fs::create_dir_all(&empty).unwrap();
     for args in [
         w.containerd_create_args(),
         vec!["delete".to_string(), "--force".to_string(), "x".to_string()],
     ] {
-        let out = w.run(&args);
+        let out = w.run_with_path(&args, &empty.display().to_string());
         assert_eq!(out.status.code(), Some(1));
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(stderr.lines().count(), 1, "{stderr}");
@@ -505,7 +514,9 @@ fn text_log_format_is_honoured() {
     .into_iter()
     .map(String::from)
     .collect();
-    let out = w.run(&args);
+    let empty = w.path("empty-path");
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = w.run_with_path(&args, &empty.display().to_string());
     assert_eq!(out.status.code(), Some(1));
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.starts_with("time=\""), "{text}");
@@ -513,4 +524,57 @@ fn text_log_format_is_honoured() {
         text.contains(" level=error msg=\"no low-level OCI runtime found"),
         "{text}"
     );
+}
+
+#[test]
+fn a_second_create_on_the_same_bundle_does_not_inject_twice() {
+    let w = World::new();
+    let args = w.containerd_create_args();
+    assert!(w.run(&args).status.success());
+    let once = w.recorded_config();
+    assert!(w.run(&args).status.success());
+    assert_eq!(
+        w.recorded_config(),
+        once,
+        "the second create saw the same config"
+    );
+}
+
+#[test]
+fn a_runtime_leading_back_here_is_stopped_not_looped() {
+    let w = World::new();
+    // A wrapper script that execs gpushare-runtime again, as a misconfigured chain would.
+    let again = w.path("bin/again");
+    std::fs::write(&again, format!("#!/bin/sh\nexec {BIN} \"$@\"\n")).unwrap();
+    std::fs::set_permissions(&again, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    w.write_config(&format!("runtimes = [{:?}]\n", again.display().to_string()));
+    let out = w.run(&["state".to_string(), "x".to_string()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("exec loop"), "{stderr}");
+}
+
+#[test]
+fn an_unreadable_config_that_asks_for_devices_fails_instead_of_starting_without_them() {
+    let w = World::new();
+    // Valid for runc's JSON reader, not for a strict one: a lone surrogate escape.
+    std::fs::write(
+        w.path("bundle/config.json"),
+        r#"{"ociVersion":"1.0.2","process":{"env":["X=\ud800"]},"annotations":{"cdi.k8s.io/x":"vendor.example/gpu=g0"}}"#,
+    )
+    .unwrap();
+    let out = w.run(&w.containerd_create_args());
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot read") && stderr.contains("config.json"),
+        "{stderr}"
+    );
+    // Without a request, the same unreadable file is runc's business.
+    std::fs::write(
+        w.path("bundle/config.json"),
+        r#"{"process":{"env":["X=\ud800"]}}"#,
+    )
+    .unwrap();
+    assert!(w.run(&w.containerd_create_args()).status.success());
 }
