@@ -52,6 +52,32 @@ fn fixture() -> Fixture {
     }
 }
 
+/// A fresh backend (as after a restart: simulated settings forgotten).
+fn fresh_backend() -> Arc<SimulatedBackend> {
+    Arc::new(SimulatedBackend::without_device_nodes("p4d.24xlarge", NODE, Path::new("/x")).unwrap())
+}
+
+/// The service again, as a restarted gpushared finds it: same config and host, new backend.
+fn restart(f: &Fixture, backend: Arc<SimulatedBackend>) -> Service {
+    let mps = MpsControl::new("/x".into(), f.host.ops(), Duration::from_millis(200));
+    Service::new(f.cfg.clone(), backend, mps).unwrap()
+}
+
+/// A process the fake host knows at `key` (a pipe directory, or any tag for a container's
+/// init process).
+fn fake_process(f: &Fixture, key: &str, pid: i32) {
+    f.host.state().daemons.insert(
+        PathBuf::from(key),
+        crate::sys::fake::FakeDaemon {
+            pid,
+            alive: true,
+            env: Default::default(),
+            atp: 100.0,
+            limits: Default::default(),
+        },
+    );
+}
+
 fn claim(uid: &str, devices: &[&str], params: Option<Value>) -> Value {
     let results: Vec<Value> = devices
         .iter()
@@ -352,15 +378,7 @@ fn a_claim_left_prepare_started_by_a_crash_is_prepared_afresh() {
     let mut cp = file.load().unwrap().checkpoint;
     cp.claims.get_mut("c1").unwrap().state = ClaimState::PrepareStarted;
     file.save(&cp).unwrap();
-    let backend = Arc::new(
-        SimulatedBackend::without_device_nodes("p4d.24xlarge", NODE, Path::new("/x")).unwrap(),
-    );
-    let again = Service::new(
-        f.cfg.clone(),
-        backend,
-        MpsControl::new("/x".into(), f.host.ops(), Duration::from_millis(200)),
-    )
-    .unwrap();
+    let again = restart(&f, fresh_backend());
     let r = again
         .prepare(&claim("c1", &["gpu-1"], Some(mps(50))))
         .unwrap();
@@ -429,15 +447,7 @@ fn a_leftover_daemon_on_the_claims_pipe_directory_is_replaced() {
     let old = f.host.state().daemons.values().next().unwrap().pid;
     // The checkpoint is lost (say, quarantined): the daemon runs on, unknown to the service.
     std::fs::remove_file(&f.cfg.checkpoint).unwrap();
-    let backend = Arc::new(
-        SimulatedBackend::without_device_nodes("p4d.24xlarge", NODE, Path::new("/x")).unwrap(),
-    );
-    let again = Service::new(
-        f.cfg.clone(),
-        backend,
-        MpsControl::new("/x".into(), f.host.ops(), Duration::from_millis(200)),
-    )
-    .unwrap();
+    let again = restart(&f, fresh_backend());
     again
         .prepare(&claim("o1", &["gpu-2"], Some(mps(50))))
         .unwrap();
@@ -568,18 +578,14 @@ fn a_restarted_service_finds_its_claims() {
     f.service
         .prepare(&claim("r1", &["gpu-3"], Some(mps(40))))
         .unwrap();
-    let backend = Arc::new(
-        SimulatedBackend::without_device_nodes("p4d.24xlarge", NODE, Path::new("/nonexistent"))
-            .unwrap(),
-    );
-    let mps = MpsControl::new("/x".into(), f.host.ops(), Duration::from_millis(200));
+    let backend = fresh_backend();
     assert_eq!(
         backend
             .compute_mode(&backend.find("gpu-3").unwrap().uuid)
             .unwrap(),
         ComputeMode::Default
     );
-    let again = Service::new(f.cfg.clone(), backend.clone(), mps).unwrap();
+    let again = restart(&f, backend.clone());
     assert_eq!(again.get_claim("r1").unwrap().state, ClaimState::Prepared);
     assert_eq!(
         backend
@@ -609,16 +615,7 @@ fn a_reused_pid_is_never_signalled() {
         d.pid
     };
     // An unrelated process now has the dead daemon's pid (it holds no pipe directory of ours).
-    f.host.state().daemons.insert(
-        PathBuf::from("/elsewhere"),
-        crate::sys::fake::FakeDaemon {
-            pid,
-            alive: true,
-            env: Default::default(),
-            atp: 100.0,
-            limits: Default::default(),
-        },
-    );
+    fake_process(&f, "/elsewhere", pid);
     f.host.state().ignore_quit = true;
     f.service.unprepare("z1").unwrap();
     let st = f.host.state();
@@ -664,16 +661,7 @@ fn an_unreadable_proc_is_not_taken_for_a_dead_daemon() {
 
 /// A live process the fake host knows, standing for a container's init.
 fn live_process(f: &Fixture, pid: i32) {
-    f.host.state().daemons.insert(
-        PathBuf::from(format!("/proc-{pid}")),
-        crate::sys::fake::FakeDaemon {
-            pid,
-            alive: true,
-            env: Default::default(),
-            atp: 100.0,
-            limits: Default::default(),
-        },
-    );
+    fake_process(f, &format!("/proc-{pid}"), pid);
 }
 
 #[test]
