@@ -94,11 +94,9 @@ fn default_mps_control() -> Result<PathBuf> {
     )
 }
 
-/// Holds `<state-dir>/gpushared.lock` for the daemon's life; a second daemon on the same
-/// state directory is refused at once with the holder named.
+/// Holds `<state-dir>/gpushared.lock` (the directory exists: see [`real_dir`]) for the
+/// daemon's life; a second daemon on the same state directory is refused at once.
 fn lock_instance(state_dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
-    gpushare::fsutil::create_dir_if_missing(state_dir, 0o700)
-        .with_context(|| format!("creating {}", state_dir.display()))?;
     let path = state_dir.join("gpushared.lock");
     let file = std::fs::OpenOptions::new()
         .create(true)
