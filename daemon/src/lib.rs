@@ -6,6 +6,7 @@
 //! | module | what | kind |
 //! |---|---|---|
 //! | [`config`] | claim input: ResourceClaim objects, NVIDIA `GpuConfig`, the short form | pure |
+//! | [`daemon_config`] | `gpushared`'s own config file (`/etc/gpushare/config.toml`) | pure |
 //! | [`placement`] | which claims hold which GPU, and the conflict rules | pure |
 //! | [`cdi`] | CDI spec building (and the atomic writer) | pure + file |
 //! | [`gpu`] | GPU backends behind one trait (simulated node profiles) | leaf |
@@ -20,6 +21,7 @@ pub mod cdi;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
+pub mod daemon_config;
 pub mod error;
 pub mod fsutil;
 pub mod gpu;

@@ -165,7 +165,12 @@ impl Daemon {
             .unwrap_or_else(|| dir.path().join("run"));
         let state = dir.path().join("state");
         let log = fs::File::create(dir.path().join("gpushared.log")).expect("log file");
+        // An empty config file: the host's /etc/gpushare/config.toml must not leak in.
+        let config = dir.path().join("config.toml");
+        fs::write(&config, "").expect("config file");
         let child = Command::new(bin("gpushared"))
+            .arg("--config")
+            .arg(&config)
             .args([
                 "--simulate",
                 "p4d.24xlarge",

@@ -104,3 +104,98 @@ fn a_live_socket_is_not_taken_over() {
             .ready
     );
 }
+
+#[test]
+fn the_config_file_is_read_and_flags_override_it() {
+    if !need(is_root(), "root") {
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("gsc-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let p = dir.path();
+    let config = p.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[paths]\nsocket = \"{0}/from-file.sock\"\nstate_dir = \"{0}/state\"\nrun_dir = \"{0}/run\"\ncdi_dir = \"{0}/cdi\"\n\
+             [node]\nname = \"{NODE}\"\n[gpus]\nsimulate = \"g5.xlarge\"\n[socket]\nmode = \"0600\"\n[mps]\ncontrol = \"{1}\"\n",
+            p.display(),
+            bin("gpushare-mps-control").display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(bin("gpushared"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--socket")
+        .arg(p.join("flag.sock"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let up = wait_until(std::time::Duration::from_secs(20), || {
+        p.join("flag.sock").exists()
+    });
+    let gpus = up.then(|| {
+        gpushare_proto::Client::connect(&p.join("flag.sock"), std::time::Duration::from_secs(2))
+            .unwrap()
+            .call::<(), Vec<gpushare_proto::GpuInfo>>(gpushare_proto::Method::ListGpus, None)
+            .unwrap()
+    });
+    let mode = std::fs::metadata(p.join("flag.sock"))
+        .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o7777);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(up, "gpushared did not bind the socket named by the flag");
+    // g5.xlarge from the file: one A10G.
+    assert_eq!(gpus.unwrap().len(), 1);
+    assert_eq!(mode.unwrap(), 0o600);
+    assert!(
+        p.join("state/gpushared.lock").exists(),
+        "state dir from the file"
+    );
+    assert!(!p.join("from-file.sock").exists());
+}
+
+#[test]
+fn an_unknown_config_key_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "[mps]\ntimeout_secs = 5\n").unwrap();
+    let out = Command::new(bin("gpushared"))
+        .arg("--config")
+        .arg(&config)
+        .args(["--simulate", "g5.xlarge"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("timeout_secs"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    // A config file named on the command line must exist.
+    let out = Command::new(bin("gpushared"))
+        .arg("--config")
+        .arg(dir.path().join("missing.toml"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("missing.toml"));
+}
+
+#[test]
+fn the_printed_default_config_is_the_shipped_file_and_loads() {
+    let out = Command::new(bin("gpushared"))
+        .arg("--print-default-config")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let printed = String::from_utf8(out.stdout).unwrap();
+    let shipped = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/config.toml"),
+    )
+    .unwrap();
+    assert_eq!(printed, shipped);
+    let parsed: toml::Value = toml::from_str(&printed).unwrap();
+    assert!(parsed.get("paths").is_some());
+}

@@ -10,6 +10,7 @@ use clap::Parser;
 use tokio::signal::unix::{signal, SignalKind};
 
 use gpushare::cdi::HookConfig;
+use gpushare::daemon_config::{parse_mode, DaemonConfig, DEFAULT_CONFIG, DEFAULT_CONFIG_PATH};
 use gpushare::gpu::{GpuBackend, SimulatedBackend};
 use gpushare::server::{self, ServerConfig};
 use gpushare::service::{Service, ServiceConfig};
@@ -18,53 +19,105 @@ use gpushare::sys::{reap_orphans, HostOps};
 
 /// gpushared: per-claim MPS control daemons, time-slicing and exclusive GPUs for Kubernetes DRA
 /// claims, with one CDI spec per claim.
+///
+/// Settings come from the config file (default /etc/gpushare/config.toml; see
+/// --print-default-config); each flag below overrides its key.
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
-    /// Unix socket the DRA driver, the hook and the CLI talk to.
-    #[arg(long, default_value = gpushare_proto::DEFAULT_SOCKET)]
-    socket: PathBuf,
-    /// Directory of the checkpoint (`checkpoint.json`).
-    #[arg(long, default_value = "/var/lib/gpushare")]
-    state_dir: PathBuf,
-    /// Runtime directory: per-claim MPS pipe, log and shm directories live under `claims/`.
-    #[arg(long, default_value = "/run/gpushare")]
-    run_dir: PathBuf,
-    /// CDI spec directory to write claims' specs into.
-    #[arg(long, default_value = "/var/run/cdi")]
-    cdi_dir: PathBuf,
-    /// Simulate the GPUs of this EC2 node profile (e.g. p4d.24xlarge) instead of using NVML.
+    /// Config file (TOML). Without this flag /etc/gpushare/config.toml is read when it exists.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Print the documented default config file and exit.
+    #[arg(long)]
+    print_default_config: bool,
+    /// Unix socket the DRA driver, the hook and the CLI talk to [paths.socket].
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Directory of the checkpoint (`checkpoint.json`) [paths.state_dir].
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Runtime directory: per-claim MPS pipe, log and shm directories live under `claims/`
+    /// [paths.run_dir].
+    #[arg(long)]
+    run_dir: Option<PathBuf>,
+    /// CDI spec directory to write claims' specs into [paths.cdi_dir].
+    #[arg(long)]
+    cdi_dir: Option<PathBuf>,
+    /// Simulate the GPUs of this EC2 node profile (e.g. p4d.24xlarge) instead of using NVML
+    /// [gpus.simulate].
     #[arg(long, value_name = "NODE_PROFILE")]
     simulate: Option<String>,
-    /// Where simulated GPU device nodes are created (default: <run-dir>/simulated-dev).
+    /// Where simulated GPU device nodes are created (default: <run-dir>/simulated-dev)
+    /// [gpus.sim_dev_root].
     #[arg(long)]
     sim_dev_root: Option<PathBuf>,
-    /// Node name: the pool that allocation results must name (default: the host name).
+    /// Node name: the pool that allocation results must name (default: the host name)
+    /// [node.name].
     #[arg(long)]
     node_name: Option<String>,
-    /// DRA driver names served (repeatable).
-    #[arg(long = "driver", default_values_t = vec!["gpu.nvidia.com".to_string()])]
+    /// DRA driver names served (repeatable) [node.drivers].
+    #[arg(long = "driver")]
     drivers: Vec<String>,
     /// MPS control program (default: nvidia-cuda-mps-control from PATH, else the
-    /// gpushare-mps-control emulator beside this executable).
+    /// gpushare-mps-control emulator beside this executable) [mps.control].
     #[arg(long)]
     mps_control: Option<PathBuf>,
-    /// gpushare-cdi-hook named in CDI specs (default: beside this executable).
+    /// gpushare-cdi-hook named in CDI specs (default: beside this executable) [hook.path].
     #[arg(long)]
     hook_path: Option<PathBuf>,
-    /// Size of each MPS claim's /dev/shm tmpfs in MiB (default: half the host's memory).
+    /// Size of each MPS claim's /dev/shm tmpfs in MiB (default: half the host's memory)
+    /// [mps.shm_size_mib].
     #[arg(long)]
     shm_size_mib: Option<u64>,
-    /// Seconds any run of the MPS control program, and any wait for a daemon to quit, may take.
-    #[arg(long, default_value_t = 10)]
-    mps_timeout: u64,
-    /// Socket file mode (octal).
-    #[arg(long, default_value = "660", value_parser = parse_octal)]
-    socket_mode: u32,
+    /// Seconds any run of the MPS control program, and any wait for a daemon to quit, may take
+    /// [mps.timeout_seconds].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    mps_timeout: Option<u64>,
+    /// Socket file mode (octal) [socket.mode].
+    #[arg(long, value_parser = parse_mode)]
+    socket_mode: Option<u32>,
 }
 
-fn parse_octal(s: &str) -> Result<u32, String> {
-    u32::from_str_radix(s, 8).map_err(|e| format!("{s:?} is not an octal mode: {e}"))
+impl Args {
+    /// The config file with this command line's flags laid over it.
+    fn settings(&self) -> Result<DaemonConfig> {
+        let mut cfg = match &self.config {
+            Some(path) => DaemonConfig::load(path, true)?,
+            None => DaemonConfig::load(Path::new(DEFAULT_CONFIG_PATH), false)?,
+        };
+        let set = |dst: &mut PathBuf, src: &Option<PathBuf>| {
+            if let Some(p) = src {
+                dst.clone_from(p);
+            }
+        };
+        set(&mut cfg.paths.socket, &self.socket);
+        set(&mut cfg.paths.state_dir, &self.state_dir);
+        set(&mut cfg.paths.run_dir, &self.run_dir);
+        set(&mut cfg.paths.cdi_dir, &self.cdi_dir);
+        set(&mut cfg.gpus.sim_dev_root, &self.sim_dev_root);
+        set(&mut cfg.mps.control, &self.mps_control);
+        set(&mut cfg.hook.path, &self.hook_path);
+        if let Some(s) = &self.simulate {
+            cfg.gpus.simulate.clone_from(s);
+        }
+        if let Some(n) = &self.node_name {
+            cfg.node.name.clone_from(n);
+        }
+        if !self.drivers.is_empty() {
+            cfg.node.drivers.clone_from(&self.drivers);
+        }
+        if let Some(m) = self.shm_size_mib {
+            cfg.mps.shm_size_mib = m;
+        }
+        if let Some(t) = self.mps_timeout {
+            cfg.mps.timeout_seconds = t;
+        }
+        if let Some(m) = self.socket_mode {
+            cfg.socket.mode = format!("{m:04o}");
+        }
+        Ok(cfg)
+    }
 }
 
 fn beside_exe(name: &str) -> Result<PathBuf> {
@@ -159,37 +212,45 @@ async fn run() -> Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let args = Args::parse();
+    if args.print_default_config {
+        print!("{DEFAULT_CONFIG}");
+        return Ok(());
+    }
+    let settings = args.settings()?;
 
     // MPS control daemons double-fork away from us; as a subreaper we get them back as
     // children, learn of their exit, and reap them (PID 1 here may not).
     nix::sys::prctl::set_child_subreaper(true).context("becoming a child subreaper")?;
 
-    let node_name = match &args.node_name {
-        Some(n) => n.clone(),
-        None => nix::unistd::gethostname()
+    let node_name = match settings.node.name.as_str() {
+        "" => nix::unistd::gethostname()
             .context("reading the host name (pass --node-name)")?
             .to_string_lossy()
             .into_owned(),
+        name => name.to_string(),
     };
-    let run_dir = real_dir(&args.run_dir, 0o755)?;
-    let state_dir = real_dir(&args.state_dir, 0o700)?;
+    let run_dir = real_dir(&settings.paths.run_dir, 0o755)?;
+    let state_dir = real_dir(&settings.paths.state_dir, 0o700)?;
     // Two daemons on one state directory would each believe they own every claim.
     let _instance = lock_instance(&state_dir)?;
-    let Some(profile) = &args.simulate else {
+    let profile = &settings.gpus.simulate;
+    if profile.is_empty() {
         bail!("the NVML backend is not available in this build yet; run with --simulate <node profile> (e.g. p4d.24xlarge)");
+    }
+    let dev_root = if settings.gpus.sim_dev_root.as_os_str().is_empty() {
+        run_dir.join("simulated-dev")
+    } else {
+        settings.gpus.sim_dev_root.clone()
     };
-    let dev_root = args
-        .sim_dev_root
-        .clone()
-        .unwrap_or_else(|| run_dir.join("simulated-dev"));
     let backend: Arc<dyn GpuBackend> = Arc::new(
         SimulatedBackend::new(profile, &node_name, &dev_root)
             .with_context(|| format!("setting up simulated node {profile}"))?,
     );
 
-    let mps_program = match &args.mps_control {
-        Some(p) => absolute(p)?,
-        None => default_mps_control()?,
+    let mps_program = if settings.mps.control.as_os_str().is_empty() {
+        default_mps_control()?
+    } else {
+        absolute(&settings.mps.control)?
     };
     let executable = std::fs::metadata(&mps_program)
         .map(|m| {
@@ -202,35 +263,36 @@ async fn run() -> Result<()> {
             mps_program.display()
         );
     }
-    let hook_path = match &args.hook_path {
-        Some(p) => absolute(p)?,
-        None => beside_exe("gpushare-cdi-hook")?,
+    let hook_path = if settings.hook.path.as_os_str().is_empty() {
+        beside_exe("gpushare-cdi-hook")?
+    } else {
+        absolute(&settings.hook.path)?
     };
-    let socket = absolute(&args.socket)?;
+    let socket = absolute(&settings.paths.socket)?;
     let mps = MpsControl::new(
         mps_program.clone(),
         HostOps::host(),
-        Duration::from_secs(args.mps_timeout),
+        Duration::from_secs(settings.mps.timeout_seconds),
     );
     let cfg = ServiceConfig {
         node_name: node_name.clone(),
-        drivers: args.drivers.clone(),
+        drivers: settings.node.drivers.clone(),
         run_dir,
-        cdi_dir: real_dir(&args.cdi_dir, 0o755)?,
+        cdi_dir: real_dir(&settings.paths.cdi_dir, 0o755)?,
         checkpoint: state_dir.join("checkpoint.json"),
         hook: HookConfig {
             path: hook_path,
             socket: socket.clone(),
-            timeout_secs: 10,
+            timeout_secs: settings.hook.timeout_seconds,
         },
-        shm_bytes: args.shm_size_mib.map(|m| m << 20),
+        shm_bytes: (settings.mps.shm_size_mib > 0).then_some(settings.mps.shm_size_mib << 20),
     };
     let service =
         Arc::new(Service::new(cfg, backend.clone(), mps).map_err(|e| anyhow::anyhow!(e))?);
     let server_cfg = Arc::new(ServerConfig {
         socket: socket.clone(),
-        mode: args.socket_mode,
-        changing_uids: vec![],
+        mode: parse_mode(&settings.socket.mode).map_err(anyhow::Error::msg)?,
+        changing_uids: settings.socket.changing_uids.clone(),
         max_connections: server::MAX_CONNECTIONS,
         idle_timeout: server::IDLE_TIMEOUT,
     });

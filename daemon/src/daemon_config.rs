@@ -1,0 +1,356 @@
+//! `gpushared`'s own configuration file (`/etc/gpushare/config.toml`), pure.
+//!
+//! Every key is optional; a missing key takes the default shown by
+//! `gpushared --print-default-config`, which prints [`DEFAULT_CONFIG`]. Unknown keys are
+//! refused with their name, so a typo never silently falls back to a default. Command-line
+//! flags override the file.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Where `gpushared` looks for its configuration when `--config` is not given. A missing file
+/// at this path means "all defaults"; a missing file named by `--config` is an error.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpushare/config.toml";
+
+/// The documented default configuration, exactly what [`DaemonConfig::default`] holds (a test
+/// keeps the two equal). Shipped as `/etc/gpushare/config.toml`.
+pub const DEFAULT_CONFIG: &str = include_str!("../../packaging/config.toml");
+
+/// Why the configuration file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonConfigError {
+    /// The file could not be read.
+    #[error("reading {path}: {error}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        error: std::io::Error,
+    },
+    /// The file is not valid TOML, has an unknown key, or a value of the wrong type.
+    #[error("{path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The TOML library's message, naming the key and line.
+        message: String,
+    },
+    /// A value has the right type but is out of range.
+    #[error("{path}: {key}: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// The dotted key, e.g. `mps.timeout_seconds`.
+        key: &'static str,
+        /// What is wrong with it.
+        message: String,
+    },
+}
+
+/// The whole file.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DaemonConfig {
+    /// Where things live.
+    pub paths: PathsConfig,
+    /// Which node and drivers are served.
+    pub node: NodeConfig,
+    /// The socket's access rules.
+    pub socket: SocketConfig,
+    /// MPS control daemons.
+    pub mps: MpsConfig,
+    /// The OCI hook named in claims' CDI specs.
+    pub hook: HookSettings,
+    /// GPU backend and GPU-wide settings.
+    pub gpus: GpusConfig,
+}
+
+/// `[paths]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PathsConfig {
+    /// Unix socket the DRA driver, the hook and the CLI talk to.
+    pub socket: PathBuf,
+    /// Directory of the checkpoint and the single-instance lock.
+    pub state_dir: PathBuf,
+    /// Runtime directory; per-claim MPS pipe, log and shm directories live under `claims/`.
+    pub run_dir: PathBuf,
+    /// CDI spec directory claims' specs are written to.
+    pub cdi_dir: PathBuf,
+}
+
+/// `[node]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Pool name allocation results must carry; empty means the host name.
+    pub name: String,
+    /// DRA driver names served.
+    pub drivers: Vec<String>,
+}
+
+/// `[socket]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SocketConfig {
+    /// Socket file mode, as an octal string (`"0660"`).
+    pub mode: String,
+    /// Uids besides 0 allowed to call changing methods (prepare, unprepare, attach, detach).
+    pub changing_uids: Vec<u32>,
+}
+
+/// `[mps]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MpsConfig {
+    /// MPS control program; empty means `nvidia-cuda-mps-control` from `PATH`, else the
+    /// `gpushare-mps-control` emulator beside `gpushared`.
+    pub control: PathBuf,
+    /// Seconds any run of the control program, and any wait for a daemon to quit, may take.
+    pub timeout_seconds: u64,
+    /// Size of each MPS claim's `/dev/shm` tmpfs in MiB; 0 means half the host's memory.
+    pub shm_size_mib: u64,
+}
+
+/// `[hook]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HookSettings {
+    /// `gpushare-cdi-hook` named in CDI specs; empty means beside `gpushared`.
+    pub path: PathBuf,
+    /// Seconds the hook waits for the daemon.
+    pub timeout_seconds: u32,
+}
+
+/// `[gpus]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GpusConfig {
+    /// Simulate this EC2 node profile (e.g. `p4d.24xlarge`) instead of using NVML; empty
+    /// means real GPUs.
+    pub simulate: String,
+    /// Where simulated GPU device nodes are created; empty means `<run_dir>/simulated-dev`.
+    pub sim_dev_root: PathBuf,
+}
+
+impl Default for PathsConfig {
+    fn default() -> Self {
+        PathsConfig {
+            socket: PathBuf::from(gpushare_proto::DEFAULT_SOCKET),
+            state_dir: PathBuf::from("/var/lib/gpushare"),
+            run_dir: PathBuf::from("/run/gpushare"),
+            cdi_dir: PathBuf::from("/var/run/cdi"),
+        }
+    }
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            name: String::new(),
+            drivers: vec!["gpu.nvidia.com".to_string()],
+        }
+    }
+}
+
+impl Default for SocketConfig {
+    fn default() -> Self {
+        SocketConfig {
+            mode: "0660".to_string(),
+            changing_uids: Vec::new(),
+        }
+    }
+}
+
+impl Default for MpsConfig {
+    fn default() -> Self {
+        MpsConfig {
+            control: PathBuf::new(),
+            timeout_seconds: 10,
+            shm_size_mib: 0,
+        }
+    }
+}
+
+impl Default for HookSettings {
+    fn default() -> Self {
+        HookSettings {
+            path: PathBuf::new(),
+            timeout_seconds: 10,
+        }
+    }
+}
+
+impl Default for GpusConfig {
+    fn default() -> Self {
+        GpusConfig {
+            simulate: String::new(),
+            sim_dev_root: PathBuf::new(),
+        }
+    }
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        DaemonConfig {
+            paths: PathsConfig::default(),
+            node: NodeConfig::default(),
+            socket: SocketConfig::default(),
+            mps: MpsConfig::default(),
+            hook: HookSettings::default(),
+            gpus: GpusConfig::default(),
+        }
+    }
+}
+
+/// Parses an octal file mode such as `"0660"` or `"660"`.
+///
+/// # Errors
+/// Not octal digits, or bits beyond `0o7777`.
+pub fn parse_mode(s: &str) -> Result<u32, String> {
+    let mode = u32::from_str_radix(s, 8).map_err(|e| format!("{s:?} is not an octal mode: {e}"))?;
+    if mode > 0o7777 {
+        return Err(format!("{s:?} has bits beyond 07777"));
+    }
+    Ok(mode)
+}
+
+impl DaemonConfig {
+    /// Parses the file's text; `path` only names it in errors.
+    ///
+    /// # Errors
+    /// [`DaemonConfigError::Parse`] for bad TOML, unknown keys (named) and wrong types;
+    /// [`DaemonConfigError::Invalid`] for values out of range.
+    pub fn parse(text: &str, path: &Path) -> Result<DaemonConfig, DaemonConfigError> {
+        let cfg: DaemonConfig = toml::from_str(text).map_err(|e| DaemonConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string().trim_end().replace('\n', " "),
+        })?;
+        cfg.validate(path)?;
+        Ok(cfg)
+    }
+
+    /// Reads `path`. With `required == false` a missing file gives the defaults.
+    ///
+    /// # Errors
+    /// As [`DaemonConfig::parse`], plus [`DaemonConfigError::Read`].
+    pub fn load(path: &Path, required: bool) -> Result<DaemonConfig, DaemonConfigError> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => DaemonConfig::parse(&text, path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
+                Ok(DaemonConfig::default())
+            }
+            Err(error) => Err(DaemonConfigError::Read {
+                path: path.to_path_buf(),
+                error,
+            }),
+        }
+    }
+
+    fn validate(&self, path: &Path) -> Result<(), DaemonConfigError> {
+        let invalid = |key: &'static str, message: String| DaemonConfigError::Invalid {
+            path: path.to_path_buf(),
+            key,
+            message,
+        };
+        parse_mode(&self.socket.mode).map_err(|m| invalid("socket.mode", m))?;
+        if self.mps.timeout_seconds == 0 {
+            return Err(invalid("mps.timeout_seconds", "must be at least 1".into()));
+        }
+        if self.hook.timeout_seconds == 0 {
+            return Err(invalid("hook.timeout_seconds", "must be at least 1".into()));
+        }
+        if self.node.drivers.is_empty() || self.node.drivers.iter().any(|d| d.is_empty()) {
+            return Err(invalid(
+                "node.drivers",
+                "must name at least one driver, none empty".into(),
+            ));
+        }
+        for (key, p) in [
+            ("paths.socket", &self.paths.socket),
+            ("paths.state_dir", &self.paths.state_dir),
+            ("paths.run_dir", &self.paths.run_dir),
+            ("paths.cdi_dir", &self.paths.cdi_dir),
+        ] {
+            if p.as_os_str().is_empty() {
+                return Err(invalid(key, "must not be empty".into()));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_default_file_is_the_default() {
+        let parsed = DaemonConfig::parse(DEFAULT_CONFIG, Path::new("default")).unwrap();
+        assert_eq!(parsed, DaemonConfig::default());
+    }
+
+    #[test]
+    fn empty_file_is_the_default() {
+        assert_eq!(
+            DaemonConfig::parse("", Path::new("x")).unwrap(),
+            DaemonConfig::default()
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let e = DaemonConfig::parse("[mps]\ntimeout_secnds = 3\n", Path::new("/etc/x.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("timeout_secnds"), "{e}");
+        assert!(e.contains("/etc/x.toml"), "{e}");
+        let e = DaemonConfig::parse("[mystery]\n", Path::new("x"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("mystery"), "{e}");
+    }
+
+    #[test]
+    fn values_are_checked() {
+        let e = DaemonConfig::parse("[socket]\nmode = \"0999\"\n", Path::new("x"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("socket.mode"), "{e}");
+        let e = DaemonConfig::parse("[mps]\ntimeout_seconds = 0\n", Path::new("x"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("mps.timeout_seconds"), "{e}");
+        let e = DaemonConfig::parse("[mps]\ntimeout_seconds = \"ten\"\n", Path::new("x"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("timeout_seconds"), "{e}");
+    }
+
+    #[test]
+    fn keys_are_read() {
+        let cfg = DaemonConfig::parse(
+            "[socket]\nmode = \"0600\"\nchanging_uids = [1000]\n[gpus]\nsimulate = \"g5.xlarge\"\n",
+            Path::new("x"),
+        )
+        .unwrap();
+        assert_eq!(parse_mode(&cfg.socket.mode).unwrap(), 0o600);
+        assert_eq!(cfg.socket.changing_uids, vec![1000]);
+        assert_eq!(cfg.gpus.simulate, "g5.xlarge");
+    }
+
+    #[test]
+    fn missing_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("none.toml");
+        assert_eq!(
+            DaemonConfig::load(&p, false).unwrap(),
+            DaemonConfig::default()
+        );
+        assert!(matches!(
+            DaemonConfig::load(&p, true),
+            Err(DaemonConfigError::Read { .. })
+        ));
+    }
+}
