@@ -49,7 +49,7 @@ pub enum DaemonConfigError {
 }
 
 /// The whole file.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DaemonConfig {
     /// Where things live.
@@ -124,7 +124,7 @@ pub struct HookSettings {
 }
 
 /// `[gpus]`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GpusConfig {
     /// Simulate this EC2 node profile (e.g. `p4d.24xlarge`) instead of using NVML; empty
@@ -182,27 +182,7 @@ impl Default for HookSettings {
     }
 }
 
-impl Default for GpusConfig {
-    fn default() -> Self {
-        GpusConfig {
-            simulate: String::new(),
-            sim_dev_root: PathBuf::new(),
-        }
-    }
-}
 
-impl Default for DaemonConfig {
-    fn default() -> Self {
-        DaemonConfig {
-            paths: PathsConfig::default(),
-            node: NodeConfig::default(),
-            socket: SocketConfig::default(),
-            mps: MpsConfig::default(),
-            hook: HookSettings::default(),
-            gpus: GpusConfig::default(),
-        }
-    }
-}
 
 /// Parses an octal file mode such as `"0660"` or `"660"`.
 ///
