@@ -182,8 +182,6 @@ impl Default for HookSettings {
     }
 }
 
-
-
 /// Parses an octal file mode such as `"0660"` or `"660"`.
 ///
 /// # Errors

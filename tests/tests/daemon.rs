@@ -138,7 +138,7 @@ fn the_config_file_is_read_and_flags_override_it() {
         p.join("flag.sock").exists()
     });
     let gpus = up.then(|| {
-        gpushare_proto::Client::connect(&p.join("flag.sock"), std::time::Duration::from_secs(2))
+        gpushare_proto::Client::connect(p.join("flag.sock"), std::time::Duration::from_secs(2))
             .unwrap()
             .call::<(), Vec<gpushare_proto::GpuInfo>>(gpushare_proto::Method::ListGpus, None)
             .unwrap()
