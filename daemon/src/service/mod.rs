@@ -3,12 +3,14 @@
 //! Methods are blocking (they spawn processes and fsync files); the server runs them on
 //! tokio's blocking pool. Changing a claim's host setup (prepare, unprepare) is serialized per
 //! claim UID, so two kubelet retries of one claim can never interleave while other claims go
-//! on; GPU reservations are made atomically under the registry mutex, which readers, attach
-//! and detach take briefly and which is never held across a process spawn.
+//! on. A claim is admitted to its GPUs by each GPU's lock-free mode word (`modes`), before and
+//! outside the registry mutex; a release restores GPU settings after dropping it. The
+//! registry mutex is held briefly by changes and never across a process spawn or NVML call;
+//! readers never take it: they read the view published after every change (`view`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use gpushare_proto::{
@@ -25,11 +27,16 @@ use crate::error::ServiceError;
 use crate::fsutil;
 use crate::gpu::{Gpu, GpuBackend};
 use crate::placement::{Hold, Placement, Want};
+use gpushare_core::Published;
 use crate::strategy::mps::{default_shm_bytes, Liveness, MpsControl, MpsDirs, MpsLaunch};
 use crate::sys::{read_cgroup, Processes};
 
 mod locks;
+mod modes;
+mod view;
 use locks::ClaimLocks;
+use modes::GpuModes;
+use view::{StateGuard, View};
 
 /// Where the service keeps things and whom it serves.
 #[derive(Debug, Clone)]
@@ -67,6 +74,11 @@ pub struct Service {
     processes: Arc<dyn Processes>,
     checkpoint: CheckpointFile,
     state: Mutex<State>,
+    /// The registry as readers see it, republished after every change of `state`.
+    view: Published<View>,
+    /// Each GPU's mode word: what admits a claim to a GPU (`state.placement` only records
+    /// who holds it).
+    modes: GpuModes,
     changes: ClaimLocks,
 }
 
@@ -136,6 +148,8 @@ impl Service {
         }
         reapply_gpu_settings(backend.as_ref(), &state.placement);
         state.ready = true;
+        let modes = GpuModes::new(backend.gpus(), &state.placement);
+        let view = Published::new(View::of(&state));
         let ctx = ParseContext {
             node_name: cfg.node_name.clone(),
             drivers: cfg.drivers.clone(),
@@ -148,14 +162,20 @@ impl Service {
             mps,
             checkpoint,
             state: Mutex::new(state),
+            view,
+            modes,
             changes: ClaimLocks::default(),
         })
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
+    fn state(&self) -> StateGuard<'_> {
         // A panic while holding the registry leaves plain data behind, still consistent
         // enough to read and to release claims; refusing all service would be worse.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        StateGuard {
+            guard: self.state.lock().unwrap_or_else(|p| p.into_inner()),
+            view: &self.view,
+            changed: false,
+        }
     }
 
     fn save(&self, state: &State) -> Result<(), ServiceError> {
@@ -236,15 +256,21 @@ impl Service {
             attach_limit,
             attached: vec![],
         };
+        self.admit(&spec.uid, &wants_of(&info))?;
         {
             let mut st = self.state();
-            st.placement
-                .reserve(&spec.uid, &wants_of(&info))
-                .map_err(|c| ServiceError::new(ErrorCode::Conflict, c.0))?;
+            if let Err(c) = st.placement.reserve(&spec.uid, &wants_of(&info)) {
+                drop(st);
+                tracing::error!(claim = %spec.uid, conflict = %c, "placement refused a claim its GPUs' mode words admitted");
+                self.modes.release(self.backend.as_ref(), &wants_of(&info));
+                return Err(ServiceError::new(ErrorCode::Conflict, c.0));
+            }
             st.claims.insert(spec.uid.clone(), info.clone());
             if let Err(e) = self.save(&st) {
                 st.claims.remove(&spec.uid);
-                self.release_gpus(&mut st, &info);
+                let freed = self.release_gpus(&mut st, &info);
+                drop(st);
+                self.modes.release(self.backend.as_ref(), &freed);
                 return Err(e);
             }
         }
@@ -546,27 +572,27 @@ impl Service {
         Ok(())
     }
 
-    /// Releases a claim's GPU holds and restores what the last holder leaves: interval
-    /// Default after the last time-sliced claim, compute mode DEFAULT after the last MPS one.
-    fn release_gpus(&self, st: &mut State, info: &ClaimInfo) {
+    /// Admits a claim to its GPUs through their mode words, all or nothing, before it is
+    /// recorded; no lock is held, so prepares of other claims and GPUs go on meanwhile.
+    fn admit(&self, uid: &str, wants: &[(String, String, Want)]) -> Result<(), ServiceError> {
+        let view = self.view.load();
+        self.modes
+            .admit(uid, wants, |uuid| view.placement.hold(uuid).cloned())
+            .map_err(|c| ServiceError::new(ErrorCode::Conflict, c.0))
+    }
+
+    /// Removes a claim's GPU holds from the registry and returns them; the caller releases
+    /// them with `self.modes.release` once the registry lock is dropped, which restores what
+    /// the last holder leaves (interval Default after the last time-sliced claim, compute mode
+    /// DEFAULT after the last MPS one) without holding up other claims.
+    #[must_use = "the GPUs stay held until released through self.modes"]
+    fn release_gpus(&self, st: &mut State, info: &ClaimInfo) -> Vec<(String, String, Want)> {
         for g in &info.groups {
             for d in &g.devices {
-                let released = st.placement.release(&info.uid, &d.uuid);
-                if released.last_time_sliced {
-                    if let Err(e) = self
-                        .backend
-                        .set_time_slice(&d.uuid, gpushare_proto::TimeSliceInterval::Default)
-                    {
-                        tracing::error!(gpu = %d.device, error = %e, "restoring time-slice Default");
-                    }
-                }
-                if released.last_mps {
-                    if let Err(e) = self.backend.set_compute_mode(&d.uuid, ComputeMode::Default) {
-                        tracing::error!(gpu = %d.device, error = %e, "restoring compute mode DEFAULT");
-                    }
-                }
+                st.placement.release(&info.uid, &d.uuid);
             }
         }
+        wants_of(info)
     }
 
     /// Undoes everything a claim holds, whatever its state; used by unprepare and by a failed
@@ -609,13 +635,16 @@ impl Service {
         // Only a complete release frees the GPUs: while a daemon or mount may still be there,
         // the claim keeps its holds (state Unpreparing), so no other claim is placed on top of
         // it, and the next unprepare or prepare of this claim finishes the job.
+        let mut freed = Vec::new();
         if errors.is_empty() {
-            self.release_gpus(&mut st, &info);
+            freed = self.release_gpus(&mut st, &info);
             st.claims.remove(uid);
         }
         if let Err(e) = self.save(&st) {
             note(&mut errors, e);
         }
+        drop(st);
+        self.modes.release(self.backend.as_ref(), &freed);
         errors.into_iter().next()
     }
 
@@ -822,19 +851,19 @@ impl Service {
     /// `InvalidRequest` for a malformed UID, `NotFound`.
     pub fn get_claim(&self, uid: &str) -> Result<ClaimInfo, ServiceError> {
         config::validate_claim_uid(uid)?;
-        self.state().claims.get(uid).cloned().ok_or_else(|| {
+        self.view.load().claims.get(uid).cloned().ok_or_else(|| {
             ServiceError::new(ErrorCode::NotFound, format!("no claim {uid} on this node"))
         })
     }
 
     /// All claims, by UID.
     pub fn list_claims(&self) -> Vec<ClaimInfo> {
-        self.state().claims.values().cloned().collect()
+        self.view.load().claims.values().cloned().collect()
     }
 
     /// All GPUs with their settings and holders.
     pub fn list_gpus(&self) -> Vec<GpuInfo> {
-        let st = self.state();
+        let st = self.view.load();
         self.backend
             .gpus()
             .iter()
@@ -857,7 +886,7 @@ impl Service {
 
     /// Liveness and readiness.
     pub fn health(&self) -> HealthInfo {
-        let st = self.state();
+        let st = self.view.load();
         HealthInfo {
             ready: st.ready,
             node_name: self.cfg.node_name.clone(),
