@@ -2,8 +2,9 @@
 //! of two or three threads, each asserting the invariant its primitive exists for.
 //!
 //! Run them with `./scripts/loom.sh` (CONTRIBUTING.md). Each model records the mutations that
-//! were tried on the primitive — each one removing part of the protection — and what loom
-//! said; all of them fail the model, and the code as committed passes.
+//! were tried on the primitive — each one removing part of the protection or weakening one
+//! memory ordering — and what loom said (loom 0.7.3, preemption bound 3); every one fails its
+//! model, and the code as committed passes.
 #![cfg(gpushare_loom)]
 
 use gpushare_core::{BoundedCounter, GpuModeWord, Published, Released, Want};
@@ -72,8 +73,9 @@ impl Gpu {
 ///   previous holder's restore.
 /// - `LastHolder::drop` storing `FREE` with `Relaxed` instead of `Release`: the same
 ///   causality violation on `setting`.
-/// - `leave` freeing the GPU at once (`Mode::Free` instead of `Mode::Restoring`): the restore
-///   after release races the next holder's apply, the same causality violation.
+/// - `leave` freeing the GPU at once (`Mode::Free` instead of `Mode::Restoring`, the last
+///   holder still restoring afterwards): the restore races the next holder's apply, the same
+///   causality violation.
 #[test]
 fn conflicting_modes_never_share_a_gpu() {
     model(|| {
@@ -103,11 +105,13 @@ fn conflicting_modes_never_share_a_gpu() {
 /// never admitted while either holds it.
 ///
 /// Mutations tried (each fails):
-/// - `admit` ignoring the interval (`if interval == asked` removed): "other interval held
-///   while admitted" assertion fails.
+/// - `admit` ignoring the interval (`interval == asked` removed): the interval-2 claim joins
+///   the interval-1 holders and loom finds the panic "a holder releases what it holds:
+///   NotHeld { mode: TimeSliced { interval: 1, holders: 2 }, want: TimeSliced(2) }" (or, in
+///   other interleavings, "other interval held while admitted").
 /// - both compare-and-swaps (`try_acquire`, `release`) with `Relaxed` success ordering:
-///   the occupancy count a holder left with (decremented before its release) is seen stale by
-///   the next admitted claim: "other interval held while admitted".
+///   "Causality violation: Concurrent write accesses to `UnsafeCell`" (the next first
+///   holder's apply races the previous last holder's restore).
 #[test]
 fn time_slicing_shares_one_interval_only() {
     model(|| {
@@ -151,13 +155,13 @@ fn time_slicing_shares_one_interval_only() {
 /// the previous one did with it.
 ///
 /// Mutations tried (each fails):
-/// - the bound check `cur >= self.limit` → `cur > self.limit`: "Causality violation:
-///   Concurrent write accesses to `UnsafeCell`" on the slot (two containers in one slot).
+/// - the bound check `cur >= self.limit` → `cur > self.limit`: the assertion "count passed
+///   the limit" fails (two containers in one slot).
 /// - `try_acquire` success ordering `Acquire` → `Relaxed`, or `release`'s `Release` →
 ///   `Relaxed`: the same causality violation (the next holder's write races the previous
 ///   holder's).
-/// - `release` without its zero check (`cur - 1` at 0 wraps; debug build panics with
-///   "attempt to subtract with overflow", so the final `Underflow` assertion never holds).
+/// - `release` without its zero check: the final release wraps the count, "assertion
+///   `left == right` failed, left: Ok(4294967295), right: Err(Underflow)".
 #[test]
 fn attach_detach_at_the_limit() {
     model(|| {
@@ -200,13 +204,14 @@ fn attach_detach_at_the_limit() {
 ///
 /// Mutations tried (each fails):
 /// - reader registers with `Relaxed` instead of `Acquire`: "Causality violation: Concurrent
-///   write accesses to `UnsafeCell`" (the reader's read of the slot races the publisher's
-///   write of it).
-/// - reader leaves with `Relaxed` instead of `Release`: the same violation (the publisher's
-///   emptying of the slot races the reader's read).
-/// - publisher flips `CURRENT` with `Relaxed` instead of `Release`: the same violation.
-/// - publisher not waiting for readers of the retired slot (the `while` loop removed): the
-///   same violation.
+///   read and write accesses" (the reader's read of the slot races the publisher's write).
+/// - reader leaves with `Relaxed` instead of `Release`: "Causality violation: Concurrent read
+///   and write accesses to `UnsafeCell`" (the publisher's emptying of the slot races the
+///   reader's read).
+/// - publisher flips `CURRENT` with `Relaxed` instead of `Release`: "Causality violation:
+///   Concurrent read and write accesses".
+/// - publisher not waiting for readers of the retired slot (the `while` loop removed):
+///   "Causality violation: Concurrent read and write accesses to `UnsafeCell`".
 #[test]
 fn readers_never_see_half_a_snapshot() {
     model(|| {
