@@ -62,6 +62,8 @@ struct State {
     claims: BTreeMap<String, ClaimInfo>,
     placement: Placement,
     ready: bool,
+    /// Counts changes; the published view and the checkpoint on disk say which they hold.
+    generation: u64,
 }
 
 /// The claim service.
@@ -79,6 +81,8 @@ pub struct Service {
     /// Each GPU's mode word: what admits a claim to a GPU (`state.placement` only records
     /// who holds it).
     modes: GpuModes,
+    /// The generation of the registry whose checkpoint is on disk; held while writing it.
+    on_disk: Mutex<u64>,
     changes: ClaimLocks,
 }
 
@@ -164,6 +168,7 @@ impl Service {
             state: Mutex::new(state),
             view,
             modes,
+            on_disk: Mutex::new(0),
             changes: ClaimLocks::default(),
         })
     }
@@ -178,9 +183,26 @@ impl Service {
         }
     }
 
-    fn save(&self, state: &State) -> Result<(), ServiceError> {
+    /// Unlocks the registry after a change and makes the change durable: writes the
+    /// checkpoint of the newest published view, unless a write that started after this change
+    /// already did. The write happens outside the registry lock, so other claims' changes and
+    /// all readers go on meanwhile, and changes that queue behind one write share the next
+    /// (group commit): one fsync for many changes under churn, never a stale checkpoint over
+    /// a newer one.
+    ///
+    /// # Errors
+    /// `Internal` when the checkpoint cannot be written; the change stays in memory (and in
+    /// the view) and the caller undoes it.
+    fn commit(&self, st: StateGuard<'_>) -> Result<(), ServiceError> {
+        let generation = st.unlock();
+        let mut on_disk = self.on_disk.lock().unwrap_or_else(|p| p.into_inner());
+        if *on_disk >= generation {
+            return Ok(());
+        }
+        // The newest view holds this change: it was published before the registry unlocked.
+        let view = self.view.load();
         let cp = Checkpoint {
-            claims: state.claims.clone(),
+            claims: view.claims.clone(),
             ..Checkpoint::default()
         };
         self.checkpoint.save(&cp).map_err(|e| {
@@ -188,7 +210,9 @@ impl Service {
                 "writing checkpoint {}: {e}",
                 self.checkpoint.path().display()
             ))
-        })
+        })?;
+        *on_disk = view.generation;
+        Ok(())
     }
 
     fn claim_dir(&self, uid: &str) -> PathBuf {
@@ -266,7 +290,8 @@ impl Service {
                 return Err(ServiceError::new(ErrorCode::Conflict, c.0));
             }
             st.claims.insert(spec.uid.clone(), info.clone());
-            if let Err(e) = self.save(&st) {
+            if let Err(e) = self.commit(st) {
+                let mut st = self.state();
                 st.claims.remove(&spec.uid);
                 let freed = self.release_gpus(&mut st, &info);
                 drop(st);
@@ -284,8 +309,7 @@ impl Service {
                     c.state = ClaimState::Prepared;
                     c.attached = carried;
                 }
-                if let Err(e) = self.save(&st) {
-                    drop(st);
+                if let Err(e) = self.commit(st) {
                     self.teardown(&spec.uid);
                     return Err(e);
                 }
@@ -640,10 +664,9 @@ impl Service {
             freed = self.release_gpus(&mut st, &info);
             st.claims.remove(uid);
         }
-        if let Err(e) = self.save(&st) {
+        if let Err(e) = self.commit(st) {
             note(&mut errors, e);
         }
-        drop(st);
         self.modes.release(self.backend.as_ref(), &freed);
         errors.into_iter().next()
     }
@@ -720,6 +743,21 @@ impl Service {
             ));
         }
 
+        // What reads /proc (the container's cgroup, whether the claim's MPS control daemon
+        // runs) is done before taking the registry lock, on the published view.
+        let cgroup = p.pid.and_then(read_cgroup);
+        if let Some(claim) = self.view.load().claims.get(&p.claim_uid) {
+            if let Some(pid) = self.dead_mps_daemon(claim) {
+                return Err(ServiceError::new(
+                    ErrorCode::NotReady,
+                    format!(
+                        "claim {}: its MPS control daemon (pid {pid}) is not running",
+                        p.claim_uid
+                    ),
+                ));
+            }
+        }
+
         let mut st = self.state();
         let claim = st.claims.get(&p.claim_uid).ok_or_else(|| {
             ServiceError::new(
@@ -736,15 +774,6 @@ impl Service {
                 format!("claim {} is {:?}, not ready", p.claim_uid, claim.state),
             ));
         }
-        if let Some(pid) = self.dead_mps_daemon(claim) {
-            return Err(ServiceError::new(
-                ErrorCode::NotReady,
-                format!(
-                    "claim {}: its MPS control daemon (pid {pid}) is not running",
-                    p.claim_uid
-                ),
-            ));
-        }
         if let Some(a) = claim
             .attached
             .iter()
@@ -757,7 +786,7 @@ impl Service {
             // the new process, so that the old pid's death does not free a live slot.
             let updated = Attachment {
                 pid: p.pid,
-                cgroup: p.pid.and_then(read_cgroup),
+                cgroup: cgroup.clone(),
                 bundle: p.bundle.clone(),
                 ..a.clone()
             };
@@ -770,7 +799,7 @@ impl Service {
                     *slot = updated.clone();
                 }
             }
-            self.save(&st)?;
+            self.commit(st)?;
             return Ok(updated);
         }
         // A container whose init process is gone and whose poststop hook never ran (runtime
@@ -808,15 +837,15 @@ impl Service {
             claim_uid: p.claim_uid.clone(),
             container_id: p.container_id.clone(),
             pid: p.pid,
-            cgroup: p.pid.and_then(read_cgroup),
+            cgroup,
             bundle: p.bundle.clone(),
             attached_at: now_secs(),
         };
         if let Some(c) = st.claims.get_mut(&p.claim_uid) {
             c.attached.push(attachment.clone());
         }
-        if let Err(e) = self.save(&st) {
-            if let Some(c) = st.claims.get_mut(&p.claim_uid) {
+        if let Err(e) = self.commit(st) {
+            if let Some(c) = self.state().claims.get_mut(&p.claim_uid) {
                 c.attached.retain(|a| a.container_id != p.container_id);
             }
             return Err(e);
@@ -839,7 +868,7 @@ impl Service {
         claim.attached.retain(|a| a.container_id != p.container_id);
         let detached = claim.attached.len() != before;
         if detached {
-            self.save(&st)?;
+            self.commit(st)?;
             tracing::info!(claim = %p.claim_uid, container = %p.container_id, "container detached");
         }
         Ok(DetachResult { detached })

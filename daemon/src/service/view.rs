@@ -19,6 +19,8 @@ pub(super) struct View {
     pub(super) claims: BTreeMap<String, ClaimInfo>,
     pub(super) placement: Placement,
     pub(super) ready: bool,
+    /// The registry's generation this view shows.
+    pub(super) generation: u64,
 }
 
 impl View {
@@ -27,6 +29,7 @@ impl View {
             claims: state.claims.clone(),
             placement: state.placement.clone(),
             ready: state.ready,
+            generation: state.generation,
         }
     }
 }
@@ -53,10 +56,25 @@ impl DerefMut for StateGuard<'_> {
     }
 }
 
-impl Drop for StateGuard<'_> {
-    fn drop(&mut self) {
+impl StateGuard<'_> {
+    /// Unlocks the registry (publishing a change, if any); returns the generation the view
+    /// now shows, which includes every change made under this guard.
+    pub(super) fn unlock(mut self) -> u64 {
+        self.publish_if_changed();
+        self.guard.generation
+    }
+
+    fn publish_if_changed(&mut self) {
         if self.changed {
+            self.changed = false;
+            self.guard.generation += 1;
             self.view.publish(View::of(&self.guard));
         }
+    }
+}
+
+impl Drop for StateGuard<'_> {
+    fn drop(&mut self) {
+        self.publish_if_changed();
     }
 }
