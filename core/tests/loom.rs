@@ -51,7 +51,11 @@ impl Gpu {
 
     /// Releases `want`; the last holder restores the default setting before the GPU is free.
     fn release(&self, want: Want) {
-        match self.word.release(want).expect("a holder releases what it holds") {
+        match self
+            .word
+            .release(want)
+            .expect("a holder releases what it holds")
+        {
             Released::Last(guard) => {
                 self.apply(0);
                 drop(guard);
@@ -80,20 +84,24 @@ impl Gpu {
 fn conflicting_modes_never_share_a_gpu() {
     model(|| {
         let gpu = Arc::new(Gpu::new());
-        let threads: Vec<_> = [(Want::Exclusive, 1), (Want::Mps, 2), (Want::TimeSliced(1), 3)]
-            .into_iter()
-            .map(|(want, tag)| {
-                let gpu = Arc::clone(&gpu);
-                thread::spawn(move || {
-                    if let Ok(admitted) = gpu.word.try_acquire(want) {
-                        assert!(admitted.first, "{want:?} shared a GPU");
-                        gpu.apply(tag);
-                        assert_eq!(gpu.read(), tag, "{want:?} lost its setting");
-                        gpu.release(want);
-                    }
-                })
+        let threads: Vec<_> = [
+            (Want::Exclusive, 1),
+            (Want::Mps, 2),
+            (Want::TimeSliced(1), 3),
+        ]
+        .into_iter()
+        .map(|(want, tag)| {
+            let gpu = Arc::clone(&gpu);
+            thread::spawn(move || {
+                if let Ok(admitted) = gpu.word.try_acquire(want) {
+                    assert!(admitted.first, "{want:?} shared a GPU");
+                    gpu.apply(tag);
+                    assert_eq!(gpu.read(), tag, "{want:?} lost its setting");
+                    gpu.release(want);
+                }
             })
-            .collect();
+        })
+        .collect();
         for t in threads {
             t.join().expect("model thread");
         }
@@ -195,7 +203,11 @@ fn attach_detach_at_the_limit() {
         }
         assert_eq!(counter.taken(), 0);
         assert_eq!(counter.release(), Err(gpushare_core::Underflow));
-        assert_eq!(counter.taken(), 0, "an underflowing release changed the count");
+        assert_eq!(
+            counter.taken(),
+            0,
+            "an underflowing release changed the count"
+        );
     });
 }
 

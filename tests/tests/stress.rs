@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use gpushare_e2e::*;
 use gpushare_proto::{
     AttachParams, Attachment, ClaimInfo, ClaimState, Client, ClientError, DetachParams,
-    DetachResult, ErrorCode, GpuInfo, GpuSharing, HealthInfo, Method, PrepareParams,
-    PrepareResult, UidParams, UnprepareResult,
+    DetachResult, ErrorCode, GpuInfo, GpuSharing, HealthInfo, Method, PrepareParams, PrepareResult,
+    UidParams, UnprepareResult,
 };
 use serde_json::{json, Value};
 
@@ -148,7 +148,10 @@ impl Ctx {
     ) -> Result<R, ClientError> {
         let start = Instant::now();
         let r = self.client.call(method, params);
-        self.latencies.entry(name).or_default().push(start.elapsed());
+        self.latencies
+            .entry(name)
+            .or_default()
+            .push(start.elapsed());
         if let Err(e @ (ClientError::Io { .. } | ClientError::Protocol(_))) = &r {
             // A timed-out call is a stuck daemon (or a deadlock): record it and reconnect.
             self.shared
@@ -229,7 +232,9 @@ impl Ctx {
                         self.shared.outcome("prepare ok");
                         own.prepared = true;
                     }
-                    Err(ClientError::Remote(e)) if e.code == ErrorCode::Conflict && !own.prepared => {
+                    Err(ClientError::Remote(e))
+                        if e.code == ErrorCode::Conflict && !own.prepared =>
+                    {
                         self.shared.outcome("prepare conflict");
                     }
                     other => self.shared.violation(format!(
@@ -239,8 +244,11 @@ impl Ctx {
                 }
             }
             25..=39 => {
-                let r: Result<UnprepareResult, _> =
-                    self.call("unprepare", Method::Unprepare, Some(&UidParams { uid: uid.clone() }));
+                let r: Result<UnprepareResult, _> = self.call(
+                    "unprepare",
+                    Method::Unprepare,
+                    Some(&UidParams { uid: uid.clone() }),
+                );
                 match r {
                     Ok(u) if u.released == own.prepared => {
                         own.prepared = false;
@@ -275,10 +283,14 @@ impl Ctx {
                         own.attached.insert(container);
                         self.shared.outcome("attach ok");
                     }
-                    Err(ClientError::Remote(e)) if e.code == ErrorCode::LimitReached && own.prepared && full => {
+                    Err(ClientError::Remote(e))
+                        if e.code == ErrorCode::LimitReached && own.prepared && full =>
+                    {
                         self.shared.outcome("attach at limit");
                     }
-                    Err(ClientError::Remote(e)) if e.code == ErrorCode::NotFound && !own.prepared => {
+                    Err(ClientError::Remote(e))
+                        if e.code == ErrorCode::NotFound && !own.prepared =>
+                    {
                         self.shared.outcome("attach not prepared");
                     }
                     other => self.shared.violation(format!(
@@ -311,14 +323,22 @@ impl Ctx {
                 }
             }
             75..=84 => {
-                let r: Result<ClaimInfo, _> =
-                    self.call("get_claim", Method::GetClaim, Some(&UidParams { uid: uid.clone() }));
+                let r: Result<ClaimInfo, _> = self.call(
+                    "get_claim",
+                    Method::GetClaim,
+                    Some(&UidParams { uid: uid.clone() }),
+                );
                 match r {
-                    Ok(c) if own.prepared
-                        && c.state == ClaimState::Prepared
-                        && c.attached.iter().map(|a| a.container_id.clone()).collect::<BTreeSet<_>>()
-                            == own.attached => {}
-                    Err(ClientError::Remote(e)) if e.code == ErrorCode::NotFound && !own.prepared => {}
+                    Ok(c)
+                        if own.prepared
+                            && c.state == ClaimState::Prepared
+                            && c.attached
+                                .iter()
+                                .map(|a| a.container_id.clone())
+                                .collect::<BTreeSet<_>>()
+                                == own.attached => {}
+                    Err(ClientError::Remote(e))
+                        if e.code == ErrorCode::NotFound && !own.prepared => {}
                     other => self.shared.violation(format!(
                         "get_claim {uid} (prepared: {}, attached {:?}): {other:?}",
                         own.prepared, own.attached
@@ -433,7 +453,8 @@ fn thousand_claims_sixty_four_clients() {
                 asks,
                 latencies: BTreeMap::new(),
             };
-            let mut rng = fastrand::Rng::with_seed(seed ^ (k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let mut rng =
+                fastrand::Rng::with_seed(seed ^ (k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
             let mut serial = 0;
             let mut ops = 0u64;
             while Instant::now() < deadline && !mine.is_empty() {
@@ -460,10 +481,15 @@ fn thousand_claims_sixty_four_clients() {
                     let r: Result<UnprepareResult, _> = ctx.call(
                         "unprepare",
                         Method::Unprepare,
-                        Some(&UidParams { uid: own.uid.clone() }),
+                        Some(&UidParams {
+                            uid: own.uid.clone(),
+                        }),
                     );
                     if !matches!(r, Ok(UnprepareResult { released: true, .. })) {
-                        shared.violation(format!("final unprepare {} (gpu-{}): {r:?}", own.uid, own.gpu));
+                        shared.violation(format!(
+                            "final unprepare {} (gpu-{}): {r:?}",
+                            own.uid, own.gpu
+                        ));
                     }
                     own.prepared = false;
                 }
@@ -497,7 +523,9 @@ fn thousand_claims_sixty_four_clients() {
 
     // The end state: nothing held, nothing left on disk.
     let mut c = d.client();
-    let claims: Vec<ClaimInfo> = c.call(Method::ListClaims, None::<&()>).expect("list_claims");
+    let claims: Vec<ClaimInfo> = c
+        .call(Method::ListClaims, None::<&()>)
+        .expect("list_claims");
     if !claims.is_empty() {
         shared.violation(format!(
             "{} claims left after the drain: {:?}",
@@ -573,7 +601,12 @@ fn thousand_claims_sixty_four_clients() {
         violations.is_empty(),
         "{} invariant violations (first ones):\n{}\nlog tail:\n{}",
         violations.len(),
-        violations.iter().take(20).cloned().collect::<Vec<_>>().join("\n"),
+        violations
+            .iter()
+            .take(20)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n"),
         tail(&d.log(), 40)
     );
     assert!(

@@ -27,9 +27,9 @@ use crate::error::ServiceError;
 use crate::fsutil;
 use crate::gpu::{Gpu, GpuBackend};
 use crate::placement::{Hold, Placement, Want};
-use gpushare_core::Published;
 use crate::strategy::mps::{default_shm_bytes, Liveness, MpsControl, MpsDirs, MpsLaunch};
 use crate::sys::{read_cgroup, Processes};
+use gpushare_core::Published;
 
 mod locks;
 mod modes;
