@@ -153,7 +153,7 @@ impl Service {
         reapply_gpu_settings(backend.as_ref(), &state.placement);
         state.ready = true;
         let modes = GpuModes::new(backend.gpus(), &state.placement);
-        let view = Published::new(View::of(&state));
+        let view = Published::new(View::of(&state, None));
         let ctx = ParseContext {
             node_name: cfg.node_name.clone(),
             drivers: cfg.drivers.clone(),
@@ -202,7 +202,7 @@ impl Service {
         // The newest view holds this change: it was published before the registry unlocked.
         let view = self.view.load();
         let cp = Checkpoint {
-            claims: view.claims.clone(),
+            claims: view.claim_records(),
             ..Checkpoint::default()
         };
         self.checkpoint.save(&cp).map_err(|e| {
@@ -880,14 +880,24 @@ impl Service {
     /// `InvalidRequest` for a malformed UID, `NotFound`.
     pub fn get_claim(&self, uid: &str) -> Result<ClaimInfo, ServiceError> {
         config::validate_claim_uid(uid)?;
-        self.view.load().claims.get(uid).cloned().ok_or_else(|| {
-            ServiceError::new(ErrorCode::NotFound, format!("no claim {uid} on this node"))
-        })
+        self.view
+            .load()
+            .claims
+            .get(uid)
+            .map(|c| ClaimInfo::clone(c))
+            .ok_or_else(|| {
+                ServiceError::new(ErrorCode::NotFound, format!("no claim {uid} on this node"))
+            })
     }
 
     /// All claims, by UID.
     pub fn list_claims(&self) -> Vec<ClaimInfo> {
-        self.view.load().claims.values().cloned().collect()
+        self.view
+            .load()
+            .claims
+            .values()
+            .map(|c| ClaimInfo::clone(c))
+            .collect()
     }
 
     /// All GPUs with their settings and holders.

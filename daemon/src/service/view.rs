@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::{Deref, DerefMut};
-use std::sync::MutexGuard;
+use std::sync::{Arc, MutexGuard};
 
 use gpushare_core::Published;
 use gpushare_proto::ClaimInfo;
@@ -13,24 +13,53 @@ use gpushare_proto::ClaimInfo;
 use super::State;
 use crate::placement::Placement;
 
-/// One published view of the registry.
+/// One published view of the registry. Claims and placement are shared with the previous
+/// view where unchanged, so publishing after a change copies only what changed (a claim
+/// record compares far cheaper than it clones).
 #[derive(Debug, Clone, Default)]
 pub(super) struct View {
-    pub(super) claims: BTreeMap<String, ClaimInfo>,
-    pub(super) placement: Placement,
+    pub(super) claims: BTreeMap<String, Arc<ClaimInfo>>,
+    pub(super) placement: Arc<Placement>,
     pub(super) ready: bool,
     /// The registry's generation this view shows.
     pub(super) generation: u64,
 }
 
 impl View {
-    pub(super) fn of(state: &State) -> View {
+    /// The view of `state`, sharing what is unchanged since `prev`.
+    pub(super) fn of(state: &State, prev: Option<&View>) -> View {
+        let claims = state
+            .claims
+            .iter()
+            .map(|(uid, info)| {
+                let same = prev
+                    .and_then(|p| p.claims.get(uid))
+                    .filter(|old| ***old == *info);
+                let info = match same {
+                    Some(old) => Arc::clone(old),
+                    None => Arc::new(info.clone()),
+                };
+                (uid.clone(), info)
+            })
+            .collect();
+        let placement = match prev {
+            Some(p) if *p.placement == state.placement => Arc::clone(&p.placement),
+            _ => Arc::new(state.placement.clone()),
+        };
         View {
-            claims: state.claims.clone(),
-            placement: state.placement.clone(),
+            claims,
+            placement,
             ready: state.ready,
             generation: state.generation,
         }
+    }
+
+    /// The claims as the checkpoint records them.
+    pub(super) fn claim_records(&self) -> BTreeMap<String, ClaimInfo> {
+        self.claims
+            .iter()
+            .map(|(uid, info)| (uid.clone(), ClaimInfo::clone(info)))
+            .collect()
     }
 }
 
@@ -68,7 +97,10 @@ impl StateGuard<'_> {
         if self.changed {
             self.changed = false;
             self.guard.generation += 1;
-            self.view.publish(View::of(&self.guard));
+            // Only publishers (all under the registry lock) replace the view, so the one
+            // loaded here is the latest.
+            let prev = self.view.load();
+            self.view.publish(View::of(&self.guard, Some(&prev)));
         }
     }
 }
