@@ -211,8 +211,8 @@ fn attach_detach_at_the_limit() {
     });
 }
 
-/// A publisher replaces the snapshot twice while two readers read: every read is one whole
-/// published snapshot (both halves equal), and no reader goes back in time.
+/// A publisher replaces the snapshot twice while two readers read (one of them twice): every
+/// read is one whole published snapshot (both halves equal), and no reader goes back in time.
 ///
 /// Mutations tried (each fails):
 /// - reader registers with `Relaxed` instead of `Acquire`: "Causality violation: Concurrent
@@ -235,15 +235,21 @@ fn readers_never_see_half_a_snapshot() {
                 published.publish((2, 2));
             })
         };
-        let readers: Vec<_> = (0..2)
-            .map(|_| {
+        // One reader reads twice (going back in time needs two reads), the other once: a
+        // second double reader multiplies the interleavings (and CI time) by about ten
+        // without reaching a state this one does not.
+        let readers: Vec<_> = [2, 1]
+            .into_iter()
+            .map(|reads| {
                 let published = Arc::clone(&published);
                 thread::spawn(move || {
-                    let first = published.load();
-                    assert_eq!(first.0, first.1, "half a snapshot");
-                    let second = published.load();
-                    assert_eq!(second.0, second.1, "half a snapshot");
-                    assert!(second.0 >= first.0, "a reader went back in time");
+                    let mut last = 0;
+                    for _ in 0..reads {
+                        let seen = published.load();
+                        assert_eq!(seen.0, seen.1, "half a snapshot");
+                        assert!(seen.0 >= last, "a reader went back in time");
+                        last = seen.0;
+                    }
                 })
             })
             .collect();
