@@ -31,6 +31,29 @@ fn core_want(want: Want) -> gpushare_core::Want {
     }
 }
 
+/// A mode word's mode in the words of placement's messages.
+fn describe_mode(mode: Mode) -> String {
+    match mode {
+        Mode::Free => "free".into(),
+        Mode::Exclusive => "held exclusively".into(),
+        Mode::TimeSliced { interval, .. } => {
+            let name = [
+                TimeSliceInterval::Default,
+                TimeSliceInterval::Short,
+                TimeSliceInterval::Medium,
+                TimeSliceInterval::Long,
+            ]
+            .into_iter()
+            .find(|i| i.as_int() == interval)
+            .map_or("an unknown interval", |i| i.as_str());
+            format!("time-sliced at {name}")
+        }
+        Mode::Mps => "run by an MPS control daemon".into(),
+        Mode::Mig { .. } => "partitioned into MIG instances".into(),
+        Mode::Restoring => "being restored to its defaults".into(),
+    }
+}
+
 impl GpuModes {
     /// Words for `gpus`, holding what `placement` (rebuilt from the checkpoint) holds.
     pub(super) fn new(gpus: &[Gpu], placement: &Placement) -> GpuModes {
@@ -88,10 +111,13 @@ impl GpuModes {
             if let Err(mode) = word.try_acquire(core_want(*want)) {
                 self.give_back(&order[..i]);
                 let what = match (mode, holder(uuid)) {
-                    (Mode::Restoring, _) | (_, None) => {
-                        "being released by its last claim (retry shortly)".to_string()
+                    (Mode::Restoring, _) => {
+                        "being restored to its defaults after its last claim left (retry shortly)"
+                            .to_string()
                     }
                     (_, Some(hold)) => hold.describe(),
+                    // Admitted to a claim whose prepare has not recorded it yet.
+                    (mode, None) => format!("{} by a claim being prepared", describe_mode(mode)),
                 };
                 return Err(Conflict(format!(
                     "{name} ({uuid}) is {what}; claim {claim} asks {}",
@@ -148,5 +174,91 @@ impl GpuModes {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::gpu::SimulatedBackend;
+
+    fn backend() -> SimulatedBackend {
+        SimulatedBackend::without_device_nodes("p4d.24xlarge", "node-a", Path::new("/x"))
+            .expect("simulated node")
+    }
+
+    fn want(gpu: &Gpu, want: Want) -> (String, String, Want) {
+        (gpu.uuid.clone(), gpu.device_name(), want)
+    }
+
+    #[test]
+    fn admission_is_all_or_nothing_and_rebuilt_from_placement() {
+        let backend = backend();
+        let gpus = backend.gpus();
+        let mut placement = Placement::default();
+        placement
+            .reserve("old", &[want(&gpus[1], Want::Mps)])
+            .expect("free GPU");
+        // As after a restart: the words hold what the checkpoint's placement holds.
+        let modes = GpuModes::new(gpus, &placement);
+        let err = modes
+            .admit(
+                "new",
+                &[
+                    want(&gpus[0], Want::Exclusive),
+                    want(&gpus[1], Want::TimeSlicing(TimeSliceInterval::Default)),
+                ],
+                |uuid| placement.hold(uuid).cloned(),
+            )
+            .expect_err("gpu-1 runs old's MPS daemon");
+        assert!(
+            err.0.contains("gpu-1") && err.0.contains("MPS control daemon of claim old"),
+            "{err}"
+        );
+        assert_eq!(
+            modes.words[&gpus[0].uuid].load(),
+            Mode::Free,
+            "gpu-0, admitted before gpu-1 refused, was given back"
+        );
+        modes
+            .admit("other", &[want(&gpus[0], Want::Exclusive)], |_| None)
+            .expect("gpu-0 is free again");
+        let err = modes
+            .admit("late", &[want(&gpus[0], Want::Mps)], |_| None)
+            .expect_err("gpu-0 is held");
+        assert!(
+            err.0.contains("held exclusively by a claim being prepared"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_last_holder_restores_the_interval() {
+        let backend = backend();
+        let gpu = backend.gpus()[2].clone();
+        let modes = GpuModes::new(backend.gpus(), &Placement::default());
+        let long = [want(&gpu, Want::TimeSlicing(TimeSliceInterval::Long))];
+        modes.admit("a", &long, |_| None).expect("free GPU");
+        modes.admit("b", &long, |_| None).expect("same interval");
+        backend
+            .set_time_slice(&gpu.uuid, TimeSliceInterval::Long)
+            .expect("simulated");
+        modes.release(&backend, &long);
+        assert_eq!(
+            backend.time_slice(&gpu.uuid).ok(),
+            Some(TimeSliceInterval::Long),
+            "b still holds it"
+        );
+        modes.release(&backend, &long);
+        assert_eq!(
+            backend.time_slice(&gpu.uuid).ok(),
+            Some(TimeSliceInterval::Default)
+        );
+        assert_eq!(modes.words[&gpu.uuid].load(), Mode::Free);
+        // A release without a hold changes nothing (and is logged).
+        modes.release(&backend, &long);
+        assert_eq!(modes.words[&gpu.uuid].load(), Mode::Free);
     }
 }
