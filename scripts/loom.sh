@@ -7,5 +7,7 @@ cd "$(dirname "$0")/.."
 export RUSTFLAGS="--cfg gpushare_loom ${RUSTFLAGS:-}"
 # Optimized (the models run many thousands of interleavings), without LTO (faster to build).
 export CARGO_PROFILE_RELEASE_LTO=false
+# The models and the loom build of the primitives get the same lints as everything else.
+cargo clippy -p gpushare-core --release --locked --tests --target-dir target/loom -- -D warnings
 time cargo test -p gpushare-core --release --locked --test loom \
     --target-dir target/loom -- --test-threads=1 "$@"

@@ -39,13 +39,13 @@ impl Gpu {
     }
 
     fn apply(&self, tag: u8) {
-        // SAFETY (model): only the first holder writes; the word is what must make this
+        // SAFETY: only the first holder writes; in this model the word is what must make this
         // exclusive, and loom reports it when it does not.
         self.setting.with_mut(|p| unsafe { *p = tag });
     }
 
     fn read(&self) -> u8 {
-        // SAFETY (model): see `apply`.
+        // SAFETY: see `apply`.
         self.setting.with(|p| unsafe { *p })
     }
 
@@ -190,9 +190,9 @@ fn attach_detach_at_the_limit() {
                         }
                     };
                     assert!(taken <= 1, "count passed the limit");
-                    // SAFETY (model): the counter must make the slot exclusive.
+                    // SAFETY: in this model the counter is what must make the slot exclusive.
                     slot.with_mut(|p| unsafe { *p = me });
-                    // SAFETY (model): as above.
+                    // SAFETY: as above.
                     slot.with_mut(|p| unsafe { *p = 0 });
                     counter.release().expect("a taken slot releases");
                 })
