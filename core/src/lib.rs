@@ -3,7 +3,7 @@
 //! | item | what | protects |
 //! |---|---|---|
 //! | [`GpuModeWord`] | one GPU's sharing mode and holder count, changed only by compare-and-swap | no two conflicting modes on one GPU; settings restored before the GPU is free again |
-//! | [`BoundedCounter`] | a claim's attached containers, never above its limit nor below zero | the claim's `replicas` |
+//! | [`BoundedCounter`] | a count never above its limit nor below zero, for a claim's attached containers | the claim's `replicas` (gpushared still counts them under its registry lock, where attachments are recorded) |
 //! | [`Published`] | the latest status snapshot, swapped in whole | readers never wait for writers, never see half a snapshot |
 //!
 //! Every primitive is built on [`sync`], which is `std` normally and `loom` under
