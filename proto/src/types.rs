@@ -449,7 +449,7 @@ pub struct GpuInfo {
     #[serde(default)]
     pub mig_enabled: bool,
     /// MIG devices that exist on it now (only when MIG mode is enabled).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub mig_devices: Vec<MigDeviceInfo>,
 }
 
