@@ -14,8 +14,8 @@ use std::path::PathBuf;
 use gpushare_proto::{
     AttachParams, Attachment, ClaimDevice, ClaimInfo, ClaimState, ComputeMode, DetachParams,
     DetachResult, ErrorBody, ErrorCode, GpuInfo, GpuSharing, GroupInfo, HealthInfo, Method,
-    MigDeviceInfo, MpsInfo, PrepareParams, PrepareResult, Request, RequestDevices, Response, StrategyInfo,
-    TimeSliceInterval, UidParams, UnprepareResult, VersionInfo, PROTOCOL_VERSION,
+    MigDeviceInfo, MpsInfo, PrepareParams, PrepareResult, Request, RequestDevices, Response,
+    StrategyInfo, TimeSliceInterval, UidParams, UnprepareResult, VersionInfo, PROTOCOL_VERSION,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;

@@ -83,7 +83,10 @@ fn p4d_resource_slice_has_nvidia_s_attributes_and_round_trips() {
         Some("NVIDIA A100-SXM4-40GB")
     );
     assert_eq!(attr("architecture").string.as_deref(), Some("Ampere"));
-    assert_eq!(attr("cudaComputeCapability").version.as_deref(), Some("8.0.0"));
+    assert_eq!(
+        attr("cudaComputeCapability").version.as_deref(),
+        Some("8.0.0")
+    );
     assert_eq!(attr("driverVersion").version.as_deref(), Some("570.172.8"));
     assert_eq!(attr("cudaDriverVersion").version.as_deref(), Some("12.8.0"));
     assert_eq!(
@@ -116,7 +119,10 @@ fn mig_enabled_gpus_publish_their_mig_devices_instead() {
     );
     let m = &slice.spec.devices[0];
     assert_eq!(m.attributes["type"].string.as_deref(), Some("mig"));
-    assert_eq!(m.attributes["parentUUID"].string.as_deref(), Some(gpus[0].uuid.as_str()));
+    assert_eq!(
+        m.attributes["parentUUID"].string.as_deref(),
+        Some(gpus[0].uuid.as_str())
+    );
     assert_eq!(m.attributes["profile"].string.as_deref(), Some("3g.20gb"));
     assert_eq!(m.capacity["multiprocessors"].value, "42");
     assert_eq!(m.capacity["memory"].value, "19968Mi");
@@ -126,5 +132,13 @@ fn mig_enabled_gpus_publish_their_mig_devices_instead() {
         .filter(|k| k.starts_with("memorySlice"))
         .map(String::as_str)
         .collect();
-    assert_eq!(slices, ["memorySlice0", "memorySlice1", "memorySlice2", "memorySlice3"]);
+    assert_eq!(
+        slices,
+        [
+            "memorySlice0",
+            "memorySlice1",
+            "memorySlice2",
+            "memorySlice3"
+        ]
+    );
 }

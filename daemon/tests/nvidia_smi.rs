@@ -55,7 +55,10 @@ fn success_is_confirmed_and_the_command_line_is_nvidia_s() {
         TimeSliceInterval::Short,
     );
     r.unwrap();
-    assert_eq!(args.trim(), format!("compute-policy -i {UUID} --set-timeslice 1"));
+    assert_eq!(
+        args.trim(),
+        format!("compute-policy -i {UUID} --set-timeslice 1")
+    );
 }
 
 #[test]

@@ -62,7 +62,11 @@ fn gpushare_gpus_from_a_real_daemon_matches_the_stored_table() {
     }
     let d = Daemon::emulated();
     let out = gpushare(&d, &["gpus"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let want = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../daemon/tests/data/gpus/p4d.24xlarge.txt"),
     )
@@ -77,7 +81,11 @@ fn gpushare_gpus_resourceslice_for_p4d_is_valid() {
     }
     let d = Daemon::emulated();
     let out = gpushare(&d, &["gpus", "-o", "resourceslice"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let slice: ResourceSlice = serde_norway::from_slice(&out.stdout).unwrap();
     resource_slice::validate(&slice).unwrap();
     assert_eq!(slice.spec.node_name, NODE);
@@ -85,7 +93,10 @@ fn gpushare_gpus_resourceslice_for_p4d_is_valid() {
     let gpus = d.gpus();
     for dev in &slice.spec.devices {
         let g = &gpus[&dev.name];
-        assert_eq!(dev.attributes["uuid"].string.as_deref(), Some(g.uuid.as_str()));
+        assert_eq!(
+            dev.attributes["uuid"].string.as_deref(),
+            Some(g.uuid.as_str())
+        );
         assert_eq!(dev.capacity["memory"].value, "40Gi");
     }
     // Only `gpus` has a ResourceSlice.

@@ -196,11 +196,7 @@ fn real_dir(dir: &Path, mode: u32) -> Result<PathBuf> {
 }
 
 /// NVML unless a node profile is simulated, with the administrator's switches laid over it.
-fn gpu_backend(
-    gpus: &GpusConfig,
-    node_name: &str,
-    run_dir: &Path,
-) -> Result<Arc<dyn GpuBackend>> {
+fn gpu_backend(gpus: &GpusConfig, node_name: &str, run_dir: &Path) -> Result<Arc<dyn GpuBackend>> {
     let inner: Arc<dyn GpuBackend> = if gpus.simulate.is_empty() {
         let nvml = NvmlLib::init().map_err(|e| {
             anyhow::anyhow!("{e}; is the NVIDIA driver installed? Without GPUs, run with --simulate <node profile> (e.g. p4d.24xlarge)")

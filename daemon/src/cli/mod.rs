@@ -149,7 +149,15 @@ impl ProfileRow {
 
 /// The `gpushare profiles` table.
 pub fn profiles_table(rows: &[ProfileRow]) -> String {
-    let mut t = table(&["PROFILE", "GPUS", "PRODUCT", "MEMORY (MiB)", "ARCH", "CC", "MIG"]);
+    let mut t = table(&[
+        "PROFILE",
+        "GPUS",
+        "PRODUCT",
+        "MEMORY (MiB)",
+        "ARCH",
+        "CC",
+        "MIG",
+    ]);
     for r in rows {
         t.add_row(vec![
             r.name.clone(),

@@ -24,7 +24,9 @@ pub const DEFAULT_CUDA_DRIVER_VERSION: &str = "12.8";
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
     /// Neither a catalog name nor a file.
-    #[error("unknown node profile {name:?}; known: {known} (or a profile file path containing '/')")]
+    #[error(
+        "unknown node profile {name:?}; known: {known} (or a profile file path containing '/')"
+    )]
     Unknown {
         /// What was asked for.
         name: String,
@@ -420,11 +422,13 @@ mod tests {
         let p = resolve("p4d.24xlarge").unwrap();
         let gpus = p.gpus("node");
         assert_eq!(gpus.len(), 8);
-        assert!(gpus.iter().all(|g| g.product_name == "NVIDIA A100-SXM4-40GB"
-            && g.memory_mib == 40960
-            && g.compute_capability == (8, 0)
-            && g.mig_capable
-            && !g.mig_enabled));
+        assert!(gpus
+            .iter()
+            .all(|g| g.product_name == "NVIDIA A100-SXM4-40GB"
+                && g.memory_mib == 40960
+                && g.compute_capability == (8, 0)
+                && g.mig_capable
+                && !g.mig_enabled));
         let numa: Vec<_> = gpus.iter().map(|g| g.numa_node).collect();
         assert_eq!(numa[..4], [Some(0); 4]);
         assert_eq!(numa[4..], [Some(1); 4]);
@@ -472,7 +476,10 @@ pci_bus_ids = ["00000000:3B:00.0", "00000000:5E:00.0"]
         let gpus = p.gpus("n");
         assert_eq!(gpus.len(), 3);
         assert_eq!(gpus[0].mig_devices.len(), 1);
-        assert_eq!(gpus[0].mig_devices[0].device_name(0), "gpu-0-mig-3g20gb-9-4");
+        assert_eq!(
+            gpus[0].mig_devices[0].device_name(0),
+            "gpu-0-mig-3g20gb-9-4"
+        );
         assert!(gpus[0].mig_devices[0].uuid.starts_with("MIG-"));
         assert_eq!(gpus[2].minor, 2);
         assert_eq!(gpus[2].pci_bus_id, "00000000:5E:00.0");

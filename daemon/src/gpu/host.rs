@@ -161,7 +161,11 @@ mod tests {
         fn new() -> Arc<Self> {
             let gpus = catalog::resolve("p4d.24xlarge").unwrap().gpus("n");
             Arc::new(FakeNvml {
-                modes: Mutex::new(gpus.iter().map(|g| (g.uuid.clone(), ComputeMode::Default)).collect()),
+                modes: Mutex::new(
+                    gpus.iter()
+                        .map(|g| (g.uuid.clone(), ComputeMode::Default))
+                        .collect(),
+                ),
                 gpus,
                 pids: Mutex::new(HashMap::new()),
                 calls: Mutex::new(Vec::new()),
@@ -177,15 +181,29 @@ mod tests {
             self.gpus.clone()
         }
         fn compute_mode(&self, uuid: &str) -> Result<ComputeMode, GpuError> {
-            self.modes.lock().unwrap().get(uuid).copied().ok_or_else(|| GpuError::NoSuchGpu(uuid.into()))
+            self.modes
+                .lock()
+                .unwrap()
+                .get(uuid)
+                .copied()
+                .ok_or_else(|| GpuError::NoSuchGpu(uuid.into()))
         }
         fn set_compute_mode(&self, uuid: &str, mode: ComputeMode) -> Result<(), GpuError> {
-            self.calls.lock().unwrap().push(format!("set {uuid} {mode:?}"));
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("set {uuid} {mode:?}"));
             self.modes.lock().unwrap().insert(uuid.into(), mode);
             Ok(())
         }
         fn compute_processes(&self, uuid: &str) -> Result<Vec<u32>, GpuError> {
-            Ok(self.pids.lock().unwrap().get(uuid).cloned().unwrap_or_default())
+            Ok(self
+                .pids
+                .lock()
+                .unwrap()
+                .get(uuid)
+                .cloned()
+                .unwrap_or_default())
         }
     }
 
@@ -219,12 +237,20 @@ mod tests {
         let (b, nvml, _) = backend();
         let uuid = b.gpus()[3].uuid.clone();
         nvml.pids.lock().unwrap().insert(uuid.clone(), vec![4242]);
-        let e = b.set_compute_mode(&uuid, ComputeMode::ExclusiveProcess).unwrap_err();
-        assert!(matches!(e, GpuError::Busy(ref m) if m.contains("4242")), "{e}");
+        let e = b
+            .set_compute_mode(&uuid, ComputeMode::ExclusiveProcess)
+            .unwrap_err();
+        assert!(
+            matches!(e, GpuError::Busy(ref m) if m.contains("4242")),
+            "{e}"
+        );
         assert!(nvml.sets().is_empty());
         assert_eq!(b.compute_mode(&uuid).unwrap(), ComputeMode::Default);
         // Restoring DEFAULT is never refused.
-        nvml.modes.lock().unwrap().insert(uuid.clone(), ComputeMode::ExclusiveProcess);
+        nvml.modes
+            .lock()
+            .unwrap()
+            .insert(uuid.clone(), ComputeMode::ExclusiveProcess);
         b.set_compute_mode(&uuid, ComputeMode::Default).unwrap();
         assert_eq!(b.compute_mode(&uuid).unwrap(), ComputeMode::Default);
     }
@@ -235,8 +261,10 @@ mod tests {
         let uuid = b.gpus()[0].uuid.clone();
         b.set_compute_mode(&uuid, ComputeMode::Default).unwrap();
         assert!(nvml.sets().is_empty());
-        b.set_compute_mode(&uuid, ComputeMode::ExclusiveProcess).unwrap();
-        b.set_compute_mode(&uuid, ComputeMode::ExclusiveProcess).unwrap();
+        b.set_compute_mode(&uuid, ComputeMode::ExclusiveProcess)
+            .unwrap();
+        b.set_compute_mode(&uuid, ComputeMode::ExclusiveProcess)
+            .unwrap();
         assert_eq!(nvml.sets().len(), 1);
     }
 

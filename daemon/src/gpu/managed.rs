@@ -97,7 +97,8 @@ mod tests {
         );
         let m = ManagedSettings::new(sim.clone(), false, false);
         let uuid = sim.gpus()[0].uuid.clone();
-        m.set_compute_mode(&uuid, ComputeMode::ExclusiveProcess).unwrap();
+        m.set_compute_mode(&uuid, ComputeMode::ExclusiveProcess)
+            .unwrap();
         m.set_time_slice(&uuid, TimeSliceInterval::Long).unwrap();
         assert_eq!(sim.compute_mode(&uuid).unwrap(), ComputeMode::Default);
         assert_eq!(sim.time_slice(&uuid).unwrap(), TimeSliceInterval::Default);
@@ -105,7 +106,11 @@ mod tests {
         assert!(m.describe().contains("compute mode not managed"));
 
         let on = ManagedSettings::new(sim.clone(), true, true);
-        on.set_compute_mode(&uuid, ComputeMode::ExclusiveProcess).unwrap();
-        assert_eq!(sim.compute_mode(&uuid).unwrap(), ComputeMode::ExclusiveProcess);
+        on.set_compute_mode(&uuid, ComputeMode::ExclusiveProcess)
+            .unwrap();
+        assert_eq!(
+            sim.compute_mode(&uuid).unwrap(),
+            ComputeMode::ExclusiveProcess
+        );
     }
 }

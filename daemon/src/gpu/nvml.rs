@@ -69,7 +69,9 @@ pub struct NvmlLib {
 
 impl std::fmt::Debug for NvmlLib {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NvmlLib").field("gpus", &self.gpus.len()).finish()
+        f.debug_struct("NvmlLib")
+            .field("gpus", &self.gpus.len())
+            .finish()
     }
 }
 
@@ -99,8 +101,12 @@ fn to_nvml(mode: ComputeMode) -> NvmlComputeMode {
 
 fn gpu_error(call: &str, uuid: &str, e: NvmlError) -> GpuError {
     match e {
-        NvmlError::NotSupported => GpuError::Unsupported(format!("{call} on {uuid}: not supported by this GPU")),
-        NvmlError::NoPermission => GpuError::Failed(format!("{call} on {uuid}: no permission (gpushared must run as root)")),
+        NvmlError::NotSupported => {
+            GpuError::Unsupported(format!("{call} on {uuid}: not supported by this GPU"))
+        }
+        NvmlError::NoPermission => GpuError::Failed(format!(
+            "{call} on {uuid}: no permission (gpushared must run as root)"
+        )),
         other => GpuError::Failed(format!("{call} on {uuid}: {other}")),
     }
 }
@@ -124,7 +130,9 @@ impl NvmlLib {
         let mut pairs = Vec::with_capacity(count as usize);
         for index in 0..count {
             let dev = |message: String| NvmlInitError::Device { index, message };
-            let device = nvml.device_by_index(index).map_err(|e| dev(e.to_string()))?;
+            let device = nvml
+                .device_by_index(index)
+                .map_err(|e| dev(e.to_string()))?;
             let read = |what: &str, e: NvmlError| dev(format!("{what}: {e}"));
             let uuid = device.uuid().map_err(|e| read("uuid", e))?;
             let cc = device
@@ -156,10 +164,7 @@ impl NvmlLib {
             pairs.push((gpu, device));
         }
         pairs.sort_by_key(|(g, _)| g.minor);
-        let (gpus, devices) = pairs
-            .into_iter()
-            .map(|(g, d)| (g, Mutex::new(d)))
-            .unzip();
+        let (gpus, devices) = pairs.into_iter().map(|(g, d)| (g, Mutex::new(d))).unzip();
         Ok(NvmlLib { gpus, devices })
     }
 

@@ -155,7 +155,9 @@ pub fn quantity(bytes: u64) -> String {
 pub fn pci_bus_id(nvml: &str) -> String {
     let lower = nvml.to_ascii_lowercase();
     match lower.split_once(':') {
-        Some((domain, rest)) if domain.len() > 4 => format!("{}:{rest}", &domain[domain.len() - 4..]),
+        Some((domain, rest)) if domain.len() > 4 => {
+            format!("{}:{rest}", &domain[domain.len() - 4..])
+        }
         _ => lower,
     }
 }
@@ -170,7 +172,10 @@ fn common_attributes(g: &GpuInfo) -> BTreeMap<String, Attribute> {
         a.insert("architecture".into(), string(&g.architecture));
     }
     if !g.cuda_compute_capability.is_empty() {
-        a.insert("cudaComputeCapability".into(), version(&g.cuda_compute_capability));
+        a.insert(
+            "cudaComputeCapability".into(),
+            version(&g.cuda_compute_capability),
+        );
     }
     if !g.driver_version.is_empty() {
         a.insert("driverVersion".into(), version(&g.driver_version));
@@ -179,7 +184,10 @@ fn common_attributes(g: &GpuInfo) -> BTreeMap<String, Attribute> {
         a.insert("cudaDriverVersion".into(), version(&g.cuda_driver_version));
     }
     if !g.pci_bus_id.is_empty() {
-        a.insert("resource.kubernetes.io/pciBusID".into(), string(&pci_bus_id(&g.pci_bus_id)));
+        a.insert(
+            "resource.kubernetes.io/pciBusID".into(),
+            string(&pci_bus_id(&g.pci_bus_id)),
+        );
     }
     if let Some(n) = g.numa_node {
         a.insert("resource.kubernetes.io/numaNode".into(), int(i64::from(n)));
@@ -202,9 +210,21 @@ fn mig_device(g: &GpuInfo, m: &MigDeviceInfo) -> Device {
         ("ofaEngines", u64::from(m.ofa_engines)),
     ]
     .into_iter()
-    .map(|(k, v)| (k.to_string(), Capacity { value: v.to_string() }))
+    .map(|(k, v)| {
+        (
+            k.to_string(),
+            Capacity {
+                value: v.to_string(),
+            },
+        )
+    })
     .collect();
-    capacity.insert("memory".into(), Capacity { value: quantity(m.memory_mib << 20) });
+    capacity.insert(
+        "memory".into(),
+        Capacity {
+            value: quantity(m.memory_mib << 20),
+        },
+    );
     for s in m.placement_start..m.placement_start + m.memory_slices {
         capacity.insert(format!("memorySlice{s}"), Capacity { value: "1".into() });
     }
@@ -228,7 +248,9 @@ pub fn build(gpus: &[GpuInfo], node_name: &str, driver: &str) -> ResourceSlice {
         attributes.insert("uuid".into(), string(&g.uuid));
         let capacity = BTreeMap::from([(
             "memory".to_string(),
-            Capacity { value: quantity(g.memory_mib << 20) },
+            Capacity {
+                value: quantity(g.memory_mib << 20),
+            },
         )]);
         devices.push(Device {
             name: g.name.clone(),
@@ -258,7 +280,8 @@ pub fn build(gpus: &[GpuInfo], node_name: &str, driver: &str) -> ResourceSlice {
 fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -288,7 +311,10 @@ fn is_quantity(s: &str) -> bool {
     let suffix = &s[digits.len()..];
     !digits.is_empty()
         && digits.bytes().all(|b| b.is_ascii_digit())
-        && ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "k", "M", "G", "T", "P", "E"].contains(&suffix)
+        && [
+            "", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "k", "M", "G", "T", "P", "E",
+        ]
+        .contains(&suffix)
 }
 
 /// Checks the rules the API server applies to a ResourceSlice (names, pool, attribute keys,
@@ -302,23 +328,41 @@ pub fn validate(s: &ResourceSlice) -> Result<(), Vec<String>> {
         errs.push(format!("apiVersion/kind: {}/{}", s.api_version, s.kind));
     }
     if !is_dns_subdomain(&s.metadata.name, 253) {
-        errs.push(format!("metadata.name {:?}: not a DNS subdomain", s.metadata.name));
+        errs.push(format!(
+            "metadata.name {:?}: not a DNS subdomain",
+            s.metadata.name
+        ));
     }
     if !is_dns_subdomain(&s.spec.driver, 63) {
-        errs.push(format!("spec.driver {:?}: not a DNS subdomain of at most 63 characters", s.spec.driver));
+        errs.push(format!(
+            "spec.driver {:?}: not a DNS subdomain of at most 63 characters",
+            s.spec.driver
+        ));
     }
     let pool = &s.spec.pool;
-    if pool.name.is_empty() || pool.name.len() > 253 || !pool.name.split('/').all(|p| is_dns_subdomain(p, 253)) {
-        errs.push(format!("spec.pool.name {:?}: not DNS subdomains separated by '/'", pool.name));
+    if pool.name.is_empty()
+        || pool.name.len() > 253
+        || !pool.name.split('/').all(|p| is_dns_subdomain(p, 253))
+    {
+        errs.push(format!(
+            "spec.pool.name {:?}: not DNS subdomains separated by '/'",
+            pool.name
+        ));
     }
     if pool.generation < 0 || pool.resource_slice_count < 1 {
         errs.push("spec.pool: generation must be >= 0 and resourceSliceCount >= 1".into());
     }
     if !is_dns_subdomain(&s.spec.node_name, 253) {
-        errs.push(format!("spec.nodeName {:?}: not a DNS subdomain", s.spec.node_name));
+        errs.push(format!(
+            "spec.nodeName {:?}: not a DNS subdomain",
+            s.spec.node_name
+        ));
     }
     if s.spec.devices.len() > MAX_DEVICES {
-        errs.push(format!("spec.devices: {} devices, at most {MAX_DEVICES}", s.spec.devices.len()));
+        errs.push(format!(
+            "spec.devices: {} devices, at most {MAX_DEVICES}",
+            s.spec.devices.len()
+        ));
     }
     let mut names = std::collections::BTreeSet::new();
     for (i, d) in s.spec.devices.iter().enumerate() {
@@ -330,27 +374,40 @@ pub fn validate(s: &ResourceSlice) -> Result<(), Vec<String>> {
             errs.push(format!("{at}.name {:?}: duplicate", d.name));
         }
         if d.attributes.len() + d.capacity.len() > MAX_ATTRIBUTES_AND_CAPACITIES {
-            errs.push(format!("{at}: more than {MAX_ATTRIBUTES_AND_CAPACITIES} attributes and capacities"));
+            errs.push(format!(
+                "{at}: more than {MAX_ATTRIBUTES_AND_CAPACITIES} attributes and capacities"
+            ));
         }
         for (k, v) in &d.attributes {
             if !is_qualified_name(k) {
                 errs.push(format!("{at}.attributes[{k:?}]: not a qualified name"));
             }
-            let set = [v.int.is_some(), v.bool.is_some(), v.string.is_some(), v.version.is_some()]
-                .iter()
-                .filter(|x| **x)
-                .count();
+            let set = [
+                v.int.is_some(),
+                v.bool.is_some(),
+                v.string.is_some(),
+                v.version.is_some(),
+            ]
+            .iter()
+            .filter(|x| **x)
+            .count();
             if set != 1 {
-                errs.push(format!("{at}.attributes[{k:?}]: {set} value types set, exactly one allowed"));
+                errs.push(format!(
+                    "{at}.attributes[{k:?}]: {set} value types set, exactly one allowed"
+                ));
             }
             if let Some(sv) = &v.string {
                 if sv.len() > MAX_VALUE_LENGTH {
-                    errs.push(format!("{at}.attributes[{k:?}].string: longer than {MAX_VALUE_LENGTH}"));
+                    errs.push(format!(
+                        "{at}.attributes[{k:?}].string: longer than {MAX_VALUE_LENGTH}"
+                    ));
                 }
             }
             if let Some(vv) = &v.version {
                 if vv.len() > MAX_VALUE_LENGTH || semver::Version::parse(vv).is_err() {
-                    errs.push(format!("{at}.attributes[{k:?}].version {vv:?}: not a semantic version 2.0.0"));
+                    errs.push(format!(
+                        "{at}.attributes[{k:?}].version {vv:?}: not a semantic version 2.0.0"
+                    ));
                 }
             }
         }
@@ -359,7 +416,10 @@ pub fn validate(s: &ResourceSlice) -> Result<(), Vec<String>> {
                 errs.push(format!("{at}.capacity[{k:?}]: not a qualified name"));
             }
             if !is_quantity(&c.value) {
-                errs.push(format!("{at}.capacity[{k:?}].value {:?}: not a quantity", c.value));
+                errs.push(format!(
+                    "{at}.capacity[{k:?}].value {:?}: not a quantity",
+                    c.value
+                ));
             }
         }
     }
@@ -388,19 +448,49 @@ mod tests {
     #[test]
     fn validation_catches_each_rule() {
         let gpu = crate::gpu::catalog::resolve("g5.xlarge").unwrap().gpus("n")[0].info();
-        let good = build(&[gpu], "ip-10-0-1-23.us-west-2.compute.internal", "gpu.nvidia.com");
+        let good = build(
+            &[gpu],
+            "ip-10-0-1-23.us-west-2.compute.internal",
+            "gpu.nvidia.com",
+        );
         validate(&good).unwrap();
         let mut bad = good.clone();
         let d = &mut bad.spec.devices[0];
         d.name = "GPU_0".into();
         d.attributes.insert("not a key".into(), string("x"));
-        d.attributes.insert("both".into(), Attribute { int: Some(1), string: Some("x".into()), ..Attribute::default() });
-        d.attributes.insert("v".into(), Attribute { version: Some("570.172.08".into()), ..Attribute::default() });
+        d.attributes.insert(
+            "both".into(),
+            Attribute {
+                int: Some(1),
+                string: Some("x".into()),
+                ..Attribute::default()
+            },
+        );
+        d.attributes.insert(
+            "v".into(),
+            Attribute {
+                version: Some("570.172.08".into()),
+                ..Attribute::default()
+            },
+        );
         d.attributes.insert("long".into(), string(&"x".repeat(65)));
-        d.capacity.insert("memory".into(), Capacity { value: "40 GB".into() });
+        d.capacity.insert(
+            "memory".into(),
+            Capacity {
+                value: "40 GB".into(),
+            },
+        );
         bad.spec.driver = "Gpu.Nvidia.com".into();
         let errs = validate(&bad).unwrap_err().join("\n");
-        for needle in ["GPU_0", "not a key", "2 value types", "570.172.08", "longer than 64", "40 GB", "spec.driver"] {
+        for needle in [
+            "GPU_0",
+            "not a key",
+            "2 value types",
+            "570.172.08",
+            "longer than 64",
+            "40 GB",
+            "spec.driver",
+        ] {
             assert!(errs.contains(needle), "{needle} not in:\n{errs}");
         }
     }

@@ -24,7 +24,12 @@ use crate::sys::{CommandOutput, CommandRunner, CommandSpec};
 
 /// Where `nvidia-smi` is looked for when not configured: the places NVIDIA's packages and the
 /// EKS AL2023 AMIs install it.
-pub const NVIDIA_SMI_CANDIDATES: &[&str] = &["/usr/bin/nvidia-smi", "/usr/sbin/nvidia-smi", "/bin/nvidia-smi", "/opt/bin/nvidia-smi"];
+pub const NVIDIA_SMI_CANDIDATES: &[&str] = &[
+    "/usr/bin/nvidia-smi",
+    "/usr/sbin/nvidia-smi",
+    "/bin/nvidia-smi",
+    "/opt/bin/nvidia-smi",
+];
 
 /// Runs `nvidia-smi compute-policy` for one GPU at a time, each run bounded by `timeout`.
 #[derive(Debug, Clone)]
@@ -109,7 +114,11 @@ pub fn interpret(
     interval: TimeSliceInterval,
     timeout: Duration,
 ) -> Result<(), GpuError> {
-    let what = format!("nvidia-smi compute-policy --set-timeslice {} ({}) on {uuid}", interval.as_int(), interval.as_str());
+    let what = format!(
+        "nvidia-smi compute-policy --set-timeslice {} ({}) on {uuid}",
+        interval.as_int(),
+        interval.as_str()
+    );
     if out.timed_out {
         return Err(GpuError::Failed(format!(
             "{what} did not finish within {} s and was killed",
@@ -123,17 +132,20 @@ pub fn interpret(
             out.summary()
         )));
     }
-    let confirmed = out
-        .stdout
-        .lines()
-        .any(|l| l.trim_start().starts_with("Successfully set timeslice policy"));
+    let confirmed = out.stdout.lines().any(|l| {
+        l.trim_start()
+            .starts_with("Successfully set timeslice policy")
+    });
     match (out.success(), confirmed) {
         (true, true) => Ok(()),
         (true, false) => Err(GpuError::Failed(format!(
             "{what} exited 0 without confirming the change: {}",
             out.summary()
         ))),
-        (false, _) => Err(GpuError::Failed(format!("{what} failed: {}", out.summary()))),
+        (false, _) => Err(GpuError::Failed(format!(
+            "{what} failed: {}",
+            out.summary()
+        ))),
     }
 }
 
@@ -171,7 +183,8 @@ mod tests {
     fn command_line_names_the_uuid_and_the_interval_number() {
         let rec = Arc::new(Recorder::default());
         let smi = NvidiaSmi::new("/usr/bin/nvidia-smi".into(), rec.clone(), T);
-        smi.set_time_slice("GPU-abc", TimeSliceInterval::Long).unwrap();
+        smi.set_time_slice("GPU-abc", TimeSliceInterval::Long)
+            .unwrap();
         let calls = rec.0.lock().unwrap();
         assert_eq!(
             calls[0].args,
@@ -199,10 +212,16 @@ mod tests {
         ));
         let garbage = out(Some(0), "\u{1b}[?1049h@@@ segfault? ###\n", false);
         let e = interpret(&garbage, "GPU-a", TimeSliceInterval::Short, T).unwrap_err();
-        assert!(matches!(e, GpuError::Failed(ref m) if m.contains("without confirming")), "{e}");
+        assert!(
+            matches!(e, GpuError::Failed(ref m) if m.contains("without confirming")),
+            "{e}"
+        );
         let hang = out(None, "", true);
         let e = interpret(&hang, "GPU-a", TimeSliceInterval::Short, T).unwrap_err();
-        assert!(matches!(e, GpuError::Failed(ref m) if m.contains("within 5 s")), "{e}");
+        assert!(
+            matches!(e, GpuError::Failed(ref m) if m.contains("within 5 s")),
+            "{e}"
+        );
         let perm = out(Some(4), "Insufficient Permissions\n", false);
         let e = interpret(&perm, "GPU-a", TimeSliceInterval::Short, T).unwrap_err();
         assert!(e.to_string().contains("Insufficient Permissions"), "{e}");
