@@ -2,6 +2,8 @@
 //! `tests/data/gpus/<profile>.txt`, and yields a ResourceSlice the API server would accept.
 //! Regenerate the tables after a deliberate change with `GPUSHARE_BLESS=1`.
 
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
 use std::path::{Path, PathBuf};
 
 use gpushare::cli::gpus_table;

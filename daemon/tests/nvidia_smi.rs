@@ -2,6 +2,8 @@
 //! a stand-in `nvidia-smi` script replays each recording with its exit status, run by the
 //! daemon's real process runner, so the time bound and signals are real.
 
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
