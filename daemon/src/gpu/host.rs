@@ -290,4 +290,116 @@ mod tests {
             Err(GpuError::NoSuchGpu(_))
         ));
     }
+
+    /// Through the whole service: a busy GPU refuses an MPS claim with `Conflict`, starts no
+    /// MPS control daemon and leaves no CDI spec, compute mode untouched; a time-slicing claim
+    /// on a GPU whose nvidia-smi answers "Not Supported" gets `Unsupported` for that claim only.
+    #[test]
+    fn the_service_maps_busy_to_conflict_and_not_supported_to_unsupported() {
+        use crate::cdi::HookConfig;
+        use crate::service::{Service, ServiceConfig};
+        use crate::strategy::mps::MpsControl;
+        use crate::sys::fake::FakeHost;
+        use gpushare_proto::ErrorCode;
+        use serde_json::json;
+
+        #[derive(Debug)]
+        struct NotSupported;
+        impl CommandRunner for NotSupported {
+            fn run(&self, _: &CommandSpec) -> std::io::Result<CommandOutput> {
+                Ok(CommandOutput {
+                    code: Some(3),
+                    stdout:
+                        "Failed to set timeslice policy with value Long for GPU 0 : Not Supported\n"
+                            .into(),
+                    stderr: String::new(),
+                    timed_out: false,
+                })
+            }
+        }
+
+        let dir = tempfile::tempdir().unwrap();
+        let nvml = FakeNvml::new();
+        let backend = Arc::new(HostBackend::new(
+            nvml.clone(),
+            NvidiaSmi::new(
+                "nvidia-smi".into(),
+                Arc::new(NotSupported),
+                Duration::from_secs(5),
+            ),
+            Path::new("/nonexistent-dev"),
+        ));
+        let busy = backend.gpus()[2].uuid.clone();
+        nvml.pids.lock().unwrap().insert(busy.clone(), vec![31337]);
+        let host = FakeHost::default();
+        let cfg = ServiceConfig {
+            node_name: "n".into(),
+            drivers: vec!["gpu.nvidia.com".into()],
+            run_dir: dir.path().join("run"),
+            cdi_dir: dir.path().join("cdi"),
+            checkpoint: dir.path().join("state/checkpoint.json"),
+            hook: HookConfig {
+                path: "/usr/bin/gpushare-cdi-hook".into(),
+                socket: "/run/gpushare/gpushared.sock".into(),
+                timeout_secs: 10,
+            },
+            shm_bytes: Some(1 << 20),
+        };
+        let mps = MpsControl::new(
+            "/usr/bin/nvidia-cuda-mps-control".into(),
+            host.ops(),
+            Duration::from_millis(200),
+        );
+        let service = Service::new(cfg, backend, mps).unwrap();
+        let claim = |uid: &str, device: &str, sharing: serde_json::Value| {
+            json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                   "metadata": {"uid": uid, "name": "c", "namespace": "ns"},
+                   "status": {"allocation": {"devices": {
+                     "results": [{"request": "gpus", "driver": "gpu.nvidia.com", "pool": "n", "device": device}],
+                     "config": [{"source": "FromClaim", "requests": ["gpus"], "opaque": {"driver": "gpu.nvidia.com",
+                       "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": sharing}}}]}}}})
+        };
+        let e = service
+            .prepare(&claim("busy-mps", "gpu-2", json!({"strategy": "MPS"})))
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::Conflict, "{}", e.message);
+        assert!(e.message.contains("31337"), "{}", e.message);
+        assert!(service.list_claims().is_empty());
+        assert!(
+            !host.state().calls.iter().any(|c| c.contains(" -d ")),
+            "{:?}",
+            host.state().calls
+        );
+        assert!(std::fs::read_dir(dir.path().join("cdi")).map_or(true, |mut d| d.next().is_none()));
+        assert!(nvml.sets().is_empty());
+
+        let e = service
+            .prepare(&claim(
+                "p4-ts",
+                "gpu-1",
+                json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}),
+            ))
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::Unsupported, "{}", e.message);
+        // Another GPU is still served.
+        service
+            .prepare(&claim("fine", "gpu-5", json!({"strategy": "MPS"})))
+            .unwrap();
+        assert_eq!(
+            nvml.sets(),
+            [format!(
+                "set {} ExclusiveProcess",
+                backend_uuid(&service, "gpu-5")
+            )]
+        );
+    }
+
+    fn backend_uuid(service: &crate::service::Service, name: &str) -> String {
+        service
+            .list_gpus()
+            .into_iter()
+            .find(|g| g.name == name)
+            .unwrap()
+            .uuid
+    }
 }
