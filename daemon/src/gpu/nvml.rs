@@ -9,11 +9,14 @@
 
 use std::sync::Mutex;
 
-use gpushare_proto::ComputeMode;
+use gpushare_proto::{ComputeMode, MigDeviceInfo};
 use nvml_wrapper::enum_wrappers::device::{Brand, ComputeMode as NvmlComputeMode};
 use nvml_wrapper::enums::device::DeviceArchitecture;
-use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::error::{nvml_try, NvmlError};
 use nvml_wrapper::{Device, Nvml};
+use nvml_wrapper_sys::bindings::{
+    nvmlGpuInstanceInfo_t, nvmlGpuInstance_t, NVML_GPU_INSTANCE_PROFILE_COUNT,
+};
 
 use super::{Gpu, GpuError};
 
@@ -139,7 +142,7 @@ impl NvmlLib {
                 .cuda_compute_capability()
                 .map_err(|e| read("cuda compute capability", e))?;
             let mig = device.mig_mode();
-            let gpu = Gpu {
+            let mut gpu = Gpu {
                 minor: device.minor_number().map_err(|e| read("minor number", e))?,
                 product_name: device.name().map_err(|e| read("name", e))?,
                 memory_mib: device.memory_info().map_err(|e| read("memory", e))?.total >> 20,
@@ -159,7 +162,14 @@ impl NvmlLib {
                 uuid,
             };
             if gpu.mig_enabled {
-                tracing::warn!(gpu = %gpu.uuid, "MIG mode is enabled; its MIG devices are not listed by this build");
+                match mig_devices(nvml, &device) {
+                    Ok(m) => gpu.mig_devices = m,
+                    // A node must still come up: its full GPUs are usable, and the log says
+                    // why its MIG devices are missing.
+                    Err(e) => {
+                        tracing::warn!(gpu = %gpu.uuid, error = %e, "listing MIG devices")
+                    }
+                }
             }
             pairs.push((gpu, device));
         }
@@ -176,6 +186,89 @@ impl NvmlLib {
             .ok_or_else(|| GpuError::NoSuchGpu(uuid.to_string()))?;
         Ok(self.devices[i].lock().unwrap_or_else(|p| p.into_inner()))
     }
+}
+
+/// The MIG devices of a GPU in MIG mode, each with its GPU-instance profile and placement.
+/// nvml-wrapper does not wrap the GPU-instance calls, so they are made on its raw bindings.
+fn mig_devices(
+    nvml: &'static Nvml,
+    parent: &Device<'static>,
+) -> Result<Vec<MigDeviceInfo>, String> {
+    let lib = nvml.lib();
+    fn missing(e: impl std::fmt::Display) -> String {
+        format!("{NVML_LIBRARY} lacks a GPU-instance call: {e}")
+    }
+    let gi_id_of = lib.nvmlDeviceGetGpuInstanceId.as_ref().map_err(missing)?;
+    let gi_by_id = lib.nvmlDeviceGetGpuInstanceById.as_ref().map_err(missing)?;
+    let gi_info = lib.nvmlGpuInstanceGetInfo.as_ref().map_err(missing)?;
+    // GPU-instance profile IDs (as `nvidia-smi mig -lgip` shows them) to their sizes; the
+    // profiles this GPU lacks answer NOT_SUPPORTED and are skipped.
+    let profiles: Vec<_> = (0..NVML_GPU_INSTANCE_PROFILE_COUNT)
+        .filter_map(|p| parent.profile_info(p).ok())
+        .collect();
+    let max = parent
+        .mig_device_count()
+        .map_err(|e| format!("nvmlDeviceGetMaxMigDeviceCount: {e}"))?;
+    let mut out = Vec::new();
+    for index in 0..max {
+        let mig = match parent.mig_device_by_index(index) {
+            Ok(m) => m,
+            // Indices without a MIG device behind them.
+            Err(NvmlError::NotFound | NvmlError::InvalidArg) => continue,
+            Err(e) => return Err(format!("nvmlDeviceGetMigDeviceHandleByIndex({index}): {e}")),
+        };
+        let uuid = mig
+            .uuid()
+            .map_err(|e| format!("MIG device {index} uuid: {e}"))?;
+        // "NVIDIA A100-SXM4-40GB MIG 3g.20gb": the profile name is NVML's last word.
+        let name = mig
+            .name()
+            .map_err(|e| format!("MIG device {uuid} name: {e}"))?;
+        let profile = name
+            .rsplit_once("MIG ")
+            .map(|(_, p)| p.trim().to_string())
+            .ok_or_else(|| format!("MIG device {uuid}: no profile in its name {name:?}"))?;
+        let mut gi_id: std::os::raw::c_uint = 0;
+        let mut gi: nvmlGpuInstance_t = std::ptr::null_mut();
+        // SAFETY: zeroed is a valid value of this plain C struct (integers and pointers).
+        let mut info: nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: the handles come from this NVML instance, which is never shut down (leaked
+        // in `init`), so they stay valid; every out-pointer points to a live local of the
+        // type the C signature names.
+        unsafe {
+            nvml_try(gi_id_of(mig.handle(), &mut gi_id))
+                .map_err(|e| format!("nvmlDeviceGetGpuInstanceId({uuid}): {e}"))?;
+            nvml_try(gi_by_id(parent.handle(), gi_id, &mut gi))
+                .map_err(|e| format!("nvmlDeviceGetGpuInstanceById({gi_id}): {e}"))?;
+            nvml_try(gi_info(gi, &mut info))
+                .map_err(|e| format!("nvmlGpuInstanceGetInfo({gi_id}): {e}"))?;
+        }
+        let p = profiles
+            .iter()
+            .find(|p| p.id == info.profileId)
+            .ok_or_else(|| {
+                format!(
+                    "MIG device {uuid}: unknown GPU-instance profile {}",
+                    info.profileId
+                )
+            })?;
+        out.push(MigDeviceInfo {
+            uuid,
+            profile,
+            gi_profile_id: info.profileId,
+            placement_start: info.placement.start,
+            memory_slices: info.placement.size,
+            memory_mib: p.memory_size_mb,
+            multiprocessors: p.multiprocessor_count,
+            copy_engines: p.copy_engine_count,
+            decoders: p.decoder_count,
+            encoders: p.encoder_count,
+            jpeg_engines: p.jpeg_count,
+            ofa_engines: p.ofa_count,
+        });
+    }
+    out.sort_by_key(|m| m.placement_start);
+    Ok(out)
 }
 
 impl NvmlDevices for NvmlLib {
