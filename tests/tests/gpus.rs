@@ -56,22 +56,37 @@ fn without_a_driver_gpushared_names_libnvidia_ml_and_suggests_simulate() {
 }
 
 #[test]
-fn gpushare_gpus_from_a_real_daemon_matches_the_stored_table() {
+fn every_catalog_profile_served_by_gpushared_renders_its_stored_table() {
     if !need(is_root(), "root (device nodes)") {
         return;
     }
-    let d = Daemon::emulated();
-    let out = gpushare(&d, &["gpus"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let want = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../daemon/tests/data/gpus/p4d.24xlarge.txt"),
-    )
-    .unwrap();
-    assert_eq!(String::from_utf8(out.stdout).unwrap(), want);
+    let mut mismatched = Vec::new();
+    for profile in gpushare::gpu::catalog::catalog().unwrap() {
+        let (dir, mut child) = daemon_with_gpus_config(&profile.name, "");
+        let out = Command::new(bin("gpushare"))
+            .arg("--socket")
+            .arg(dir.path().join("s"))
+            .arg("gpus")
+            .output()
+            .unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let want = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../daemon/tests/data/gpus")
+                .join(format!("{}.txt", profile.name)),
+        )
+        .unwrap();
+        let got = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() || got != want {
+            mismatched.push(format!(
+                "{}: {}\n{got}\nwanted:\n{want}",
+                profile.name,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    assert!(mismatched.is_empty(), "{}", mismatched.join("\n"));
 }
 
 #[test]
@@ -105,8 +120,12 @@ fn gpushare_gpus_resourceslice_for_p4d_is_valid() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("gpushare gpus"));
 }
 
-/// A daemon on a simulated p4d.24xlarge with `gpus_section` as its config file's `[gpus]`.
-fn daemon_with_gpus_config(gpus_section: &str) -> (tempfile::TempDir, std::process::Child) {
+/// A daemon on the simulated node `profile` with `gpus_section` added to its config file's
+/// `[gpus]`.
+fn daemon_with_gpus_config(
+    profile: &str,
+    gpus_section: &str,
+) -> (tempfile::TempDir, std::process::Child) {
     let dir = tempfile::Builder::new()
         .prefix("gsm-")
         .tempdir_in("/tmp")
@@ -117,7 +136,7 @@ fn daemon_with_gpus_config(gpus_section: &str) -> (tempfile::TempDir, std::proce
         &config,
         format!(
             "[paths]\nsocket = \"{0}/s\"\nstate_dir = \"{0}/state\"\nrun_dir = \"{0}/run\"\ncdi_dir = \"{0}/cdi\"\n\
-             [node]\nname = \"{NODE}\"\n[mps]\ncontrol = \"{1}\"\nshm_size_mib = 64\n[gpus]\nsimulate = \"p4d.24xlarge\"\n{gpus_section}\n",
+             [node]\nname = \"{NODE}\"\n[mps]\ncontrol = \"{1}\"\nshm_size_mib = 64\n[gpus]\nsimulate = \"{profile}\"\n{gpus_section}\n",
             p.display(),
             bin("gpushare-mps-control").display()
         ),
@@ -149,7 +168,7 @@ fn with_compute_mode_management_off_an_mps_claim_leaves_compute_mode_alone() {
     if !need(is_root(), "root (mounts, device nodes)") {
         return;
     }
-    let (dir, mut child) = daemon_with_gpus_config("manage_compute_mode = false");
+    let (dir, mut child) = daemon_with_gpus_config("p4d.24xlarge", "manage_compute_mode = false");
     let sock = dir.path().join("s");
     let run = |args: &[&str]| {
         Command::new(bin("gpushare"))
