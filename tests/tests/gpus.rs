@@ -206,3 +206,45 @@ fn with_compute_mode_management_off_an_mps_claim_leaves_compute_mode_alone() {
     assert!(log.contains("gpus.manage_compute_mode = false"), "{log}");
     assert!(released.status.success());
 }
+
+#[test]
+fn a_profile_file_describes_the_node_and_its_mig_devices_reach_the_resource_slice() {
+    if !need(is_root(), "root (device nodes)") {
+        return;
+    }
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/examples/node-profile-mig.toml");
+    let (dir, mut child) = daemon_with_gpus_config(file.to_str().unwrap(), "");
+    let run = |args: &[&str]| {
+        Command::new(bin("gpushare"))
+            .arg("--socket")
+            .arg(dir.path().join("s"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let table = String::from_utf8_lossy(&run(&["gpus"]).stdout).into_owned();
+    let status = String::from_utf8_lossy(&run(&["status"]).stdout).into_owned();
+    let slice = run(&["gpus", "-o", "resourceslice"]);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(status.contains("simulated:lab-a100-mig"), "{status}");
+    assert!(table.contains("on (3 devices)"), "{table}");
+    let slice: ResourceSlice = serde_norway::from_slice(&slice.stdout).unwrap();
+    resource_slice::validate(&slice).unwrap();
+    let names: Vec<&str> = slice.spec.devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "gpu-0-mig-3g20gb-9-0",
+            "gpu-0-mig-2g10gb-14-4",
+            "gpu-0-mig-1g5gb-19-6",
+            "gpu-1"
+        ]
+    );
+    assert_eq!(
+        slice.spec.devices[0].attributes["driverVersion"]
+            .version
+            .as_deref(),
+        Some("550.90.7")
+    );
+}
