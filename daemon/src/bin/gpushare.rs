@@ -127,9 +127,6 @@ fn run(args: Args) -> Result<()> {
         anyhow::bail!("-o resourceslice applies to `gpushare gpus` only");
     }
     if let Command::Profiles { profile } = &args.command {
-        if output == Output::ResourceSlice {
-            anyhow::bail!("-o resourceslice applies to `gpushare gpus` only");
-        }
         return profiles(profile.as_deref(), output);
     }
     let socket = args
