@@ -19,7 +19,8 @@
 #
 # Environment: GPUSHARE_BIN_DIR (gpushared, gpushare; default target/release or target/debug
 # of this checkout, built with cargo when neither has them), GPUSHARE_CHECK_PYTHON (default
-# python3), GPUSHARE_CHECK_KEEP=1 keeps the work directory.
+# python3), GPUSHARE_CHECK_KEEP=1 keeps the work directory, GPUSHARE_CHECK_LIMIT (seconds,
+# default 450) bounds the whole run.
 
 set -uo pipefail
 
@@ -91,6 +92,7 @@ json() { "$PY" -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 
 cleanup() {
     local pid uid
+    [[ -n ${WATCHDOG:-} ]] && kill "$WATCHDOG" 2>/dev/null
     for pid in "${CLIENT_PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null; done
     if [[ -n $DAEMON_PID ]]; then
         for uid in "${CLAIMS[@]}"; do [[ -n $uid ]] && gs unprepare "$uid" >/dev/null 2>&1; done
@@ -106,6 +108,14 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+# The whole check is bounded: past the limit it stops, and cleanup still releases everything.
+LIMIT="${GPUSHARE_CHECK_LIMIT:-450}"
+(
+    sleep "$LIMIT"
+    echo "check.sh: still running after $LIMIT s; stopping and cleaning up" >&2
+    kill -TERM $$
+) &
+WATCHDOG=$!
 
 settings() {
     # Everything gpushare could change on a GPU, as the driver reports it.
