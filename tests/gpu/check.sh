@@ -111,10 +111,13 @@ trap 'exit 130' INT TERM
 # The whole check is bounded: past the limit it stops, and cleanup still releases everything.
 LIMIT="${GPUSHARE_CHECK_LIMIT:-450}"
 (
-    sleep "$LIMIT"
+    # The sleep holds none of our output pipes, and dies with the watchdog.
+    sleep "$LIMIT" </dev/null >/dev/null 2>&1 &
+    trap 'kill $! 2>/dev/null; exit 0' TERM
+    wait $!
     echo "check.sh: still running after $LIMIT s; stopping and cleaning up" >&2
     kill -TERM $$
-) &
+) </dev/null >/dev/null &
 WATCHDOG=$!
 
 settings() {
