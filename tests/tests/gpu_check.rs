@@ -37,16 +37,32 @@ fn the_daemon_part_passes_on_a_simulated_node_and_leaves_nothing() {
     {
         return;
     }
-    let out = Command::new("bash")
+    // Output to files, not pipes: a leftover child holding a pipe would make the wait hang
+    // instead of fail. The unusual limit names the watchdog's sleep.
+    let dir = tempfile::tempdir().unwrap();
+    let (out_path, err_path) = (dir.path().join("out"), dir.path().join("err"));
+    let status = Command::new("bash")
         .arg(script())
         .args(["--simulate", "p5.48xlarge"])
         .env("GPUSHARE_BIN_DIR", bin_dir())
+        .env("GPUSHARE_CHECK_LIMIT", "3571")
         .stdin(Stdio::null())
-        .output()
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .status()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let stdout = std::fs::read_to_string(&out_path).unwrap();
+    let stderr = std::fs::read_to_string(&err_path).unwrap();
+    assert_eq!(status.code(), Some(0), "{stdout}\n{stderr}");
+    // Nothing of the check outlives it (its watchdog's sleep once did, holding the output
+    // pipes of whoever ran it for the whole limit).
+    let leftovers: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.trim_end() == "sleep 3571")
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
     for line in [
         "NVML inventory",
         "8 x NVIDIA H100 80GB HBM3 (Hopper, CC 9.0, 81559 MiB)",
