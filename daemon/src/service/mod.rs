@@ -510,6 +510,7 @@ impl Service {
                                         crate::gpu::GpuError::Unsupported(_) => {
                                             ErrorCode::Unsupported
                                         }
+                                        crate::gpu::GpuError::Busy(_) => ErrorCode::Conflict,
                                         _ => ErrorCode::Internal,
                                     },
                                     format!(
@@ -527,10 +528,17 @@ impl Service {
                         self.backend
                             .set_compute_mode(&d.uuid, ComputeMode::ExclusiveProcess)
                             .map_err(|e| {
-                                ServiceError::internal(format!(
-                                    "setting compute mode EXCLUSIVE_PROCESS on {}: {e}",
-                                    d.device
-                                ))
+                                let code = match e {
+                                    crate::gpu::GpuError::Busy(_) => ErrorCode::Conflict,
+                                    _ => ErrorCode::Internal,
+                                };
+                                ServiceError::new(
+                                    code,
+                                    format!(
+                                        "setting compute mode EXCLUSIVE_PROCESS on {}: {e}",
+                                        d.device
+                                    ),
+                                )
                             })?;
                     }
                     let started = self
@@ -909,15 +917,11 @@ impl Service {
             .map(|g| {
                 let hold = st.placement.hold(&g.uuid);
                 GpuInfo {
-                    name: g.device_name(),
-                    minor: g.minor,
-                    uuid: g.uuid.clone(),
-                    product_name: g.product_name.clone(),
-                    memory_mib: g.memory_mib,
                     compute_mode: self.backend.compute_mode(&g.uuid).unwrap_or_default(),
                     time_slice: self.backend.time_slice(&g.uuid).unwrap_or_default(),
                     sharing: hold.map_or(GpuSharing::Free, |h| h.sharing()),
                     claims: hold.map(|h| h.claims()).unwrap_or_default(),
+                    ..g.info()
                 }
             })
             .collect()
