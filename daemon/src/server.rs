@@ -9,7 +9,7 @@ use std::io;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gpushare_proto::{
     AttachParams, DetachParams, ErrorBody, ErrorCode, Method, PrepareParams, Request, Response,
@@ -49,6 +49,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// How long a connection may sit without sending a complete request line.
     pub idle_timeout: Duration,
+    /// Where request latencies and errors are recorded for `/metrics` (none: not recorded).
+    pub metrics: Option<Arc<crate::metrics::RequestMetrics>>,
 }
 
 /// Binds the socket: creates its directory, replaces a stale socket, sets the mode.
@@ -278,9 +280,16 @@ pub async fn handle(
             );
         }
     }
-    let service = Arc::clone(service);
+    let started = Instant::now();
+    let claim_uid = claim_uid_of(method, request.params.as_ref());
+    // Unprepare removes the claim: what it was is read first, for the log line.
+    let released = (method == Method::Unprepare)
+        .then(|| claim_uid.as_deref().and_then(|u| service.get_claim(u).ok()))
+        .flatten();
+    let worker = Arc::clone(service);
     let p = request.params;
     let outcome = tokio::task::spawn_blocking(move || -> Result<Value, ServiceError> {
+        let service = worker;
         match method {
             Method::Prepare => {
                 to_value(service.prepare(&params::<PrepareParams>(method, p)?.claim)?)
@@ -311,6 +320,23 @@ pub async fn handle(
         }
     })
     .await;
+    let took = started.elapsed();
+    let error = match &outcome {
+        Ok(Ok(_)) => None,
+        Ok(Err(e)) => Some((e.code, e.message.as_str())),
+        Err(_) => Some((ErrorCode::Internal, "the request's task panicked")),
+    };
+    if let Some(m) = &cfg.metrics {
+        m.observe(method, error.map(|e| e.0), took);
+    }
+    if matches!(method, Method::Prepare | Method::Unprepare) {
+        let uid = claim_uid.as_deref().unwrap_or("?");
+        let info = match method {
+            Method::Prepare if error.is_none() => service.get_claim(uid).ok(),
+            _ => released,
+        };
+        log_claim_event(method, uid, info.as_ref(), error, took);
+    }
     match outcome {
         Ok(Ok(result)) => Response {
             version: PROTOCOL_VERSION,
@@ -320,6 +346,51 @@ pub async fn handle(
         },
         Ok(Err(e)) => error_response(id, e.code, e.message),
         Err(join) => error_response(id, ErrorCode::Internal, format!("{method} failed: {join}")),
+    }
+}
+
+/// The claim UID a prepare (`claim.metadata.uid`) or unprepare (`uid`) request names.
+fn claim_uid_of(method: Method, params: Option<&Value>) -> Option<String> {
+    let pointer = match method {
+        Method::Prepare => "/claim/metadata/uid",
+        Method::Unprepare => "/uid",
+        _ => return None,
+    };
+    params?.pointer(pointer)?.as_str().map(str::to_string)
+}
+
+/// The one log line of each prepare and unprepare: claim UID, strategy, devices, outcome
+/// and duration (refusals at `warn`, host failures at `error`).
+fn log_claim_event(
+    method: Method,
+    uid: &str,
+    info: Option<&gpushare_proto::ClaimInfo>,
+    error: Option<(ErrorCode, &str)>,
+    took: Duration,
+) {
+    let strategy = info.map_or_else(|| "-".to_string(), crate::cli::strategy_summary);
+    let devices = info.map_or_else(
+        || "-".to_string(),
+        |c| {
+            let d: Vec<&str> = c
+                .groups
+                .iter()
+                .flat_map(|g| g.devices.iter().map(|d| d.device.as_str()))
+                .collect();
+            d.join(",")
+        },
+    );
+    let duration_ms = took.as_secs_f64() * 1000.0;
+    match error {
+        None => tracing::info!(
+            claim = uid, %strategy, %devices, outcome = "ok", duration_ms, "{method}"
+        ),
+        Some((code @ ErrorCode::Internal, message)) => tracing::error!(
+            claim = uid, %strategy, %devices, outcome = code.as_str(), error = message, duration_ms, "{method}"
+        ),
+        Some((code, message)) => tracing::warn!(
+            claim = uid, %strategy, %devices, outcome = code.as_str(), error = message, duration_ms, "{method}"
+        ),
     }
 }
 
@@ -367,6 +438,7 @@ mod tests {
             changing_uids: vec![],
             max_connections,
             idle_timeout: idle,
+            metrics: None,
         });
         let listener = bind(&server_cfg).unwrap();
         tokio::spawn(serve(listener, service, server_cfg));
