@@ -13,6 +13,8 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo build"
 cargo build --workspace --locked
+echo "== RPM (packages the debug build just made; tests/tests/packaging.rs checks it)"
+./packaging/build-rpm.sh --profile dev
 echo "== cargo test"
 # The end-to-end tests fail (instead of skipping) when a tool they need is missing.
 log=$(mktemp)
