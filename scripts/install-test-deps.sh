@@ -20,7 +20,8 @@ command -v python3 >/dev/null || need+=(python3)
 command -v rpm >/dev/null || need+=(rpm)
 command -v objdump >/dev/null || need+=(binutils)
 command -v systemd-analyze >/dev/null || need+=(systemd)
-python3 -c 'import prometheus_client' 2>/dev/null || need+=(python3-prometheus-client)
+# (Debian's python3, which the tests call as /usr/bin/python3: PATH may name another one.)
+/usr/bin/python3 -c 'import prometheus_client' 2>/dev/null || need+=(python3-prometheus-client)
 # cargo-generate-rpm builds the RPM (a pinned version, built once per machine, ~3 min on 2 cores).
 if ! command -v cargo-generate-rpm >/dev/null; then
   cargo install --locked --quiet cargo-generate-rpm --version 0.21.1

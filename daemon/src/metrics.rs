@@ -165,6 +165,52 @@ where
     family.encode(metric)
 }
 
+/// One MPS control daemon as a scrape sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsDaemonSeen {
+    /// The claim's UID.
+    pub claim: String,
+    /// Index of the MPS device group in the claim.
+    pub group: usize,
+    /// The control daemon's pid now.
+    pub pid: i32,
+    /// How often the pid changed across scrapes since this process started.
+    pub restarts: u64,
+}
+
+/// Updates `seen` (claim UID and group → last pid, restarts) from `claims` and returns every
+/// MPS control daemon with its restart count. A new pid for the same claim and group is a
+/// restart (a claim prepared again after its daemon died gets a new daemon); released claims
+/// leave `seen`, so it stays bounded by the claims held. Restarts between two scrapes that
+/// end on the same pid cannot be seen.
+pub fn track_mps_daemons(
+    seen: &mut BTreeMap<(String, usize), (i32, u64)>,
+    claims: &[ClaimInfo],
+) -> Vec<MpsDaemonSeen> {
+    let mut out = Vec::new();
+    for c in claims {
+        for (i, g) in c.groups.iter().enumerate() {
+            let StrategyInfo::Mps(m) = &g.sharing else {
+                continue;
+            };
+            let entry = seen
+                .entry((c.uid.clone(), i))
+                .or_insert((m.control_daemon_pid, 0));
+            if entry.0 != m.control_daemon_pid {
+                *entry = (m.control_daemon_pid, entry.1 + 1);
+            }
+            out.push(MpsDaemonSeen {
+                claim: c.uid.clone(),
+                group: i,
+                pid: m.control_daemon_pid,
+                restarts: entry.1,
+            });
+        }
+    }
+    seen.retain(|(claim, group), _| out.iter().any(|d| &d.claim == claim && d.group == *group));
+    out
+}
+
 impl ServiceCollector {
     /// A collector over `service`; `alive` tells whether an MPS control daemon's pid runs.
     pub fn new(service: Arc<Service>, alive: PidAlive) -> ServiceCollector {
@@ -209,40 +255,30 @@ impl ServiceCollector {
         let attached: Family<Labels, Gauge> = Family::default();
         let mps_up: Family<Labels, Gauge> = Family::default();
         let mps_restarts: Family<Labels, Counter> = Family::default();
-        let mut seen = self.restarts.lock().unwrap_or_else(|p| p.into_inner());
-        let mut live_keys = Vec::new();
         for c in claims {
-            let claim = || vec![("claim", c.uid.clone())];
             for g in &c.groups {
-                let mut l = claim();
-                l.push(("namespace", c.namespace.clone()));
-                l.push(("name", c.name.clone()));
-                l.push(("strategy", strategy_str(&g.sharing).to_string()));
+                let l = vec![
+                    ("claim", c.uid.clone()),
+                    ("namespace", c.namespace.clone()),
+                    ("name", c.name.clone()),
+                    ("strategy", strategy_str(&g.sharing).to_string()),
+                ];
                 strategy.get_or_create(&l).set(1);
             }
             attached
-                .get_or_create(&claim())
+                .get_or_create(&vec![("claim", c.uid.clone())])
                 .set(c.attached.len() as i64);
-            for (i, g) in c.groups.iter().enumerate() {
-                let StrategyInfo::Mps(m) = &g.sharing else {
-                    continue;
-                };
-                let key = (c.uid.clone(), i);
-                let entry = seen.entry(key.clone()).or_insert((m.control_daemon_pid, 0));
-                if entry.0 != m.control_daemon_pid {
-                    *entry = (m.control_daemon_pid, entry.1 + 1);
-                }
-                live_keys.push(key);
-                let mut l = claim();
-                l.push(("group", i.to_string()));
-                let up = m.control_daemon_pid > 0 && (self.alive)(m.control_daemon_pid);
-                mps_up.get_or_create(&l).set(i64::from(up));
-                mps_restarts.get_or_create(&l).inc_by(entry.1);
-            }
         }
-        // Released claims leave the map, so it stays bounded by the claims held.
-        seen.retain(|k, _| live_keys.contains(k));
-        drop(seen);
+        let daemons = {
+            let mut seen = self.restarts.lock().unwrap_or_else(|p| p.into_inner());
+            track_mps_daemons(&mut seen, claims)
+        };
+        for d in daemons {
+            let l = vec![("claim", d.claim), ("group", d.group.to_string())];
+            let up = d.pid > 0 && (self.alive)(d.pid);
+            mps_up.get_or_create(&l).set(i64::from(up));
+            mps_restarts.get_or_create(&l).inc_by(d.restarts);
+        }
         encode_family(
             encoder,
             "gpushare_claim_strategy",
@@ -313,19 +349,24 @@ pub fn registry(requests: &Arc<RequestMetrics>, collector: ServiceCollector) -> 
         env!("CARGO_PKG_VERSION").to_string(),
     )]);
     r.register("gpushare_build", "gpushared's version", info);
+    // The successful series exist from the start (count 0), so that rate() and alerts see
+    // them before the first claim arrives.
+    let ok = vec![("outcome", "ok".to_string())];
+    drop(requests.prepare_seconds.get_or_create(&ok));
+    drop(requests.unprepare_seconds.get_or_create(&ok));
     r.register(
         "gpushare_prepare_duration_seconds",
-        "Time to answer prepare requests, by outcome (ok or the error code).",
+        "Time to answer prepare requests, by outcome (ok or the error code)",
         requests.prepare_seconds.clone(),
     );
     r.register(
         "gpushare_unprepare_duration_seconds",
-        "Time to answer unprepare requests, by outcome (ok or the error code).",
+        "Time to answer unprepare requests, by outcome (ok or the error code)",
         requests.unprepare_seconds.clone(),
     );
     r.register(
         "gpushare_request_errors",
-        "Requests answered with an error, by method and error code.",
+        "Requests answered with an error, by method and error code",
         requests.errors.clone(),
     );
     r.register_collector(Box::new(collector));
@@ -416,5 +457,110 @@ pub async fn serve(listener: tokio::net::TcpListener, registry: Arc<Registry>) {
                 tracing::debug!(error = %e, "metrics connection ended with an error");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpushare_proto::{ClaimState, GroupInfo, MpsInfo};
+
+    fn claim(uid: &str, pids: &[i32]) -> ClaimInfo {
+        ClaimInfo {
+            uid: uid.into(),
+            namespace: "ns".into(),
+            name: "n".into(),
+            state: ClaimState::Prepared,
+            groups: pids
+                .iter()
+                .map(|&pid| GroupInfo {
+                    requests: vec!["gpu".into()],
+                    devices: vec![],
+                    sharing: StrategyInfo::Mps(MpsInfo {
+                        control_daemon_pid: pid,
+                        pipe_dir: String::new(),
+                        log_dir: String::new(),
+                        shm_dir: String::new(),
+                        visible_devices: vec![],
+                        active_thread_percentage: "50".into(),
+                        pinned_device_memory_limits: BTreeMap::new(),
+                    }),
+                })
+                .collect(),
+            requests: vec![],
+            cdi_spec: String::new(),
+            attach_limit: None,
+            attached: vec![],
+        }
+    }
+
+    #[test]
+    fn a_new_daemon_pid_counts_as_a_restart_and_released_claims_are_forgotten() {
+        let mut seen = BTreeMap::new();
+        let first = track_mps_daemons(&mut seen, &[claim("a", &[10, 20]), claim("b", &[30])]);
+        assert!(first.iter().all(|d| d.restarts == 0), "{first:?}");
+        let again = track_mps_daemons(&mut seen, &[claim("a", &[11, 20]), claim("b", &[30])]);
+        let restarts: Vec<(String, usize, u64)> = again
+            .iter()
+            .map(|d| (d.claim.clone(), d.group, d.restarts))
+            .collect();
+        assert_eq!(
+            restarts,
+            vec![("a".into(), 0, 1), ("a".into(), 1, 0), ("b".into(), 0, 0)]
+        );
+        let later = track_mps_daemons(&mut seen, &[claim("a", &[12, 20])]);
+        assert_eq!(later[0].restarts, 2);
+        assert_eq!(seen.len(), 2, "b was released: {seen:?}");
+        // A claim prepared again under the same UID after release starts from zero.
+        let back = track_mps_daemons(&mut seen, &[claim("b", &[40])]);
+        assert_eq!(back[0].restarts, 0);
+    }
+
+    #[test]
+    fn request_metrics_record_latency_by_outcome_and_errors_by_code() {
+        let requests = Arc::new(RequestMetrics::default());
+        requests.observe(
+            gpushare_proto::Method::Prepare,
+            None,
+            Duration::from_millis(30),
+        );
+        requests.observe(
+            gpushare_proto::Method::Prepare,
+            Some(ErrorCode::Conflict),
+            Duration::from_millis(2),
+        );
+        requests.observe(
+            gpushare_proto::Method::Attach,
+            Some(ErrorCode::NotFound),
+            Duration::from_millis(1),
+        );
+        let mut r = Registry::default();
+        r.register("t_prepare_seconds", "h", requests.prepare_seconds.clone());
+        r.register("t_errors", "h", requests.errors.clone());
+        let text = render(&r).unwrap();
+        assert!(
+            text.contains("t_prepare_seconds_count{outcome=\"ok\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("t_prepare_seconds_bucket{le=\"0.05\",outcome=\"ok\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("t_prepare_seconds_bucket{le=\"0.025\",outcome=\"ok\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("t_prepare_seconds_count{outcome=\"Conflict\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("t_errors_total{method=\"prepare\",code=\"Conflict\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("t_errors_total{method=\"attach\",code=\"NotFound\"} 1"),
+            "{text}"
+        );
     }
 }

@@ -383,13 +383,13 @@ fn log_claim_event(
     let duration_ms = took.as_secs_f64() * 1000.0;
     match error {
         None => tracing::info!(
-            claim = uid, %strategy, %devices, outcome = "ok", duration_ms, "{method}"
+            claim = %uid, %strategy, %devices, outcome = %"ok", duration_ms, "{method}"
         ),
         Some((code @ ErrorCode::Internal, message)) => tracing::error!(
-            claim = uid, %strategy, %devices, outcome = code.as_str(), error = message, duration_ms, "{method}"
+            claim = %uid, %strategy, %devices, outcome = %code.as_str(), error = message, duration_ms, "{method}"
         ),
         Some((code, message)) => tracing::warn!(
-            claim = uid, %strategy, %devices, outcome = code.as_str(), error = message, duration_ms, "{method}"
+            claim = %uid, %strategy, %devices, outcome = %code.as_str(), error = message, duration_ms, "{method}"
         ),
     }
 }

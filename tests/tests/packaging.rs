@@ -71,7 +71,11 @@ fn expected_files() -> Vec<(&'static str, u32, bool)> {
         ("/usr/bin/gpushare-cdi-hook", 0o755, false),
         ("/usr/bin/gpushare-runtime", 0o755, false),
         ("/usr/lib/systemd/system/gpushared.service", 0o644, false),
-        ("/usr/lib/systemd/system-preset/90-gpushare.preset", 0o644, false),
+        (
+            "/usr/lib/systemd/system-preset/90-gpushare.preset",
+            0o644,
+            false,
+        ),
         ("/usr/lib/tmpfiles.d/gpushare.conf", 0o644, false),
         ("/etc/gpushare/config.toml", 0o644, true),
         ("/etc/gpushare/gpushared.env", 0o644, true),
@@ -106,9 +110,11 @@ fn rpm_lists_every_file_with_modes_and_config_flags() {
     let listed = run(Command::new("rpm").arg("-qlp").arg(&rpm));
     let listed: Vec<&str> = listed.lines().collect();
     // FILEFLAGS: "c" config, "n" noreplace; FILEMODES as octal.
-    let flags = run(Command::new("rpm").arg("-qp").arg("--qf").arg(
-        "[%{FILENAMES}\t%{FILEFLAGS:fflags}\t%{FILEMODES:octal}\t%{FILEUSERNAME}\n]",
-    ).arg(&rpm));
+    let flags = run(Command::new("rpm")
+        .arg("-qp")
+        .arg("--qf")
+        .arg("[%{FILENAMES}\t%{FILEFLAGS:fflags}\t%{FILEMODES:octal}\t%{FILEUSERNAME}\n]")
+        .arg(&rpm));
     let by_name: BTreeMap<&str, (&str, &str, &str)> = flags
         .lines()
         .filter_map(|l| {
@@ -117,7 +123,10 @@ fn rpm_lists_every_file_with_modes_and_config_flags() {
         })
         .collect();
     for (path, mode, config) in expected_files() {
-        assert!(listed.contains(&path), "{path} is not in the RPM: {listed:?}");
+        assert!(
+            listed.contains(&path),
+            "{path} is not in the RPM: {listed:?}"
+        );
         let (fflags, fmode, user) = by_name[path];
         assert!(
             fmode.ends_with(&format!("{mode:o}")),
@@ -144,7 +153,9 @@ fn rpm_lists_every_file_with_modes_and_config_flags() {
         let page = format!("/usr/share/man/man1/gpushare-{c}.1.gz");
         assert!(listed.contains(&page.as_str()), "{page} missing");
     }
-    let arch = run(Command::new("rpm").args(["-qp", "--qf", "%{ARCH}"]).arg(&rpm));
+    let arch = run(Command::new("rpm")
+        .args(["-qp", "--qf", "%{ARCH}"])
+        .arg(&rpm));
     assert_eq!(arch, std::env::consts::ARCH);
 }
 
@@ -153,9 +164,18 @@ fn rpm_scriptlets_match_the_systemd_macros() {
     let Some(rpm) = built_rpm() else { return };
     let scripts = run(Command::new("rpm").args(["-qp", "--scripts"]).arg(&rpm));
     for (section, call) in [
-        ("postinstall scriptlet", "systemctl --no-reload preset gpushared.service"),
-        ("preuninstall scriptlet", "systemctl --no-reload disable --now gpushared.service"),
-        ("postuninstall scriptlet", "systemctl try-restart gpushared.service"),
+        (
+            "postinstall scriptlet",
+            "systemctl --no-reload preset gpushared.service",
+        ),
+        (
+            "preuninstall scriptlet",
+            "systemctl --no-reload disable --now gpushared.service",
+        ),
+        (
+            "postuninstall scriptlet",
+            "systemctl try-restart gpushared.service",
+        ),
     ] {
         let body = scripts
             .split(section)
@@ -190,18 +210,35 @@ fn rpm_scriptlets_match_the_systemd_macros() {
     };
     let booted = Path::new("/run/systemd/system").is_dir();
     let fresh = calls("post_install.sh", "1");
-    assert!(fresh.contains("systemctl --no-reload preset gpushared.service"), "{fresh}");
+    assert!(
+        fresh.contains("systemctl --no-reload preset gpushared.service"),
+        "{fresh}"
+    );
     assert!(fresh.contains("systemd-tmpfiles --create"), "{fresh}");
     let upgrade = calls("post_install.sh", "2");
-    assert!(!upgrade.contains("preset"), "an upgrade must not re-apply presets: {upgrade}");
+    assert!(
+        !upgrade.contains("preset"),
+        "an upgrade must not re-apply presets: {upgrade}"
+    );
     let erase = calls("pre_uninstall.sh", "0");
     assert!(erase.contains("disable --now gpushared.service"), "{erase}");
-    assert_eq!(calls("pre_uninstall.sh", "1"), "", "an upgrade must not stop the service");
+    assert_eq!(
+        calls("pre_uninstall.sh", "1"),
+        "",
+        "an upgrade must not stop the service"
+    );
     let after_upgrade = calls("post_uninstall.sh", "1");
-    assert!(after_upgrade.contains("try-restart gpushared.service"), "{after_upgrade}");
+    assert!(
+        after_upgrade.contains("try-restart gpushared.service"),
+        "{after_upgrade}"
+    );
     let after_erase = calls("post_uninstall.sh", "0");
     assert!(!after_erase.contains("try-restart"), "{after_erase}");
-    assert_eq!(after_erase.contains("daemon-reload"), booted, "{after_erase}");
+    assert_eq!(
+        after_erase.contains("daemon-reload"),
+        booted,
+        "{after_erase}"
+    );
 }
 
 /// A root to install into: rpm's database, `/dev/null`, and busybox as `/bin/sh` so that the
@@ -272,8 +309,8 @@ fn rpm_installs_upgrades_and_erases_in_a_root_and_units_verify() {
             .expect("systemd-analyze")
     };
     let out = verify("gpushared.service");
-    let said = String::from_utf8_lossy(&out.stderr).into_owned()
-        + &String::from_utf8_lossy(&out.stdout);
+    let said =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && said.trim().is_empty(), "{said}");
     // …and it does complain about a broken copy, so the check above can fail.
     let unit = units.join("gpushared.service");
@@ -336,7 +373,10 @@ fn no_shipped_binary_needs_a_glibc_newer_than_al2023s() {
     }
     for name in SHIPPED {
         let versions = glibc_versions(&bin(name));
-        assert!(!versions.is_empty(), "{name}: no GLIBC symbol versions found");
+        assert!(
+            !versions.is_empty(),
+            "{name}: no GLIBC symbol versions found"
+        );
         let newest = versions.last().copied().expect("non-empty");
         assert!(
             newest <= AL2023_GLIBC,
