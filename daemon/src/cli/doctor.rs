@@ -732,3 +732,268 @@ impl DoctorHost for RealHost {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpushare_proto::TimeSliceInterval;
+
+    #[derive(Debug, Default)]
+    struct FakeHost {
+        driver: Option<String>,
+        programs: Vec<&'static str>,
+        daemon: Option<DaemonView>,
+    }
+
+    impl DoctorHost for FakeHost {
+        fn driver_version(&self) -> Result<String, String> {
+            self.driver.clone().ok_or_else(|| "no NVML".to_string())
+        }
+        fn which(&self, name: &str) -> Option<PathBuf> {
+            self.programs
+                .contains(&name)
+                .then(|| PathBuf::from("/usr/bin").join(name))
+        }
+        fn executable(&self, path: &Path) -> bool {
+            path.file_name()
+                .is_some_and(|n| self.programs.iter().any(|p| n == *p))
+        }
+        fn daemon(&self, _socket: &Path) -> Result<DaemonView, String> {
+            self.daemon
+                .clone()
+                .ok_or_else(|| "connection refused".to_string())
+        }
+    }
+
+    struct Node {
+        dir: tempfile::TempDir,
+        paths: DoctorPaths,
+    }
+
+    /// A node in a temporary directory: config pointing state and CDI dirs inside it.
+    fn node(containerd: &str) -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        for sub in [
+            "etc-cdi",
+            "run-cdi",
+            "state",
+            "nodeadm.d",
+            "containerd/conf.d",
+        ] {
+            std::fs::create_dir_all(d.join(sub)).unwrap();
+        }
+        std::fs::write(d.join("containerd/config.toml"), containerd).unwrap();
+        std::fs::write(
+            d.join("config.toml"),
+            format!(
+                "[paths]\nstate_dir = \"{}\"\ncdi_dir = \"{}\"\n",
+                d.join("state").display(),
+                d.join("run-cdi").display()
+            ),
+        )
+        .unwrap();
+        let paths = DoctorPaths {
+            config: d.join("config.toml"),
+            config_required: true,
+            containerd_config: d.join("containerd/config.toml"),
+            nodeadm_dir: d.join("nodeadm.d"),
+            static_cdi_dir: d.join("etc-cdi"),
+            socket: Some(d.join("sock")),
+        };
+        Node { dir, paths }
+    }
+
+    fn get<'a>(r: &'a Report, name: &str) -> &'a Check {
+        r.checks.iter().find(|c| c.name == name).unwrap()
+    }
+
+    fn gpu(sharing: GpuSharing, mode: ComputeMode) -> GpuInfo {
+        GpuInfo {
+            name: "gpu-0".into(),
+            minor: 0,
+            uuid: "GPU-0".into(),
+            product_name: "A100".into(),
+            memory_mib: 40960,
+            compute_mode: mode,
+            time_slice: TimeSliceInterval::Default,
+            sharing,
+            claims: vec![],
+        }
+    }
+
+    fn healthy(gpus: Vec<GpuInfo>) -> DaemonView {
+        DaemonView {
+            health: HealthInfo {
+                ready: true,
+                node_name: "n".into(),
+                gpus: gpus.len(),
+                claims: 0,
+                backend: "nvml".into(),
+                mps_control: "/usr/bin/nvidia-cuda-mps-control".into(),
+            },
+            gpus,
+            claims: vec![],
+        }
+    }
+
+    const CDI_ON: &str =
+        "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\"]\nenable_cdi = true\n";
+
+    #[test]
+    fn a_well_set_node_passes_every_check() {
+        let n = node(CDI_ON);
+        std::fs::write(
+            n.paths.nodeadm_dir.join(NODEADM_DROPIN),
+            "apiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\nspec: {}\n",
+        )
+        .unwrap();
+        let host = FakeHost {
+            driver: Some("570.133.20".into()),
+            programs: vec!["nvidia-cuda-mps-control", "nodeadm"],
+            daemon: Some(healthy(vec![gpu(
+                GpuSharing::Mps,
+                ComputeMode::ExclusiveProcess,
+            )])),
+        };
+        let r = run(&n.paths, None, &host);
+        assert!(r.ok, "{}", r.text());
+        assert!(
+            r.checks.iter().all(|c| c.status == Status::Ok),
+            "{}",
+            r.text()
+        );
+        assert!(get(&r, "nvml").detail.contains("570.133.20"));
+        assert!(r.text().ends_with("no problem found\n"));
+    }
+
+    #[test]
+    fn failures_carry_hints_and_make_the_report_fail() {
+        let n = node("version = 2\n");
+        let host = FakeHost {
+            programs: vec!["nodeadm"],
+            daemon: Some(healthy(vec![gpu(GpuSharing::Mps, ComputeMode::Default)])),
+            ..FakeHost::default()
+        };
+        let r = run(&n.paths, None, &host);
+        assert!(!r.ok);
+        for name in [
+            "nvml",
+            "mps-control",
+            "containerd",
+            "nodeadm",
+            "compute-mode",
+        ] {
+            let c = get(&r, name);
+            assert_eq!(c.status, Status::Fail, "{name}: {}", r.text());
+            assert!(!c.hint.is_empty(), "{name} has no hint");
+        }
+        assert!(get(&r, "compute-mode")
+            .detail
+            .contains("gpu-0 (GPU-0) is Default"));
+        assert!(get(&r, "nodeadm").detail.contains(NODEADM_DROPIN));
+        for line in r.text().lines().filter(|l| l.starts_with("FAIL")) {
+            assert!(line.contains(" -> "), "{line}");
+        }
+    }
+
+    #[test]
+    fn containerd_runtime_in_an_imported_file_counts() {
+        let n = node("version = 2\nimports = [\"conf.d/*.toml\"]\n");
+        std::fs::write(
+            n.dir.path().join("containerd/conf.d/gpushare-runtime.toml"),
+            "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpushare.options]\nBinaryName = \"/usr/bin/gpushare-runtime\"\n",
+        )
+        .unwrap();
+        let c = check_containerd(&n.paths.containerd_config);
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(c.detail.contains("gpushare-runtime configured"), "{c:?}");
+        // The shipped drop-in itself is recognised.
+        let shipped = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../packaging/containerd/gpushare-runtime.toml"
+        );
+        std::fs::copy(
+            shipped,
+            n.dir.path().join("containerd/conf.d/gpushare-runtime.toml"),
+        )
+        .unwrap();
+        assert_eq!(
+            check_containerd(&n.paths.containerd_config).status,
+            Status::Ok
+        );
+        // A TOML error is named.
+        std::fs::write(&n.paths.containerd_config, "version = = 2\n").unwrap();
+        let c = check_containerd(&n.paths.containerd_config);
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.detail.contains("config.toml"), "{c:?}");
+    }
+
+    #[test]
+    fn the_shipped_nodeadm_dropin_passes() {
+        let n = node(CDI_ON);
+        std::fs::copy(
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../packaging/nodeadm/gpushare-nodeconfig.yaml"
+            ),
+            n.paths.nodeadm_dir.join(NODEADM_DROPIN),
+        )
+        .unwrap();
+        let host = FakeHost {
+            programs: vec!["nodeadm"],
+            ..FakeHost::default()
+        };
+        assert_eq!(
+            check_nodeadm(&n.paths.nodeadm_dir, &host).status,
+            Status::Ok
+        );
+        let none = FakeHost::default();
+        assert_eq!(
+            check_nodeadm(&n.paths.nodeadm_dir, &none).status,
+            Status::Warn
+        );
+    }
+
+    #[test]
+    fn corrupt_checkpoint_and_broken_specs_are_reported_and_left_alone() {
+        let n = node(CDI_ON);
+        let cp = n.dir.path().join("state/checkpoint.json");
+        std::fs::write(&cp, "{not json").unwrap();
+        std::fs::write(
+            n.paths.static_cdi_dir.join("broken.json"),
+            "{\"cdiVersion\": 1}",
+        )
+        .unwrap();
+        let r = run(&n.paths, Some("g5.xlarge"), &FakeHost::default());
+        let c = get(&r, "checkpoint");
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.detail.contains("corrupt"), "{c:?}");
+        assert_eq!(
+            std::fs::read_to_string(&cp).unwrap(),
+            "{not json",
+            "doctor changes nothing"
+        );
+        let c = get(&r, "cdi-specs");
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.detail.contains("broken.json"), "{c:?}");
+        // Simulated GPU checks pass even so; without a daemon, compute mode has nothing to check.
+        assert_eq!(get(&r, "nvml").status, Status::Ok);
+        assert_eq!(get(&r, "compute-mode").status, Status::Ok);
+        let r = run(&n.paths, Some("p9.mystery"), &FakeHost::default());
+        assert_eq!(get(&r, "nvml").status, Status::Fail);
+    }
+
+    #[test]
+    fn a_bad_config_file_fails_with_the_key_named() {
+        let n = node(CDI_ON);
+        std::fs::write(&n.paths.config, "[mps]\ntimeout_secnds = 3\n").unwrap();
+        let r = run(&n.paths, Some("g5.xlarge"), &FakeHost::default());
+        let c = get(&r, "config");
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.detail.contains("timeout_secnds"), "{c:?}");
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["ok"], false);
+        assert_eq!(json["checks"][0]["status"], "fail");
+    }
+}
