@@ -242,6 +242,24 @@ pub fn parse_mode(s: &str) -> Result<u32, String> {
     Ok(mode)
 }
 
+/// Checks `[metrics] address`: `host:port` with a numeric host, loopback unless
+/// `allow_non_loopback`.
+///
+/// # Errors
+/// The message says what is wrong.
+pub fn check_metrics_address(m: &MetricsConfig) -> Result<std::net::SocketAddr, String> {
+    let addr: std::net::SocketAddr = m
+        .address
+        .parse()
+        .map_err(|e| format!("{:?} is not host:port: {e}", m.address))?;
+    if !addr.ip().is_loopback() && !m.allow_non_loopback {
+        return Err(format!(
+            "{addr} is not a loopback address; set metrics.allow_non_loopback = true to serve it"
+        ));
+    }
+    Ok(addr)
+}
+
 impl DaemonConfig {
     /// Parses the file's text; `path` only names it in errors.
     ///
@@ -293,20 +311,7 @@ impl DaemonConfig {
                 "must name at least one driver, none empty".into(),
             ));
         }
-        let addr: std::net::SocketAddr = self.metrics.address.parse().map_err(|e| {
-            invalid(
-                "metrics.address",
-                format!("{:?} is not host:port: {e}", self.metrics.address),
-            )
-        })?;
-        if !addr.ip().is_loopback() && !self.metrics.allow_non_loopback {
-            return Err(invalid(
-                "metrics.address",
-                format!(
-                    "{addr} is not a loopback address; set metrics.allow_non_loopback = true to serve it"
-                ),
-            ));
-        }
+        check_metrics_address(&self.metrics).map_err(|m| invalid("metrics.address", m))?;
         tracing_subscriber::EnvFilter::try_new(&self.log.level)
             .map_err(|e| invalid("log.level", format!("{:?}: {e}", self.log.level)))?;
         for (key, p) in [

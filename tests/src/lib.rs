@@ -165,9 +165,10 @@ impl Daemon {
             .unwrap_or_else(|| dir.path().join("run"));
         let state = dir.path().join("state");
         let log = fs::File::create(dir.path().join("gpushared.log")).expect("log file");
-        // An empty config file: the host's /etc/gpushare/config.toml must not leak in.
+        // A config file of our own: the host's /etc/gpushare/config.toml must not leak in, and
+        // test daemons running side by side must not compete for the metrics port.
         let config = dir.path().join("config.toml");
-        fs::write(&config, "").expect("config file");
+        fs::write(&config, "[metrics]\nenabled = false\n").expect("config file");
         let child = Command::new(bin("gpushared"))
             .arg("--config")
             .arg(&config)

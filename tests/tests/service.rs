@@ -221,8 +221,17 @@ fn ready_only_after_the_socket_answers_then_watchdog_and_reload() {
     if !setup() {
         return;
     }
-    let d = Notified::start("[metrics]\naddress = \"127.0.0.1:0\"\n");
+    // The metrics port is taken: gpushared still serves claims (and says why it has no
+    // metrics) rather than leave the node without GPU sharing.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port();
+    let d = Notified::start(&format!("[metrics]\naddress = \"127.0.0.1:{port}\"\n"));
     let ready = d.until("READY=1");
+    assert!(
+        d.log().contains("metrics endpoint not served"),
+        "{}",
+        d.log()
+    );
     // READY=1 is sent once the socket is bound and the checkpoint re-adopted: the very first
     // connection after it must be answered, with no retry.
     let health: HealthInfo = d
@@ -259,7 +268,7 @@ fn ready_only_after_the_socket_answers_then_watchdog_and_reload() {
     // A good file: the log level takes effect at once, restart-only keys are named.
     std::fs::write(
         &d.config,
-        "[log]\nlevel = \"debug\"\n[mps]\ntimeout_seconds = 7\n[metrics]\nenabled = false\n",
+        "[log]\nlevel = \"debug\"\n[mps]\ntimeout_seconds = 7\n[metrics]\naddress = \"127.0.0.1:0\"\n",
     )
     .expect("config");
     d.sighup();
@@ -272,7 +281,30 @@ fn ready_only_after_the_socket_answers_then_watchdog_and_reload() {
         log.contains("[mps]") && log.contains("next restart"),
         "{log}"
     );
-    assert!(log.contains("metrics endpoint turned off"), "{log}");
+    // The new metrics address is served.
+    let addr = d
+        .metrics_address()
+        .expect("serving metrics after the reload");
+    let (status, _, _) = scrape(&addr);
+    assert!(status.contains("200"), "{status}");
+    drop(taken);
+
+    // And turned off by the next reload.
+    std::fs::write(&d.config, "[metrics]\nenabled = false\n").expect("config");
+    d.sighup();
+    d.until("RELOADING=1");
+    d.until("READY=1");
+    assert!(
+        wait_until(Duration::from_secs(5), || d
+            .log()
+            .contains("metrics endpoint turned off")),
+        "{}",
+        d.log()
+    );
+    assert!(
+        std::net::TcpStream::connect(&addr).is_err(),
+        "{addr} still served"
+    );
 }
 
 #[test]

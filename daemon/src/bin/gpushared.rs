@@ -78,6 +78,12 @@ pub struct Args {
     /// [mps.timeout_seconds].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     mps_timeout: Option<u64>,
+    /// Serve Prometheus metrics at this host:port [metrics.address].
+    #[arg(long, value_name = "HOST:PORT", conflicts_with = "no_metrics")]
+    metrics_address: Option<String>,
+    /// Do not serve metrics [metrics.enabled = false].
+    #[arg(long)]
+    no_metrics: bool,
     /// Socket file mode (octal) [socket.mode].
     #[arg(long, value_parser = parse_mode)]
     socket_mode: Option<u32>,
@@ -116,6 +122,15 @@ impl Args {
         }
         if let Some(t) = self.mps_timeout {
             cfg.mps.timeout_seconds = t;
+        }
+        if let Some(a) = &self.metrics_address {
+            cfg.metrics.address.clone_from(a);
+            cfg.metrics.enabled = true;
+            gpushare::daemon_config::check_metrics_address(&cfg.metrics)
+                .map_err(|m| anyhow::anyhow!("--metrics-address: {m}"))?;
+        }
+        if self.no_metrics {
+            cfg.metrics.enabled = false;
         }
         if let Some(m) = self.socket_mode {
             cfg.socket.mode = format!("{m:04o}");
@@ -314,8 +329,10 @@ impl Running {
                 (Some(_), Err(e)) => tracing::error!(error = %e, "log.level refused"),
             }
         }
+        // Also retried when it is wanted but not served (its port was taken at start).
         if new.metrics.enabled != self.settings.metrics.enabled
             || new.metrics.address != self.settings.metrics.address
+            || (new.metrics.enabled && self.metrics.is_none())
         {
             // The old endpoint goes first: the new one may want the same port.
             if let Some((_, task)) = self.metrics.take() {
@@ -450,7 +467,15 @@ async fn run() -> Result<()> {
     });
     let listener = server::bind(&server_cfg)
         .with_context(|| format!("binding socket {}", socket.display()))?;
-    let metrics_task = start_metrics(&settings, &registry).await?;
+    // Metrics are for watching the node, not part of serving it: a port taken by another
+    // process is an error in the journal, never a node without GPU sharing.
+    let metrics_task = match start_metrics(&settings, &registry).await {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "metrics endpoint not served; fix [metrics] and reload");
+            None
+        }
+    };
     tracing::info!(
         socket = %socket.display(),
         node = %node_name,
