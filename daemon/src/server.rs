@@ -282,45 +282,29 @@ pub async fn handle(
     }
     let started = Instant::now();
     let claim_uid = claim_uid_of(method, request.params.as_ref());
-    // Unprepare removes the claim: what it was is read first, for the log line.
-    let released = (method == Method::Unprepare)
-        .then(|| claim_uid.as_deref().and_then(|u| service.get_claim(u).ok()))
-        .flatten();
-    let worker = Arc::clone(service);
+    let service = Arc::clone(service);
     let p = request.params;
-    let outcome = tokio::task::spawn_blocking(move || -> Result<Value, ServiceError> {
-        let service = worker;
-        match method {
-            Method::Prepare => {
-                to_value(service.prepare(&params::<PrepareParams>(method, p)?.claim)?)
-            }
-            Method::Unprepare => to_value(service.unprepare(&params::<UidParams>(method, p)?.uid)?),
-            Method::GetClaim => to_value(service.get_claim(&params::<UidParams>(method, p)?.uid)?),
-            Method::ListClaims => {
-                no_params(method, &p)?;
-                to_value(service.list_claims())
-            }
-            Method::ListGpus => {
-                no_params(method, &p)?;
-                to_value(service.list_gpus())
-            }
-            Method::Attach => to_value(service.attach(&params::<AttachParams>(method, p)?)?),
-            Method::Detach => to_value(service.detach(&params::<DetachParams>(method, p)?)?),
-            Method::Health => {
-                no_params(method, &p)?;
-                to_value(service.health())
-            }
-            Method::Version => {
-                no_params(method, &p)?;
-                to_value(VersionInfo {
-                    daemon: env!("CARGO_PKG_VERSION").to_string(),
-                    protocol: PROTOCOL_VERSION,
-                })
-            }
-        }
+    let uid = claim_uid.clone();
+    let outcome = tokio::task::spawn_blocking(move || {
+        // What the claim was (unprepare removes it) or became, for the log line.
+        let claim_info =
+            |uid: &Option<String>| uid.as_deref().and_then(|u| service.get_claim(u).ok());
+        let released = (method == Method::Unprepare)
+            .then(|| claim_info(&uid))
+            .flatten();
+        let result = dispatch(&service, method, p);
+        let info = match method {
+            Method::Prepare if result.is_ok() => claim_info(&uid),
+            _ => released,
+        };
+        (result, info)
     })
     .await;
     let took = started.elapsed();
+    let (outcome, info) = match outcome {
+        Ok((result, info)) => (Ok(result), info),
+        Err(join) => (Err(join), None),
+    };
     let error = match &outcome {
         Ok(Ok(_)) => None,
         Ok(Err(e)) => Some((e.code, e.message.as_str())),
@@ -331,10 +315,6 @@ pub async fn handle(
     }
     if matches!(method, Method::Prepare | Method::Unprepare) {
         let uid = claim_uid.as_deref().unwrap_or("?");
-        let info = match method {
-            Method::Prepare if error.is_none() => service.get_claim(uid).ok(),
-            _ => released,
-        };
         log_claim_event(method, uid, info.as_ref(), error, took);
     }
     match outcome {
@@ -346,6 +326,36 @@ pub async fn handle(
         },
         Ok(Err(e)) => error_response(id, e.code, e.message),
         Err(join) => error_response(id, ErrorCode::Internal, format!("{method} failed: {join}")),
+    }
+}
+
+/// Runs one request on the service (blocking).
+fn dispatch(service: &Service, method: Method, p: Option<Value>) -> Result<Value, ServiceError> {
+    match method {
+        Method::Prepare => to_value(service.prepare(&params::<PrepareParams>(method, p)?.claim)?),
+        Method::Unprepare => to_value(service.unprepare(&params::<UidParams>(method, p)?.uid)?),
+        Method::GetClaim => to_value(service.get_claim(&params::<UidParams>(method, p)?.uid)?),
+        Method::ListClaims => {
+            no_params(method, &p)?;
+            to_value(service.list_claims())
+        }
+        Method::ListGpus => {
+            no_params(method, &p)?;
+            to_value(service.list_gpus())
+        }
+        Method::Attach => to_value(service.attach(&params::<AttachParams>(method, p)?)?),
+        Method::Detach => to_value(service.detach(&params::<DetachParams>(method, p)?)?),
+        Method::Health => {
+            no_params(method, &p)?;
+            to_value(service.health())
+        }
+        Method::Version => {
+            no_params(method, &p)?;
+            to_value(VersionInfo {
+                daemon: env!("CARGO_PKG_VERSION").to_string(),
+                protocol: PROTOCOL_VERSION,
+            })
+        }
     }
 }
 
