@@ -286,6 +286,14 @@ fn rpm_installs_upgrades_and_erases_in_a_root_and_units_verify() {
             .unwrap_or_else(|e| panic!("{path} not installed: {e}"));
         assert_eq!(meta.permissions().mode() & 0o7777, mode, "{path}");
     }
+    // The completion script is valid bash and completes the CLI's subcommands.
+    let completion = r.join("usr/share/bash-completion/completions/gpushare");
+    run(Command::new("bash").arg("-n").arg(&completion));
+    let text = fs::read_to_string(&completion).expect("completion");
+    assert!(
+        text.contains("doctor") && text.contains("unprepare"),
+        "{text}"
+    );
     // The installed config is the documented default gpushared prints.
     let installed = fs::read_to_string(r.join("etc/gpushare/config.toml")).expect("config");
     let printed = run(Command::new(bin("gpushared")).arg("--print-default-config"));
