@@ -286,6 +286,20 @@ fn rpm_installs_upgrades_and_erases_in_a_root_and_units_verify() {
             .unwrap_or_else(|e| panic!("{path} not installed: {e}"));
         assert_eq!(meta.permissions().mode() & 0o7777, mode, "{path}");
     }
+    // tmpfiles.d creates the directories with the modes the daemon expects.
+    run(Command::new("systemd-tmpfiles")
+        .arg(format!("--root={}", r.display()))
+        .args(["--create", "gpushare.conf"]));
+    for (dir, mode) in [
+        ("run/gpushare", 0o755),
+        ("run/cdi", 0o755),
+        ("etc/cdi", 0o755),
+        ("var/lib/gpushare", 0o700),
+    ] {
+        let meta = fs::metadata(r.join(dir)).unwrap_or_else(|e| panic!("{dir}: {e}"));
+        assert!(meta.is_dir(), "{dir}");
+        assert_eq!(meta.permissions().mode() & 0o7777, mode, "{dir}");
+    }
     // The completion script is valid bash and completes the CLI's subcommands.
     let completion = r.join("usr/share/bash-completion/completions/gpushare");
     run(Command::new("bash").arg("-n").arg(&completion));
