@@ -14,6 +14,8 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo build"
 cargo build --workspace --locked
+echo "== RPM (packages the debug build just made; tests/tests/packaging.rs checks it)"
+./packaging/build-rpm.sh --profile dev
 echo "== loom models (gpushare-core)"
 # Their own target directory (`--cfg gpushare_loom` would rebuild everything else).
 ./scripts/loom.sh

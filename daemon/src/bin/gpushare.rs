@@ -62,6 +62,35 @@ enum Command {
     },
     /// Run the whole job on a simulated p4d.24xlarge in a temporary directory and clean up.
     Demo(cli::demo::DemoArgs),
+    /// Check this node's setup (driver, MPS, containerd, nodeadm, CDI specs, socket,
+    /// checkpoint, compute modes): one line per check with a fix hint; exits 1 when any fails.
+    Doctor {
+        /// Check against simulated GPUs of this node profile (as gpushared --simulate) instead
+        /// of NVML.
+        #[arg(long, value_name = "NODE_PROFILE")]
+        simulate: Option<String>,
+        /// gpushared's config file [default: /etc/gpushare/config.toml].
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// containerd's config file.
+        #[arg(
+            long,
+            value_name = "FILE",
+            default_value = "/etc/containerd/config.toml"
+        )]
+        containerd_config: PathBuf,
+    },
+    /// Print a shell completion script (bash, zsh, fish, elvish or powershell).
+    Completion {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages for gpushare and its subcommands into a directory (for packaging).
+    #[command(hide = true)]
+    GenerateMan {
+        /// Existing directory to write gpushare.1 and gpushare-<command>.1 into.
+        dir: PathBuf,
+    },
 }
 
 fn print_structured_or<T: serde::Serialize>(
@@ -116,6 +145,46 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run(args: Args) -> Result<()> {
+    match &args.command {
+        Command::Doctor {
+            simulate,
+            config,
+            containerd_config,
+        } => {
+            let paths = cli::doctor::DoctorPaths {
+                config: config
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from(gpushare::daemon_config::DEFAULT_CONFIG_PATH)),
+                config_required: config.is_some(),
+                containerd_config: containerd_config.clone(),
+                socket: args.socket.clone(),
+                ..cli::doctor::DoctorPaths::default()
+            };
+            let host = cli::doctor::RealHost {
+                timeout: Duration::from_secs(args.timeout.min(10)),
+            };
+            let report = cli::doctor::run(&paths, simulate.as_deref(), &host);
+            print_structured_or(&report, args.output.unwrap_or(Output::Table), |r| r.text())?;
+            if !report.ok {
+                std::process::exit(1);
+            }
+            return Ok(());
+        }
+        Command::Completion { shell } => {
+            clap_complete::generate(
+                *shell,
+                &mut <Args as clap::CommandFactory>::command(),
+                "gpushare",
+                &mut std::io::stdout(),
+            );
+            return Ok(());
+        }
+        Command::GenerateMan { dir } => {
+            let cmd = <Args as clap::CommandFactory>::command();
+            return cli::write_man_pages(&cmd, dir);
+        }
+        _ => {}
+    }
     if let Command::Demo(demo) = &args.command {
         if args.socket.is_some() || args.output.is_some() {
             anyhow::bail!("gpushare demo starts its own daemon and prints tables: --socket and -o do not apply");
@@ -201,7 +270,11 @@ fn run(args: Args) -> Result<()> {
                 }
             })?;
         }
-        Command::Demo(_) | Command::Profiles { .. } => unreachable!("handled above"),
+        Command::Demo(_)
+        | Command::Profiles { .. }
+        | Command::Doctor { .. }
+        | Command::Completion { .. }
+        | Command::GenerateMan { .. } => unreachable!("handled above"),
     }
     Ok(())
 }

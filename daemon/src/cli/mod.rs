@@ -2,6 +2,7 @@
 
 pub mod container;
 pub mod demo;
+pub mod doctor;
 
 use std::fmt::Write as _;
 
@@ -314,4 +315,36 @@ pub fn status_text(h: &HealthInfo, v: &VersionInfo) -> String {
         "gpushared {} (protocol {})\nready:        {}\nnode:         {}\nbackend:      {}\nMPS control:  {}\nGPUs:         {}\nclaims:       {}\n",
         v.daemon, v.protocol, h.ready, h.node_name, h.backend, h.mps_control, h.gpus, h.claims
     )
+}
+
+/// Writes `<name>.1` for `cmd` and `<name>-<sub>.1` for each visible subcommand into `dir`
+/// (man pages generated from the clap definitions, for packaging).
+///
+/// # Errors
+/// Rendering or writing failed.
+pub fn write_man_pages(cmd: &clap::Command, dir: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let mut cmd = cmd.clone();
+    cmd.build();
+    let write = |c: &clap::Command, name: &str| -> anyhow::Result<()> {
+        let mut out = Vec::new();
+        clap_mangen::Man::new(
+            c.clone()
+                .display_name(name.to_string())
+                .bin_name(name.to_string()),
+        )
+        .render(&mut out)
+        .with_context(|| format!("rendering the man page of {name}"))?;
+        let path = dir.join(format!("{name}.1"));
+        std::fs::write(&path, out).with_context(|| format!("writing {}", path.display()))
+    };
+    let top = cmd.get_name().to_string();
+    write(&cmd, &top)?;
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        if sub.get_name() == "help" {
+            continue;
+        }
+        write(sub, &format!("{top}-{}", sub.get_name()))?;
+    }
+    Ok(())
 }
