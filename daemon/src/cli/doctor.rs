@@ -805,17 +805,19 @@ mod tests {
     }
 
     fn gpu(sharing: GpuSharing, mode: ComputeMode) -> GpuInfo {
-        GpuInfo {
-            name: "gpu-0".into(),
-            minor: 0,
-            uuid: "GPU-0".into(),
-            product_name: "A100".into(),
-            memory_mib: 40960,
-            compute_mode: mode,
-            time_slice: TimeSliceInterval::Default,
-            sharing,
-            claims: vec![],
-        }
+        // The fields the doctor reads; the rest take their wire defaults.
+        serde_json::from_value(serde_json::json!({
+            "name": "gpu-0",
+            "minor": 0,
+            "uuid": "GPU-0",
+            "product_name": "A100",
+            "memory_mib": 40960,
+            "compute_mode": mode,
+            "time_slice": TimeSliceInterval::Default,
+            "sharing": sharing,
+            "claims": [],
+        }))
+        .unwrap()
     }
 
     fn healthy(gpus: Vec<GpuInfo>) -> DaemonView {
