@@ -25,6 +25,7 @@ pub mod daemon_config;
 pub mod error;
 pub mod fsutil;
 pub mod gpu;
+pub mod mig;
 pub mod placement;
 pub mod server;
 pub mod service;

@@ -308,6 +308,9 @@ pub async fn handle(
                     protocol: PROTOCOL_VERSION,
                 })
             }
+            Method::MigApply => {
+                to_value(service.mig_apply(&params::<gpushare_proto::MigApplyParams>(method, p)?)?)
+            }
         }
     })
     .await;

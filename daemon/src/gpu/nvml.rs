@@ -265,6 +265,8 @@ fn mig_devices(
             encoders: p.encoder_count,
             jpeg_engines: p.jpeg_count,
             ofa_engines: p.ofa_count,
+            gi_id: None,
+            owner: None,
         });
     }
     out.sort_by_key(|m| m.placement_start);
