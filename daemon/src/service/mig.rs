@@ -343,6 +343,9 @@ impl Service {
             }
             Ok(())
         })();
+        fsutil::create_dir_if_missing(&self.cfg.run_dir, 0o755).map_err(|e| {
+            ServiceError::internal(format!("creating {}: {e}", self.cfg.run_dir.display()))
+        })?;
         let raw = serde_json::to_vec_pretty(&record)
             .map_err(|e| ServiceError::internal(format!("MIG layout record: {e}")))?;
         fsutil::write_atomic(&layout_path(&self.cfg.run_dir), &raw, 0o600).map_err(|e| {

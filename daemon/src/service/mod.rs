@@ -416,7 +416,49 @@ impl Service {
                     limit = Some(limit.map_or(r, |l| l.min(r)));
                 }
             };
-            let kind = match &group.sharing {
+            // MIG devices get MIG whatever the config says: no config means the slice alone,
+            // MPS means a daemon on the slice.
+            let migs = group
+                .results
+                .iter()
+                .filter(|&&i| crate::mig::MigDeviceName::parse(&spec.results[i].device).is_some())
+                .count();
+            let sharing = if migs == 0 {
+                group.sharing.clone()
+            } else if migs != group.results.len() {
+                return Err(ServiceError::new(
+                    ErrorCode::InvalidRequest,
+                    format!(
+                        "request(s) {} mix MIG devices and whole GPUs under one config",
+                        requests.join(", ")
+                    ),
+                ));
+            } else {
+                match &group.sharing {
+                    Sharing::Exclusive => Sharing::Mig {
+                        profile: None,
+                        mps: None,
+                    },
+                    Sharing::Mps { settings, replicas } => {
+                        cap(*replicas);
+                        Sharing::Mig {
+                            profile: None,
+                            mps: Some(settings.clone()),
+                        }
+                    }
+                    Sharing::TimeSlicing { .. } => {
+                        return Err(ServiceError::new(
+                            ErrorCode::InvalidConfig,
+                            format!(
+                                "request(s) {}: time-slicing applies to whole GPUs, not MIG devices (use MPS or no sharing)",
+                                requests.join(", ")
+                            ),
+                        ))
+                    }
+                    m @ Sharing::Mig { .. } => m.clone(),
+                }
+            };
+            let kind = match &sharing {
                 Sharing::Exclusive => PlanKind::Exclusive,
                 Sharing::TimeSlicing { interval, replicas } => {
                     cap(*replicas);
@@ -1107,5 +1149,7 @@ fn node_edit(node: &crate::gpu::DeviceNode) -> ContainerEdits {
     }
 }
 
+#[cfg(test)]
+mod mig_tests;
 #[cfg(test)]
 mod tests;
