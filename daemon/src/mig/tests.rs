@@ -10,7 +10,10 @@ fn the_two_numberings_differ_and_resolve_to_the_same_profile() {
     assert_eq!(by_id.name, "3g.20gb");
     // ID 2 is no profile at all; index 9 is 1g.10gb (ID 15).
     assert!(m.profile_by_id(GiProfileId(2)).is_none());
-    assert_eq!(m.profile_by_index(GiProfileIndex(9)).unwrap().id, GiProfileId(15));
+    assert_eq!(
+        m.profile_by_index(GiProfileIndex(9)).unwrap().id,
+        GiProfileId(15)
+    );
     assert_eq!(by_id.full_ci_profile(), CiProfileIndex(2));
 }
 
@@ -36,7 +39,10 @@ fn tables_are_consistent_for_every_model() {
         MigModel::from_product_name("NVIDIA H100 80GB HBM3"),
         Some(MigModel::H100_80)
     );
-    assert_eq!(MigModel::from_product_name("NVIDIA H200"), Some(MigModel::H200));
+    assert_eq!(
+        MigModel::from_product_name("NVIDIA H200"),
+        Some(MigModel::H200)
+    );
     assert_eq!(MigModel::from_product_name("NVIDIA A10G"), None);
 }
 
@@ -65,7 +71,11 @@ fn placements_refuse_invalid_starts_overlaps_and_counts() {
     let m = MigModel::H100_80;
     let at = |id, start| Occupied {
         profile: GiProfileId(id),
-        placement: m.profile_by_id(GiProfileId(id)).unwrap().placement(start).unwrap(),
+        placement: m
+            .profile_by_id(GiProfileId(id))
+            .unwrap()
+            .placement(start)
+            .unwrap(),
     };
     assert!(matches!(
         check_placement(m, GiProfileId(9), 2, &[]),
@@ -106,7 +116,10 @@ fn pack_finds_a_layout_whatever_the_order() {
     }
     assert_eq!(placed.len(), 4);
     assert!(layout::pack(&[p(9), p(9), p(19)]).is_none(), "no room");
-    assert!(layout::pack(&[p(5), p(9), p(19)]).is_none(), "4g + 3g fill it");
+    assert!(
+        layout::pack(&[p(5), p(9), p(19)]).is_none(),
+        "4g + 3g fill it"
+    );
     assert_eq!(layout::pack(&vec![p(19); 7]).unwrap().len(), 7);
     assert!(layout::pack(&vec![p(19); 8]).is_none());
 }
@@ -143,12 +156,24 @@ fn gpus() -> Vec<GpuState> {
 fn mig_parted_files_parse_and_refuse_like_mig_parted() {
     let cfg = layout::parse(FILE).unwrap();
     assert_eq!(cfg.mig_configs.len(), 2);
-    assert_eq!(cfg.mig_configs["mixed"][0].devices, Devices::List(vec![0, 1]));
+    assert_eq!(
+        cfg.mig_configs["mixed"][0].devices,
+        Devices::List(vec![0, 1])
+    );
     for (bad, says) in [
         (FILE.replace("v1", "v2"), "unknown version"),
         (FILE.replace("devices: all", "devices: some"), "neither"),
-        (FILE.replace("mig-enabled: false\n  mixed", "mig-enabled: false\n      extra: 1\n  mixed"), "unknown field"),
-        (FILE.replace("      mig-devices: {\"3g.20gb\": 2}\n", ""), "required"),
+        (
+            FILE.replace(
+                "mig-enabled: false\n  mixed",
+                "mig-enabled: false\n      extra: 1\n  mixed",
+            ),
+            "unknown field",
+        ),
+        (
+            FILE.replace("      mig-devices: {\"3g.20gb\": 2}\n", ""),
+            "required",
+        ),
         (FILE.replace("0x20B010DE", "A100"), "PCI device ID"),
         ("version: v1\nmig-configs: {}\n".to_string(), "empty"),
     ] {
