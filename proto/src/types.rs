@@ -355,8 +355,8 @@ pub struct GroupInfo {
     pub sharing: StrategyInfo,
     /// MIG instances created for the group's MIG devices (empty for whole GPUs). `sharing`
     /// then applies to the slices: `Exclusive` (the slice alone) or `Mps` (an MPS control
-    /// daemon on the slice).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// daemon on the slice). Read as empty when an older daemon or checkpoint leaves it out.
+    #[serde(default)]
     pub mig: Vec<MigInstanceInfo>,
 }
 
@@ -383,7 +383,7 @@ pub struct MigInstanceInfo {
     /// GPU-instance ID the driver assigned.
     pub gi_id: u32,
     /// Compute-instance ID; `None` until the compute instance exists.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub ci_id: Option<u32>,
     /// `MIG-…` UUID read from the compute instance; empty until it exists.
     #[serde(default)]
@@ -419,7 +419,7 @@ pub struct MigGpuPlan {
     /// Device name (`gpu-<minor>`).
     pub gpu: String,
     /// MIG mode set (`true` enable, `false` disable), when it changes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub set_mig_mode: Option<bool>,
     /// MIG devices destroyed, by device name.
     pub destroy: Vec<String>,
@@ -427,7 +427,7 @@ pub struct MigGpuPlan {
     /// `name=MIG-…`).
     pub create: Vec<String>,
     /// What is left to do by hand, e.g. a MIG mode change pending a GPU reset.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub note: Option<String>,
 }
 

@@ -179,23 +179,20 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         include_str!("../../examples/profiles/p4d.24xlarge-mig2.toml"),
     )?;
     let mut cmd = Command::new(&gpushared);
-    cmd.arg("--simulate").arg(&profile).args([
-        "--node-name",
-        DEMO_NODE,
-        "--shm-size-mib",
-        "64",
-    ])
-    .arg("--socket")
-    .arg(&socket)
-    .arg("--state-dir")
-    .arg(tmp.path().join("state"))
-    .arg("--run-dir")
-    .arg(tmp.path().join("run"))
-    .arg("--cdi-dir")
-    .arg(&cdi_dir)
-    .stdin(Stdio::null())
-    .stdout(log_file.try_clone()?)
-    .stderr(log_file);
+    cmd.arg("--simulate")
+        .arg(&profile)
+        .args(["--node-name", DEMO_NODE, "--shm-size-mib", "64"])
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--state-dir")
+        .arg(tmp.path().join("state"))
+        .arg("--run-dir")
+        .arg(tmp.path().join("run"))
+        .arg("--cdi-dir")
+        .arg(&cdi_dir)
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone()?)
+        .stderr(log_file);
     if let Some(p) = &args.mps_control {
         cmd.arg("--mps-control").arg(p);
     }
