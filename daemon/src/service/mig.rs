@@ -49,25 +49,58 @@ fn load_layout(run_dir: &Path) -> LayoutFile {
     }
 }
 
-/// Destroys, at start-up, the MIG instances neither a checkpointed claim nor an applied layout
-/// owns (what a crash between creating and recording one leaves), logging each.
+/// At start-up: the first start on this boot (no `<run_dir>/mig-layout.json`, which lives on
+/// a tmpfs like MIG instances themselves) adopts the MIG instances it finds that no claim
+/// owns as the node's static layout (set up before gpushared, e.g. by mig-parted at boot) and
+/// records them; every later start destroys the instances neither a checkpointed claim nor
+/// that record owns, which only a crash between creating an instance and recording it leaves.
+/// Each is logged.
 pub(super) fn sweep_at_start<'a>(
     backend: &dyn GpuBackend,
     run_dir: &Path,
     claims: impl IntoIterator<Item = &'a ClaimInfo>,
 ) {
-    let live: BTreeSet<(String, u32)> = load_layout(run_dir)
-        .instances
-        .into_iter()
-        .map(|(gpu, gi, _)| (gpu, gi))
-        .collect();
-    let swept = strategy::sweep_unowned(backend, claims, &live);
+    let path = layout_path(run_dir);
+    if !path.exists() {
+        let owned = strategy::owners(claims);
+        let mut record = LayoutFile {
+            config: "adopted at start".into(),
+            instances: Vec::new(),
+        };
+        for gpu in backend.gpus() {
+            for i in backend.mig_instances(&gpu.uuid).unwrap_or_default() {
+                if owned.contains_key(&(gpu.uuid.clone(), i.gi_id)) {
+                    continue;
+                }
+                tracing::info!(gpu = %gpu.device_name(), gi = i.gi_id, placement = %i.placement, profile = i.profile.0, "adopting a MIG instance found at first start as part of the node's layout");
+                let uuid = i.compute.map(|c| c.uuid).unwrap_or_default();
+                record.instances.push((gpu.uuid.clone(), i.gi_id, uuid));
+            }
+        }
+        if let Err(e) = write_layout(run_dir, &record) {
+            tracing::error!(path = %path.display(), error = %e, "recording the node's MIG layout");
+        }
+        return;
+    }
+    let kept: BTreeSet<(String, u32, String)> =
+        load_layout(run_dir).instances.into_iter().collect();
+    let swept = strategy::sweep_unowned(backend, claims, &kept);
     if !swept.is_empty() {
         tracing::warn!(
             count = swept.len(),
             "start-up: MIG instances no claim owned were found"
         );
     }
+}
+
+fn write_layout(run_dir: &Path, record: &LayoutFile) -> Result<(), ServiceError> {
+    fsutil::create_dir_if_missing(run_dir, 0o755)
+        .map_err(|e| ServiceError::internal(format!("creating {}: {e}", run_dir.display())))?;
+    let raw = serde_json::to_vec_pretty(record)
+        .map_err(|e| ServiceError::internal(format!("MIG layout record: {e}")))?;
+    fsutil::write_atomic(&layout_path(run_dir), &raw, 0o600).map_err(|e| {
+        ServiceError::internal(format!("writing {}: {e}", layout_path(run_dir).display()))
+    })
 }
 
 impl Service {
@@ -343,17 +376,7 @@ impl Service {
             }
             Ok(())
         })();
-        fsutil::create_dir_if_missing(&self.cfg.run_dir, 0o755).map_err(|e| {
-            ServiceError::internal(format!("creating {}: {e}", self.cfg.run_dir.display()))
-        })?;
-        let raw = serde_json::to_vec_pretty(&record)
-            .map_err(|e| ServiceError::internal(format!("MIG layout record: {e}")))?;
-        fsutil::write_atomic(&layout_path(&self.cfg.run_dir), &raw, 0o600).map_err(|e| {
-            ServiceError::internal(format!(
-                "writing {}: {e}",
-                layout_path(&self.cfg.run_dir).display()
-            ))
-        })?;
+        write_layout(&self.cfg.run_dir, &record)?;
         result
     }
 

@@ -672,3 +672,76 @@ fn layout_on_ampere_leaves_mode_pending_and_says_so() {
         .unwrap();
     assert_eq!(instances(&f, "gpu-7").len(), 1);
 }
+
+#[test]
+fn first_start_adopts_the_nodes_static_layout_and_later_starts_keep_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Arc::new(
+        SimulatedBackend::without_device_nodes(
+            &format!(
+                "{}/../docs/examples/node-profile-mig.toml",
+                env!("CARGO_MANIFEST_DIR")
+            ),
+            NODE,
+            &dir.path().join("dev"),
+        )
+        .unwrap(),
+    );
+    let uuid = backend.find("gpu-0").unwrap().uuid.clone();
+    assert_eq!(backend.mig_instances(&uuid).unwrap().len(), 3);
+    let cfg = ServiceConfig {
+        node_name: NODE.into(),
+        drivers: vec!["gpu.nvidia.com".into()],
+        run_dir: dir.path().join("run"),
+        cdi_dir: dir.path().join("cdi"),
+        checkpoint: dir.path().join("state/checkpoint.json"),
+        hook: HookConfig {
+            path: "/usr/bin/gpushare-cdi-hook".into(),
+            socket: "/run/gpushare/gpushared.sock".into(),
+            timeout_secs: 10,
+        },
+        shm_bytes: Some(1 << 20),
+    };
+    let host = FakeHost::default();
+    let first = start(&cfg, &host, &backend);
+    assert_eq!(backend.mig_instances(&uuid).unwrap().len(), 3, "adopted");
+    let listed = first
+        .list_gpus()
+        .into_iter()
+        .find(|g| g.name == "gpu-0")
+        .unwrap();
+    assert_eq!(listed.mig_devices.len(), 3);
+    assert!(listed.mig_devices.iter().all(|d| d.owner.is_none()));
+    drop(first);
+    // The 1g instance is destroyed and made again behind gpushare's back (same GI ID, new MIG
+    // UUID): not the adopted one, so the next start removes it and keeps the others.
+    let one_g = backend
+        .mig_instances(&uuid)
+        .unwrap()
+        .into_iter()
+        .find(|i| i.profile.0 == 19)
+        .unwrap();
+    backend
+        .destroy_compute_instance(&uuid, one_g.gi_id, 0)
+        .unwrap();
+    backend.destroy_gpu_instance(&uuid, one_g.gi_id).unwrap();
+    let gi = backend
+        .create_gpu_instance(&uuid, crate::mig::GiProfileId(19), 6)
+        .unwrap();
+    assert_eq!(gi, one_g.gi_id, "the driver reuses GI IDs");
+    backend
+        .create_compute_instance(&uuid, gi, crate::mig::CiProfileIndex(0))
+        .unwrap();
+    let _second = start(&cfg, &host, &backend);
+    let left: Vec<u32> = backend
+        .mig_instances(&uuid)
+        .unwrap()
+        .iter()
+        .map(|i| i.profile.0)
+        .collect();
+    assert_eq!(
+        left,
+        [9, 14],
+        "the adopted ones kept, the stranger destroyed"
+    );
+}

@@ -481,12 +481,13 @@ pub struct Swept {
 }
 
 /// At startup, destroys every MIG instance on the node that neither a checkpointed claim
-/// (`claims`) nor an applied layout (`kept`: `(GPU UUID, GI ID)`) owns: what a crash between
-/// creating an instance and recording it leaves. Each is logged and returned.
+/// (`claims`) nor the node's recorded layout (`kept`: `(GPU UUID, GI ID, MIG UUID)`; GI IDs
+/// are reused, so the MIG UUID must match too) owns: what a crash between creating an
+/// instance and recording it leaves. Each is logged and returned.
 pub fn sweep_unowned<'a>(
     backend: &dyn GpuBackend,
     claims: impl IntoIterator<Item = &'a ClaimInfo>,
-    kept: &BTreeSet<(String, u32)>,
+    kept: &BTreeSet<(String, u32, String)>,
 ) -> Vec<Swept> {
     let owned = owners(claims);
     let mut out = Vec::new();
@@ -495,8 +496,14 @@ pub fn sweep_unowned<'a>(
             continue;
         };
         for inst in instances {
-            let key = (gpu.uuid.clone(), inst.gi_id);
-            if owned.contains_key(&key) || kept.contains(&key) {
+            let mig_uuid = inst
+                .compute
+                .as_ref()
+                .map(|c| c.uuid.clone())
+                .unwrap_or_default();
+            if owned.contains_key(&(gpu.uuid.clone(), inst.gi_id))
+                || kept.contains(&(gpu.uuid.clone(), inst.gi_id, mig_uuid))
+            {
                 continue;
             }
             let mut error = None;
