@@ -224,3 +224,12 @@ fn plans_change_only_what_differs_and_refuse_claimed_gpus() {
         .to_string()
         .contains("all-disabled, mixed"));
 }
+
+#[test]
+fn the_documented_example_layout_parses_and_plans() {
+    let text = include_str!("../../../docs/examples/mig-layout.yaml");
+    let cfg = layout::parse(text).unwrap();
+    let plan = layout::plan(&cfg, "all-balanced", &gpus()).unwrap();
+    assert_eq!(plan.len(), 3);
+    assert!(plan.iter().all(|g| g.create.len() == 4));
+}
