@@ -214,6 +214,82 @@ impl Service {
         first.map_or(Ok(()), Err)
     }
 
+    /// Checks, touching nothing, that a whole-GPU claim can have `gpu`: a GPU in MIG mode runs
+    /// no CUDA work on the whole GPU. With MIG instances it is `Conflict` (naming their
+    /// owners); with none, MIG mode can be turned off at prepare where that needs no reset
+    /// (Hopper, idle), else `Unsupported`.
+    ///
+    /// # Errors
+    /// As above.
+    pub(super) fn check_whole_gpu(&self, gpu: &Gpu) -> Result<(), ServiceError> {
+        let Ok(mode) = self.backend.mig_mode(&gpu.uuid) else {
+            return Ok(());
+        };
+        if !mode.current && !mode.pending {
+            return Ok(());
+        }
+        let name = gpu.device_name();
+        let live = self.backend.mig_instances(&gpu.uuid).unwrap_or_default();
+        if !live.is_empty() {
+            let owners = strategy::owners(self.view.load().claims.values().map(|c| &**c));
+            let mut by: Vec<String> = live
+                .iter()
+                .map(|i| {
+                    owners.get(&(gpu.uuid.clone(), i.gi_id)).map_or_else(
+                        || "the node's MIG layout".to_string(),
+                        |c| format!("claim {c}"),
+                    )
+                })
+                .collect();
+            by.dedup();
+            return Err(ServiceError::new(
+                ErrorCode::Conflict,
+                format!(
+                    "{name} is partitioned into {} MIG instance(s) (held by {}); a whole-GPU claim cannot have it",
+                    live.len(),
+                    by.join(", ")
+                ),
+            ));
+        }
+        let resettable = MigModel::from_product_name(&gpu.product_name)
+            .is_some_and(MigModel::reset_free_mode_toggle);
+        if mode.current != mode.pending || !resettable {
+            return Err(ServiceError::new(
+                ErrorCode::Unsupported,
+                format!(
+                    "{name} is in MIG mode (or a change is pending), and turning it off on this GPU needs a GPU reset, which gpushare never does; a whole-GPU claim cannot have it"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Turns MIG mode off on a whole-GPU claim's GPU where it is on ([`Self::check_whole_gpu`]
+    /// admitted it: Hopper, no instances). The claim holds the GPU, so no MIG claim races it.
+    pub(super) fn leave_mig_mode(
+        &self,
+        d: &gpushare_proto::ClaimDevice,
+    ) -> Result<(), ServiceError> {
+        let Ok(mode) = self.backend.mig_mode(&d.uuid) else {
+            return Ok(());
+        };
+        if !mode.current {
+            return Ok(());
+        }
+        let after = self
+            .backend
+            .set_mig_mode(&d.uuid, false)
+            .map_err(|e| strategy::gpu_err(&format!("{}: disabling MIG mode", d.device), e))?;
+        if after.current {
+            return Err(ServiceError::new(
+                ErrorCode::Unsupported,
+                format!("{}: disabling MIG mode stays pending a GPU reset", d.device),
+            ));
+        }
+        tracing::info!(gpu = %d.device, "MIG mode disabled for a whole-GPU claim");
+        Ok(())
+    }
+
     /// Live MIG mode and instances of `gpu`, each with the claim that owns it.
     pub(super) fn live_mig(&self, gpu: &Gpu) -> Option<(bool, Vec<MigDeviceInfo>)> {
         if !gpu.mig_capable {

@@ -367,14 +367,14 @@ fn mode_rules_ampere_pending_and_busy_gpus() {
 
 #[test]
 fn whole_gpu_and_mig_claims_on_one_gpu_conflict() {
-    let f = fixture("p4d.24xlarge", &[4]);
+    let f = fixture("p5.48xlarge", &[]);
     f.service
         .prepare(&claim("whole", &["gpu-4"], None))
         .unwrap();
     assert_eq!(
         code(
             f.service
-                .prepare(&claim("slice", &["gpu-4-mig-1g5gb-19-0"], None))
+                .prepare(&claim("slice", &["gpu-4-mig-1g10gb-19-0"], None))
         ),
         ErrorCode::Conflict
     );
@@ -383,10 +383,10 @@ fn whole_gpu_and_mig_claims_on_one_gpu_conflict() {
     f.service.unprepare("whole").unwrap();
 
     f.service
-        .prepare(&claim("slice", &["gpu-4-mig-1g5gb-19-0"], None))
+        .prepare(&claim("slice", &["gpu-4-mig-1g10gb-19-0"], None))
         .unwrap();
     f.service
-        .prepare(&claim("slice2", &["gpu-4-mig-1g5gb-19-1"], None))
+        .prepare(&claim("slice2", &["gpu-4-mig-1g10gb-19-1"], None))
         .unwrap();
     assert_eq!(
         code(f.service.prepare(&claim("whole", &["gpu-4"], None))),
@@ -396,7 +396,7 @@ fn whole_gpu_and_mig_claims_on_one_gpu_conflict() {
     assert_eq!(
         code(f.service.prepare(&claim(
             "twice",
-            &["gpu-4-mig-2g10gb-14-2", "gpu-4-mig-1g5gb-19-3"],
+            &["gpu-4-mig-2g20gb-14-2", "gpu-4-mig-1g10gb-19-3"],
             None
         ))),
         ErrorCode::Conflict
@@ -744,4 +744,52 @@ fn first_start_adopts_the_nodes_static_layout_and_later_starts_keep_it() {
         [9, 14],
         "the adopted ones kept, the stranger destroyed"
     );
+}
+
+#[test]
+fn whole_gpu_claims_on_gpus_in_mig_mode() {
+    // Ampere with MIG on: turning it off needs a reset.
+    let f = fixture("p4d.24xlarge", &[1]);
+    let e = f
+        .service
+        .prepare(&claim("w1", &["gpu-1"], None))
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unsupported, "{e}");
+    assert_clean(&f, "w1");
+
+    // Hopper: a MIG claim turned MIG mode on; while its slice exists a whole-GPU claim is a
+    // Conflict naming it; once released, the whole-GPU claim turns MIG mode off.
+    let f = fixture("p5.48xlarge", &[]);
+    f.service
+        .prepare(&claim("m1", &["gpu-6-mig-1g10gb-19-0"], None))
+        .unwrap();
+    let uuid = uuid_of(&f, "gpu-6");
+    assert!(f.backend.mig_mode(&uuid).unwrap().current);
+    f.service.unprepare("m1").unwrap();
+    f.service.prepare(&claim("w2", &["gpu-6"], None)).unwrap();
+    assert!(
+        !f.backend.mig_mode(&uuid).unwrap().current,
+        "MIG mode off again"
+    );
+    f.service.unprepare("w2").unwrap();
+
+    // A slice of the node's layout (not a claim's) on the GPU: Conflict naming the layout.
+    let gi = f
+        .backend
+        .create_gpu_instance(&uuid, crate::mig::GiProfileId(9), 0)
+        .unwrap_err();
+    assert!(
+        matches!(gi, crate::gpu::GpuError::Unsupported(_)),
+        "MIG is off: {gi}"
+    );
+    f.backend.set_mig_mode(&uuid, true).unwrap();
+    f.backend
+        .create_gpu_instance(&uuid, crate::mig::GiProfileId(9), 0)
+        .unwrap();
+    let e = f
+        .service
+        .prepare(&claim("w3", &["gpu-6"], None))
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Conflict, "{e}");
+    assert!(e.message.contains("layout"), "{e}");
 }

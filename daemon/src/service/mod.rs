@@ -458,6 +458,11 @@ impl Service {
                     m @ Sharing::Mig { .. } => m.clone(),
                 }
             };
+            if !matches!(sharing, Sharing::Mig { .. }) {
+                for &i in &group.results {
+                    self.check_whole_gpu(gpus[i])?;
+                }
+            }
             let kind = match &sharing {
                 Sharing::Exclusive => PlanKind::Exclusive,
                 Sharing::TimeSlicing { interval, replicas } => {
@@ -595,6 +600,11 @@ impl Service {
     ) -> Result<Vec<GroupInfo>, ServiceError> {
         let mut groups = Vec::with_capacity(plans.len());
         for plan in plans {
+            if !matches!(plan.kind, PlanKind::Mig { .. }) {
+                for d in &plan.devices {
+                    self.leave_mig_mode(d)?;
+                }
+            }
             let started = match &plan.kind {
                 PlanKind::Exclusive => None,
                 PlanKind::TimeSlicing(interval) => {
