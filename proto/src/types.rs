@@ -131,7 +131,8 @@ pub enum ErrorCode {
     UnknownDevice,
     /// The claim conflicts with what other claims hold (mode, interval, exclusivity).
     Conflict,
-    /// The request is valid but this node or build cannot do it (e.g. MIG before its issue).
+    /// The request is valid but this node or build cannot do it (e.g. a MIG mode change that
+    /// needs a GPU reset, or a GPU without MIG).
     Unsupported,
     /// The claim exists but is not ready (e.g. its MPS control daemon is gone).
     NotReady,
