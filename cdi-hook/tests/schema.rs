@@ -14,8 +14,9 @@ use std::path::PathBuf;
 use gpushare_proto::{
     AttachParams, Attachment, ClaimDevice, ClaimInfo, ClaimState, ComputeMode, DetachParams,
     DetachResult, ErrorBody, ErrorCode, GpuInfo, GpuSharing, GroupInfo, HealthInfo, Method,
-    MigDeviceInfo, MpsInfo, PrepareParams, PrepareResult, Request, RequestDevices, Response,
-    StrategyInfo, TimeSliceInterval, UidParams, UnprepareResult, VersionInfo, PROTOCOL_VERSION,
+    MigApplyParams, MigApplyResult, MigDeviceInfo, MigGpuPlan, MigInstanceInfo, MpsInfo,
+    PrepareParams, PrepareResult, Request, RequestDevices, Response, StrategyInfo,
+    TimeSliceInterval, UidParams, UnprepareResult, VersionInfo, PROTOCOL_VERSION,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -423,6 +424,7 @@ fn claim_info(limited: bool) -> ClaimInfo {
                 requests: vec!["gpus".into()],
                 devices: vec![claim_device(4), claim_device(5)],
                 sharing,
+                mig: Vec::new(),
             })
             .collect(),
         requests: vec![request_devices()],
@@ -456,6 +458,57 @@ fn gpu_info() -> GpuInfo {
     }
 }
 
+fn mig_instance(complete: bool) -> MigInstanceInfo {
+    MigInstanceInfo {
+        request: "gpu".into(),
+        device: "gpu-2-mig-3g20gb-9-4".into(),
+        gpu_uuid: "GPU-a".into(),
+        gpu_minor: 2,
+        profile: "3g.20gb".into(),
+        gi_profile_id: 9,
+        placement_start: 4,
+        memory_slices: 4,
+        gi_id: 2,
+        ci_id: complete.then_some(0),
+        uuid: if complete {
+            "MIG-a".into()
+        } else {
+            String::new()
+        },
+    }
+}
+
+fn mig_apply_params() -> MigApplyParams {
+    MigApplyParams {
+        layout: "version: v1\nmig-configs: {}\n".into(),
+        config: "all".into(),
+        dry_run: true,
+    }
+}
+
+fn mig_apply_result() -> MigApplyResult {
+    MigApplyResult {
+        config: "halves".into(),
+        dry_run: false,
+        gpus: vec![
+            MigGpuPlan {
+                gpu: "gpu-2".into(),
+                set_mig_mode: Some(true),
+                destroy: vec!["gpu-2-mig-7g40gb-0-0".into()],
+                create: vec!["gpu-2-mig-3g20gb-9-0=MIG-a".into()],
+                note: Some("reset".into()),
+            },
+            MigGpuPlan {
+                gpu: "gpu-3".into(),
+                set_mig_mode: None,
+                destroy: vec![],
+                create: vec![],
+                note: None,
+            },
+        ],
+    }
+}
+
 fn mig_device() -> MigDeviceInfo {
     MigDeviceInfo {
         uuid: "MIG-a".into(),
@@ -470,6 +523,8 @@ fn mig_device() -> MigDeviceInfo {
         encoders: 0,
         jpeg_engines: 0,
         ofa_engines: 0,
+        gi_id: Some(2),
+        owner: Some(UID.into()),
     }
 }
 
@@ -509,11 +564,12 @@ const COMPUTE_MODES: [ComputeMode; 3] = [
     ComputeMode::Prohibited,
     ComputeMode::ExclusiveProcess,
 ];
-const GPU_SHARINGS: [GpuSharing; 4] = [
+const GPU_SHARINGS: [GpuSharing; 5] = [
     GpuSharing::Free,
     GpuSharing::Exclusive,
     GpuSharing::TimeSlicing,
     GpuSharing::Mps,
+    GpuSharing::Mig,
 ];
 
 fn _exhaustive_error_code(code: ErrorCode) {
@@ -551,7 +607,11 @@ fn _exhaustive_others(
         ComputeMode::Default | ComputeMode::Prohibited | ComputeMode::ExclusiveProcess => {}
     }
     match sharing {
-        GpuSharing::Free | GpuSharing::Exclusive | GpuSharing::TimeSlicing | GpuSharing::Mps => {}
+        GpuSharing::Free
+        | GpuSharing::Exclusive
+        | GpuSharing::TimeSlicing
+        | GpuSharing::Mps
+        | GpuSharing::Mig => {}
     }
 }
 
@@ -568,6 +628,7 @@ fn method_defs(method: Method) -> (Option<&'static str>, &'static str) {
         Method::Detach => (Some("DetachParams"), "DetachResult"),
         Method::Health => (None, "HealthInfo"),
         Method::Version => (None, "VersionInfo"),
+        Method::MigApply => (Some("MigApplyParams"), "MigApplyResult"),
     }
 }
 
@@ -588,6 +649,7 @@ fn params_for(method: Method) -> Option<Value> {
             claim_uid: UID.into(),
             container_id: "8f1d6b2a".into(),
         })),
+        Method::MigApply => Some(to_json(&mig_apply_params())),
         Method::ListClaims | Method::ListGpus | Method::Health | Method::Version => None,
     }
 }
@@ -642,6 +704,11 @@ fn samples() -> Vec<(&'static str, Value)> {
         ("ListClaimsResult", json!([])),
         ("GpuInfo", to_json(&gpu_info())),
         ("MigDeviceInfo", to_json(&mig_device())),
+        ("MigInstanceInfo", to_json(&mig_instance(true))),
+        ("MigInstanceInfo", to_json(&mig_instance(false))),
+        ("MigApplyParams", to_json(&mig_apply_params())),
+        ("MigApplyResult", to_json(&mig_apply_result())),
+        ("MigGpuPlan", to_json(&mig_apply_result().gpus[1])),
         ("ListGpusResult", to_json(&vec![gpu_info()])),
         ("DetachResult", to_json(&DetachResult { detached: true })),
         (
@@ -678,6 +745,7 @@ fn samples() -> Vec<(&'static str, Value)> {
                 requests: vec!["gpus".into()],
                 devices: vec![claim_device(1)],
                 sharing: strategy,
+                mig: vec![mig_instance(true), mig_instance(false)],
             }),
         ));
     }
@@ -738,6 +806,10 @@ fn schema_has_a_def_for_every_wire_type() {
         "Attachment",
         "GpuInfo",
         "MigDeviceInfo",
+        "MigInstanceInfo",
+        "MigApplyParams",
+        "MigApplyResult",
+        "MigGpuPlan",
         "DetachResult",
         "HealthInfo",
         "VersionInfo",
@@ -947,6 +1019,7 @@ fn params_round_trip(method: Method, params: &Value) -> Result<(), String> {
         Method::Unprepare | Method::GetClaim => round_trips::<UidParams>(params),
         Method::Attach => round_trips::<AttachParams>(params),
         Method::Detach => round_trips::<DetachParams>(params),
+        Method::MigApply => round_trips::<MigApplyParams>(params),
         Method::ListClaims | Method::ListGpus | Method::Health | Method::Version => {
             Err("takes no params".into())
         }
@@ -964,6 +1037,7 @@ fn result_round_trip(method: Method, result: &Value) -> Result<(), String> {
         Method::Detach => round_trips::<DetachResult>(result),
         Method::Health => round_trips::<HealthInfo>(result),
         Method::Version => round_trips::<VersionInfo>(result),
+        Method::MigApply => round_trips::<MigApplyResult>(result),
     }
 }
 

@@ -28,6 +28,7 @@ pub mod error;
 pub mod fsutil;
 pub mod gpu;
 pub mod metrics;
+pub mod mig;
 pub mod notify;
 pub mod placement;
 pub mod server;

@@ -141,6 +141,7 @@ fn sharing_str(s: GpuSharing) -> &'static str {
         GpuSharing::Exclusive => "Exclusive",
         GpuSharing::TimeSlicing => "TimeSlicing",
         GpuSharing::Mps => "MPS",
+        GpuSharing::Mig => "MIG",
     }
 }
 

@@ -356,6 +356,9 @@ fn dispatch(service: &Service, method: Method, p: Option<Value>) -> Result<Value
                 protocol: PROTOCOL_VERSION,
             })
         }
+        Method::MigApply => {
+            to_value(service.mig_apply(&params::<gpushare_proto::MigApplyParams>(method, p)?)?)
+        }
     }
 }
 

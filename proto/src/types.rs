@@ -59,11 +59,13 @@ pub enum Method {
     Health,
     /// Versions (no params → [`VersionInfo`]).
     Version,
+    /// Plan or apply a mig-parted v1 MIG layout ([`MigApplyParams`] → [`MigApplyResult`]).
+    MigApply,
 }
 
 impl Method {
     /// Every method, in documentation order.
-    pub const ALL: [Method; 9] = [
+    pub const ALL: [Method; 10] = [
         Method::Prepare,
         Method::Unprepare,
         Method::GetClaim,
@@ -73,6 +75,7 @@ impl Method {
         Method::Detach,
         Method::Health,
         Method::Version,
+        Method::MigApply,
     ];
 
     /// The method's wire name.
@@ -87,6 +90,7 @@ impl Method {
             Method::Detach => "detach",
             Method::Health => "health",
             Method::Version => "version",
+            Method::MigApply => "mig_apply",
         }
     }
 
@@ -99,7 +103,11 @@ impl Method {
     pub fn is_changing(self) -> bool {
         matches!(
             self,
-            Method::Prepare | Method::Unprepare | Method::Attach | Method::Detach
+            Method::Prepare
+                | Method::Unprepare
+                | Method::Attach
+                | Method::Detach
+                | Method::MigApply
         )
     }
 }
@@ -123,7 +131,8 @@ pub enum ErrorCode {
     UnknownDevice,
     /// The claim conflicts with what other claims hold (mode, interval, exclusivity).
     Conflict,
-    /// The request is valid but this node or build cannot do it (e.g. MIG before its issue).
+    /// The request is valid but this node or build cannot do it (e.g. a MIG mode change that
+    /// needs a GPU reset, or a GPU without MIG).
     Unsupported,
     /// The claim exists but is not ready (e.g. its MPS control daemon is gone).
     NotReady,
@@ -345,6 +354,82 @@ pub struct GroupInfo {
     pub devices: Vec<ClaimDevice>,
     /// What is applied to them.
     pub sharing: StrategyInfo,
+    /// MIG instances created for the group's MIG devices (empty for whole GPUs). `sharing`
+    /// then applies to the slices: `Exclusive` (the slice alone) or `Mps` (an MPS control
+    /// daemon on the slice). Read as empty when an older daemon or checkpoint leaves it out.
+    #[serde(default)]
+    pub mig: Vec<MigInstanceInfo>,
+}
+
+/// A MIG instance (GPU instance with its one compute instance) a claim created and owns.
+/// Recorded as soon as the GPU instance exists, so that a release after a crash destroys it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigInstanceInfo {
+    /// The request it was allocated for.
+    pub request: String,
+    /// The allocated device name (`gpu-<minor>-mig-<profile>-<GI profile ID>-<start>`).
+    pub device: String,
+    /// Parent GPU UUID.
+    pub gpu_uuid: String,
+    /// Parent GPU minor.
+    pub gpu_minor: u32,
+    /// GPU-instance profile name, e.g. `3g.20gb`.
+    pub profile: String,
+    /// GPU-instance profile ID (`nvidia-smi mig -lgip`), e.g. 9.
+    pub gi_profile_id: u32,
+    /// First memory slice of its placement.
+    pub placement_start: u32,
+    /// Memory slices its placement spans.
+    pub memory_slices: u32,
+    /// GPU-instance ID the driver assigned.
+    pub gi_id: u32,
+    /// Compute-instance ID; `None` until the compute instance exists.
+    #[serde(default)]
+    pub ci_id: Option<u32>,
+    /// `MIG-…` UUID read from the compute instance; empty until it exists.
+    #[serde(default)]
+    pub uuid: String,
+}
+
+/// Params of `mig_apply`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigApplyParams {
+    /// The mig-parted v1 config file's text (YAML or JSON).
+    pub layout: String,
+    /// Name of the config under `mig-configs` to apply.
+    pub config: String,
+    /// Only plan: change nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// What `mig_apply` planned (and, unless a dry run, did) per GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigApplyResult {
+    /// The config applied.
+    pub config: String,
+    /// Nothing was changed.
+    pub dry_run: bool,
+    /// One entry per GPU the config selects.
+    pub gpus: Vec<MigGpuPlan>,
+}
+
+/// The plan for one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigGpuPlan {
+    /// Device name (`gpu-<minor>`).
+    pub gpu: String,
+    /// MIG mode set (`true` enable, `false` disable), when it changes.
+    #[serde(default)]
+    pub set_mig_mode: Option<bool>,
+    /// MIG devices destroyed, by device name.
+    pub destroy: Vec<String>,
+    /// MIG devices created, by device name (with their MIG UUIDs once applied:
+    /// `name=MIG-…`).
+    pub create: Vec<String>,
+    /// What is left to do by hand, e.g. a MIG mode change pending a GPU reset.
+    #[serde(default)]
+    pub note: Option<String>,
 }
 
 /// A container tied to a claim by the hook.
@@ -398,6 +483,8 @@ pub enum GpuSharing {
     TimeSlicing,
     /// Claims' MPS control daemons share it.
     Mps,
+    /// Claims hold MIG instances of it.
+    Mig,
 }
 
 /// One GPU of the node.
@@ -480,6 +567,12 @@ pub struct MigDeviceInfo {
     pub jpeg_engines: u32,
     /// Optical-flow accelerators.
     pub ofa_engines: u32,
+    /// GPU-instance ID, when the backend reads live instances.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gi_id: Option<u32>,
+    /// UID of the claim that created and owns it; `None` for instances no claim owns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 impl MigDeviceInfo {

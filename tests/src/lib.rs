@@ -111,6 +111,15 @@ pub fn global_lock() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The p4d.24xlarge profile file with MIG mode enabled on gpu-2
+/// (`daemon/examples/profiles/p4d.24xlarge-mig2.toml`), for dynamic MIG.
+pub fn p4d_mig_profile() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../daemon/examples/profiles/p4d.24xlarge-mig2.toml")
+        .display()
+        .to_string()
+}
+
 /// Options of a test daemon.
 #[derive(Debug, Clone)]
 pub struct DaemonOptions {
@@ -152,6 +161,12 @@ impl Daemon {
 
     /// Starts a daemon on a simulated p4d.24xlarge named [`NODE`] and waits until it answers.
     pub fn start(opts: DaemonOptions) -> Daemon {
+        Daemon::start_on(opts, "p4d.24xlarge")
+    }
+
+    /// Starts a daemon on simulated `profile` (a catalog name or a profile file, see
+    /// `gpushared --simulate`) named [`NODE`] and waits until it answers.
+    pub fn start_on(opts: DaemonOptions, profile: &str) -> Daemon {
         // Under /tmp with a short name: Unix socket paths are limited to 108 bytes.
         let dir = tempfile::Builder::new()
             .prefix("gs-")
@@ -177,7 +192,7 @@ impl Daemon {
             .arg(&config)
             .args([
                 "--simulate",
-                "p4d.24xlarge",
+                profile,
                 "--node-name",
                 NODE,
                 "--shm-size-mib",

@@ -186,6 +186,8 @@ impl Ctx {
                         .collect();
                     !g.claims.is_empty() && asks.len() == g.claims.len() && intervals.len() == 1
                 }
+                // This stress run asks for no MIG devices.
+                GpuSharing::Mig => false,
             };
             if !ok || wrong_gpu {
                 self.shared.violation(format!(

@@ -8,8 +8,8 @@ use clap::{Parser, Subcommand};
 
 use gpushare::cli::{self, Output};
 use gpushare_proto::{
-    ClaimInfo, Client, GpuInfo, HealthInfo, Method, PrepareParams, PrepareResult, UidParams,
-    UnprepareResult, VersionInfo,
+    ClaimInfo, Client, GpuInfo, HealthInfo, Method, MigApplyParams, MigApplyResult, PrepareParams,
+    PrepareResult, UidParams, UnprepareResult, VersionInfo,
 };
 
 /// gpushare: inspect and control gpushared, the node's GPU sharing daemon.
@@ -90,6 +90,35 @@ enum Command {
     GenerateMan {
         /// Existing directory to write gpushare.1 and gpushare-<command>.1 into.
         dir: PathBuf,
+    },
+    /// MIG: list instances, or plan/apply an NVIDIA mig-parted v1 layout file.
+    Mig {
+        #[command(subcommand)]
+        command: MigCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum MigCommand {
+    /// Every MIG instance with its owner claim, profile, placement and UUID.
+    List,
+    /// Show what `apply` would set, destroy and create; changes nothing.
+    Plan {
+        /// mig-parted v1 config file (`version: v1`, `mig-configs`).
+        #[arg(short, long)]
+        file: PathBuf,
+        /// Name of the config under `mig-configs`.
+        #[arg(short, long)]
+        config: String,
+    },
+    /// Apply a config: GPUs held by prepared claims are refused and nothing is changed.
+    Apply {
+        /// mig-parted v1 config file (`version: v1`, `mig-configs`).
+        #[arg(short, long)]
+        file: PathBuf,
+        /// Name of the config under `mig-configs`.
+        #[arg(short, long)]
+        config: String,
     },
 }
 
@@ -269,6 +298,44 @@ fn run(args: Args) -> Result<()> {
                     format!("claim {} was not prepared; nothing to do\n", r.uid)
                 }
             })?;
+        }
+        Command::Mig {
+            command: MigCommand::List,
+        } => {
+            let gpus: Vec<GpuInfo> = client.call(Method::ListGpus, none)?;
+            let devices: Vec<serde_json::Value> = gpus
+                .iter()
+                .flat_map(|g| {
+                    g.mig_devices.iter().map(move |d| {
+                        serde_json::json!({"gpu": g.name, "device": d.device_name(g.minor), "mig": d})
+                    })
+                })
+                .collect();
+            print_structured_or(&devices, output, |_| cli::mig_table(&gpus))?;
+        }
+        Command::Mig {
+            command: MigCommand::Plan { file, config } | MigCommand::Apply { file, config },
+        } => {
+            let dry_run = matches!(
+                &args.command,
+                Command::Mig {
+                    command: MigCommand::Plan { .. }
+                }
+            );
+            if !dry_run {
+                require_root("mig apply")?;
+            }
+            let layout = std::fs::read_to_string(file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let r: MigApplyResult = client.call(
+                Method::MigApply,
+                Some(&MigApplyParams {
+                    layout,
+                    config: config.clone(),
+                    dry_run,
+                }),
+            )?;
+            print_structured_or(&r, output, cli::mig_plan_text)?;
         }
         Command::Demo(_)
         | Command::Profiles { .. }

@@ -59,6 +59,19 @@ pub fn strategy_summary(c: &ClaimInfo) -> String {
     c.groups
         .iter()
         .map(|g| match &g.sharing {
+            _ if !g.mig.is_empty() => {
+                let profiles: Vec<&str> = g.mig.iter().map(|m| m.profile.as_str()).collect();
+                match &g.sharing {
+                    StrategyInfo::Mps(m) => {
+                        format!(
+                            "MIG({})+MPS({}%)",
+                            profiles.join(","),
+                            m.active_thread_percentage
+                        )
+                    }
+                    _ => format!("MIG({})", profiles.join(",")),
+                }
+            }
             StrategyInfo::Exclusive => "Exclusive".to_string(),
             StrategyInfo::TimeSlicing { interval } => format!("TimeSlicing({})", interval.as_str()),
             StrategyInfo::Mps(m) if m.active_thread_percentage.is_empty() => {
@@ -107,6 +120,93 @@ pub fn gpus_table(gpus: &[GpuInfo]) -> String {
         ]);
     }
     t.to_string() + "\n"
+}
+
+/// The `gpushare mig list` table: every MIG instance of every GPU with its owner claim
+/// (`-` for instances no claim owns, such as a layout's), profile, placement and UUID.
+pub fn mig_table(gpus: &[GpuInfo]) -> String {
+    let mut t = table(&[
+        "GPU",
+        "MIG DEVICE",
+        "PROFILE",
+        "GI PROFILE",
+        "PLACEMENT",
+        "GI",
+        "MEMORY",
+        "SMS",
+        "UUID",
+        "OWNER",
+    ]);
+    for g in gpus {
+        for d in &g.mig_devices {
+            t.add_row(vec![
+                g.name.clone(),
+                d.device_name(g.minor),
+                d.profile.clone(),
+                d.gi_profile_id.to_string(),
+                format!("{}:{}", d.placement_start, d.memory_slices),
+                d.gi_id.map_or_else(|| "-".into(), |i| i.to_string()),
+                format!("{} MiB", d.memory_mib),
+                d.multiprocessors.to_string(),
+                if d.uuid.is_empty() {
+                    "(no compute instance)".into()
+                } else {
+                    d.uuid.clone()
+                },
+                d.owner.clone().unwrap_or_else(|| "-".into()),
+            ]);
+        }
+    }
+    t.to_string() + "\n"
+}
+
+/// What `gpushare mig plan` / `apply` print: per GPU, the mode change and the MIG devices
+/// destroyed and created.
+pub fn mig_plan_text(r: &gpushare_proto::MigApplyResult) -> String {
+    let mut s = format!(
+        "config {}{}\n",
+        r.config,
+        if r.dry_run {
+            " (plan: nothing changed)"
+        } else {
+            " applied"
+        }
+    );
+    let verb = |plan: &str, done: &str| {
+        if r.dry_run {
+            plan.to_string()
+        } else {
+            done.to_string()
+        }
+    };
+    for g in &r.gpus {
+        if g.set_mig_mode.is_none()
+            && g.destroy.is_empty()
+            && g.create.is_empty()
+            && g.note.is_none()
+        {
+            s += &format!("  {}: unchanged\n", g.gpu);
+            continue;
+        }
+        s += &format!("  {}:\n", g.gpu);
+        if let Some(on) = g.set_mig_mode {
+            s += &format!(
+                "    {} MIG mode {}\n",
+                verb("would set", "set"),
+                if on { "enabled" } else { "disabled" }
+            );
+        }
+        for d in &g.destroy {
+            s += &format!("    {} {d}\n", verb("would destroy", "destroyed"));
+        }
+        for c in &g.create {
+            s += &format!("    {} {c}\n", verb("would create", "created"));
+        }
+        if let Some(n) = &g.note {
+            s += &format!("    note: {n}\n");
+        }
+    }
+    s
 }
 
 /// One line of `gpushare profiles`.

@@ -338,6 +338,8 @@ impl NodeProfile {
                         encoders: m.encoders,
                         jpeg_engines: m.jpeg_engines,
                         ofa_engines: m.ofa_engines,
+                        gi_id: None,
+                        owner: None,
                     })
                     .collect();
                 out.push(Gpu {

@@ -16,6 +16,18 @@ use super::{DeviceNode, Gpu, GpuBackend, GpuError};
 /// Device nodes every CUDA container needs, when the host has them.
 const CONTROL_NODES: &[&str] = &["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"];
 
+/// The driver's table of MIG capability minors (`gpu0/gi1/access 12`, one per line).
+const MIG_MINORS: &str = "/proc/driver/nvidia-caps/mig-minors";
+
+/// The minor of `key` (`gpu<minor>/gi<id>/access` or `…/ci<id>/access`) in the text of
+/// `/proc/driver/nvidia-caps/mig-minors`.
+fn mig_minor(text: &str, key: &str) -> Option<u32> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.trim().split_once(char::is_whitespace)?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
 /// The backend for a node with NVIDIA's driver.
 #[derive(Debug)]
 pub struct HostBackend {
@@ -107,6 +119,84 @@ impl GpuBackend for HostBackend {
 
     fn compute_mode(&self, uuid: &str) -> Result<ComputeMode, GpuError> {
         self.nvml.compute_mode(uuid)
+    }
+
+    fn mig_mode(&self, uuid: &str) -> Result<super::MigMode, GpuError> {
+        self.nvml.mig_mode(uuid)
+    }
+
+    fn set_mig_mode(&self, uuid: &str, enabled: bool) -> Result<super::MigMode, GpuError> {
+        let now = self.nvml.mig_mode(uuid)?;
+        if now.current == enabled && now.pending == enabled {
+            return Ok(now);
+        }
+        self.refuse_if_busy(uuid, "MIG mode")?;
+        let after = self.nvml.set_mig_mode(uuid, enabled)?;
+        tracing::info!(gpu = %uuid, enabled, current = after.current, pending = after.pending, "MIG mode set");
+        Ok(after)
+    }
+
+    fn compute_processes(&self, uuid: &str) -> Result<Vec<u32>, GpuError> {
+        self.nvml.compute_processes(uuid)
+    }
+
+    fn mig_instances(&self, uuid: &str) -> Result<Vec<super::MigInstance>, GpuError> {
+        if !self.nvml.mig_mode(uuid)?.current {
+            return Ok(Vec::new());
+        }
+        self.nvml.mig_instances(uuid)
+    }
+
+    fn create_gpu_instance(
+        &self,
+        uuid: &str,
+        profile: crate::mig::GiProfileId,
+        start: u32,
+    ) -> Result<u32, GpuError> {
+        self.nvml.create_gpu_instance(uuid, profile, start)
+    }
+
+    fn create_compute_instance(
+        &self,
+        uuid: &str,
+        gi_id: u32,
+        profile: crate::mig::CiProfileIndex,
+    ) -> Result<super::ComputeInstance, GpuError> {
+        self.nvml.create_compute_instance(uuid, gi_id, profile)
+    }
+
+    fn destroy_compute_instance(&self, uuid: &str, gi_id: u32, ci_id: u32) -> Result<(), GpuError> {
+        self.nvml.destroy_compute_instance(uuid, gi_id, ci_id)
+    }
+
+    fn destroy_gpu_instance(&self, uuid: &str, gi_id: u32) -> Result<(), GpuError> {
+        self.nvml.destroy_gpu_instance(uuid, gi_id)
+    }
+
+    fn mig_device_nodes(&self, gpu: &Gpu, gi_id: u32, ci_id: u32) -> Vec<DeviceNode> {
+        // The driver publishes the numbering; the formula is its documented layout, used when
+        // the file cannot be read.
+        let minors = std::fs::read_to_string(MIG_MINORS).unwrap_or_default();
+        let gi_key = format!("gpu{}/gi{gi_id}/access", gpu.minor);
+        let ci_key = format!("gpu{}/gi{gi_id}/ci{ci_id}/access", gpu.minor);
+        [
+            (gi_key, super::mig_cap_minor(gpu.minor, gi_id, None)),
+            (ci_key, super::mig_cap_minor(gpu.minor, gi_id, Some(ci_id))),
+        ]
+        .into_iter()
+        .map(|(key, fallback)| {
+            let minor = mig_minor(&minors, &key).unwrap_or(fallback);
+            let name = format!("nvidia-cap{minor}");
+            let node = DeviceNode {
+                path: Path::new("/dev/nvidia-caps").join(&name),
+                host_path: self.dev_root.join("nvidia-caps").join(&name),
+            };
+            if !node.host_path.exists() {
+                tracing::warn!(path = %node.host_path.display(), "MIG capability device node is missing (nvidia-modprobe -f /proc/driver/nvidia-caps/mig-minors creates them)");
+            }
+            node
+        })
+        .collect()
     }
 
     fn set_compute_mode(&self, uuid: &str, mode: ComputeMode) -> Result<(), GpuError> {
@@ -205,6 +295,17 @@ mod tests {
                 .cloned()
                 .unwrap_or_default())
         }
+    }
+
+    #[test]
+    fn mig_minors_are_read_from_the_drivers_table() {
+        let text = "config 1\nmonitor 2\ngpu0/gi0/access 3\ngpu0/gi0/ci0/access 4\ngpu2/gi2/access 291\ngpu2/gi2/ci0/access 292\n";
+        assert_eq!(mig_minor(text, "gpu2/gi2/access"), Some(291));
+        assert_eq!(mig_minor(text, "gpu2/gi2/ci0/access"), Some(292));
+        assert_eq!(mig_minor(text, "gpu2/gi3/access"), None);
+        // The fallback formula agrees with the table's layout.
+        assert_eq!(crate::gpu::mig_cap_minor(2, 2, None), 291);
+        assert_eq!(crate::gpu::mig_cap_minor(0, 0, Some(0)), 4);
     }
 
     #[derive(Debug, Default)]

@@ -45,6 +45,52 @@ impl GpuBackend for ManagedSettings {
         self.inner.gpus()
     }
 
+    fn mig_mode(&self, uuid: &str) -> Result<super::MigMode, GpuError> {
+        self.inner.mig_mode(uuid)
+    }
+
+    fn set_mig_mode(&self, uuid: &str, enabled: bool) -> Result<super::MigMode, GpuError> {
+        self.inner.set_mig_mode(uuid, enabled)
+    }
+
+    fn compute_processes(&self, uuid: &str) -> Result<Vec<u32>, GpuError> {
+        self.inner.compute_processes(uuid)
+    }
+
+    fn mig_instances(&self, uuid: &str) -> Result<Vec<super::MigInstance>, GpuError> {
+        self.inner.mig_instances(uuid)
+    }
+
+    fn create_gpu_instance(
+        &self,
+        uuid: &str,
+        profile: crate::mig::GiProfileId,
+        start: u32,
+    ) -> Result<u32, GpuError> {
+        self.inner.create_gpu_instance(uuid, profile, start)
+    }
+
+    fn create_compute_instance(
+        &self,
+        uuid: &str,
+        gi_id: u32,
+        profile: crate::mig::CiProfileIndex,
+    ) -> Result<super::ComputeInstance, GpuError> {
+        self.inner.create_compute_instance(uuid, gi_id, profile)
+    }
+
+    fn destroy_compute_instance(&self, uuid: &str, gi_id: u32, ci_id: u32) -> Result<(), GpuError> {
+        self.inner.destroy_compute_instance(uuid, gi_id, ci_id)
+    }
+
+    fn destroy_gpu_instance(&self, uuid: &str, gi_id: u32) -> Result<(), GpuError> {
+        self.inner.destroy_gpu_instance(uuid, gi_id)
+    }
+
+    fn mig_device_nodes(&self, gpu: &Gpu, gi_id: u32, ci_id: u32) -> Vec<DeviceNode> {
+        self.inner.mig_device_nodes(gpu, gi_id, ci_id)
+    }
+
     fn gpu_device_nodes(&self, gpu: &Gpu) -> Vec<DeviceNode> {
         self.inner.gpu_device_nodes(gpu)
     }

@@ -27,11 +27,13 @@ use crate::error::ServiceError;
 use crate::fsutil;
 use crate::gpu::{Gpu, GpuBackend};
 use crate::placement::{Hold, Placement, Want};
+use crate::strategy::mig::MigTarget;
 use crate::strategy::mps::{default_shm_bytes, Liveness, MpsControl, MpsDirs, MpsLaunch};
 use crate::sys::{read_cgroup, Processes};
 use gpushare_core::Published;
 
 mod locks;
+mod mig;
 mod modes;
 mod view;
 use locks::ClaimLocks;
@@ -99,6 +101,12 @@ enum PlanKind {
     Exclusive,
     TimeSlicing(gpushare_proto::TimeSliceInterval),
     Mps(MpsLaunch),
+    /// MIG devices to create, with an MPS control daemon on the slices when asked (its
+    /// `visible_devices` become the MIG UUIDs once they exist).
+    Mig {
+        targets: Vec<MigTarget>,
+        mps: Option<MpsLaunch>,
+    },
 }
 
 fn now_secs() -> u64 {
@@ -151,6 +159,7 @@ impl Service {
             state.claims.insert(uid, info);
         }
         reapply_gpu_settings(backend.as_ref(), &state.placement);
+        mig::sweep_at_start(backend.as_ref(), &cfg.run_dir, state.claims.values());
         state.ready = true;
         let modes = GpuModes::new(backend.gpus(), &state.placement);
         let view = Published::new(View::of(&state, None));
@@ -332,17 +341,31 @@ impl Service {
     fn plan(&self, spec: &ClaimSpec) -> Result<(Vec<GroupPlan>, Option<u32>), ServiceError> {
         let mut gpus: Vec<&Gpu> = Vec::with_capacity(spec.results.len());
         let mut seen = BTreeSet::new();
+        let mut seen_names = BTreeSet::new();
         for r in &spec.results {
-            if is_mig_device_name(&r.device) {
+            let mig_name = crate::mig::MigDeviceName::parse(&r.device);
+            if mig_name.is_none() && is_mig_device_name(&r.device) {
                 return Err(ServiceError::new(
                     ErrorCode::Unsupported,
                     format!(
-                        "device {} (request {}) is a MIG device; dynamic MIG is not supported by this gpushared yet",
+                        "device {} (request {}) is a static MIG device by UUID; gpushare creates MIG devices itself and takes them by name (gpu-<minor>-mig-<profile>-<GI profile ID>-<placement start>)",
                         r.device, r.request
                     ),
                 ));
             }
-            let gpu = self.backend.find(&r.device).ok_or_else(|| {
+            if !seen_names.insert(r.device.clone()) {
+                return Err(ServiceError::new(
+                    ErrorCode::InvalidRequest,
+                    format!(
+                        "device {} is allocated twice in claim {}",
+                        r.device, spec.uid
+                    ),
+                ));
+            }
+            let lookup = mig_name
+                .as_ref()
+                .map_or_else(|| r.device.clone(), |n| format!("gpu-{}", n.minor));
+            let gpu = self.backend.find(&lookup).ok_or_else(|| {
                 let known: Vec<String> = self.backend.gpus().iter().map(Gpu::device_name).collect();
                 ServiceError::new(
                     ErrorCode::UnknownDevice,
@@ -355,7 +378,8 @@ impl Service {
                     ),
                 )
             })?;
-            if !seen.insert(gpu.uuid.clone()) {
+            // Several MIG devices of one GPU may share a claim; whole GPUs may not repeat.
+            if mig_name.is_none() && !seen.insert(gpu.uuid.clone()) {
                 return Err(ServiceError::new(
                     ErrorCode::InvalidRequest,
                     format!(
@@ -392,7 +416,54 @@ impl Service {
                     limit = Some(limit.map_or(r, |l| l.min(r)));
                 }
             };
-            let kind = match &group.sharing {
+            // MIG devices get MIG whatever the config says: no config means the slice alone,
+            // MPS means a daemon on the slice.
+            let migs = group
+                .results
+                .iter()
+                .filter(|&&i| crate::mig::MigDeviceName::parse(&spec.results[i].device).is_some())
+                .count();
+            let sharing = if migs == 0 {
+                group.sharing.clone()
+            } else if migs != group.results.len() {
+                return Err(ServiceError::new(
+                    ErrorCode::InvalidRequest,
+                    format!(
+                        "request(s) {} mix MIG devices and whole GPUs under one config",
+                        requests.join(", ")
+                    ),
+                ));
+            } else {
+                match &group.sharing {
+                    Sharing::Exclusive => Sharing::Mig {
+                        profile: None,
+                        mps: None,
+                    },
+                    Sharing::Mps { settings, replicas } => {
+                        cap(*replicas);
+                        Sharing::Mig {
+                            profile: None,
+                            mps: Some(settings.clone()),
+                        }
+                    }
+                    Sharing::TimeSlicing { .. } => {
+                        return Err(ServiceError::new(
+                            ErrorCode::InvalidConfig,
+                            format!(
+                                "request(s) {}: time-slicing applies to whole GPUs, not MIG devices (use MPS or no sharing)",
+                                requests.join(", ")
+                            ),
+                        ))
+                    }
+                    m @ Sharing::Mig { .. } => m.clone(),
+                }
+            };
+            if !matches!(sharing, Sharing::Mig { .. }) {
+                for &i in &group.results {
+                    self.check_whole_gpu(gpus[i])?;
+                }
+            }
+            let kind = match &sharing {
                 Sharing::Exclusive => PlanKind::Exclusive,
                 Sharing::TimeSlicing { interval, replicas } => {
                     cap(*replicas);
@@ -404,14 +475,21 @@ impl Service {
                     let pinned = settings.resolve_pinned_limits(&uuids).map_err(|e| {
                         ServiceError::new(
                             e.code,
-                            format!("config of request(s) {}: {}", requests.join(", "), e.message),
+                            format!(
+                                "config of request(s) {}: {}",
+                                requests.join(", "),
+                                e.message
+                            ),
                         )
                     })?;
                     let dirs = MpsDirs::for_group(&self.claim_dir(&spec.uid), &uuids);
                     dirs.check_socket_paths().map_err(|e| {
                         ServiceError::new(
                             ErrorCode::InvalidRequest,
-                            format!("claim UID {:?} is too long for an MPS claim here: {e}", spec.uid),
+                            format!(
+                                "claim UID {:?} is too long for an MPS claim here: {e}",
+                                spec.uid
+                            ),
                         )
                     })?;
                     PlanKind::Mps(MpsLaunch {
@@ -423,14 +501,25 @@ impl Service {
                         shm_bytes: self.cfg.shm_bytes.unwrap_or_else(default_shm_bytes),
                     })
                 }
-                Sharing::Mig { .. } => {
-                    return Err(ServiceError::new(
-                        ErrorCode::Unsupported,
-                        format!(
-                            "request(s) {} ask for MIG sharing; dynamic MIG is not supported by this gpushared yet",
-                            requests.join(", ")
-                        ),
-                    ))
+                Sharing::Mig { profile, mps } => {
+                    let (targets, mps) = self.plan_mig(
+                        spec,
+                        &group.results,
+                        profile.as_deref(),
+                        mps.as_ref(),
+                        &requests,
+                    )?;
+                    // The group's devices are the MIG devices, named canonically.
+                    devices = targets
+                        .iter()
+                        .map(|t| ClaimDevice {
+                            request: t.request.clone(),
+                            device: t.device.clone(),
+                            uuid: t.gpu_uuid.clone(),
+                            minor: t.gpu_minor,
+                        })
+                        .collect();
+                    PlanKind::Mig { targets, mps }
                 }
             };
             plans.push(GroupPlan {
@@ -459,11 +548,24 @@ impl Service {
                 active_thread_percentage: String::new(),
                 pinned_device_memory_limits: BTreeMap::new(),
             })),
+            PlanKind::Mig { mps: None, .. } => StrategyInfo::Exclusive,
+            PlanKind::Mig {
+                mps: Some(launch), ..
+            } => StrategyInfo::Mps(started.unwrap_or_else(|| MpsInfo {
+                control_daemon_pid: 0,
+                pipe_dir: launch.dirs.pipe.display().to_string(),
+                log_dir: launch.dirs.log.display().to_string(),
+                shm_dir: launch.dirs.shm.display().to_string(),
+                visible_devices: launch.visible_devices.clone(),
+                active_thread_percentage: String::new(),
+                pinned_device_memory_limits: BTreeMap::new(),
+            })),
         };
         GroupInfo {
             requests: plan.requests.clone(),
             devices: plan.devices.clone(),
             sharing,
+            mig: Vec::new(),
         }
     }
 
@@ -498,6 +600,11 @@ impl Service {
     ) -> Result<Vec<GroupInfo>, ServiceError> {
         let mut groups = Vec::with_capacity(plans.len());
         for plan in plans {
+            if !matches!(plan.kind, PlanKind::Mig { .. }) {
+                for d in &plan.devices {
+                    self.leave_mig_mode(d)?;
+                }
+            }
             let started = match &plan.kind {
                 PlanKind::Exclusive => None,
                 PlanKind::TimeSlicing(interval) => {
@@ -554,6 +661,33 @@ impl Service {
                     }
                     Some(started)
                 }
+                PlanKind::Mig { targets, mps } => {
+                    let records = self.create_mig(&spec.uid, plan, targets)?;
+                    let started = match mps {
+                        None => None,
+                        Some(launch) => {
+                            let launch = MpsLaunch {
+                                visible_devices: records.iter().map(|r| r.uuid.clone()).collect(),
+                                ..launch.clone()
+                            };
+                            let started = self.mps.start(&launch).map_err(|e| {
+                                ServiceError::internal(format!("claim {}: {e}", spec.uid))
+                            })?;
+                            if let Some(c) = self.state().claims.get_mut(&spec.uid) {
+                                if let Some(g) =
+                                    c.groups.iter_mut().find(|g| g.devices == plan.devices)
+                                {
+                                    g.sharing = StrategyInfo::Mps(started.clone());
+                                }
+                            }
+                            Some(started)
+                        }
+                    };
+                    let mut g = self.group_info(plan, started);
+                    g.mig = records;
+                    groups.push(g);
+                    continue;
+                }
             };
             groups.push(self.group_info(plan, started));
         }
@@ -577,6 +711,13 @@ impl Service {
                 for d in g.devices.iter().filter(|d| d.request == req.request) {
                     if let Some(gpu) = self.backend.find(&d.uuid) {
                         for node in self.backend.gpu_device_nodes(gpu) {
+                            cdi::merge(&mut edits, node_edit(&node));
+                        }
+                    }
+                }
+                for m in g.mig.iter().filter(|m| m.request == req.request) {
+                    if let (Some(gpu), Some(ci)) = (self.backend.find(&m.gpu_uuid), m.ci_id) {
+                        for node in self.backend.mig_device_nodes(gpu, m.gi_id, ci) {
                             cdi::merge(&mut edits, node_edit(&node));
                         }
                     }
@@ -650,6 +791,10 @@ impl Service {
                     );
                 }
             }
+        }
+        // MIG instances go after the MPS control daemons that ran on them.
+        if let Err(e) = self.destroy_mig(&info) {
+            note(&mut errors, e);
         }
         if let Err(e) = fsutil::remove_file_if_exists(&cdi::spec_path(&self.cfg.cdi_dir, uid)) {
             note(
@@ -916,13 +1061,19 @@ impl Service {
             .iter()
             .map(|g| {
                 let hold = st.placement.hold(&g.uuid);
-                GpuInfo {
+                let mut info = GpuInfo {
                     compute_mode: self.backend.compute_mode(&g.uuid).unwrap_or_default(),
                     time_slice: self.backend.time_slice(&g.uuid).unwrap_or_default(),
                     sharing: hold.map_or(GpuSharing::Free, |h| h.sharing()),
                     claims: hold.map(|h| h.claims()).unwrap_or_default(),
                     ..g.info()
+                };
+                // MIG mode and instances change at runtime: read them live.
+                if let Some((enabled, devices)) = self.live_mig(g) {
+                    info.mig_enabled = enabled;
+                    info.mig_devices = devices;
                 }
+                info
             })
             .collect()
     }
@@ -966,26 +1117,39 @@ fn reapply_gpu_settings(backend: &dyn GpuBackend, placement: &Placement) {
                     }
                 }
             }
-            Some(Hold::Exclusive(_)) | None => {}
+            Some(Hold::Exclusive(_) | Hold::Mig(_)) | None => {}
         }
     }
 }
 
 /// What each GPU of a claim record wants, for (re)building placement.
+/// A MIG group's devices are MIG devices; whatever its sharing, it holds its GPUs as `Mig`,
+/// once per GPU.
 fn wants_of(info: &ClaimInfo) -> Vec<(String, String, Want)> {
-    info.groups
-        .iter()
-        .flat_map(|g| {
-            let want = match &g.sharing {
-                StrategyInfo::Exclusive => Want::Exclusive,
-                StrategyInfo::TimeSlicing { interval } => Want::TimeSlicing(*interval),
-                StrategyInfo::Mps(_) => Want::Mps,
+    let mut out: Vec<(String, String, Want)> = Vec::new();
+    for g in &info.groups {
+        for d in &g.devices {
+            let want = if crate::mig::MigDeviceName::parse(&d.device).is_some() {
+                if out.iter().any(|(u, _, w)| *u == d.uuid && *w == Want::Mig) {
+                    continue;
+                }
+                Want::Mig
+            } else {
+                match &g.sharing {
+                    StrategyInfo::Exclusive => Want::Exclusive,
+                    StrategyInfo::TimeSlicing { interval } => Want::TimeSlicing(*interval),
+                    StrategyInfo::Mps(_) => Want::Mps,
+                }
             };
-            g.devices
-                .iter()
-                .map(move |d| (d.uuid.clone(), d.device.clone(), want))
-        })
-        .collect()
+            let name = if want == Want::Mig {
+                format!("gpu-{}", d.minor)
+            } else {
+                d.device.clone()
+            };
+            out.push((d.uuid.clone(), name, want));
+        }
+    }
+    out
 }
 
 fn node_edit(node: &crate::gpu::DeviceNode) -> ContainerEdits {
@@ -995,5 +1159,7 @@ fn node_edit(node: &crate::gpu::DeviceNode) -> ContainerEdits {
     }
 }
 
+#[cfg(test)]
+mod mig_tests;
 #[cfg(test)]
 mod tests;

@@ -28,6 +28,7 @@ fn core_want(want: Want) -> gpushare_core::Want {
         Want::Exclusive => gpushare_core::Want::Exclusive,
         Want::TimeSlicing(interval) => gpushare_core::Want::TimeSliced(interval.as_int()),
         Want::Mps => gpushare_core::Want::Mps,
+        Want::Mig => gpushare_core::Want::Mig,
     }
 }
 
@@ -70,6 +71,7 @@ impl GpuModes {
                 Hold::TimeSliced { interval, claims } => {
                     (Want::TimeSlicing(*interval), claims.len())
                 }
+                Hold::Mig(claims) => (Want::Mig, claims.len()),
             };
             let Some(word) = modes.words.get(uuid) else {
                 tracing::error!(gpu = %uuid, "checkpointed claim holds a GPU this node does not have");
@@ -164,7 +166,8 @@ impl GpuModes {
                                 tracing::error!(gpu = %name, error = %e, "restoring compute mode DEFAULT");
                             }
                         }
-                        Want::Exclusive => {}
+                        // MIG mode and instances are the MIG strategy's to undo.
+                        Want::Exclusive | Want::Mig => {}
                     }
                     drop(guard);
                 }
