@@ -486,6 +486,7 @@ mod tests {
                         active_thread_percentage: "50".into(),
                         pinned_device_memory_limits: BTreeMap::new(),
                     }),
+                    mig: vec![],
                 })
                 .collect(),
             requests: vec![],
