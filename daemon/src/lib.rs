@@ -26,6 +26,7 @@ pub mod error;
 pub mod fsutil;
 pub mod gpu;
 pub mod placement;
+pub mod privileges;
 pub mod server;
 pub mod service;
 pub mod strategy;

@@ -12,6 +12,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use gpushare::cdi::HookConfig;
 use gpushare::daemon_config::{parse_mode, DaemonConfig, DEFAULT_CONFIG, DEFAULT_CONFIG_PATH};
 use gpushare::gpu::{GpuBackend, SimulatedBackend};
+use gpushare::privileges;
 use gpushare::server::{self, ServerConfig};
 use gpushare::service::{Service, ServiceConfig};
 use gpushare::strategy::mps::MpsControl;
@@ -190,8 +191,34 @@ fn real_dir(dir: &Path, mode: u32) -> Result<PathBuf> {
     Ok(real)
 }
 
+/// Resolves `socket.group`: a numeric gid as is, else a name from the group database.
+fn resolve_group(group: &str) -> Result<u32> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
+    }
+    match nix::unistd::Group::from_name(group) {
+        Ok(Some(g)) => Ok(g.gid.as_raw()),
+        Ok(None) => bail!("socket.group: no group named {group:?} on this host"),
+        Err(e) => bail!("socket.group: looking up group {group:?}: {e}"),
+    }
+}
+
+/// Parses the command line and the config file, drops capabilities while the process has
+/// one thread (they are per thread), then runs the daemon.
+fn start() -> Result<()> {
+    let args = Args::parse();
+    if args.print_default_config {
+        print!("{DEFAULT_CONFIG}");
+        return Ok(());
+    }
+    let settings = args.settings()?;
+    let keep = privileges::kept(!settings.gpus.simulate.is_empty());
+    let outcome = privileges::drop_to(&keep)?;
+    run(settings, keep, outcome)
+}
+
 fn main() -> std::process::ExitCode {
-    match run() {
+    match start() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             // One line for the journal, whatever RUST_BACKTRACE says.
@@ -202,7 +229,11 @@ fn main() -> std::process::ExitCode {
 }
 
 #[tokio::main]
-async fn run() -> Result<()> {
+async fn run(
+    settings: DaemonConfig,
+    kept: Vec<caps::Capability>,
+    privileges: privileges::Outcome,
+) -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -211,12 +242,16 @@ async fn run() -> Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let args = Args::parse();
-    if args.print_default_config {
-        print!("{DEFAULT_CONFIG}");
-        return Ok(());
+    let kept_names: Vec<String> = kept.iter().map(|c| c.to_string()).collect();
+    match privileges {
+        privileges::Outcome::Reduced => {
+            tracing::info!(kept = %kept_names.join(","), "capabilities reduced")
+        }
+        privileges::Outcome::NoSetpcap => tracing::warn!(
+            kept = %kept_names.join(","),
+            "no CAP_SETPCAP: effective and permitted capabilities reduced, the bounding set left as the service manager set it"
+        ),
     }
-    let settings = args.settings()?;
 
     // MPS control daemons double-fork away from us; as a subreaper we get them back as
     // children, learn of their exit, and reap them (PID 1 here may not).
@@ -292,9 +327,11 @@ async fn run() -> Result<()> {
     let server_cfg = Arc::new(ServerConfig {
         socket: socket.clone(),
         mode: parse_mode(&settings.socket.mode).map_err(anyhow::Error::msg)?,
+        group: resolve_group(&settings.socket.group)?,
         changing_uids: settings.socket.changing_uids.clone(),
-        max_connections: server::MAX_CONNECTIONS,
-        idle_timeout: server::IDLE_TIMEOUT,
+        max_connections: settings.socket.max_connections,
+        idle_timeout: Duration::from_secs(settings.socket.idle_timeout_seconds),
+        request_timeout: Duration::from_secs(settings.socket.request_timeout_seconds),
     });
     let listener = server::bind(&server_cfg)
         .with_context(|| format!("binding socket {}", socket.display()))?;

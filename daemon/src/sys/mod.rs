@@ -7,7 +7,9 @@ mod host;
 mod proc;
 
 pub use host::{reap_orphans, HostMounter, HostProcesses, HostRunner};
-pub use proc::{find_lock_holder, parse_proc_locks, pid_alive, read_cgroup};
+pub use proc::{
+    find_lock_holder, parse_proc_locks, parse_status_groups, pid_alive, read_cgroup, read_groups,
+};
 
 use std::collections::BTreeMap;
 use std::io;
