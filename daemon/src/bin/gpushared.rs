@@ -1,6 +1,6 @@
 //! `gpushared`: the node daemon that owns every GPU sharing decision on its node.
 
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -156,6 +156,8 @@ fn lock_instance(state_dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
         .create(true)
         .truncate(false)
         .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&path)
         .with_context(|| format!("opening {}", path.display()))?;
     nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
@@ -171,24 +173,24 @@ fn absolute(p: &Path) -> Result<PathBuf> {
     std::path::absolute(p).with_context(|| format!("making {} absolute", p.display()))
 }
 
-/// Creates `dir` if missing and resolves it to its real path. Mount points are compared with
-/// `/proc/self/mountinfo`, which shows resolved paths, and the default CDI directory itself
-/// (`/var/run/cdi`) usually lies behind the `/var/run` → `/run` link.
-fn real_dir(dir: &Path, mode: u32) -> Result<PathBuf> {
+/// Creates `dir` if missing, checks that only root controls it (not a symbolic link, no
+/// foreign-owned directory or link on the way: see [`gpushare::fsutil::check_trusted_dir`]) and
+/// resolves it to its real path. Mount points are compared with `/proc/self/mountinfo`, which
+/// shows resolved paths, and the default CDI directory itself (`/var/run/cdi`) usually lies
+/// behind the root-owned `/var/run` → `/run` link.
+fn real_dir(what: &str, dir: &Path, mode: u32) -> Result<PathBuf> {
     let dir = absolute(dir)?;
-    if !dir.exists() {
+    if matches!(std::fs::symlink_metadata(&dir), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+    {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(mode)
             .create(&dir)
-            .with_context(|| format!("creating {}", dir.display()))?;
+            .with_context(|| format!("creating {what} {}", dir.display()))?;
     }
-    let real =
-        std::fs::canonicalize(&dir).with_context(|| format!("resolving {}", dir.display()))?;
-    if !real.is_dir() {
-        bail!("{} is not a directory", dir.display());
-    }
-    Ok(real)
+    gpushare::fsutil::check_trusted_dir(&dir)
+        .with_context(|| format!("{what} {}", dir.display()))?;
+    std::fs::canonicalize(&dir).with_context(|| format!("resolving {what} {}", dir.display()))
 }
 
 /// Resolves `socket.group`: a numeric gid as is, else a name from the group database.
@@ -264,8 +266,8 @@ async fn run(
             .into_owned(),
         name => name.to_string(),
     };
-    let run_dir = real_dir(&settings.paths.run_dir, 0o755)?;
-    let state_dir = real_dir(&settings.paths.state_dir, 0o700)?;
+    let run_dir = real_dir("run directory", &settings.paths.run_dir, 0o755)?;
+    let state_dir = real_dir("state directory", &settings.paths.state_dir, 0o700)?;
     // Two daemons on one state directory would each believe they own every claim.
     let _instance = lock_instance(&state_dir)?;
     let profile = &settings.gpus.simulate;
@@ -313,7 +315,7 @@ async fn run(
         node_name: node_name.clone(),
         drivers: settings.node.drivers.clone(),
         run_dir,
-        cdi_dir: real_dir(&settings.paths.cdi_dir, 0o755)?,
+        cdi_dir: real_dir("CDI directory", &settings.paths.cdi_dir, 0o755)?,
         checkpoint: state_dir.join("checkpoint.json"),
         hook: HookConfig {
             path: hook_path,
