@@ -210,14 +210,19 @@ pub fn create_dir(path: &Path, mode: u32) -> io::Result<()> {
     dir.set_permissions(Permissions::from_mode(mode))
 }
 
-/// Creates `path` (and parents) with `mode` only if it is missing; an existing directory keeps
-/// its mode (the CDI directory is shared with other vendors).
+/// Creates `path` (and parents) with `mode` only if it is missing, as [`create_dir`] does; an
+/// existing directory keeps its mode (the CDI directory is shared with other vendors).
 ///
 /// # Errors
-/// Any I/O error, or `path` existing as something other than a directory.
+/// Any I/O error; `PermissionDenied` when `path` is a symbolic link or a link on its way is
+/// not root's; `AlreadyExists` when it is something else than a directory.
 pub fn create_dir_if_missing(path: &Path, mode: u32) -> io::Result<()> {
     match fs::symlink_metadata(path) {
         Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(meta) if meta.file_type().is_symlink() => Err(refused(
+            path,
+            "is a symbolic link (name the real directory instead)",
+        )),
         Ok(_) => Err(io::Error::new(
             io::ErrorKind::AlreadyExists,
             format!("{} exists and is not a directory", path.display()),

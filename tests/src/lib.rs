@@ -149,6 +149,12 @@ impl Daemon {
 
     /// Starts a daemon on a simulated p4d.24xlarge named [`NODE`] and waits until it answers.
     pub fn start(opts: DaemonOptions) -> Daemon {
+        Daemon::start_with_config(opts, "")
+    }
+
+    /// As [`Daemon::start`], with `config` as the daemon's config file (TOML; flags for the
+    /// paths, the node and the MPS control program still override it).
+    pub fn start_with_config(opts: DaemonOptions, config: &str) -> Daemon {
         // Under /tmp with a short name: Unix socket paths are limited to 108 bytes.
         let dir = tempfile::Builder::new()
             .prefix("gs-")
@@ -165,9 +171,10 @@ impl Daemon {
             .unwrap_or_else(|| dir.path().join("run"));
         let state = dir.path().join("state");
         let log = fs::File::create(dir.path().join("gpushared.log")).expect("log file");
-        // An empty config file: the host's /etc/gpushare/config.toml must not leak in.
+        // Always a config file of our own: the host's /etc/gpushare/config.toml must not leak in.
+        let config_text = config;
         let config = dir.path().join("config.toml");
-        fs::write(&config, "").expect("config file");
+        fs::write(&config, config_text).expect("config file");
         let child = Command::new(bin("gpushared"))
             .arg("--config")
             .arg(&config)
@@ -214,6 +221,11 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(20));
         }
         d
+    }
+
+    /// The daemon's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// The daemon's log so far.

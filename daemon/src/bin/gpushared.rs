@@ -1,6 +1,6 @@
 //! `gpushared`: the node daemon that owns every GPU sharing decision on its node.
 
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -180,14 +180,9 @@ fn absolute(p: &Path) -> Result<PathBuf> {
 /// behind the root-owned `/var/run` → `/run` link.
 fn real_dir(what: &str, dir: &Path, mode: u32) -> Result<PathBuf> {
     let dir = absolute(dir)?;
-    if matches!(std::fs::symlink_metadata(&dir), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
-    {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(mode)
-            .create(&dir)
-            .with_context(|| format!("creating {what} {}", dir.display()))?;
-    }
+    // Created without following a link that is not root's (a missing parent gets 0711).
+    gpushare::fsutil::create_dir_if_missing(&dir, mode)
+        .with_context(|| format!("creating {what} {}", dir.display()))?;
     gpushare::fsutil::check_trusted_dir(&dir)
         .with_context(|| format!("{what} {}", dir.display()))?;
     std::fs::canonicalize(&dir).with_context(|| format!("resolving {what} {}", dir.display()))
