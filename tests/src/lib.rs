@@ -40,9 +40,13 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
-/// `shared/cases` beside the repository, if present.
+/// `shared/cases` beside the repository (or where `GPUSHARE_CASES_DIR` says, for a checkout
+/// elsewhere), if present.
 pub fn cases_dir() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/cases");
+    let p = std::env::var_os("GPUSHARE_CASES_DIR").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/cases"),
+        PathBuf::from,
+    );
     p.is_dir()
         .then(|| p.canonicalize().expect("canonical cases dir"))
 }

@@ -228,7 +228,7 @@ fn hostile(socket: &Path, i: usize, held: &mut VecDeque<UnixStream>) {
     };
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut answer = |s: &mut UnixStream, line: &[u8]| {
+    let answer = |s: &mut UnixStream, line: &[u8]| {
         if s.write_all(line).is_ok() {
             let mut out = String::new();
             let _ = BufReader::new(s).read_line(&mut out);
@@ -247,7 +247,7 @@ fn hostile(socket: &Path, i: usize, held: &mut VecDeque<UnixStream>) {
         2 => answer(
             &mut s,
             format!(
-                r#"{{"version":1,"id":1,"method":"prepare","params":{{"claim":{}}}}}"#,
+                "{{\"version\":1,\"id\":1,\"method\":\"prepare\",\"params\":{{\"claim\":{}}}}}\n",
                 "{\"a\":".repeat(60) + "1" + &"}".repeat(60)
             )
             .as_bytes(),
@@ -474,7 +474,8 @@ fn claim_paths_cannot_be_redirected_or_escape() {
         .cdi_dir
         .join(format!("gpushare.io-claim_{uid}.json"))
         .exists());
-    fs::remove_file(claims_dir.join(&uid)).unwrap();
+    // The rollback removed the planted link itself (never what it points to).
+    assert!(fs::symlink_metadata(claims_dir.join(&uid)).is_err());
     let r = d.prepare(&mps).unwrap();
     assert_eq!(r.uid, uid);
     d.unprepare(&uid);
@@ -504,7 +505,8 @@ fn claim_paths_cannot_be_redirected_or_escape() {
     let traversal = load_claim(&cases.join("claims/invalid/claim-uid-path-traversal.json"));
     let e = d.prepare(&traversal).unwrap_err().to_string();
     assert!(e.contains("InvalidRequest"), "{e}");
-    for bad in ["../../../etc", "..", "a/b", "/abs"] {
+    // ("a/b" is a legal request name: request "a", subrequest "b".)
+    for bad in ["../../../etc", "..", "a/../b", "/abs", "a\\b"] {
         let mut c = with_uid(&mps, &unique_uid("trav"));
         c["status"]["allocation"]["devices"]["results"][0]["device"] = json!(bad);
         let e = d.prepare(&c).unwrap_err().to_string();
@@ -514,7 +516,8 @@ fn claim_paths_cannot_be_redirected_or_escape() {
         );
         let mut c = with_uid(&mps, &unique_uid("trav"));
         c["status"]["allocation"]["devices"]["results"][0]["request"] = json!(bad);
-        assert!(d.prepare(&c).is_err(), "request {bad}");
+        let e = d.prepare(&c).unwrap_err().to_string();
+        assert!(e.contains("InvalidRequest"), "request {bad}: {e}");
         for method in [Method::Unprepare, Method::GetClaim] {
             let r: Result<Value, _> = d
                 .client()
@@ -586,6 +589,11 @@ fn the_daemon_and_its_mps_control_daemons_keep_only_the_documented_capabilities(
             }
         }
         d.unprepare(&uid);
+        // unprepare returns once the daemon released its pipe directory's lock, which it
+        // does just before it exits (strategy::mps::wait_exit): allow it that moment.
+        wait_until(Duration::from_secs(10), || {
+            !gpushare::sys::pid_alive(pid as i32)
+        });
         d.assert_nothing_left(&uid, &[pid as i32]);
     }
 }
