@@ -239,15 +239,16 @@ async fn run(
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let kept_names: Vec<String> = kept.iter().map(|c| c.to_string()).collect();
-    match privileges {
-        privileges::Outcome::Reduced => {
-            tracing::info!(kept = %kept_names.join(","), "capabilities reduced")
-        }
-        privileges::Outcome::NoSetpcap => tracing::warn!(
-            kept = %kept_names.join(","),
+    let capabilities = kept
+        .iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    if privileges == privileges::Outcome::NoSetpcap {
+        tracing::warn!(
+            kept = %capabilities,
             "no CAP_SETPCAP: effective and permitted capabilities reduced, the bounding set left as the service manager set it"
-        ),
+        );
     }
 
     // MPS control daemons double-fork away from us; as a subreaper we get them back as
@@ -337,6 +338,7 @@ async fn run(
         node = %node_name,
         backend = %backend.describe(),
         mps_control = %mps_program.display(),
+        %capabilities,
         "gpushared ready"
     );
 
