@@ -16,19 +16,22 @@ use caps::{CapSet, Capability, CapsHashSet};
 /// - `CAP_SYS_ADMIN`: mounting and unmounting each MPS claim's `/dev/shm` tmpfs, and giving
 ///   each MPS control daemon its own mount namespace (`unshare(CLONE_NEWNS)`) whose `/dev/shm`
 ///   is that tmpfs; NVML's compute-mode and time-slice settings also check it.
-/// - `CAP_KILL`: stopping MPS control daemons and their servers, which NVIDIA's control daemon
-///   starts under the client's uid (multi-user rules), and probing containers' pids on attach.
+/// - `CAP_KILL`: signalling processes of other uids: liveness probes (`kill(pid, 0)`) of the
+///   containers' processes on attach and detach, which run as any uid, and MPS servers, which
+///   NVIDIA's control daemon runs under their client's uid.
 /// - `CAP_SETUID`, `CAP_SETGID`: inherited by NVIDIA's MPS control daemon, which starts each
-///   MPS server as the uid and gid of its first client.
+///   MPS server as the uid and gid of its first client (`start_server -uid`).
 /// - `CAP_CHOWN`: giving the socket file its configured group.
-/// - `CAP_DAC_OVERRIDE`: root's files only are not enough: container runtimes' state, a CDI
-///   directory shared with other vendors and MPS pipe directories that containers write into
-///   (as other uids) must stay reachable for cleanup.
 /// - `CAP_MKNOD`, only with `--simulate`: creating the simulated GPU device nodes.
+///
+/// Not kept, among others: `CAP_DAC_OVERRIDE` and `CAP_DAC_READ_SEARCH` (everything gpushared
+/// writes is root's own; the end-to-end suite, containers and NVIDIA's daemon included, passes
+/// without them), `CAP_SYS_PTRACE` (only world-readable `/proc` files are read),
+/// `CAP_SETPCAP` (dropped last, once the bounding set is reduced) and every network
+/// capability.
 pub fn kept(simulating: bool) -> Vec<Capability> {
     let mut v = vec![
         Capability::CAP_CHOWN,
-        Capability::CAP_DAC_OVERRIDE,
         Capability::CAP_KILL,
         Capability::CAP_SETGID,
         Capability::CAP_SETUID,
