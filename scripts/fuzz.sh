@@ -21,18 +21,17 @@ fi
 targets=(protocol claim daemon_config oci_state cdi_spec mps_control)
 
 corpus=$root/fuzz/corpus
-seed() { # seed TARGET FILE...
-  mkdir -p "$corpus/$1"
-  shift_target=$1
+seed() { # seed TARGET FILE...: copies the files that exist into TARGET's corpus
+  local target=$1 f
   shift
+  mkdir -p "$corpus/$target"
   for f in "$@"; do
-    [ -f "$f" ] && cp "$f" "$corpus/$shift_target/seed-$(basename "$f")"
+    if [ -f "$f" ]; then cp "$f" "$corpus/$target/seed-$(basename "$f")"; fi
   done
-  return 0
 }
 for t in "${targets[@]}"; do
   mkdir -p "$corpus/$t"
-  [ -d "fuzz/seeds/$t" ] && seed "$t" fuzz/seeds/"$t"/*
+  if [ -d "fuzz/seeds/$t" ]; then seed "$t" fuzz/seeds/"$t"/*; fi
 done
 seed claim daemon/examples/claims/*
 seed daemon_config packaging/config.toml

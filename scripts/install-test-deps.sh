@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the test suite runs for real: runc, crun, podman (reads CDI specs with the
 # reference library), containerd 1.6 with ctr (runs gpushare-runtime as its runc binary),
-# busybox-static (container rootfs) and NVIDIA's MPS control program
-# (Debian package nvidia-cuda-mps, in the non-free component). Idempotent; installs only what is
-# missing. Needs root and Debian bookworm's package registry.
+# busybox-static (container rootfs), NVIDIA's MPS control program (Debian package
+# nvidia-cuda-mps, in the non-free component) and cargo-fuzz (from crates.io). Idempotent;
+# installs only what is missing. Needs root and Debian bookworm's package registry.
 set -euo pipefail
 
 need=()
@@ -14,6 +14,11 @@ command -v containerd >/dev/null || need+=(containerd)
 [ -x /bin/busybox ] || need+=(busybox-static)
 command -v nvidia-cuda-mps-control >/dev/null || need+=(nvidia-cuda-mps)
 command -v python3 >/dev/null || need+=(python3)
+# cargo-fuzz (a cargo subcommand, built from crates.io) for the fuzz smoke runs of
+# scripts/fuzz.sh.
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  cargo install --locked cargo-fuzz
+fi
 [ ${#need[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then
