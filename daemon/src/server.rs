@@ -474,13 +474,13 @@ pub async fn handle(
         }
     });
     let Ok(outcome) = tokio::time::timeout(cfg.request_timeout, work).await else {
-        tracing::warn!(%method, id, timeout_s = cfg.request_timeout.as_secs(), "request exceeded its time; it finishes in the background");
+        tracing::warn!(%method, id, timeout_ms = cfg.request_timeout.as_millis() as u64, "request exceeded its time; it finishes in the background");
         return error_response(
             id,
             ErrorCode::Internal,
             format!(
-                "{method} did not finish within {} s; it goes on in the background (ask get_claim, or retry: prepare and unprepare are idempotent)",
-                cfg.request_timeout.as_secs()
+                "{method} did not finish within {:?}; it goes on in the background (ask get_claim, or retry: prepare and unprepare are idempotent)",
+                cfg.request_timeout
             ),
         );
     };
@@ -513,8 +513,18 @@ mod tests {
     use crate::sys::fake::FakeHost;
 
     async fn start(max_connections: usize, idle: Duration) -> (tempfile::TempDir, PathBuf) {
+        let (dir, socket, _) =
+            start_with(max_connections, idle, REQUEST_TIMEOUT, FakeHost::default()).await;
+        (dir, socket)
+    }
+
+    async fn start_with(
+        max_connections: usize,
+        idle: Duration,
+        request_timeout: Duration,
+        host: FakeHost,
+    ) -> (tempfile::TempDir, PathBuf, FakeHost) {
         let dir = tempfile::tempdir().unwrap();
-        let host = FakeHost::default();
         let cfg = ServiceConfig {
             node_name: "n".into(),
             drivers: vec!["gpu.nvidia.com".into()],
@@ -541,11 +551,11 @@ mod tests {
             changing_uids: vec![],
             max_connections,
             idle_timeout: idle,
-            request_timeout: REQUEST_TIMEOUT,
+            request_timeout,
         });
         let listener = bind(&server_cfg).unwrap();
         tokio::spawn(serve(listener, service, server_cfg));
-        (dir, socket)
+        (dir, socket, host)
     }
 
     async fn call(stream: &mut UnixStream, line: &str) -> Response {
@@ -676,5 +686,46 @@ mod tests {
         let mut ok = UnixStream::connect(&socket).await.unwrap();
         let r = call(&mut ok, r#"{"version":1,"id":9,"method":"version"}"#).await;
         assert!(r.result.is_some(), "{r:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_past_its_time_is_answered_and_finishes_in_the_background() {
+        let host = FakeHost::default();
+        // Every MPS control program run takes 300 ms; a prepare runs it several times.
+        host.state().delay = Some(Duration::from_millis(300));
+        let (_dir, socket, host) =
+            start_with(8, IDLE_TIMEOUT, Duration::from_millis(100), host).await;
+        let claim = serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"uid": "slow", "name": "c", "namespace": "ns"},
+            "status": {"allocation": {"devices": {
+                "results": [{"request": "gpus", "driver": "gpu.nvidia.com", "pool": "n", "device": "gpu-0"}],
+                "config": [{"source": "FromClaim", "requests": ["gpus"], "opaque": {"driver": "gpu.nvidia.com",
+                    "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}}}}]}}}
+        });
+        let line = serde_json::json!({"version": 1, "id": 5, "method": "prepare", "params": {"claim": claim}});
+        let mut s = UnixStream::connect(&socket).await.unwrap();
+        let r = call(&mut s, &line.to_string()).await;
+        let e = r.error.unwrap();
+        assert_eq!((r.id, e.code), (5, ErrorCode::Internal));
+        assert!(
+            e.message.contains("did not finish within 100ms"),
+            "{}",
+            e.message
+        );
+        // The connection still serves, and the prepare completes on its own.
+        let get = r#"{"version":1,"id":6,"method":"get_claim","params":{"uid":"slow"}}"#;
+        let mut done = false;
+        for _ in 0..100 {
+            let r = call(&mut s, get).await;
+            if r.result.is_some_and(|c| c["state"] == "Prepared") {
+                done = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(done, "the prepare finished in the background");
+        host.state().delay = None;
     }
 }

@@ -478,6 +478,25 @@ fn claim_paths_cannot_be_redirected_or_escape() {
     assert!(fs::symlink_metadata(claims_dir.join(&uid)).is_err());
     let r = d.prepare(&mps).unwrap();
     assert_eq!(r.uid, uid);
+    // Other host users may walk to the MPS directories (an MPS server runs as its client's
+    // uid) but not list the claim's; the log directory is root's alone.
+    let mode = |p: &Path| fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+    let claim_dir = claims_dir.join(&uid);
+    assert_eq!(mode(&claim_dir), 0o711);
+    let mps_root = fs::read_dir(&claim_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("mps-"))
+        .unwrap();
+    assert_eq!(
+        [
+            mode(&mps_root),
+            mode(&mps_root.join("pipe")),
+            mode(&mps_root.join("log"))
+        ],
+        [0o711, 0o755, 0o700]
+    );
     d.unprepare(&uid);
     d.assert_nothing_left(&uid, &[]);
 
