@@ -3,7 +3,9 @@
 //! `/proc/locks` parser `gpushared` finds control daemons with.
 #![no_main]
 
-use gpushare_mps_emulator::command::{parse_limit_bytes, parse_percentage, Caller, ControlState, StartEnv};
+use gpushare_mps_emulator::command::{
+    parse_limit_bytes, parse_percentage, Caller, ControlState, StartEnv,
+};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
