@@ -76,8 +76,8 @@ pub struct ServerConfig {
     pub request_timeout: Duration,
 }
 
-/// Who is on the other end of a connection, from SO_PEERCRED (and `/proc/<pid>/status` for
-/// supplementary groups).
+/// Who is on the other end of a connection, from SO_PEERCRED and SO_PEERGROUPS (both as the
+/// kernel recorded them at connect).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Peer {
     /// Effective uid when it connected.
@@ -86,19 +86,25 @@ pub struct Peer {
     pub gid: u32,
     /// Pid, when the kernel gives one (not across pid namespaces).
     pub pid: Option<i32>,
-    /// Supplementary gids (empty when `/proc` could not tell).
+    /// Supplementary gids; on kernels without SO_PEERGROUPS (before 4.13) read from
+    /// `/proc/<pid>/status`, empty when that fails too.
     pub groups: Vec<u32>,
 }
 
 impl Peer {
     fn of(stream: &UnixStream) -> Option<Peer> {
+        use std::os::fd::AsFd;
         let cred = stream.peer_cred().ok()?;
         let pid = cred.pid().filter(|p| *p > 0);
+        let groups = crate::sys::peer_groups(stream.as_fd())
+            .ok()
+            .or_else(|| pid.and_then(crate::sys::read_groups))
+            .unwrap_or_default();
         Some(Peer {
             uid: cred.uid(),
             gid: cred.gid(),
             pid,
-            groups: pid.and_then(crate::sys::read_groups).unwrap_or_default(),
+            groups,
         })
     }
 }

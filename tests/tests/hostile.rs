@@ -24,6 +24,7 @@ const READER_UID: u32 = 64_998;
 const READ_GID: u32 = 64_999;
 const STRANGER: u32 = 64_997;
 const CHANGER_UID: u32 = 64_996;
+const SUPPLEMENTARY_READER: u32 = 64_995;
 
 /// Sends one request line as `uid`/`gid` (a child that drops to them) and prints the
 /// response line, or `CONNECT <error>` when it cannot connect.
@@ -53,6 +54,21 @@ fn raw_call_as(uid: u32, gid: u32, socket: &Path, request: &Value) -> String {
     let out = as_user(Path::new(PYTHON), uid, gid)
         .arg("-c")
         .arg(PY_CLIENT)
+        .arg(socket)
+        .arg(request.to_string())
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// As [`raw_call_as`], for a uid whose membership of `group` is supplementary only: Python
+/// starts as root, sets the groups, then drops to `uid` (gid `uid`).
+fn raw_call_with_group(uid: u32, group: u32, socket: &Path, request: &Value) -> String {
+    let drop = format!("import os\nos.setgroups([{group}])\nos.setgid({uid})\nos.setuid({uid})\n");
+    let out = Command::new(PYTHON)
+        .current_dir("/")
+        .arg("-c")
+        .arg(drop + PY_CLIENT)
         .arg(socket)
         .arg(request.to_string())
         .output()
@@ -147,6 +163,20 @@ fn readers_list_only_changers_change_and_strangers_do_nothing() {
         "{line}"
     );
     assert!(d.claim(&uid).is_err(), "nothing was prepared");
+    // Membership by a supplementary group counts the same.
+    let line = raw_call_with_group(
+        SUPPLEMENTARY_READER,
+        READ_GID,
+        &d.socket,
+        &request("list_claims", Value::Null),
+    );
+    assert_eq!(error_code(&line), None, "{line}");
+    let line = raw_call_with_group(SUPPLEMENTARY_READER, READ_GID, &d.socket, &prepare);
+    assert_eq!(
+        error_code(&line),
+        Some(ErrorCode::PermissionDenied),
+        "{line}"
+    );
 
     // A stranger can call nothing, reading methods included; the refusal is logged once.
     for method in ["list_claims", "list_gpus", "health", "version"] {
