@@ -136,29 +136,38 @@ pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
     let name = path
         .file_name()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
-    // A leading dot keeps CDI scanners (which read only *.json and *.yaml) away from it.
+    // A leading dot keeps CDI scanners (which read only *.json and *.yaml) away from it; the
+    // counter keeps two writers of one path in this process off each other's file.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = dir.join(format!(
-        ".{}.tmp-{}",
+        ".{}.tmp-{}-{n}",
         name.to_string_lossy(),
         std::process::id()
     ));
-    // A leftover of a crash; O_EXCL below then never writes through whatever sits there.
-    remove_file_if_exists(&tmp)?;
+    write_via(path, &tmp, contents, mode)
+}
+
+/// [`write_atomic`] through the temporary file `tmp` (in `path`'s directory).
+fn write_via(path: &Path, tmp: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    // A leftover of a crash, or something planted: O_EXCL below never writes through it.
+    remove_file_if_exists(tmp)?;
     let result = (|| {
         let mut f = OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(mode)
             .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)?;
+            .open(tmp)?;
         f.set_permissions(Permissions::from_mode(mode))?;
         f.write_all(contents)?;
         f.sync_all()?;
-        fs::rename(&tmp, path)?;
+        fs::rename(tmp, path)?;
         File::open(dir)?.sync_all()
     })();
     if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+        let _ = fs::remove_file(tmp);
     }
     result
 }
@@ -344,12 +353,12 @@ mod tests {
         fs::write(&victim, b"keep").unwrap();
         let spec = dir.path().join("spec.json");
         symlink(&victim, &spec).unwrap();
-        // A planted temporary name is removed, not written through.
-        let tmp = dir
-            .path()
-            .join(format!(".spec.json.tmp-{}", std::process::id()));
-        symlink(&victim, &tmp).unwrap();
         write_atomic(&spec, b"new", 0o644).unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"keep");
+        // A planted temporary name is removed, never written through.
+        let tmp = dir.path().join(".spec.json.tmp-planted");
+        symlink(&victim, &tmp).unwrap();
+        write_via(&spec, &tmp, b"new", 0o644).unwrap();
         assert_eq!(fs::read(&victim).unwrap(), b"keep");
         assert!(!fs::symlink_metadata(&spec)
             .unwrap()
