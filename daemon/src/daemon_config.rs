@@ -134,14 +134,38 @@ pub struct HookSettings {
 }
 
 /// `[gpus]`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GpusConfig {
-    /// Simulate this EC2 node profile (e.g. `p4d.24xlarge`) instead of using NVML; empty
-    /// means real GPUs.
+    /// Simulate this node instead of using NVML: a catalog name (e.g. `p4d.24xlarge`) or a
+    /// node-profile file (a value containing `/`; `docs/node-profiles.md`); empty means real
+    /// GPUs.
     pub simulate: String,
     /// Where simulated GPU device nodes are created; empty means `<run_dir>/simulated-dev`.
     pub sim_dev_root: PathBuf,
+    /// Whether gpushare sets compute mode (EXCLUSIVE_PROCESS under MPS claims, DEFAULT after
+    /// the last); `false` leaves it to the host's administrators.
+    pub manage_compute_mode: bool,
+    /// Whether gpushare sets time-slice intervals; `false` leaves them to the administrators.
+    pub manage_time_slice: bool,
+    /// `nvidia-smi` used for time-slice intervals; empty means the first of `/usr/bin`,
+    /// `/usr/sbin`, `/bin`, `/opt/bin` that has it.
+    pub nvidia_smi: PathBuf,
+    /// Seconds one `nvidia-smi` run may take before it is killed and the change fails.
+    pub nvidia_smi_timeout_seconds: u64,
+}
+
+impl Default for GpusConfig {
+    fn default() -> Self {
+        GpusConfig {
+            simulate: String::new(),
+            sim_dev_root: PathBuf::new(),
+            manage_compute_mode: true,
+            manage_time_slice: true,
+            nvidia_smi: PathBuf::new(),
+            nvidia_smi_timeout_seconds: 30,
+        }
+    }
 }
 
 impl Default for PathsConfig {
@@ -268,6 +292,12 @@ impl DaemonConfig {
         if self.mps.timeout_seconds == 0 {
             return Err(invalid("mps.timeout_seconds", "must be at least 1".into()));
         }
+        if self.gpus.nvidia_smi_timeout_seconds == 0 {
+            return Err(invalid(
+                "gpus.nvidia_smi_timeout_seconds",
+                "must be at least 1".into(),
+            ));
+        }
         if self.hook.timeout_seconds == 0 {
             return Err(invalid("hook.timeout_seconds", "must be at least 1".into()));
         }
@@ -356,6 +386,17 @@ mod tests {
         assert_eq!(parse_mode(&cfg.socket.mode).unwrap(), 0o600);
         assert_eq!(cfg.socket.changing_uids, vec![1000]);
         assert_eq!(cfg.gpus.simulate, "g5.xlarge");
+        assert!(cfg.gpus.manage_compute_mode);
+        let cfg = DaemonConfig::parse(
+            "[gpus]\nmanage_compute_mode = false\nmanage_time_slice = false\n",
+            Path::new("x"),
+        )
+        .unwrap();
+        assert!(!cfg.gpus.manage_compute_mode && !cfg.gpus.manage_time_slice);
+        let e = DaemonConfig::parse("[gpus]\nnvidia_smi_timeout_seconds = 0\n", Path::new("x"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("gpus.nvidia_smi_timeout_seconds"), "{e}");
     }
 
     #[test]

@@ -33,7 +33,8 @@ struct Args {
 enum Command {
     /// Daemon health, version, backend and counts.
     Status,
-    /// The node's GPUs with their compute mode, time-slice and holders.
+    /// The node's GPUs with their compute mode, time-slice and holders; `-o resourceslice`
+    /// prints the ResourceSlice a DRA driver would publish for them.
     Gpus,
     /// All claims.
     Claims,
@@ -52,6 +53,12 @@ enum Command {
     Unprepare {
         /// The claim's UID.
         uid: String,
+    },
+    /// The node profiles `gpushared --simulate` knows (no daemon needed); with a name or a
+    /// profile file, that node's GPUs as `gpushare gpus` shows them on a fresh node.
+    Profiles {
+        /// A catalog name or a profile file (a path containing '/').
+        profile: Option<String>,
     },
     /// Run the whole job on a simulated p4d.24xlarge in a temporary directory and clean up.
     Demo(cli::demo::DemoArgs),
@@ -76,6 +83,27 @@ fn require_root(what: &str) -> Result<()> {
     Ok(())
 }
 
+/// `gpushare profiles [PROFILE]`.
+fn profiles(profile: Option<&str>, output: Output) -> Result<()> {
+    use gpushare::gpu::catalog;
+    match profile {
+        None => {
+            let all = catalog::catalog()?;
+            let rows: Vec<cli::ProfileRow> = all.iter().map(cli::ProfileRow::of).collect();
+            print_structured_or(&rows, output, |r| cli::profiles_table(r))
+        }
+        Some(p) => {
+            let node = catalog::resolve(p)?;
+            let gpus: Vec<GpuInfo> = node
+                .gpus("simulated-node")
+                .iter()
+                .map(gpushare::gpu::Gpu::info)
+                .collect();
+            print_structured_or(&gpus, output, |g| cli::gpus_table(g))
+        }
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     match run(args) {
@@ -94,11 +122,17 @@ fn run(args: Args) -> Result<()> {
         }
         return cli::demo::run(demo);
     }
+    let output = args.output.unwrap_or(Output::Table);
+    if output == Output::ResourceSlice && !matches!(args.command, Command::Gpus) {
+        anyhow::bail!("-o resourceslice applies to `gpushare gpus` only");
+    }
+    if let Command::Profiles { profile } = &args.command {
+        return profiles(profile.as_deref(), output);
+    }
     let socket = args
         .socket
         .clone()
         .unwrap_or_else(|| PathBuf::from(gpushare_proto::DEFAULT_SOCKET));
-    let output = args.output.unwrap_or(Output::Table);
     let mut client = Client::connect(&socket, Duration::from_secs(args.timeout)).map_err(|e| {
         anyhow::anyhow!("{e} (is gpushared running? --socket names another socket)")
     })?;
@@ -112,7 +146,12 @@ fn run(args: Args) -> Result<()> {
         }
         Command::Gpus => {
             let gpus: Vec<GpuInfo> = client.call(Method::ListGpus, none)?;
-            print_structured_or(&gpus, output, |g| cli::gpus_table(g))?;
+            if output == Output::ResourceSlice {
+                let h: HealthInfo = client.call(Method::Health, none)?;
+                print!("{}", cli::resource_slice_yaml(&gpus, &h.node_name)?);
+            } else {
+                print_structured_or(&gpus, output, |g| cli::gpus_table(g))?;
+            }
         }
         Command::Claims => {
             let claims: Vec<ClaimInfo> = client.call(Method::ListClaims, none)?;
@@ -162,7 +201,7 @@ fn run(args: Args) -> Result<()> {
                 }
             })?;
         }
-        Command::Demo(_) => unreachable!("handled above"),
+        Command::Demo(_) | Command::Profiles { .. } => unreachable!("handled above"),
     }
     Ok(())
 }

@@ -10,13 +10,17 @@ use clap::Parser;
 use tokio::signal::unix::{signal, SignalKind};
 
 use gpushare::cdi::HookConfig;
-use gpushare::daemon_config::{parse_mode, DaemonConfig, DEFAULT_CONFIG, DEFAULT_CONFIG_PATH};
-use gpushare::gpu::{GpuBackend, SimulatedBackend};
+use gpushare::daemon_config::{
+    parse_mode, DaemonConfig, GpusConfig, DEFAULT_CONFIG, DEFAULT_CONFIG_PATH,
+};
+use gpushare::gpu::nvml::NvmlLib;
+use gpushare::gpu::timeslice::NvidiaSmi;
+use gpushare::gpu::{GpuBackend, HostBackend, ManagedSettings, SimulatedBackend};
 use gpushare::privileges;
 use gpushare::server::{self, ServerConfig};
 use gpushare::service::{Service, ServiceConfig};
 use gpushare::strategy::mps::MpsControl;
-use gpushare::sys::{reap_orphans, HostOps};
+use gpushare::sys::{reap_orphans, HostOps, HostRunner};
 
 /// gpushared: per-claim MPS control daemons, time-slicing and exclusive GPUs for Kubernetes DRA
 /// claims, with one CDI spec per claim.
@@ -45,7 +49,8 @@ struct Args {
     /// CDI spec directory to write claims' specs into [paths.cdi_dir].
     #[arg(long)]
     cdi_dir: Option<PathBuf>,
-    /// Simulate the GPUs of this EC2 node profile (e.g. p4d.24xlarge) instead of using NVML
+    /// Simulate the GPUs of this node profile instead of using NVML: a catalog name (e.g.
+    /// p4d.24xlarge; `gpushare profiles` lists them) or a profile file (a path containing '/')
     /// [gpus.simulate].
     #[arg(long, value_name = "NODE_PROFILE")]
     simulate: Option<String>,
@@ -214,6 +219,42 @@ fn start() -> Result<()> {
     run(settings, keep, outcome)
 }
 
+/// NVML unless a node profile is simulated, with the administrator's switches laid over it.
+fn gpu_backend(gpus: &GpusConfig, node_name: &str, run_dir: &Path) -> Result<Arc<dyn GpuBackend>> {
+    let inner: Arc<dyn GpuBackend> = if gpus.simulate.is_empty() {
+        let nvml = NvmlLib::init().map_err(|e| {
+            anyhow::anyhow!("{e}; is the NVIDIA driver installed? Without GPUs, run with --simulate <node profile> (e.g. p4d.24xlarge)")
+        })?;
+        let smi = if gpus.nvidia_smi.as_os_str().is_empty() {
+            NvidiaSmi::default_program()
+        } else {
+            gpus.nvidia_smi.clone()
+        };
+        let smi = NvidiaSmi::new(
+            smi,
+            Arc::new(HostRunner),
+            Duration::from_secs(gpus.nvidia_smi_timeout_seconds),
+        );
+        Arc::new(HostBackend::new(Arc::new(nvml), smi, Path::new("/dev")))
+    } else {
+        let profile = &gpus.simulate;
+        let dev_root = if gpus.sim_dev_root.as_os_str().is_empty() {
+            run_dir.join("simulated-dev")
+        } else {
+            gpus.sim_dev_root.clone()
+        };
+        Arc::new(
+            SimulatedBackend::new(profile, node_name, &dev_root)
+                .with_context(|| format!("setting up simulated node {profile}"))?,
+        )
+    };
+    Ok(Arc::new(ManagedSettings::new(
+        inner,
+        gpus.manage_compute_mode,
+        gpus.manage_time_slice,
+    )))
+}
+
 fn main() -> std::process::ExitCode {
     match start() {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -266,19 +307,7 @@ async fn run(
     let state_dir = real_dir("state directory", &settings.paths.state_dir, 0o700)?;
     // Two daemons on one state directory would each believe they own every claim.
     let _instance = lock_instance(&state_dir)?;
-    let profile = &settings.gpus.simulate;
-    if profile.is_empty() {
-        bail!("the NVML backend is not available in this build yet; run with --simulate <node profile> (e.g. p4d.24xlarge)");
-    }
-    let dev_root = if settings.gpus.sim_dev_root.as_os_str().is_empty() {
-        run_dir.join("simulated-dev")
-    } else {
-        settings.gpus.sim_dev_root.clone()
-    };
-    let backend: Arc<dyn GpuBackend> = Arc::new(
-        SimulatedBackend::new(profile, &node_name, &dev_root)
-            .with_context(|| format!("setting up simulated node {profile}"))?,
-    );
+    let backend = gpu_backend(&settings.gpus, &node_name, &run_dir)?;
 
     let mps_program = if settings.mps.control.as_os_str().is_empty() {
         default_mps_control()?
