@@ -4,10 +4,14 @@
 #[cfg(test)]
 pub(crate) mod fake;
 mod host;
+mod peer;
 mod proc;
 
 pub use host::{reap_orphans, HostMounter, HostProcesses, HostRunner};
-pub use proc::{find_lock_holder, parse_proc_locks, pid_alive, read_cgroup};
+pub use peer::peer_groups;
+pub use proc::{
+    find_lock_holder, parse_proc_locks, parse_status_groups, pid_alive, read_cgroup, read_groups,
+};
 
 use std::collections::BTreeMap;
 use std::io;
