@@ -709,6 +709,7 @@ mod tests {
             max_connections: 1,
             idle_timeout: IDLE_TIMEOUT,
             request_timeout: REQUEST_TIMEOUT,
+            metrics: None,
         }
     }
 
