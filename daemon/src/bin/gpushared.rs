@@ -226,6 +226,20 @@ fn resolve_group(group: &str) -> Result<u32> {
 
 /// Parses the command line and the config file, drops capabilities while the process has
 /// one thread (they are per thread), then runs the daemon.
+/// Caps glibc's malloc at two arenas. By default each thread that allocates gets its own arena
+/// (up to eight per core), and the blocking pool's threads each kept the peak of a checkpoint
+/// rebuild long after it was freed: at 1,000 claims the idle daemon's RSS was 46 MiB with the
+/// default and 19 MiB with two arenas (bench/, "Footprint"). Its work is mostly waiting on
+/// processes and disks, so fewer arenas cost nothing measurable.
+fn limit_malloc_arenas() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only changes the allocator's tuning; it runs before any other thread
+    // exists, and M_ARENA_MAX with a positive value is a documented, always-valid setting.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+}
+
 fn start() -> Result<()> {
     let args = Args::parse();
     if args.print_default_config {
@@ -243,6 +257,7 @@ fn start() -> Result<()> {
         return Ok(());
     }
     let settings = args.settings()?;
+    limit_malloc_arenas();
     let keep = privileges::kept(!settings.gpus.simulate.is_empty());
     let outcome = privileges::drop_to(&keep)?;
     run(args, settings, keep, outcome)
