@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use gpushare_proto::{
@@ -19,7 +19,7 @@ use gpushare_proto::{
 use serde_json::Value;
 
 use crate::cdi::{self, ContainerEdits, HookConfig};
-use crate::checkpoint::{Checkpoint, CheckpointFile};
+use crate::checkpoint::{Checkpoint, CheckpointFile, Tombstone};
 use crate::config::{self, ClaimSpec, ParseContext, Sharing};
 use crate::error::ServiceError;
 use crate::fsutil;
@@ -29,7 +29,9 @@ use crate::strategy::mps::{default_shm_bytes, Liveness, MpsControl, MpsDirs, Mps
 use crate::sys::{read_cgroup, Processes};
 
 mod locks;
+mod recover;
 use locks::ClaimLocks;
+pub use recover::{restart_backoff, SupervisedDaemon, BOOT_ID_PATH};
 
 /// Where the service keeps things and whom it serves.
 #[derive(Debug, Clone)]
@@ -55,6 +57,19 @@ struct State {
     claims: BTreeMap<String, ClaimInfo>,
     placement: Placement,
     ready: bool,
+    /// Boot ID written into the checkpoint.
+    boot_id: String,
+    /// Last generation handed out.
+    generation: u64,
+    tombstones: BTreeMap<String, Tombstone>,
+    /// A corrupt checkpoint found at start: where it went and why.
+    quarantined: Option<String>,
+    /// Error of the last checkpoint write, cleared by the next one that succeeds.
+    checkpoint_error: Option<String>,
+    /// SIGTERM: changing requests are refused.
+    stopping: bool,
+    /// Restarts of dead MPS control daemons, by claim UID.
+    restarts: BTreeMap<String, recover::RestartPlan>,
 }
 
 /// The claim service.
@@ -68,6 +83,10 @@ pub struct Service {
     checkpoint: CheckpointFile,
     state: Mutex<State>,
     changes: ClaimLocks,
+    /// Prepares and unprepares under way, for a graceful stop.
+    in_flight: (Mutex<usize>, Condvar),
+    /// Wakes the supervisor when the set of MPS control daemons changes.
+    supervisor_wake: Mutex<Option<std::os::unix::net::UnixStream>>,
 }
 
 /// The plan for one device group, before anything is applied.
@@ -97,8 +116,9 @@ fn is_mig_device_name(name: &str) -> bool {
 }
 
 impl Service {
-    /// A service over `backend`, loading the checkpoint (a corrupt one is quarantined and
-    /// logged). The service reports ready once loaded.
+    /// A service over `backend`: loads the checkpoint (a corrupt one is quarantined, logged
+    /// and reported in `health`), then reconciles the host with it before reporting ready (see
+    /// [`Service::with_boot_id`]); the boot ID is read from [`BOOT_ID_PATH`].
     ///
     /// # Errors
     /// The checkpoint exists but cannot be read or moved aside.
@@ -107,6 +127,27 @@ impl Service {
         backend: Arc<dyn GpuBackend>,
         mps: MpsControl,
     ) -> Result<Service, ServiceError> {
+        let boot_id = std::fs::read_to_string(BOOT_ID_PATH)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default();
+        Service::with_boot_id(cfg, backend, mps, boot_id)
+    }
+
+    /// As [`Service::new`], with the host's boot ID given. At start every checkpointed claim
+    /// is reconciled: an MPS control daemon whose pid, start time and control round trip match
+    /// is re-adopted as it runs; a dead one is restarted with its limits re-applied and read
+    /// back; `PrepareStarted` and `Unpreparing` claims are rolled back; directories, mounts,
+    /// MPS control daemons and CDI specs of ours that no claim owns are removed; after a reboot
+    /// (another boot ID) every claim's host setup is redone. Only then is it ready.
+    ///
+    /// # Errors
+    /// The checkpoint exists but cannot be read or moved aside.
+    pub fn with_boot_id(
+        cfg: ServiceConfig,
+        backend: Arc<dyn GpuBackend>,
+        mps: MpsControl,
+        boot_id: String,
+    ) -> Result<Service, ServiceError> {
         let checkpoint = CheckpointFile::new(cfg.checkpoint.clone());
         let loaded = checkpoint.load().map_err(|e| {
             ServiceError::internal(format!(
@@ -114,42 +155,24 @@ impl Service {
                 cfg.checkpoint.display()
             ))
         })?;
-        if let Some((aside, why)) = &loaded.quarantined {
-            tracing::error!(moved_to = %aside.display(), reason = %why, "checkpoint was corrupt; moved aside, starting empty");
-        }
-        let mut state = State::default();
-        for (uid, info) in loaded.checkpoint.claims {
-            let wants = wants_of(&info);
-            if let Err(e) = state.placement.reserve(&uid, &wants) {
-                tracing::error!(claim = %uid, error = %e, "checkpointed claim conflicts with another; not re-adopted");
-                continue;
-            }
-            for group in &info.groups {
-                if let StrategyInfo::Mps(m) = &group.sharing {
-                    let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
-                    if mps.liveness(&dirs, m.control_daemon_pid) != Liveness::Running {
-                        tracing::warn!(claim = %uid, pid = m.control_daemon_pid, "MPS control daemon of checkpointed claim is not running");
-                    }
-                }
-            }
-            state.claims.insert(uid, info);
-        }
-        reapply_gpu_settings(backend.as_ref(), &state.placement);
-        state.ready = true;
         let ctx = ParseContext {
             node_name: cfg.node_name.clone(),
             drivers: cfg.drivers.clone(),
         };
-        Ok(Service {
+        let service = Service {
             cfg,
             ctx,
             backend,
             processes: Arc::clone(&mps.ops().processes),
             mps,
             checkpoint,
-            state: Mutex::new(state),
+            state: Mutex::new(State::default()),
             changes: ClaimLocks::default(),
-        })
+            in_flight: (Mutex::new(0), Condvar::new()),
+            supervisor_wake: Mutex::new(None),
+        };
+        service.reconcile(loaded, boot_id);
+        Ok(service)
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -158,17 +181,34 @@ impl Service {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn save(&self, state: &State) -> Result<(), ServiceError> {
-        let cp = Checkpoint {
+    fn save(&self, state: &mut State) -> Result<(), ServiceError> {
+        let mut cp = Checkpoint {
+            boot_id: state.boot_id.clone(),
+            generation: state.generation,
             claims: state.claims.clone(),
+            tombstones: std::mem::take(&mut state.tombstones),
             ..Checkpoint::default()
         };
-        self.checkpoint.save(&cp).map_err(|e| {
+        cp.prune_tombstones(now_secs());
+        let result = self.checkpoint.save(&cp).map_err(|e| {
             ServiceError::internal(format!(
                 "writing checkpoint {}: {e}",
                 self.checkpoint.path().display()
             ))
-        })
+        });
+        state.tombstones = cp.tombstones;
+        match &result {
+            Ok(()) => {
+                if state.checkpoint_error.take().is_some() {
+                    tracing::info!(path = %self.checkpoint.path().display(), "checkpoint written again");
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot write the checkpoint; changing requests fail until it can be written");
+                state.checkpoint_error = Some(e.message.clone());
+            }
+        }
+        result
     }
 
     fn claim_dir(&self, uid: &str) -> PathBuf {
@@ -184,7 +224,16 @@ impl Service {
     /// `Unsupported` (MIG), `Conflict` with other claims, `Internal` for host failures.
     pub fn prepare(&self, claim: &Value) -> Result<PrepareResult, ServiceError> {
         let spec = config::parse_claim(claim, &self.ctx)?;
+        let _busy = self.begin_change()?;
+        // Taken before waiting for the claim's lock: a release that finishes while this
+        // request waits leaves a later generation, and this request is then stale.
+        let arrived = self.state().generation;
         let _claim = self.changes.lock(&spec.uid);
+        let resource_version = claim
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        self.refuse_stale_prepare(&spec.uid, arrived, resource_version.as_deref())?;
         let existing = self.state().claims.get(&spec.uid).cloned();
         // Containers still running on a claim that is prepared afresh keep their slots.
         let mut carried: Vec<Attachment> = Vec::new();
@@ -211,7 +260,7 @@ impl Service {
                 .filter(|a| a.pid.is_some_and(|pid| self.processes.alive(pid)))
                 .cloned()
                 .collect();
-            if let Some(e) = self.teardown(&spec.uid) {
+            if let Some(e) = self.teardown(&spec.uid, None) {
                 return Err(ServiceError::new(
                     e.code,
                     format!(
@@ -235,19 +284,27 @@ impl Service {
                 .to_string(),
             attach_limit,
             attached: vec![],
+            last_error: None,
+            restarts: 0,
+            resource_version,
+            generation: 0,
         };
+        let mut info = info;
         {
             let mut st = self.state();
             st.placement
                 .reserve(&spec.uid, &wants_of(&info))
                 .map_err(|c| ServiceError::new(ErrorCode::Conflict, c.0))?;
+            st.generation += 1;
+            info.generation = st.generation;
             st.claims.insert(spec.uid.clone(), info.clone());
-            if let Err(e) = self.save(&st) {
+            if let Err(e) = self.save(&mut st) {
                 st.claims.remove(&spec.uid);
                 self.release_gpus(&mut st, &info);
                 return Err(e);
             }
         }
+        crate::crash::point("prepare.started_saved");
         tracing::info!(claim = %spec.uid, namespace = %spec.namespace, name = %spec.name, "preparing claim");
 
         match self.apply(&spec, &plans, &info) {
@@ -258,11 +315,23 @@ impl Service {
                     c.state = ClaimState::Prepared;
                     c.attached = carried;
                 }
-                if let Err(e) = self.save(&st) {
+                // A prepare of this claim is what the kubelet wants now: an older release no
+                // longer stands against it.
+                let tombstone = st.tombstones.remove(&spec.uid);
+                if let Err(e) = self.save(&mut st) {
+                    if let Some(t) = tombstone {
+                        st.tombstones.insert(spec.uid.clone(), t);
+                    }
                     drop(st);
-                    self.teardown(&spec.uid);
+                    self.teardown(&spec.uid, None);
                     return Err(e);
                 }
+                if let Some(c) = st.claims.get(&spec.uid) {
+                    self.write_host_record(c);
+                }
+                drop(st);
+                crate::crash::point("prepare.completed_saved");
+                self.wake_supervisor();
                 tracing::info!(claim = %spec.uid, "claim prepared");
                 Ok(PrepareResult {
                     uid: spec.uid,
@@ -272,7 +341,7 @@ impl Service {
             }
             Err(e) => {
                 tracing::warn!(claim = %spec.uid, error = %e, "prepare failed; rolling back");
-                self.teardown(&spec.uid);
+                self.teardown(&spec.uid, None);
                 Err(e)
             }
         }
@@ -408,6 +477,14 @@ impl Service {
                 visible_devices: launch.visible_devices.clone(),
                 active_thread_percentage: String::new(),
                 pinned_device_memory_limits: BTreeMap::new(),
+                control_daemon_start_time: 0,
+                requested: gpushare_proto::MpsRequested {
+                    multi_user: launch.multi_user,
+                    active_thread_percentage: launch.active_thread_percentage,
+                    pinned_limits_mib: launch.pinned_limits_mib.clone(),
+                    shm_bytes: launch.shm_bytes,
+                },
+                restarts: 0,
             })),
         };
         GroupInfo {
@@ -470,6 +547,7 @@ impl Service {
                                 )
                             })?;
                     }
+                    crate::crash::point("prepare.gpu_settings_applied");
                     None
                 }
                 PlanKind::Mps(launch) => {
@@ -483,10 +561,12 @@ impl Service {
                                 ))
                             })?;
                     }
+                    crate::crash::point("prepare.gpu_settings_applied");
                     let started = self
                         .mps
                         .start(launch)
                         .map_err(|e| ServiceError::internal(format!("claim {}: {e}", spec.uid)))?;
+                    crate::crash::point("prepare.mps_started");
                     // Record the pid at once, so that a failure later in this prepare stops
                     // this daemon too.
                     if let Some(c) = self.state().claims.get_mut(&spec.uid) {
@@ -500,6 +580,7 @@ impl Service {
             groups.push(self.group_info(plan, started));
         }
         self.write_cdi(&spec.uid, &groups, info)?;
+        crate::crash::point("prepare.cdi_written");
         Ok(groups)
     }
 
@@ -569,13 +650,25 @@ impl Service {
         }
     }
 
-    /// Undoes everything a claim holds, whatever its state; used by unprepare and by a failed
-    /// prepare. Errors are logged and the rest still runs; returns the first error.
-    fn teardown(&self, uid: &str) -> Option<ServiceError> {
+    /// Undoes everything a claim holds, whatever its state; used by unprepare (which passes
+    /// the tombstone's `resource_version`: `Some`), and by a failed prepare and the start-up
+    /// reconcile (`None`: a rollback leaves no tombstone, so the kubelet's retry may prepare
+    /// the claim). The state `Unpreparing` is written first, so a crash part-way is finished
+    /// at the next start instead of bringing the claim back. Errors are logged and the rest
+    /// still runs; returns the first error.
+    fn teardown(&self, uid: &str, tombstone: Option<Option<String>>) -> Option<ServiceError> {
         let info = self.state().claims.get(uid).cloned()?;
-        if let Some(c) = self.state().claims.get_mut(uid) {
-            c.state = ClaimState::Unpreparing;
+        {
+            let mut st = self.state();
+            if let Some(c) = st.claims.get_mut(uid) {
+                c.state = ClaimState::Unpreparing;
+            }
+            if info.state != ClaimState::Unpreparing {
+                // A full disk must not stop a release: the next start finishes it either way.
+                let _ = self.save(&mut st);
+            }
         }
+        crate::crash::point("unprepare.unpreparing_saved");
         let mut errors: Vec<ServiceError> = Vec::new();
         let note = |errors: &mut Vec<ServiceError>, e: ServiceError| {
             tracing::error!(claim = %uid, error = %e, "releasing claim");
@@ -593,27 +686,40 @@ impl Service {
                 }
             }
         }
+        crate::crash::point("unprepare.mps_stopped");
         if let Err(e) = fsutil::remove_file_if_exists(&cdi::spec_path(&self.cfg.cdi_dir, uid)) {
             note(
                 &mut errors,
                 ServiceError::internal(format!("removing CDI spec of claim {uid}: {e}")),
             );
         }
+        crate::crash::point("unprepare.cdi_removed");
         if let Err(e) = fsutil::remove_dir_all_if_exists(&self.claim_dir(uid)) {
             note(
                 &mut errors,
                 ServiceError::internal(format!("removing {}: {e}", self.claim_dir(uid).display())),
             );
         }
+        crate::crash::point("unprepare.dirs_removed");
         let mut st = self.state();
+        st.restarts.remove(uid);
         // Only a complete release frees the GPUs: while a daemon or mount may still be there,
         // the claim keeps its holds (state Unpreparing), so no other claim is placed on top of
         // it, and the next unprepare or prepare of this claim finishes the job.
         if errors.is_empty() {
             self.release_gpus(&mut st, &info);
             st.claims.remove(uid);
+            if let Some(resource_version) = tombstone {
+                st.generation += 1;
+                let t = Tombstone {
+                    generation: st.generation,
+                    resource_version,
+                    released_at: now_secs(),
+                };
+                st.tombstones.insert(uid.to_string(), t);
+            }
         }
-        if let Err(e) = self.save(&st) {
+        if let Err(e) = self.save(&mut st) {
             note(&mut errors, e);
         }
         errors.into_iter().next()
@@ -648,6 +754,7 @@ impl Service {
     /// stays recorded so a retry finishes the job).
     pub fn unprepare(&self, uid: &str) -> Result<UnprepareResult, ServiceError> {
         config::validate_claim_uid(uid)?;
+        let _busy = self.begin_change()?;
         let _claim = self.changes.lock(uid);
         let Some(info) = self.state().claims.get(uid).cloned() else {
             return Ok(UnprepareResult {
@@ -658,8 +765,9 @@ impl Service {
         if !info.attached.is_empty() {
             tracing::warn!(claim = %uid, containers = info.attached.len(), "releasing a claim that still has containers attached");
         }
-        match self.teardown(uid) {
+        match self.teardown(uid, Some(info.resource_version.clone())) {
             None => {
+                self.wake_supervisor();
                 tracing::info!(claim = %uid, "claim released");
                 Ok(UnprepareResult {
                     uid: uid.to_string(),
@@ -701,6 +809,16 @@ impl Service {
                 ),
             )
         })?;
+        if claim.state == ClaimState::Degraded {
+            return Err(ServiceError::new(
+                ErrorCode::NotReady,
+                format!(
+                    "claim {} is Degraded ({}); gpushared is restarting its MPS control daemon, retry later",
+                    p.claim_uid,
+                    claim.last_error.as_deref().unwrap_or("MPS control daemon died")
+                ),
+            ));
+        }
         if claim.state != ClaimState::Prepared {
             return Err(ServiceError::new(
                 ErrorCode::NotReady,
@@ -741,7 +859,7 @@ impl Service {
                     *slot = updated.clone();
                 }
             }
-            self.save(&st)?;
+            self.save(&mut st)?;
             return Ok(updated);
         }
         // A container whose init process is gone and whose poststop hook never ran (runtime
@@ -786,7 +904,7 @@ impl Service {
         if let Some(c) = st.claims.get_mut(&p.claim_uid) {
             c.attached.push(attachment.clone());
         }
-        if let Err(e) = self.save(&st) {
+        if let Err(e) = self.save(&mut st) {
             if let Some(c) = st.claims.get_mut(&p.claim_uid) {
                 c.attached.retain(|a| a.container_id != p.container_id);
             }
@@ -810,7 +928,7 @@ impl Service {
         claim.attached.retain(|a| a.container_id != p.container_id);
         let detached = claim.attached.len() != before;
         if detached {
-            self.save(&st)?;
+            self.save(&mut st)?;
             tracing::info!(claim = %p.claim_uid, container = %p.container_id, "container detached");
         }
         Ok(DetachResult { detached })
@@ -865,6 +983,14 @@ impl Service {
             claims: st.claims.len(),
             backend: self.backend.describe(),
             mps_control: self.mps.program().display().to_string(),
+            checkpoint_quarantined: st.quarantined.clone(),
+            checkpoint_error: st.checkpoint_error.clone(),
+            degraded_claims: st
+                .claims
+                .values()
+                .filter(|c| c.state == ClaimState::Degraded)
+                .count(),
+            stopping: st.stopping,
         }
     }
 }

@@ -12,7 +12,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gpushare_proto::MpsInfo;
+use gpushare_proto::{MpsInfo, MpsRequested};
 use sha2::{Digest, Sha256};
 
 use crate::fsutil;
@@ -182,6 +182,27 @@ pub struct MpsLaunch {
     pub pinned_limits_mib: Vec<Option<u64>>,
     /// Size of the shm tmpfs in bytes.
     pub shm_bytes: u64,
+}
+
+/// The launch that (re)creates the daemon recorded in `info`: same directories, devices,
+/// options and limits as asked.
+pub fn launch_of(info: &MpsInfo) -> MpsLaunch {
+    MpsLaunch {
+        dirs: MpsDirs::from_pipe(Path::new(&info.pipe_dir)),
+        visible_devices: info.visible_devices.clone(),
+        multi_user: info.requested.multi_user,
+        active_thread_percentage: info.requested.active_thread_percentage,
+        pinned_limits_mib: if info.requested.pinned_limits_mib.is_empty() {
+            vec![None; info.visible_devices.len()]
+        } else {
+            info.requested.pinned_limits_mib.clone()
+        },
+        shm_bytes: if info.requested.shm_bytes == 0 {
+            64 << 20
+        } else {
+            info.requested.shm_bytes
+        },
+    }
 }
 
 /// What the control daemon shows for `get_default_active_thread_percentage` after
@@ -426,8 +447,41 @@ impl MpsControl {
         if !cmds.is_empty() {
             self.ui(dirs, &cmds)?;
         }
-        // Read back every value: NVIDIA's daemon reports most rejected settings only in
-        // control.log, so a claim is ready only when what it shows is what we asked.
+        let (atp, limits) = self.read_back(launch)?;
+        Ok(MpsInfo {
+            control_daemon_pid: pid,
+            pipe_dir: dirs.pipe.display().to_string(),
+            log_dir: dirs.log.display().to_string(),
+            shm_dir: dirs.shm.display().to_string(),
+            visible_devices: launch.visible_devices.clone(),
+            active_thread_percentage: atp,
+            pinned_device_memory_limits: limits,
+            control_daemon_start_time: self.ops.processes.start_time(pid).unwrap_or(0),
+            requested: MpsRequested {
+                multi_user: launch.multi_user,
+                active_thread_percentage: launch.active_thread_percentage,
+                pinned_limits_mib: launch.pinned_limits_mib.clone(),
+                shm_bytes: launch.shm_bytes,
+            },
+            restarts: 0,
+        })
+    }
+
+    /// Reads back the default active thread percentage and every pinned device memory limit
+    /// of the daemon on `launch.dirs` and compares them with what `launch` asks. Returns the
+    /// values as shown (`"50.0"`, ordinal → `"8G"`).
+    ///
+    /// NVIDIA's daemon reports most rejected settings only in control.log, so a claim is ready
+    /// only when what it shows is what we asked.
+    ///
+    /// # Errors
+    /// [`MpsError::Ui`]/[`MpsError::Spawn`] when the daemon cannot be reached,
+    /// [`MpsError::Verify`] when a value differs.
+    pub fn read_back(
+        &self,
+        launch: &MpsLaunch,
+    ) -> Result<(String, BTreeMap<String, String>), MpsError> {
+        let dirs = &launch.dirs;
         let atp = self.query(dirs, "get_default_active_thread_percentage".into())?;
         let want = percentage_display(launch.active_thread_percentage);
         if atp != want {
@@ -455,15 +509,38 @@ impl MpsControl {
             }
             limits.insert(ordinal.to_string(), got);
         }
-        Ok(MpsInfo {
-            control_daemon_pid: pid,
-            pipe_dir: dirs.pipe.display().to_string(),
-            log_dir: dirs.log.display().to_string(),
-            shm_dir: dirs.shm.display().to_string(),
-            visible_devices: launch.visible_devices.clone(),
-            active_thread_percentage: atp,
-            pinned_device_memory_limits: limits,
-        })
+        Ok((atp, limits))
+    }
+
+    /// Whether the daemon recorded in `info` can be adopted as it runs: the holder of its
+    /// pipe directory is the recorded pid, with the recorded start time (a recycled pid is
+    /// another process), and a control round trip reads back the limits it was asked for.
+    ///
+    /// # Errors
+    /// Why it cannot be adopted, in one line.
+    pub fn check_adoptable(&self, info: &MpsInfo) -> Result<(), String> {
+        let launch = launch_of(info);
+        let pid = info.control_daemon_pid;
+        match self.holder(&launch.dirs) {
+            Ok(Some(h)) if h == pid => {}
+            Ok(Some(h)) => {
+                return Err(format!(
+                    "pid {h}, not the recorded {pid}, holds {}",
+                    launch.dirs.pipe.display()
+                ))
+            }
+            Ok(None) => return Err(format!("MPS control daemon (pid {pid}) is not running")),
+            Err(e) => return Err(format!("reading /proc/locks: {e}")),
+        }
+        let started = self.ops.processes.start_time(pid);
+        if info.control_daemon_start_time != 0 && started != Some(info.control_daemon_start_time)
+        {
+            return Err(format!(
+                "pid {pid} started at tick {started:?}, not at the recorded {}: another process",
+                info.control_daemon_start_time
+            ));
+        }
+        self.read_back(&launch).map(|_| ()).map_err(|e| e.to_string())
     }
 
     fn wait_for_pid(&self, dirs: &MpsDirs) -> Result<i32, MpsError> {

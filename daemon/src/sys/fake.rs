@@ -193,4 +193,9 @@ impl Processes for FakeHost {
     }
 
     fn reap(&self, _pid: i32) {}
+
+    fn start_time(&self, pid: i32) -> Option<u64> {
+        // A fake pid is never reused, so its number stands for its start time.
+        self.alive(pid).then_some(pid as u64 * 100)
+    }
 }

@@ -192,6 +192,10 @@ impl Processes for HostProcesses {
             let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
         }
     }
+
+    fn start_time(&self, pid: i32) -> Option<u64> {
+        super::process_start_time(pid)
+    }
 }
 
 /// Mounts with the real syscalls (needs CAP_SYS_ADMIN).

@@ -4,10 +4,12 @@
 #[cfg(test)]
 pub(crate) mod fake;
 mod host;
+mod pidfd;
 mod proc;
 
 pub use host::{reap_orphans, HostMounter, HostProcesses, HostRunner};
-pub use proc::{find_lock_holder, parse_proc_locks, pid_alive, read_cgroup};
+pub use pidfd::{wait_readable, PidFd};
+pub use proc::{find_lock_holder, parse_proc_locks, pid_alive, process_start_time, read_cgroup};
 
 use std::collections::BTreeMap;
 use std::io;
@@ -114,6 +116,10 @@ pub trait Processes: Send + Sync + std::fmt::Debug {
 
     /// Reaps `pid` if it is an exited child of ours; anything else is ignored.
     fn reap(&self, pid: i32);
+
+    /// Start time of `pid` in clock ticks after boot (see [`process_start_time`]); `None`
+    /// when it does not run. Together with the pid it names one process for good.
+    fn start_time(&self, pid: i32) -> Option<u64>;
 }
 
 /// The leaf operations the strategies use, bundled so that tests swap them all at once.

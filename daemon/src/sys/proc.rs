@@ -78,6 +78,28 @@ pub fn pid_alive(pid: i32) -> bool {
     }
 }
 
+/// Start time of `pid` in clock ticks after boot: field 22 of `/proc/<pid>/stat`. `None`
+/// when the process does not exist (or is a zombie) or the file cannot be parsed.
+pub fn process_start_time(pid: i32) -> Option<u64> {
+    if pid <= 0 {
+        return None;
+    }
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_start_time(&stat)
+}
+
+/// Field 22 (`starttime`) of a `/proc/<pid>/stat` line; `None` for a zombie.
+fn parse_start_time(stat: &str) -> Option<u64> {
+    // The command name is parenthesised and may hold spaces and parentheses: count fields
+    // after its last `) `. Field 3 (state) is then the first.
+    let (_, rest) = stat.rsplit_once(") ")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    if fields.first().is_some_and(|s| *s == "Z" || *s == "X") {
+        return None;
+    }
+    fields.get(22 - 3)?.parse().ok()
+}
+
 /// The cgroup of a process: the cgroup v2 path (`0::/…`), else the first v1 line's path.
 pub fn read_cgroup(pid: i32) -> Option<String> {
     let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
@@ -144,6 +166,18 @@ mod tests {
             find_lock_holder(&path).unwrap(),
             Some(std::process::id() as i32)
         );
+    }
+
+    #[test]
+    fn start_time_is_field_22_even_with_spaces_in_the_name() {
+        let stat = "42 (a) b (c) S 1 42 42 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 987654 1 1";
+        assert_eq!(parse_start_time(stat), Some(987654));
+        let zombie = "42 (x) Z 1 42 42 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 987654 1 1";
+        assert_eq!(parse_start_time(zombie), None);
+        let me = std::process::id() as i32;
+        assert!(process_start_time(me).is_some_and(|t| t > 0));
+        assert_eq!(process_start_time(me), process_start_time(me));
+        assert_eq!(process_start_time(i32::MAX), None);
     }
 
     #[test]
