@@ -77,7 +77,18 @@ struct Args {
     /// Socket file mode (octal) [socket.mode].
     #[arg(long, value_parser = parse_mode)]
     socket_mode: Option<u32>,
+    /// File holding the boot ID (default /proc/sys/kernel/random/boot_id). Tests point it
+    /// elsewhere to simulate a reboot.
+    #[arg(long, hide = true, value_name = "FILE")]
+    boot_id_file: Option<PathBuf>,
+    /// Longest wait, in seconds, for prepares and unprepares under way when SIGTERM arrives.
+    #[arg(long, default_value_t = STOP_BOUND_SECS, value_parser = clap::value_parser!(u64).range(1..))]
+    stop_timeout: u64,
 }
+
+/// Default bound of a graceful stop: a prepare's slowest step (an MPS control program run and
+/// a bounded quit) is far shorter, and systemd's default stop timeout (90 s) is longer.
+const STOP_BOUND_SECS: u64 = 30;
 
 impl Args {
     /// The config file with this command line's flags laid over it.
@@ -287,8 +298,20 @@ async fn run() -> Result<()> {
         },
         shm_bytes: (settings.mps.shm_size_mib > 0).then_some(settings.mps.shm_size_mib << 20),
     };
-    let service =
-        Arc::new(Service::new(cfg, backend.clone(), mps).map_err(|e| anyhow::anyhow!(e))?);
+    let boot_id_file = args
+        .boot_id_file
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(gpushare::service::BOOT_ID_PATH));
+    let boot_id = std::fs::read_to_string(&boot_id_file)
+        .map(|s| s.trim().to_string())
+        .with_context(|| format!("reading the boot ID from {}", boot_id_file.display()))?;
+    // Reconciles the host with the checkpoint (re-adoption, restarts, rollbacks, orphans)
+    // before the socket exists: nobody is served from a half-known state.
+    let service = Arc::new(
+        Service::with_boot_id(cfg, backend.clone(), mps, boot_id).map_err(|e| anyhow::anyhow!(e))?,
+    );
+    gpushare::supervise::spawn(Arc::clone(&service))
+        .context("starting the MPS control daemon supervisor")?;
     let server_cfg = Arc::new(ServerConfig {
         socket: socket.clone(),
         mode: parse_mode(&settings.socket.mode).map_err(anyhow::Error::msg)?,
@@ -309,7 +332,7 @@ async fn run() -> Result<()> {
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigchld = signal(SignalKind::child())?;
-    let serving = server::serve(listener, service, server_cfg);
+    let serving = server::serve(listener, Arc::clone(&service), server_cfg);
     tokio::pin!(serving);
     let result = loop {
         tokio::select! {
@@ -324,9 +347,27 @@ async fn run() -> Result<()> {
             _ = sigint.recv() => break Ok(()),
         }
     };
-    // MPS control daemons are left running on purpose: GPU jobs must survive a restart of
-    // gpushared.
+    // Stop accepting first (the listener is dropped with `serving`), then let requests under
+    // way finish, bounded, and write the checkpoint. MPS control daemons are left running on
+    // purpose: GPU jobs must survive a restart of gpushared.
+    drop(serving);
     server::remove_socket(&socket);
-    tracing::info!("gpushared stopped");
+    let bound = Duration::from_secs(args.stop_timeout);
+    let stopping = Arc::clone(&service);
+    let stopped = tokio::task::spawn_blocking(move || stopping.stop(bound))
+        .await
+        .context("stopping the service")?;
+    match stopped {
+        Ok(true) => tracing::info!("gpushared stopped; MPS control daemons left running"),
+        Ok(false) => {
+            tracing::warn!(
+                "gpushared stopped with requests still under way; the next start reconciles them"
+            );
+            // The runtime would wait for them without a bound when dropped.
+            server::remove_socket(&socket);
+            std::process::exit(0);
+        }
+        Err(e) => tracing::error!(error = %e, "writing the checkpoint at stop"),
+    }
     result
 }

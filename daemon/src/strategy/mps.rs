@@ -323,6 +323,7 @@ impl MpsControl {
                 stdin,
                 timeout: self.timeout,
                 private_shm: None,
+                new_session: false,
             })
             .map_err(|source| MpsError::Spawn {
                 program: self.program.clone(),
@@ -423,6 +424,7 @@ impl MpsControl {
                 stdin: vec![],
                 timeout: self.timeout,
                 private_shm: Some(dirs.shm.clone()),
+                new_session: true,
             })
             .map_err(|source| MpsError::Spawn {
                 program: self.program.clone(),

@@ -64,6 +64,16 @@ impl CommandRunner for HostRunner {
                 });
             }
         }
+        if spec.new_session {
+            // SAFETY: the closure runs in the forked child before exec and only makes the
+            // setsid syscall, which is async-signal-safe.
+            unsafe {
+                cmd.pre_exec(|| {
+                    nix::unistd::setsid()?;
+                    Ok(())
+                });
+            }
+        }
         let mut running = lock_running();
         let mut child = cmd.spawn()?;
         let pid = child.id();
@@ -272,6 +282,7 @@ mod tests {
             stdin: stdin.as_bytes().to_vec(),
             timeout: Duration::from_millis(timeout_ms),
             private_shm: None,
+            new_session: false,
         }
     }
 

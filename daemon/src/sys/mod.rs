@@ -32,6 +32,10 @@ pub struct CommandSpec {
     pub timeout: Duration,
     /// Run in a new mount namespace where this host directory is bind-mounted on `/dev/shm`.
     pub private_shm: Option<PathBuf>,
+    /// Start it in a new session and process group (`setsid`), so that signals to
+    /// gpushared's process group (a terminal's Ctrl-C, a stop) never reach it or what it forks:
+    /// MPS control daemons must outlive gpushared.
+    pub new_session: bool,
 }
 
 /// What a finished process left.
