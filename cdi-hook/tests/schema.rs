@@ -677,7 +677,10 @@ fn samples() -> Vec<(&'static str, Value)> {
             }),
         ));
     }
-    out.push(("MpsRequested", to_json(&gpushare_proto::MpsRequested::default())));
+    out.push((
+        "MpsRequested",
+        to_json(&gpushare_proto::MpsRequested::default()),
+    ));
     out.extend(ERROR_CODES.iter().map(|c| ("ErrorCode", to_json(c))));
     out.extend(CLAIM_STATES.iter().map(|s| ("ClaimState", to_json(s))));
     out.extend(INTERVALS.iter().map(|i| ("TimeSliceInterval", to_json(i))));

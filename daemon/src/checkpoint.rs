@@ -299,7 +299,9 @@ mod tests {
         assert_eq!(cp.tombstones.len(), MAX_TOMBSTONES);
         assert!(!cp.tombstones.contains_key("old"), "expired");
         assert!(!cp.tombstones.contains_key("u0"), "oldest dropped first");
-        assert!(cp.tombstones.contains_key(&format!("u{}", MAX_TOMBSTONES + 9)));
+        assert!(cp
+            .tombstones
+            .contains_key(&format!("u{}", MAX_TOMBSTONES + 9)));
     }
 
     #[test]

@@ -39,10 +39,7 @@ fn run(service: &Service, mut wake: UnixStream) {
     let mut watched: BTreeMap<(String, i32), PidFd> = BTreeMap::new();
     loop {
         let want = service.supervised();
-        watched.retain(|(uid, pid), _| {
-            want.iter()
-                .any(|d| &d.claim_uid == uid && d.pid == *pid)
-        });
+        watched.retain(|(uid, pid), _| want.iter().any(|d| &d.claim_uid == uid && d.pid == *pid));
         let mut exited = Vec::new();
         for d in &want {
             let key = (d.claim_uid.clone(), d.pid);

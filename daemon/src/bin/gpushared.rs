@@ -308,7 +308,8 @@ async fn run() -> Result<()> {
     // Reconciles the host with the checkpoint (re-adoption, restarts, rollbacks, orphans)
     // before the socket exists: nobody is served from a half-known state.
     let service = Arc::new(
-        Service::with_boot_id(cfg, backend.clone(), mps, boot_id).map_err(|e| anyhow::anyhow!(e))?,
+        Service::with_boot_id(cfg, backend.clone(), mps, boot_id)
+            .map_err(|e| anyhow::anyhow!(e))?,
     );
     gpushare::supervise::spawn(Arc::clone(&service))
         .context("starting the MPS control daemon supervisor")?;

@@ -335,9 +335,10 @@ impl Service {
     fn all_daemons_run(&self, c: &ClaimInfo) -> bool {
         c.groups.iter().all(|g| match &g.sharing {
             StrategyInfo::Mps(m) => {
-                self.mps
-                    .liveness(&MpsDirs::from_pipe(Path::new(&m.pipe_dir)), m.control_daemon_pid)
-                    != Liveness::Gone
+                self.mps.liveness(
+                    &MpsDirs::from_pipe(Path::new(&m.pipe_dir)),
+                    m.control_daemon_pid,
+                ) != Liveness::Gone
             }
             _ => true,
         })
@@ -354,9 +355,7 @@ impl Service {
                 .values()
                 .flat_map(|c| c.groups.iter())
                 .filter_map(|g| match &g.sharing {
-                    StrategyInfo::Mps(m) => {
-                        Some(MpsDirs::from_pipe(Path::new(&m.pipe_dir)).root)
-                    }
+                    StrategyInfo::Mps(m) => Some(MpsDirs::from_pipe(Path::new(&m.pipe_dir)).root),
                     _ => None,
                 })
                 .collect();

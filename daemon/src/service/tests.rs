@@ -759,3 +759,5 @@ fn a_missing_cdi_spec_is_written_again_on_retry() {
     );
     assert_eq!(std::fs::read(&path).unwrap(), written);
 }
+
+mod recover;

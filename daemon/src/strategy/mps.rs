@@ -535,14 +535,15 @@ impl MpsControl {
             Err(e) => return Err(format!("reading /proc/locks: {e}")),
         }
         let started = self.ops.processes.start_time(pid);
-        if info.control_daemon_start_time != 0 && started != Some(info.control_daemon_start_time)
-        {
+        if info.control_daemon_start_time != 0 && started != Some(info.control_daemon_start_time) {
             return Err(format!(
                 "pid {pid} started at tick {started:?}, not at the recorded {}: another process",
                 info.control_daemon_start_time
             ));
         }
-        self.read_back(&launch).map(|_| ()).map_err(|e| e.to_string())
+        self.read_back(&launch)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     }
 
     fn wait_for_pid(&self, dirs: &MpsDirs) -> Result<i32, MpsError> {

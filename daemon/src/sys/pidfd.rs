@@ -87,9 +87,11 @@ mod tests {
             .spawn()
             .unwrap();
         let fd = PidFd::open(child.id() as i32).unwrap();
-        assert!(wait_readable(&[fd.as_raw_fd()], Some(Duration::from_millis(50)))
-            .unwrap()
-            .is_empty());
+        assert!(
+            wait_readable(&[fd.as_raw_fd()], Some(Duration::from_millis(50)))
+                .unwrap()
+                .is_empty()
+        );
         drop(child.stdin.take());
         // No time bound asserted: the wait returns because the process exited.
         assert_eq!(wait_readable(&[fd.as_raw_fd()], None).unwrap(), vec![0]);
