@@ -361,6 +361,9 @@ pub struct MpsRequested {
 /// The sharing strategy applied to one device group.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "strategy")]
+// A claim holds a handful of these and they travel as JSON: boxing the MPS variant would only
+// add an allocation and noise at every match.
+#[allow(clippy::large_enum_variant)]
 pub enum StrategyInfo {
     /// The group's GPUs belong to this claim alone; nothing was changed on them.
     Exclusive,

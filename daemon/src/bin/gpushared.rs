@@ -333,8 +333,8 @@ async fn run() -> Result<()> {
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigchld = signal(SignalKind::child())?;
-    let serving = server::serve(listener, Arc::clone(&service), server_cfg);
-    tokio::pin!(serving);
+    // Boxed, not pinned on the stack, so that dropping it at SIGTERM closes the listener.
+    let mut serving = Box::pin(server::serve(listener, Arc::clone(&service), server_cfg));
     let result = loop {
         tokio::select! {
             r = &mut serving => break r.context("serving"),
