@@ -664,8 +664,17 @@ impl Service {
                 c.state = ClaimState::Unpreparing;
             }
             if info.state != ClaimState::Unpreparing {
-                // A full disk must not stop a release: the next start finishes it either way.
-                let _ = self.save(&mut st);
+                if let Err(e) = self.save(&mut st) {
+                    if matches!(info.state, ClaimState::Prepared | ClaimState::Degraded) {
+                        // On disk the claim is still prepared: releasing it now would have a
+                        // restart bring it back. Refuse, changing nothing.
+                        if let Some(c) = st.claims.get_mut(uid) {
+                            c.state = info.state;
+                        }
+                        return Some(e);
+                    }
+                    // A half-done prepare is rolled back at the next start anyway.
+                }
             }
         }
         crate::crash::point("unprepare.unpreparing_saved");

@@ -426,3 +426,26 @@ fn a_graceful_stop_refuses_new_changes_and_writes_the_checkpoint() {
         "MPS control daemons are left running"
     );
 }
+
+#[test]
+fn a_release_that_cannot_be_checkpointed_changes_nothing() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("nospace", &["gpu-0"], Some(mps(50))))
+        .unwrap();
+    let state_dir = f.cfg.checkpoint.parent().unwrap().to_path_buf();
+    std::fs::remove_dir_all(&state_dir).unwrap();
+    std::fs::write(&state_dir, b"not a directory").unwrap();
+    let err = f.service.unprepare("nospace").unwrap_err();
+    assert!(
+        err.message.contains("writing checkpoint"),
+        "{}",
+        err.message
+    );
+    let c = f.service.get_claim("nospace").unwrap();
+    assert_eq!(c.state, ClaimState::Prepared);
+    assert!(f.host.state().daemons.values().any(|d| d.alive));
+    std::fs::remove_file(&state_dir).unwrap();
+    f.service.unprepare("nospace").unwrap();
+    assert_clean(&f, "nospace");
+}
