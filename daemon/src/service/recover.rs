@@ -197,7 +197,6 @@ impl Service {
                 st.claims.insert(uid, info);
             }
         }
-        reapply_gpu_settings(self.backend.as_ref(), &self.state().placement);
         let uids: Vec<(String, ClaimState)> = self
             .state()
             .claims
@@ -216,6 +215,8 @@ impl Service {
             }
         }
         self.remove_orphans();
+        // After the rollbacks, so that only what the remaining claims asked is applied.
+        reapply_gpu_settings(self.backend.as_ref(), &self.state().placement);
         let mut st = self.state();
         let _ = self.save(&mut st);
         st.ready = true;
@@ -464,6 +465,11 @@ impl Service {
             return;
         };
         if !matches!(c.state, ClaimState::Prepared | ClaimState::Degraded) {
+            return;
+        }
+        // Already known and scheduled: the restart deals with every dead daemon of the claim.
+        if c.state == ClaimState::Degraded && st.restarts.get(uid).is_some_and(|p| p.due.is_some())
+        {
             return;
         }
         let Some(m) = c.groups.iter().find_map(|g| match &g.sharing {

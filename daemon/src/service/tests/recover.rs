@@ -131,6 +131,10 @@ fn a_dead_daemon_degrades_the_claim_until_it_is_restarted_with_verified_limits()
         "{why}"
     );
     assert_eq!(f.service.health().degraded_claims, 1);
+    // Told again (the supervisor finds the dead pid once more): the restart is not put off.
+    let due = f.service.next_restart().unwrap();
+    f.service.mps_daemon_exited("sv", before.control_daemon_pid);
+    assert_eq!(f.service.next_restart(), Some(due));
     let err = f.service.attach(&attach("sv", "ctr-1")).unwrap_err();
     assert_eq!(err.code, ErrorCode::NotReady);
     assert!(
