@@ -766,21 +766,31 @@ fn an_mps_daemon_keeps_its_pid_across_20_restarts_while_a_container_stays_attach
             .output()
             .unwrap()
     };
-    let out = Command::new("runc")
+    // The container's stdio goes to a file: a pipe would stay open in the detached container.
+    let runc_log = tmp.path().join("runc.log");
+    let mut run = Command::new("runc")
         .arg("--root")
         .arg(&runc_root)
         .args(["run", "--detach", "--bundle"])
         .arg(&bundle)
         .arg(&id)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .output()
+        .stdout(fs::File::create(&runc_log).unwrap())
+        .stderr(fs::File::create(tmp.path().join("runc.err")).unwrap())
+        .spawn()
         .unwrap();
+    let mut status = None;
     assert!(
-        out.status.success(),
+        wait_until(Duration::from_secs(60), || {
+            status = run.try_wait().unwrap();
+            status.is_some()
+        }),
+        "runc run --detach did not return"
+    );
+    assert!(
+        status.unwrap().success(),
         "runc: {}",
-        String::from_utf8_lossy(&out.stderr)
+        fs::read_to_string(tmp.path().join("runc.err")).unwrap_or_default()
     );
     let attached = |n: &Node| {
         n.claim(&uid)
