@@ -453,3 +453,23 @@ fn a_release_that_cannot_be_checkpointed_changes_nothing() {
     f.service.unprepare("nospace").unwrap();
     assert_clean(&f, "nospace");
 }
+
+#[test]
+fn a_graceful_stop_lets_a_prepare_under_way_finish_first() {
+    let f = Arc::new(fixture());
+    f.host.state().delay = Some(Duration::from_millis(50));
+    let worker = {
+        let f = Arc::clone(&f);
+        std::thread::spawn(move || f.service.prepare(&claim("slow", &["gpu-1"], Some(mps(50)))))
+    };
+    // Wait (without a time bound on the outcome) until the prepare is under way.
+    while *f.service.in_flight.0.lock().unwrap() == 0 {
+        std::thread::yield_now();
+    }
+    assert!(f.service.stop(Duration::from_secs(60)).unwrap());
+    worker.join().unwrap().unwrap();
+    let cp = CheckpointFile::new(f.cfg.checkpoint.clone())
+        .load()
+        .unwrap();
+    assert_eq!(cp.checkpoint.claims["slow"].state, ClaimState::Prepared);
+}
