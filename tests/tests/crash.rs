@@ -34,6 +34,9 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Value};
 
+/// A change made to the checkpoint file's bytes.
+type Mutation = fn(&[u8]) -> Vec<u8>;
+
 /// How many times each invariant was checked, by name.
 type Counts = BTreeMap<&'static str, usize>;
 
@@ -886,7 +889,7 @@ fn a_corrupt_and_a_truncated_checkpoint_each_give_a_clear_report_and_no_crash_lo
     if !need(is_root(), "root") {
         return;
     }
-    let mutations: [(&str, fn(&[u8]) -> Vec<u8>); 2] = [
+    let mutations: [(&str, Mutation); 2] = [
         ("corrupt", |b| {
             let mut v = b.to_vec();
             for x in v.iter_mut().step_by(7) {
