@@ -363,7 +363,40 @@ impl Service {
             (st.claims.keys().cloned().collect(), groups)
         };
         let claims_dir = self.cfg.run_dir.join("claims");
-        if let Ok(entries) = fs::read_dir(&claims_dir) {
+        self.remove_orphan_dirs(&claims_dir, &owned_claims, &owned_groups);
+        self.kill_stray_mps_processes(&claims_dir, &owned_groups);
+        // A stray may have made its directories after the first sweep.
+        self.remove_orphan_dirs(&claims_dir, &owned_claims, &owned_groups);
+        let Ok(entries) = fs::read_dir(&self.cfg.cdi_dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let bare = name.trim_start_matches('.');
+            let Some(rest) = bare.strip_prefix("gpushare.io-claim_") else {
+                continue;
+            };
+            let temporary = name.starts_with('.') && rest.contains(".json.tmp-");
+            let uid = rest.split(".json").next().unwrap_or_default();
+            let spec = rest.ends_with(".json") && !name.starts_with('.');
+            if temporary || (spec && !owned_claims.iter().any(|c| c == uid)) {
+                tracing::warn!(path = %entry.path().display(), "removing a CDI spec no claim owns");
+                if let Err(e) = fsutil::remove_file_if_exists(&entry.path()) {
+                    tracing::error!(path = %entry.path().display(), error = %e, "removing an orphan CDI spec");
+                }
+            }
+        }
+    }
+
+    /// Stops the MPS groups and removes the claim directories under `claims_dir` that no claim
+    /// owns.
+    fn remove_orphan_dirs(
+        &self,
+        claims_dir: &Path,
+        owned_claims: &[String],
+        owned_groups: &[PathBuf],
+    ) {
+        if let Ok(entries) = fs::read_dir(claims_dir) {
             for entry in entries.flatten() {
                 let dir = entry.path();
                 let owned = entry
@@ -392,25 +425,54 @@ impl Service {
                 }
             }
         }
-        let Ok(entries) = fs::read_dir(&self.cfg.cdi_dir) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let bare = name.trim_start_matches('.');
-            let Some(rest) = bare.strip_prefix("gpushare.io-claim_") else {
-                continue;
-            };
-            let temporary = name.starts_with('.') && rest.contains(".json.tmp-");
-            let uid = rest.split(".json").next().unwrap_or_default();
-            let spec = rest.ends_with(".json") && !name.starts_with('.');
-            if temporary || (spec && !owned_claims.iter().any(|c| c == uid)) {
-                tracing::warn!(path = %entry.path().display(), "removing a CDI spec no claim owns");
-                if let Err(e) = fsutil::remove_file_if_exists(&entry.path()) {
-                    tracing::error!(path = %entry.path().display(), error = %e, "removing an orphan CDI spec");
+    }
+
+    /// Kills MPS processes (control daemons, UI sessions, launchers) whose
+    /// `CUDA_MPS_PIPE_DIRECTORY` lies under `claims_dir` but in no group a claim owns. A crash
+    /// in the middle of a start can leave a daemon that took its lock only after the restart
+    /// looked (or whose directory is gone): the lock cannot find it, its environment can.
+    /// Processes on owned pipe directories (the daemons, and the MPS servers they spawn) are
+    /// left alone. Repeated until a scan finds none, so a process that forked meanwhile is
+    /// caught too; bounded.
+    fn kill_stray_mps_processes(&self, claims_dir: &Path, owned_groups: &[PathBuf]) {
+        const ROUNDS: usize = 20;
+        for _ in 0..ROUNDS {
+            let strays: Vec<(i32, PathBuf)> = self
+                .processes
+                .with_env_under("CUDA_MPS_PIPE_DIRECTORY", claims_dir)
+                .into_iter()
+                .filter(|(_, pipe)| !owned_groups.iter().any(|g| pipe.starts_with(g)))
+                .collect();
+            if strays.is_empty() {
+                return;
+            }
+            for (pid, pipe) in &strays {
+                tracing::warn!(pid, pipe = %pipe.display(), "killing an MPS process no claim owns");
+                self.processes.kill(*pid);
+            }
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while strays.iter().any(|(pid, _)| {
+                self.processes.reap(*pid);
+                self.processes.alive(*pid)
+            }) && Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            for (_, pipe) in &strays {
+                // Its directory may have been created after the directory sweep.
+                if let Some(root) = pipe.parent().filter(|r| r.starts_with(claims_dir)) {
+                    let dirs = MpsDirs::from_pipe(pipe);
+                    if let Err(e) = self.mps.stop(&dirs, None) {
+                        tracing::error!(path = %root.display(), error = %e, "removing a stray MPS group");
+                    }
                 }
             }
         }
+        tracing::error!(
+            rounds = ROUNDS,
+            "MPS processes no claim owns keep appearing under {}",
+            claims_dir.display()
+        );
     }
 
     /// Every MPS control daemon of a prepared or degraded claim, for the supervisor.

@@ -206,6 +206,10 @@ impl Processes for HostProcesses {
     fn start_time(&self, pid: i32) -> Option<u64> {
         super::process_start_time(pid)
     }
+
+    fn with_env_under(&self, var: &str, dir: &Path) -> Vec<(i32, std::path::PathBuf)> {
+        super::processes_with_env_under(var, dir)
+    }
 }
 
 /// Mounts with the real syscalls (needs CAP_SYS_ADMIN).

@@ -9,7 +9,10 @@ mod proc;
 
 pub use host::{reap_orphans, HostMounter, HostProcesses, HostRunner};
 pub use pidfd::{wait_readable, PidFd};
-pub use proc::{find_lock_holder, parse_proc_locks, pid_alive, process_start_time, read_cgroup};
+pub use proc::{
+    find_lock_holder, parse_proc_locks, pid_alive, process_start_time, processes_with_env_under,
+    read_cgroup,
+};
 
 use std::collections::BTreeMap;
 use std::io;
@@ -124,6 +127,10 @@ pub trait Processes: Send + Sync + std::fmt::Debug {
     /// Start time of `pid` in clock ticks after boot (see [`process_start_time`]); `None`
     /// when it does not run. Together with the pid it names one process for good.
     fn start_time(&self, pid: i32) -> Option<u64>;
+
+    /// Live processes whose environment sets `var` to a path under `dir`, with that path
+    /// (see [`processes_with_env_under`]).
+    fn with_env_under(&self, var: &str, dir: &Path) -> Vec<(i32, PathBuf)>;
 }
 
 /// The leaf operations the strategies use, bundled so that tests swap them all at once.

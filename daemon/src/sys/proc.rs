@@ -2,8 +2,9 @@
 
 use std::fs;
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
@@ -100,6 +101,41 @@ fn parse_start_time(stat: &str) -> Option<u64> {
     fields.get(22 - 3)?.parse().ok()
 }
 
+/// Live processes whose environment sets `var` to a path under `dir` (component-wise), with
+/// that path. Every MPS control daemon, UI session and MPS server carries
+/// `CUDA_MPS_PIPE_DIRECTORY`, so this finds the MPS processes of a run directory even when a
+/// crash left them without the directory (and its lock file) they were started for. Processes
+/// whose environment cannot be read are skipped.
+pub fn processes_with_env_under(var: &str, dir: &Path) -> Vec<(i32, PathBuf)> {
+    let prefix = format!("{var}=");
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(env) = fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        let value = env.split(|b| *b == 0).find_map(|kv| {
+            kv.strip_prefix(prefix.as_bytes())
+                .map(|v| PathBuf::from(std::ffi::OsStr::from_bytes(v)))
+        });
+        if let Some(path) = value.filter(|p| p.starts_with(dir)) {
+            if pid_alive(pid) {
+                out.push((pid, path));
+            }
+        }
+    }
+    out
+}
+
 /// The cgroup of a process: the cgroup v2 path (`0::/…`), else the first v1 line's path.
 pub fn read_cgroup(pid: i32) -> Option<String> {
     let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
@@ -178,6 +214,26 @@ mod tests {
         assert!(process_start_time(me).is_some_and(|t| t > 0));
         assert_eq!(process_start_time(me), process_start_time(me));
         assert_eq!(process_start_time(i32::MAX), None);
+    }
+
+    #[test]
+    fn finds_processes_by_an_environment_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let pipe = dir.path().join("claims/u/mps-1/pipe");
+        let mut child = std::process::Command::new("/bin/sleep")
+            .arg("30")
+            .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let found = processes_with_env_under("CUDA_MPS_PIPE_DIRECTORY", &dir.path().join("claims"));
+        assert!(found.contains(&(pid, pipe.clone())), "{found:?}");
+        let other = processes_with_env_under("CUDA_MPS_PIPE_DIRECTORY", &dir.path().join("clai"));
+        assert!(!other.iter().any(|(p, _)| *p == pid), "component-wise");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let gone = processes_with_env_under("CUDA_MPS_PIPE_DIRECTORY", dir.path());
+        assert!(!gone.iter().any(|(p, _)| *p == pid));
     }
 
     #[test]

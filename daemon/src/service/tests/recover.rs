@@ -473,3 +473,55 @@ fn a_graceful_stop_lets_a_prepare_under_way_finish_first() {
         .unwrap();
     assert_eq!(cp.checkpoint.claims["slow"].state, ClaimState::Prepared);
 }
+
+#[test]
+fn start_kills_mps_processes_no_claim_owns_even_without_their_directory() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("own", &["gpu-0"], Some(mps(50))))
+        .unwrap();
+    let owned = mps_of(&f.service.get_claim("own").unwrap());
+    let env_of = |pipe: &str| {
+        std::collections::BTreeMap::from([(
+            "CUDA_MPS_PIPE_DIRECTORY".to_string(),
+            pipe.to_string(),
+        )])
+    };
+    let ghost_pipe = f.cfg.run_dir.join("claims/ghost/mps-00000/pipe");
+    {
+        let mut st = f.host.state();
+        // A daemon a crash left behind after its directory was removed (no lock to find it).
+        st.daemons.insert(
+            PathBuf::from("/elsewhere/ghost"),
+            crate::sys::fake::FakeDaemon {
+                pid: 555_001,
+                alive: true,
+                env: env_of(ghost_pipe.to_str().unwrap()),
+                atp: 100.0,
+                limits: Default::default(),
+            },
+        );
+        // An MPS server of the owned daemon: same pipe directory, to be left alone.
+        st.daemons.insert(
+            PathBuf::from("/elsewhere/server"),
+            crate::sys::fake::FakeDaemon {
+                pid: 555_002,
+                alive: true,
+                env: env_of(&owned.pipe_dir),
+                atp: 100.0,
+                limits: Default::default(),
+            },
+        );
+    }
+    let again = restart(&f, fresh_backend());
+    let st = f.host.state();
+    assert!(st.killed.contains(&555_001));
+    assert!(!st.killed.contains(&555_002));
+    assert!(!st.killed.contains(&owned.control_daemon_pid));
+    drop(st);
+    assert_eq!(
+        mps_of(&again.get_claim("own").unwrap()).control_daemon_pid,
+        owned.control_daemon_pid
+    );
+    assert!(!f.cfg.run_dir.join("claims/ghost").exists());
+}
