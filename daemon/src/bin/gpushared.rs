@@ -168,14 +168,31 @@ fn lock_instance(state_dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
         .write(true)
         .open(&path)
         .with_context(|| format!("opening {}", path.display()))?;
-    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
-        anyhow::anyhow!(
-            "another gpushared already runs on state directory {} ({}: {e})",
-            state_dir.display(),
-            path.display()
-        )
-    })
+    // A gpushared killed while it was forking a child (an MPS control program) leaves the
+    // lock with that child until it execs, a few milliseconds: wait that out (bounded) rather
+    // than fail the restart.
+    let deadline = std::time::Instant::now() + INSTANCE_LOCK_WAIT;
+    let mut file = file;
+    loop {
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return Ok(lock),
+            Err((f, nix::errno::Errno::EWOULDBLOCK)) if std::time::Instant::now() < deadline => {
+                file = f;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err((_, e)) => {
+                bail!(
+                    "another gpushared already runs on state directory {} ({}: {e})",
+                    state_dir.display(),
+                    path.display()
+                )
+            }
+        }
+    }
 }
+
+/// How long a start waits for the instance lock of a previous gpushared to go.
+const INSTANCE_LOCK_WAIT: Duration = Duration::from_secs(2);
 
 fn absolute(p: &Path) -> Result<PathBuf> {
     std::path::absolute(p).with_context(|| format!("making {} absolute", p.display()))

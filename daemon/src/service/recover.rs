@@ -367,22 +367,39 @@ impl Service {
         self.kill_stray_mps_processes(&claims_dir, &owned_groups);
         // A stray may have made its directories after the first sweep.
         self.remove_orphan_dirs(&claims_dir, &owned_claims, &owned_groups);
+        self.remove_orphan_specs(&owned_claims);
+    }
+
+    /// Removes `gpushare.io-claim_<uid>.json` specs in the CDI directory that no claim owns and
+    /// that are provably this daemon's: their hooks name this daemon's socket. The CDI
+    /// directory is shared (with other vendors, and in tests with other gpushared instances),
+    /// so a spec of ours by name alone is not enough. Temporaries of interrupted writes go
+    /// when the process that wrote them (the pid in their name) is gone.
+    fn remove_orphan_specs(&self, owned_claims: &[String]) {
         let Ok(entries) = fs::read_dir(&self.cfg.cdi_dir) else {
             return;
         };
+        let socket = format!("{:?}", self.cfg.hook.socket.display().to_string());
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let bare = name.trim_start_matches('.');
-            let Some(rest) = bare.strip_prefix("gpushare.io-claim_") else {
-                continue;
+            let path = entry.path();
+            let orphan = if let Some(rest) = name.strip_prefix(".gpushare.io-claim_") {
+                rest.rsplit_once(".json.tmp-")
+                    .and_then(|(_, pid)| pid.parse::<i32>().ok())
+                    .is_some_and(|pid| !self.processes.alive(pid))
+            } else if let Some(uid) = name
+                .strip_prefix("gpushare.io-claim_")
+                .and_then(|r| r.strip_suffix(".json"))
+            {
+                !owned_claims.iter().any(|c| c == uid)
+                    && fs::read_to_string(&path).is_ok_and(|text| text.contains(&socket))
+            } else {
+                false
             };
-            let temporary = name.starts_with('.') && rest.contains(".json.tmp-");
-            let uid = rest.split(".json").next().unwrap_or_default();
-            let spec = rest.ends_with(".json") && !name.starts_with('.');
-            if temporary || (spec && !owned_claims.iter().any(|c| c == uid)) {
-                tracing::warn!(path = %entry.path().display(), "removing a CDI spec no claim owns");
-                if let Err(e) = fsutil::remove_file_if_exists(&entry.path()) {
-                    tracing::error!(path = %entry.path().display(), error = %e, "removing an orphan CDI spec");
+            if orphan {
+                tracing::warn!(path = %path.display(), "removing a CDI spec no claim owns");
+                if let Err(e) = fsutil::remove_file_if_exists(&path) {
+                    tracing::error!(path = %path.display(), error = %e, "removing an orphan CDI spec");
                 }
             }
         }

@@ -277,7 +277,15 @@ fn start_rolls_back_half_done_claims_and_removes_orphans_of_ours_only() {
     fake_process(&f, orphan.join("pipe").to_str().unwrap(), 777_001);
     f.host.state().mounts.insert(orphan.join("shm"));
     std::fs::create_dir_all(&f.cfg.cdi_dir).unwrap();
-    std::fs::write(cdi::spec_path(&f.cfg.cdi_dir, "orphan"), "{}").unwrap();
+    let ours = format!(
+        r#"{{"hooks": [{{"args": ["--socket", {:?}]}}]}}"#,
+        "/run/gpushare/gpushared.sock"
+    );
+    std::fs::write(cdi::spec_path(&f.cfg.cdi_dir, "orphan"), &ours).unwrap();
+    // Another gpushared's spec in a shared CDI directory (another socket) is not ours.
+    let other = cdi::spec_path(&f.cfg.cdi_dir, "other-daemons");
+    std::fs::write(&other, ours.replace("gpushared.sock", "other.sock")).unwrap();
+    // The fake host knows no process 99: its writer is gone.
     let tmp = f.cfg.cdi_dir.join(".gpushare.io-claim_x.json.tmp-99");
     std::fs::write(&tmp, "{").unwrap();
     let foreign = f.cfg.cdi_dir.join("nvidia.com-gpu.json");
@@ -290,6 +298,7 @@ fn start_rolls_back_half_done_claims_and_removes_orphans_of_ours_only() {
     assert!(!cdi::spec_path(&f.cfg.cdi_dir, "orphan").exists());
     assert!(!tmp.exists());
     assert!(foreign.exists(), "not ours");
+    assert!(other.exists(), "another daemon's");
     let st = f.host.state();
     assert!(st.mounts.is_empty(), "{:?}", st.mounts);
     assert!(st.daemons.values().all(|d| !d.alive));
