@@ -203,6 +203,21 @@ impl Service {
             .values()
             .map(|c| (c.uid.clone(), c.state))
             .collect();
+        // Half-started MPS daemons of claims about to be rolled back (and of no claim at all)
+        // go first: one still starting holds no lock yet and would keep writing into the
+        // directories the rollback removes.
+        let live_groups: Vec<PathBuf> = self
+            .state()
+            .claims
+            .values()
+            .filter(|c| matches!(c.state, ClaimState::Prepared | ClaimState::Degraded))
+            .flat_map(|c| c.groups.iter())
+            .filter_map(|g| match &g.sharing {
+                StrategyInfo::Mps(m) => Some(MpsDirs::from_pipe(Path::new(&m.pipe_dir)).root),
+                _ => None,
+            })
+            .collect();
+        self.kill_stray_mps_processes(&self.cfg.run_dir.join("claims"), &live_groups);
         for (uid, state) in uids {
             match state {
                 ClaimState::PrepareStarted | ClaimState::Unpreparing => {
