@@ -2,7 +2,7 @@
 //! the restart of dead MPS control daemons (driven by [`crate::supervise`]) and the graceful
 //! stop.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -468,7 +468,7 @@ impl Service {
     /// caught too; bounded.
     fn kill_stray_mps_processes(&self, claims_dir: &Path, owned_groups: &[PathBuf]) {
         const ROUNDS: usize = 20;
-        for _ in 0..ROUNDS {
+        for round in 0..ROUNDS {
             let strays: Vec<(i32, PathBuf)> = self
                 .processes
                 .with_env_under("CUDA_MPS_PIPE_DIRECTORY", claims_dir)
@@ -477,6 +477,16 @@ impl Service {
                 .collect();
             if strays.is_empty() {
                 return;
+            }
+            if round == 0 {
+                // First the polite way: `quit` to each daemon that holds its directory.
+                let pipes: BTreeSet<&PathBuf> = strays.iter().map(|(_, p)| p).collect();
+                for pipe in pipes {
+                    if let Err(e) = self.mps.stop(&MpsDirs::from_pipe(pipe), None) {
+                        tracing::error!(pipe = %pipe.display(), error = %e, "stopping a stray MPS control daemon");
+                    }
+                }
+                continue;
             }
             for (pid, pipe) in &strays {
                 tracing::warn!(pid, pipe = %pipe.display(), "killing an MPS process no claim owns");
