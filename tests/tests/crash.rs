@@ -1129,3 +1129,101 @@ fn sigterm_exits_0_and_leaves_mps_daemons_running() {
     node.check(&mut counts);
     node.unprepare(&uid).unwrap();
 }
+
+#[test]
+fn the_hook_refuses_a_container_on_a_degraded_claim_with_the_reason_until_it_recovers() {
+    if !need(is_root(), "root") || !need(which("runc").is_some(), "runc") {
+        return;
+    }
+    // A control program that refuses to start daemons while a flag file exists, so that the
+    // claim stays Degraded for as long as the test wants.
+    let tmp = tempfile::Builder::new()
+        .prefix("gh-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let flag = tmp.path().join("refuse-start");
+    let wrapper = tmp.path().join("mps-control");
+    fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = -d ] && [ -e {} ]; then echo refused by the test >&2; exit 1; fi\nexec {} \"$@\"\n",
+            flag.display(),
+            mps_program().display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let mut node = Node::new(wrapper);
+    node.start();
+    let uid = format!("deg-{}", std::process::id());
+    node.prepare(&mps_claim(&uid, 7, 50)).unwrap();
+    let old = mps_groups(&node.claim(&uid).unwrap())[0].control_daemon_pid;
+    fs::write(&flag, "").unwrap();
+    kill(Pid::from_raw(old), Signal::SIGKILL).unwrap();
+    assert!(wait_until(Duration::from_secs(30), || {
+        node.claim(&uid).is_ok_and(|c| {
+            c.state == ClaimState::Degraded
+                && c.last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("restarting"))
+        })
+    }));
+
+    let bundle = tmp.path().join("bundle");
+    fs::create_dir_all(&bundle).unwrap();
+    busybox_rootfs(&bundle, &[]);
+    let spec: gpushare::cdi::Spec = serde_json::from_slice(
+        &fs::read(node.cdi_dir.join(format!("gpushare.io-claim_{uid}.json"))).unwrap(),
+    )
+    .unwrap();
+    gpushare::cli::container::runc_config(&bundle, "true", &spec.devices[0].container_edits)
+        .unwrap();
+    let runc_root = tmp.path().join("runc-root");
+    let run = |id: &str| {
+        let out = Command::new("runc")
+            .arg("--root")
+            .arg(&runc_root)
+            .args(["run", "--bundle"])
+            .arg(&bundle)
+            .arg(id)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let _ = Command::new("runc")
+            .arg("--root")
+            .arg(&runc_root)
+            .args(["delete", "-f", id])
+            .output();
+        out
+    };
+    let out = run("gs-degraded-1");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "refused while Degraded");
+    assert!(
+        stderr.contains("Degraded") && stderr.contains(&format!("pid {old}")),
+        "the hook names the reason: {stderr}"
+    );
+
+    // Once the control program starts daemons again, the backoff's next attempt heals it.
+    fs::remove_file(&flag).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(60), || node
+            .claim(&uid)
+            .is_ok_and(|c| c.state == ClaimState::Prepared && c.restarts == 1)),
+        "log:\n{}",
+        node.log()
+    );
+    let out = run("gs-degraded-2");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut counts = Counts::new();
+    node.check(&mut counts);
+    node.unprepare(&uid).unwrap();
+}

@@ -32,6 +32,19 @@ const RESTART_CAP: Duration = Duration::from_secs(30);
 /// A daemon that ran this long before it died counts as a new first failure.
 const RESTART_STABLE: Duration = Duration::from_secs(60);
 
+/// The cause of a restart of a daemon found dead when gpushared started.
+fn not_running(old: &gpushare_proto::MpsInfo) -> String {
+    format!(
+        "at {} s after the epoch: MPS control daemon (pid {}) on {} was not running when gpushared started",
+        now_secs(),
+        old.control_daemon_pid,
+        old.pipe_dir
+    )
+}
+
+/// Joins the cause of a restart and why the restart failed, in `last_error`.
+const RESTART_FAILED: &str = "; restarting the MPS control daemon failed";
+
 /// Delay before restart attempt number `failures + 1` of a dead MPS control daemon:
 /// 0.5 s, 1 s, 2 s, … up to 30 s.
 pub fn restart_backoff(failures: u32) -> Duration {
@@ -295,7 +308,7 @@ impl Service {
         let Some(old) = old else {
             return Ok(());
         };
-        let result = self.mps.start(&launch_of(&old));
+        let result = self.mps.restart(&launch_of(&old));
         let mut st = self.state();
         let st = &mut *st;
         let Some(c) = st.claims.get_mut(uid) else {
@@ -306,6 +319,10 @@ impl Service {
                 new.restarts = old.restarts + u32::from(counted);
                 if counted {
                     c.restarts += 1;
+                    if c.state != ClaimState::Degraded {
+                        // Found dead at start, not by the supervisor: say so in the history.
+                        c.last_error = Some(format!("{}; started again", not_running(&old)));
+                    }
                 }
                 tracing::info!(claim = %uid, old_pid = old.control_daemon_pid, pid = new.control_daemon_pid, restarts = new.restarts, "MPS control daemon started again with its limits verified");
                 for g in &mut c.groups {
@@ -323,9 +340,18 @@ impl Service {
                 let delay = restart_backoff(plan.failures);
                 plan.failures = plan.failures.saturating_add(1);
                 plan.due = Some(Instant::now() + delay);
+                // Keep why it was restarted in the first place (not the previous failure).
+                let cause = match (&c.last_error, counted) {
+                    (_, false) => "the host was rebooted".to_string(),
+                    (Some(l), true) if c.state == ClaimState::Degraded => {
+                        l.split(RESTART_FAILED).next().unwrap_or(l).to_string()
+                    }
+                    _ => not_running(&old),
+                };
                 let msg = format!(
-                    "at {} s after the epoch: restarting the MPS control daemon on {pipe_dir} failed: {e}",
-                    now_secs()
+                    "{cause}{RESTART_FAILED} at {} s after the epoch (attempt {}): {e}",
+                    now_secs(),
+                    plan.failures
                 );
                 tracing::error!(claim = %uid, error = %e, retry_in_ms = delay.as_millis() as u64, "restarting the MPS control daemon failed");
                 c.state = ClaimState::Degraded;

@@ -349,10 +349,30 @@ impl MpsControl {
     /// # Errors
     /// Any [`MpsError`]; nothing is left behind.
     pub fn start(&self, launch: &MpsLaunch) -> Result<MpsInfo, MpsError> {
+        self.start_with(launch, false)
+    }
+
+    /// Starts the daemon of a claim that was prepared before (its daemon died, or the host
+    /// rebooted), as [`MpsControl::start`] does, except that the directories and the shm tmpfs
+    /// are kept, on success and on failure alike: running containers have them bind-mounted,
+    /// and only the very same pipe directory lets them reach the new daemon.
+    ///
+    /// # Errors
+    /// Any [`MpsError`]; a daemon started by the failed attempt is stopped.
+    pub fn restart(&self, launch: &MpsLaunch) -> Result<MpsInfo, MpsError> {
+        self.start_with(launch, true)
+    }
+
+    fn start_with(&self, launch: &MpsLaunch, keep_dirs: bool) -> Result<MpsInfo, MpsError> {
         let mut pid = None;
-        let result = self.start_inner(launch, &mut pid);
+        let result = self.start_inner(launch, &mut pid, keep_dirs);
         if result.is_err() {
-            if let Err(e) = self.stop(&launch.dirs, pid) {
+            let undone = if keep_dirs {
+                self.stop_daemon(&launch.dirs, pid)
+            } else {
+                self.stop(&launch.dirs, pid)
+            };
+            if let Err(e) = undone {
                 tracing::error!(pipe = %launch.dirs.pipe.display(), error = %e, "rolling back a failed MPS start");
             }
         }
@@ -363,6 +383,7 @@ impl MpsControl {
         &self,
         launch: &MpsLaunch,
         pid_out: &mut Option<i32>,
+        keep_dirs: bool,
     ) -> Result<MpsInfo, MpsError> {
         let dirs = &launch.dirs;
         dirs.check_socket_paths()?;
@@ -371,7 +392,11 @@ impl MpsControl {
         // "An instance of this daemon is already running", so it goes first.
         if let Some(old) = self.holder(dirs).ok().flatten() {
             tracing::warn!(pid = old, pipe = %dirs.pipe.display(), "stopping a leftover MPS control daemon on this claim's pipe directory");
-            self.stop(dirs, Some(old))?;
+            if keep_dirs {
+                self.stop_daemon(dirs, Some(old))?;
+            } else {
+                self.stop(dirs, Some(old))?;
+            }
         }
         for (path, mode) in [
             (&dirs.root, 0o755),
@@ -588,6 +613,28 @@ impl MpsControl {
     /// `/proc/locks` cannot be read (then nothing is signalled), or the tmpfs cannot be
     /// unmounted or the directories removed.
     pub fn stop(&self, dirs: &MpsDirs, recorded: Option<i32>) -> Result<(), MpsError> {
+        self.stop_daemon(dirs, recorded)?;
+        self.ops
+            .mounter
+            .unmount(&dirs.shm)
+            .map_err(|source| MpsError::Mount {
+                action: "unmounting",
+                path: dirs.shm.clone(),
+                source,
+            })?;
+        fsutil::remove_dir_all_if_exists(&dirs.root).map_err(|source| MpsError::Dir {
+            action: "removing",
+            path: dirs.root.clone(),
+            source,
+        })
+    }
+
+    /// Stops the daemon holding `dirs` (`quit`, bounded, then SIGKILL) and leaves its
+    /// directories and shm tmpfs alone.
+    ///
+    /// # Errors
+    /// `/proc/locks` cannot be read (then nothing is signalled).
+    pub fn stop_daemon(&self, dirs: &MpsDirs, recorded: Option<i32>) -> Result<(), MpsError> {
         let holder = self.holder(dirs).map_err(|source| MpsError::Dir {
             action: "finding the daemon (through /proc/locks) of",
             path: dirs.pipe.clone(),
@@ -611,19 +658,7 @@ impl MpsControl {
                 self.wait_exit(dirs, pid, self.timeout);
             }
         }
-        self.ops
-            .mounter
-            .unmount(&dirs.shm)
-            .map_err(|source| MpsError::Mount {
-                action: "unmounting",
-                path: dirs.shm.clone(),
-                source,
-            })?;
-        fsutil::remove_dir_all_if_exists(&dirs.root).map_err(|source| MpsError::Dir {
-            action: "removing",
-            path: dirs.root.clone(),
-            source,
-        })
+        Ok(())
     }
 
     /// Waits until `pid` no longer holds `dirs` (it exited, or at least let go of the pipe

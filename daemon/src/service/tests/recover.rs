@@ -197,6 +197,11 @@ fn failing_restarts_back_off_and_keep_the_claim_degraded_with_the_error() {
     );
     let second = f.service.next_restart().unwrap();
     assert!(second >= first + restart_backoff(1), "backoff grows");
+    // Containers have the pipe directory and the shm tmpfs bind-mounted: a failed restart
+    // keeps them, so the next daemon is reachable through the very same directory.
+    let m = mps_of(&c);
+    assert!(Path::new(&m.pipe_dir).is_dir());
+    assert!(f.host.state().mounts.contains(Path::new(&m.shm_dir)));
     assert_eq!(c.restarts, 0);
     // Unprepare still releases everything, and the supervisor forgets the claim.
     f.service.unprepare("bo").unwrap();
@@ -227,6 +232,13 @@ fn a_restart_readopts_running_daemons_and_restarts_dead_ones() {
     assert_eq!(d.restarts, 1);
     assert_ne!(mps_of(&d).control_daemon_pid, dead.control_daemon_pid);
     assert_eq!(mps_of(&d).active_thread_percentage, "60.0");
+    let why = d.last_error.unwrap();
+    assert!(
+        why.contains(&dead.control_daemon_pid.to_string())
+            && why.contains("not running when gpushared started"),
+        "{why}"
+    );
+    assert!(k.last_error.is_none());
     assert_eq!(
         again.list_gpus()[1].compute_mode,
         ComputeMode::ExclusiveProcess,
