@@ -250,6 +250,23 @@ impl Service {
                     already_prepared: true,
                 });
             }
+            // Prepared (or Degraded) with a dead MPS control daemon: start it again in place,
+            // so that running containers, which have its pipe directory bind-mounted, reach
+            // the new one.
+            if matches!(existing.state, ClaimState::Prepared | ClaimState::Degraded)
+                && self.restart_dead_daemons(&spec.uid)
+            {
+                if let Ok(again) = self.get_claim(&spec.uid) {
+                    if !Path::new(&again.cdi_spec).exists() {
+                        self.write_cdi(&spec.uid, &again.groups, &again)?;
+                    }
+                    return Ok(PrepareResult {
+                        uid: again.uid,
+                        requests: again.requests,
+                        already_prepared: false,
+                    });
+                }
+            }
             // Left half-done by a crash (PrepareStarted), by a release that failed part-way
             // (Unpreparing), or prepared but with a dead MPS control daemon: nothing else works
             // on it now (we hold its lock), so undo what is left and prepare afresh.

@@ -374,6 +374,28 @@ impl Service {
         outcome
     }
 
+    /// Starts every dead MPS control daemon of `uid` again in place (the caller holds the
+    /// claim's lock). Returns whether all of them run afterwards.
+    pub(super) fn restart_dead_daemons(&self, uid: &str) -> bool {
+        let Some(c) = self.state().claims.get(uid).cloned() else {
+            return false;
+        };
+        for g in &c.groups {
+            if let StrategyInfo::Mps(m) = &g.sharing {
+                let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
+                if self.mps.liveness(&dirs, m.control_daemon_pid) == Liveness::Gone
+                    && self.restart_group(uid, &m.pipe_dir, true).is_err()
+                {
+                    return false;
+                }
+            }
+        }
+        self.state()
+            .claims
+            .get(uid)
+            .is_some_and(|c| c.state == ClaimState::Prepared && self.all_daemons_run(c))
+    }
+
     fn all_daemons_run(&self, c: &ClaimInfo) -> bool {
         c.groups.iter().all(|g| match &g.sharing {
             StrategyInfo::Mps(m) => {

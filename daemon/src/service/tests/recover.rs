@@ -546,3 +546,27 @@ fn start_kills_mps_processes_no_claim_owns_even_without_their_directory() {
     );
     assert!(!f.cfg.run_dir.join("claims/ghost").exists());
 }
+
+#[test]
+fn a_prepare_retry_restarts_a_dead_daemon_in_the_same_pipe_directory() {
+    use std::os::unix::fs::MetadataExt;
+    let f = fixture();
+    let object = claim("inplace", &["gpu-2"], Some(mps(45)));
+    f.service.prepare(&object).unwrap();
+    let before = mps_of(&f.service.get_claim("inplace").unwrap());
+    let inode = std::fs::metadata(&before.pipe_dir).unwrap().ino();
+    kill_daemon(&f, before.control_daemon_pid);
+    let r = f.service.prepare(&object).unwrap();
+    assert!(!r.already_prepared, "work was done");
+    let c = f.service.get_claim("inplace").unwrap();
+    let after = mps_of(&c);
+    assert_ne!(after.control_daemon_pid, before.control_daemon_pid);
+    assert_eq!(after.active_thread_percentage, "45.0");
+    assert_eq!(c.restarts, 1);
+    assert_eq!(
+        std::fs::metadata(&after.pipe_dir).unwrap().ino(),
+        inode,
+        "containers' bind mounts still reach the daemon"
+    );
+    assert!(f.host.state().mounts.contains(Path::new(&after.shm_dir)));
+}
