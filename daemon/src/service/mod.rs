@@ -59,8 +59,8 @@ struct State {
     ready: bool,
     /// Boot ID written into the checkpoint.
     boot_id: String,
-    /// Last generation handed out.
-    generation: u64,
+    /// Last claim generation handed out (see `ClaimInfo::generation` and tombstones).
+    claim_generation: u64,
     tombstones: BTreeMap<String, Tombstone>,
     /// A corrupt checkpoint found at start: where it went and why.
     quarantined: Option<String>,
@@ -184,7 +184,7 @@ impl Service {
     fn save(&self, state: &mut State) -> Result<(), ServiceError> {
         let mut cp = Checkpoint {
             boot_id: state.boot_id.clone(),
-            generation: state.generation,
+            generation: state.claim_generation,
             claims: state.claims.clone(),
             tombstones: std::mem::take(&mut state.tombstones),
             ..Checkpoint::default()
@@ -227,7 +227,7 @@ impl Service {
         let _busy = self.begin_change()?;
         // Taken before waiting for the claim's lock: a release that finishes while this
         // request waits leaves a later generation, and this request is then stale.
-        let arrived = self.state().generation;
+        let arrived = self.state().claim_generation;
         let _claim = self.changes.lock(&spec.uid);
         let resource_version = claim
             .pointer("/metadata/resourceVersion")
@@ -312,8 +312,8 @@ impl Service {
             st.placement
                 .reserve(&spec.uid, &wants_of(&info))
                 .map_err(|c| ServiceError::new(ErrorCode::Conflict, c.0))?;
-            st.generation += 1;
-            info.generation = st.generation;
+            st.claim_generation += 1;
+            info.generation = st.claim_generation;
             st.claims.insert(spec.uid.clone(), info.clone());
             if let Err(e) = self.save(&mut st) {
                 st.claims.remove(&spec.uid);
@@ -736,9 +736,9 @@ impl Service {
             self.release_gpus(&mut st, &info);
             st.claims.remove(uid);
             if let Some(resource_version) = tombstone {
-                st.generation += 1;
+                st.claim_generation += 1;
                 let t = Tombstone {
-                    generation: st.generation,
+                    generation: st.claim_generation,
                     resource_version,
                     released_at: now_secs(),
                 };

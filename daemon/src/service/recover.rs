@@ -182,7 +182,7 @@ impl Service {
         {
             let mut st = self.state();
             st.boot_id = boot_id;
-            st.generation = cp.generation;
+            st.claim_generation = cp.generation;
             st.tombstones = cp.tombstones;
             if let Some((aside, why)) = &loaded.quarantined {
                 tracing::error!(moved_to = %aside.display(), reason = %why, "checkpoint was corrupt; moved aside, rebuilding the claims from their host records");
@@ -206,7 +206,7 @@ impl Service {
                     // No container survives a reboot.
                     info.attached.clear();
                 }
-                st.generation = st.generation.max(info.generation);
+                st.claim_generation = st.claim_generation.max(info.generation);
                 st.claims.insert(uid, info);
             }
         }

@@ -84,7 +84,7 @@ fn a_prepare_that_arrived_before_the_release_is_stale_even_without_a_resource_ve
     let f = fixture();
     f.service.prepare(&claim("gen", &["gpu-3"], None)).unwrap();
     // What a prepare that arrived now and then waited for the claim's lock would have seen.
-    let arrived = f.service.state().generation;
+    let arrived = f.service.state().claim_generation;
     f.service.unprepare("gen").unwrap();
     let err = f
         .service
@@ -92,7 +92,7 @@ fn a_prepare_that_arrived_before_the_release_is_stale_even_without_a_resource_ve
         .unwrap_err();
     assert_eq!(err.code, ErrorCode::Stale);
     // One that arrives after the release is a new prepare.
-    let now = f.service.state().generation;
+    let now = f.service.state().claim_generation;
     f.service.refuse_stale_prepare("gen", now, None).unwrap();
     f.service.prepare(&claim("gen", &["gpu-3"], None)).unwrap();
 }
