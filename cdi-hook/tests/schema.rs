@@ -14,7 +14,8 @@ use std::path::PathBuf;
 use gpushare_proto::{
     AttachParams, Attachment, ClaimDevice, ClaimInfo, ClaimState, ComputeMode, DetachParams,
     DetachResult, ErrorBody, ErrorCode, GpuInfo, GpuSharing, GroupInfo, HealthInfo, Method,
-    MpsInfo, PrepareParams, PrepareResult, Request, RequestDevices, Response, StrategyInfo,
+    MigApplyParams, MigApplyResult, MigDeviceInfo, MigGpuPlan, MigInstanceInfo, MpsInfo,
+    PrepareParams, PrepareResult, Request, RequestDevices, Response, StrategyInfo,
     TimeSliceInterval, UidParams, UnprepareResult, VersionInfo, PROTOCOL_VERSION,
 };
 use serde::de::DeserializeOwned;
@@ -431,6 +432,7 @@ fn claim_info(limited: bool) -> ClaimInfo {
                 requests: vec!["gpus".into()],
                 devices: vec![claim_device(4), claim_device(5)],
                 sharing,
+                mig: Vec::new(),
             })
             .collect(),
         requests: vec![request_devices()],
@@ -455,6 +457,86 @@ fn gpu_info() -> GpuInfo {
         time_slice: TimeSliceInterval::Default,
         sharing: GpuSharing::Mps,
         claims: vec![UID.into()],
+        brand: "Nvidia".into(),
+        architecture: "Ampere".into(),
+        cuda_compute_capability: "8.0".into(),
+        driver_version: "570.172.08".into(),
+        cuda_driver_version: "12.8".into(),
+        pci_bus_id: "00000000:10:1C.0".into(),
+        numa_node: Some(0),
+        mig_capable: true,
+        mig_enabled: true,
+        mig_devices: vec![mig_device()],
+    }
+}
+
+fn mig_instance(complete: bool) -> MigInstanceInfo {
+    MigInstanceInfo {
+        request: "gpu".into(),
+        device: "gpu-2-mig-3g20gb-9-4".into(),
+        gpu_uuid: "GPU-a".into(),
+        gpu_minor: 2,
+        profile: "3g.20gb".into(),
+        gi_profile_id: 9,
+        placement_start: 4,
+        memory_slices: 4,
+        gi_id: 2,
+        ci_id: complete.then_some(0),
+        uuid: if complete {
+            "MIG-a".into()
+        } else {
+            String::new()
+        },
+    }
+}
+
+fn mig_apply_params() -> MigApplyParams {
+    MigApplyParams {
+        layout: "version: v1\nmig-configs: {}\n".into(),
+        config: "all".into(),
+        dry_run: true,
+    }
+}
+
+fn mig_apply_result() -> MigApplyResult {
+    MigApplyResult {
+        config: "halves".into(),
+        dry_run: false,
+        gpus: vec![
+            MigGpuPlan {
+                gpu: "gpu-2".into(),
+                set_mig_mode: Some(true),
+                destroy: vec!["gpu-2-mig-7g40gb-0-0".into()],
+                create: vec!["gpu-2-mig-3g20gb-9-0=MIG-a".into()],
+                note: Some("reset".into()),
+            },
+            MigGpuPlan {
+                gpu: "gpu-3".into(),
+                set_mig_mode: None,
+                destroy: vec![],
+                create: vec![],
+                note: None,
+            },
+        ],
+    }
+}
+
+fn mig_device() -> MigDeviceInfo {
+    MigDeviceInfo {
+        uuid: "MIG-a".into(),
+        profile: "3g.20gb".into(),
+        gi_profile_id: 9,
+        placement_start: 4,
+        memory_slices: 4,
+        memory_mib: 19968,
+        multiprocessors: 42,
+        copy_engines: 3,
+        decoders: 2,
+        encoders: 0,
+        jpeg_engines: 0,
+        ofa_engines: 0,
+        gi_id: Some(2),
+        owner: Some(UID.into()),
     }
 }
 
@@ -496,11 +578,12 @@ const COMPUTE_MODES: [ComputeMode; 3] = [
     ComputeMode::Prohibited,
     ComputeMode::ExclusiveProcess,
 ];
-const GPU_SHARINGS: [GpuSharing; 4] = [
+const GPU_SHARINGS: [GpuSharing; 5] = [
     GpuSharing::Free,
     GpuSharing::Exclusive,
     GpuSharing::TimeSlicing,
     GpuSharing::Mps,
+    GpuSharing::Mig,
 ];
 
 fn _exhaustive_error_code(code: ErrorCode) {
@@ -542,7 +625,11 @@ fn _exhaustive_others(
         ComputeMode::Default | ComputeMode::Prohibited | ComputeMode::ExclusiveProcess => {}
     }
     match sharing {
-        GpuSharing::Free | GpuSharing::Exclusive | GpuSharing::TimeSlicing | GpuSharing::Mps => {}
+        GpuSharing::Free
+        | GpuSharing::Exclusive
+        | GpuSharing::TimeSlicing
+        | GpuSharing::Mps
+        | GpuSharing::Mig => {}
     }
 }
 
@@ -559,6 +646,7 @@ fn method_defs(method: Method) -> (Option<&'static str>, &'static str) {
         Method::Detach => (Some("DetachParams"), "DetachResult"),
         Method::Health => (None, "HealthInfo"),
         Method::Version => (None, "VersionInfo"),
+        Method::MigApply => (Some("MigApplyParams"), "MigApplyResult"),
     }
 }
 
@@ -579,6 +667,7 @@ fn params_for(method: Method) -> Option<Value> {
             claim_uid: UID.into(),
             container_id: "8f1d6b2a".into(),
         })),
+        Method::MigApply => Some(to_json(&mig_apply_params())),
         Method::ListClaims | Method::ListGpus | Method::Health | Method::Version => None,
     }
 }
@@ -632,6 +721,12 @@ fn samples() -> Vec<(&'static str, Value)> {
         ),
         ("ListClaimsResult", json!([])),
         ("GpuInfo", to_json(&gpu_info())),
+        ("MigDeviceInfo", to_json(&mig_device())),
+        ("MigInstanceInfo", to_json(&mig_instance(true))),
+        ("MigInstanceInfo", to_json(&mig_instance(false))),
+        ("MigApplyParams", to_json(&mig_apply_params())),
+        ("MigApplyResult", to_json(&mig_apply_result())),
+        ("MigGpuPlan", to_json(&mig_apply_result().gpus[1])),
         ("ListGpusResult", to_json(&vec![gpu_info()])),
         ("DetachResult", to_json(&DetachResult { detached: true })),
         (
@@ -674,6 +769,7 @@ fn samples() -> Vec<(&'static str, Value)> {
                 requests: vec!["gpus".into()],
                 devices: vec![claim_device(1)],
                 sharing: strategy,
+                mig: vec![mig_instance(true), mig_instance(false)],
             }),
         ));
     }
@@ -737,6 +833,11 @@ fn schema_has_a_def_for_every_wire_type() {
         "GpuSharing",
         "Attachment",
         "GpuInfo",
+        "MigDeviceInfo",
+        "MigInstanceInfo",
+        "MigApplyParams",
+        "MigApplyResult",
+        "MigGpuPlan",
         "DetachResult",
         "HealthInfo",
         "VersionInfo",
@@ -946,6 +1047,7 @@ fn params_round_trip(method: Method, params: &Value) -> Result<(), String> {
         Method::Unprepare | Method::GetClaim => round_trips::<UidParams>(params),
         Method::Attach => round_trips::<AttachParams>(params),
         Method::Detach => round_trips::<DetachParams>(params),
+        Method::MigApply => round_trips::<MigApplyParams>(params),
         Method::ListClaims | Method::ListGpus | Method::Health | Method::Version => {
             Err("takes no params".into())
         }
@@ -963,6 +1065,7 @@ fn result_round_trip(method: Method, result: &Value) -> Result<(), String> {
         Method::Detach => round_trips::<DetachResult>(result),
         Method::Health => round_trips::<HealthInfo>(result),
         Method::Version => round_trips::<VersionInfo>(result),
+        Method::MigApply => round_trips::<MigApplyResult>(result),
     }
 }
 

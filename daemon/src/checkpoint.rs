@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -27,6 +28,18 @@ pub const TOMBSTONE_TTL_SECS: u64 = 24 * 3600;
 /// Most tombstones kept (the oldest go first), so that churn cannot grow the file without
 /// bound.
 pub const MAX_TOMBSTONES: usize = 4096;
+
+/// Checkpoint writes since the process started: (succeeded, failed). Process-wide because a
+/// daemon has one checkpoint; read by the metrics endpoint.
+static WRITES: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+/// Checkpoint writes since the process started, as (succeeded, failed), for metrics.
+pub fn write_counts() -> (u64, u64) {
+    (
+        WRITES[0].load(Ordering::Relaxed),
+        WRITES[1].load(Ordering::Relaxed),
+    )
+}
 
 /// The checkpoint document.
 ///
@@ -85,19 +98,24 @@ impl Checkpoint {
     /// Drops tombstones older than [`TOMBSTONE_TTL_SECS`] at `now` and the oldest beyond
     /// [`MAX_TOMBSTONES`].
     pub fn prune_tombstones(&mut self, now: u64) {
-        self.tombstones
-            .retain(|_, t| now.saturating_sub(t.released_at) < TOMBSTONE_TTL_SECS);
-        if self.tombstones.len() > MAX_TOMBSTONES {
-            let mut by_age: Vec<(u64, String)> = self
-                .tombstones
-                .iter()
-                .map(|(uid, t)| (t.generation, uid.clone()))
-                .collect();
-            by_age.sort();
-            let excess = self.tombstones.len() - MAX_TOMBSTONES;
-            for (_, uid) in by_age.into_iter().take(excess) {
-                self.tombstones.remove(&uid);
-            }
+        prune_tombstones(&mut self.tombstones, now);
+    }
+}
+
+/// Drops from `tombstones` those older than [`TOMBSTONE_TTL_SECS`] at `now` and the oldest
+/// beyond [`MAX_TOMBSTONES`]; the service prunes its own set with it as it adds to it, so the
+/// set in memory stays as bounded as the file.
+pub fn prune_tombstones(tombstones: &mut BTreeMap<String, Tombstone>, now: u64) {
+    tombstones.retain(|_, t| now.saturating_sub(t.released_at) < TOMBSTONE_TTL_SECS);
+    if tombstones.len() > MAX_TOMBSTONES {
+        let mut by_age: Vec<(u64, String)> = tombstones
+            .iter()
+            .map(|(uid, t)| (t.generation, uid.clone()))
+            .collect();
+        by_age.sort();
+        let excess = tombstones.len() - MAX_TOMBSTONES;
+        for (_, uid) in by_age.into_iter().take(excess) {
+            tombstones.remove(&uid);
         }
     }
 }
@@ -189,7 +207,9 @@ impl CheckpointFile {
         }
         let bytes = serde_json::to_vec_pretty(checkpoint).map_err(io::Error::other)?;
         crate::crash::point("checkpoint.before_write");
-        fsutil::write_atomic(&self.path, &bytes, 0o600)
+        let written = fsutil::write_atomic(&self.path, &bytes, 0o600);
+        WRITES[usize::from(written.is_err())].fetch_add(1, Ordering::Relaxed);
+        written
     }
 
     /// Removes `.checkpoint.json.tmp-<pid>` files that a write killed half-way left behind

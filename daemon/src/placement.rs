@@ -20,6 +20,8 @@ pub enum Want {
     TimeSlicing(TimeSliceInterval),
     /// An MPS control daemon over it.
     Mps,
+    /// MIG instances of it (any number of MIG claims, each on its own slices).
+    Mig,
 }
 
 /// How a GPU is held now.
@@ -36,6 +38,8 @@ pub enum Hold {
     },
     /// One claim's MPS control daemon runs over it.
     Mps(String),
+    /// Claims hold MIG instances of it.
+    Mig(BTreeSet<String>),
 }
 
 impl Hold {
@@ -43,7 +47,7 @@ impl Hold {
     pub fn claims(&self) -> Vec<String> {
         match self {
             Hold::Exclusive(c) | Hold::Mps(c) => vec![c.clone()],
-            Hold::TimeSliced { claims, .. } => claims.iter().cloned().collect(),
+            Hold::TimeSliced { claims, .. } | Hold::Mig(claims) => claims.iter().cloned().collect(),
         }
     }
 
@@ -53,10 +57,12 @@ impl Hold {
             Hold::Exclusive(_) => GpuSharing::Exclusive,
             Hold::TimeSliced { .. } => GpuSharing::TimeSlicing,
             Hold::Mps(_) => GpuSharing::Mps,
+            Hold::Mig(_) => GpuSharing::Mig,
         }
     }
 
-    fn describe(&self) -> String {
+    /// What holds the GPU, for error messages ("held exclusively by claim a", …).
+    pub fn describe(&self) -> String {
         let claims = self.claims().join(", ");
         match self {
             Hold::Exclusive(_) => format!("held exclusively by claim {claims}"),
@@ -64,15 +70,18 @@ impl Hold {
                 format!("time-sliced at {} by claim(s) {claims}", interval.as_str())
             }
             Hold::Mps(_) => format!("run by the MPS control daemon of claim {claims}"),
+            Hold::Mig(_) => format!("partitioned into MIG instances by claim(s) {claims}"),
         }
     }
 }
 
-fn describe_want(want: Want) -> String {
+/// What a claim asks of a GPU, for error messages ("time-slicing at Long", …).
+pub fn describe_want(want: Want) -> String {
     match want {
         Want::Exclusive => "it exclusively".into(),
         Want::TimeSlicing(i) => format!("time-slicing at {}", i.as_str()),
         Want::Mps => "MPS".into(),
+        Want::Mig => "a MIG instance".into(),
     }
 }
 
@@ -102,6 +111,11 @@ impl Placement {
         self.holds.get(uuid)
     }
 
+    /// Every held GPU's UUID with its hold.
+    pub fn holds(&self) -> impl Iterator<Item = (&String, &Hold)> {
+        self.holds.iter()
+    }
+
     /// Reserves every `(gpu uuid, display name, want)` for `claim`, all or nothing.
     ///
     /// # Errors
@@ -120,6 +134,12 @@ impl Placement {
                     claims: BTreeSet::from([claim.to_string()]),
                 },
                 (None, Want::Mps) => Hold::Mps(claim.to_string()),
+                (None, Want::Mig) => Hold::Mig(BTreeSet::from([claim.to_string()])),
+                (Some(Hold::Mig(claims)), Want::Mig) => {
+                    let mut claims = claims.clone();
+                    claims.insert(claim.to_string());
+                    Hold::Mig(claims)
+                }
                 (Some(Hold::TimeSliced { interval, claims }), Want::TimeSlicing(asked))
                     if *interval == asked =>
                 {
@@ -162,6 +182,10 @@ impl Placement {
             Hold::TimeSliced { claims, .. } => {
                 claims.remove(claim);
                 released.last_time_sliced = claims.is_empty();
+                claims.is_empty()
+            }
+            Hold::Mig(claims) => {
+                claims.remove(claim);
                 claims.is_empty()
             }
         };

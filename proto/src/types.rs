@@ -59,11 +59,13 @@ pub enum Method {
     Health,
     /// Versions (no params → [`VersionInfo`]).
     Version,
+    /// Plan or apply a mig-parted v1 MIG layout ([`MigApplyParams`] → [`MigApplyResult`]).
+    MigApply,
 }
 
 impl Method {
     /// Every method, in documentation order.
-    pub const ALL: [Method; 9] = [
+    pub const ALL: [Method; 10] = [
         Method::Prepare,
         Method::Unprepare,
         Method::GetClaim,
@@ -73,6 +75,7 @@ impl Method {
         Method::Detach,
         Method::Health,
         Method::Version,
+        Method::MigApply,
     ];
 
     /// The method's wire name.
@@ -87,6 +90,7 @@ impl Method {
             Method::Detach => "detach",
             Method::Health => "health",
             Method::Version => "version",
+            Method::MigApply => "mig_apply",
         }
     }
 
@@ -99,7 +103,11 @@ impl Method {
     pub fn is_changing(self) -> bool {
         matches!(
             self,
-            Method::Prepare | Method::Unprepare | Method::Attach | Method::Detach
+            Method::Prepare
+                | Method::Unprepare
+                | Method::Attach
+                | Method::Detach
+                | Method::MigApply
         )
     }
 }
@@ -123,7 +131,8 @@ pub enum ErrorCode {
     UnknownDevice,
     /// The claim conflicts with what other claims hold (mode, interval, exclusivity).
     Conflict,
-    /// The request is valid but this node or build cannot do it (e.g. MIG before its issue).
+    /// The request is valid but this node or build cannot do it (e.g. a MIG mode change that
+    /// needs a GPU reset, or a GPU without MIG).
     Unsupported,
     /// The claim exists but is not ready (e.g. its MPS control daemon is gone).
     NotReady,
@@ -385,6 +394,82 @@ pub struct GroupInfo {
     pub devices: Vec<ClaimDevice>,
     /// What is applied to them.
     pub sharing: StrategyInfo,
+    /// MIG instances created for the group's MIG devices (empty for whole GPUs). `sharing`
+    /// then applies to the slices: `Exclusive` (the slice alone) or `Mps` (an MPS control
+    /// daemon on the slice). Read as empty when an older daemon or checkpoint leaves it out.
+    #[serde(default)]
+    pub mig: Vec<MigInstanceInfo>,
+}
+
+/// A MIG instance (GPU instance with its one compute instance) a claim created and owns.
+/// Recorded as soon as the GPU instance exists, so that a release after a crash destroys it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigInstanceInfo {
+    /// The request it was allocated for.
+    pub request: String,
+    /// The allocated device name (`gpu-<minor>-mig-<profile>-<GI profile ID>-<start>`).
+    pub device: String,
+    /// Parent GPU UUID.
+    pub gpu_uuid: String,
+    /// Parent GPU minor.
+    pub gpu_minor: u32,
+    /// GPU-instance profile name, e.g. `3g.20gb`.
+    pub profile: String,
+    /// GPU-instance profile ID (`nvidia-smi mig -lgip`), e.g. 9.
+    pub gi_profile_id: u32,
+    /// First memory slice of its placement.
+    pub placement_start: u32,
+    /// Memory slices its placement spans.
+    pub memory_slices: u32,
+    /// GPU-instance ID the driver assigned.
+    pub gi_id: u32,
+    /// Compute-instance ID; `None` until the compute instance exists.
+    #[serde(default)]
+    pub ci_id: Option<u32>,
+    /// `MIG-…` UUID read from the compute instance; empty until it exists.
+    #[serde(default)]
+    pub uuid: String,
+}
+
+/// Params of `mig_apply`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigApplyParams {
+    /// The mig-parted v1 config file's text (YAML or JSON).
+    pub layout: String,
+    /// Name of the config under `mig-configs` to apply.
+    pub config: String,
+    /// Only plan: change nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// What `mig_apply` planned (and, unless a dry run, did) per GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigApplyResult {
+    /// The config applied.
+    pub config: String,
+    /// Nothing was changed.
+    pub dry_run: bool,
+    /// One entry per GPU the config selects.
+    pub gpus: Vec<MigGpuPlan>,
+}
+
+/// The plan for one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigGpuPlan {
+    /// Device name (`gpu-<minor>`).
+    pub gpu: String,
+    /// MIG mode set (`true` enable, `false` disable), when it changes.
+    #[serde(default)]
+    pub set_mig_mode: Option<bool>,
+    /// MIG devices destroyed, by device name.
+    pub destroy: Vec<String>,
+    /// MIG devices created, by device name (with their MIG UUIDs once applied:
+    /// `name=MIG-…`).
+    pub create: Vec<String>,
+    /// What is left to do by hand, e.g. a MIG mode change pending a GPU reset.
+    #[serde(default)]
+    pub note: Option<String>,
 }
 
 /// A container tied to a claim by the hook.
@@ -454,6 +539,8 @@ pub enum GpuSharing {
     TimeSlicing,
     /// Claims' MPS control daemons share it.
     Mps,
+    /// Claims hold MIG instances of it.
+    Mig,
 }
 
 /// One GPU of the node.
@@ -477,6 +564,87 @@ pub struct GpuInfo {
     pub sharing: GpuSharing,
     /// UIDs of the claims holding it.
     pub claims: Vec<String>,
+    /// Brand as NVML names it, e.g. `Nvidia` or `Tesla` (empty from daemons before this field).
+    #[serde(default)]
+    pub brand: String,
+    /// Architecture, e.g. `Ampere`, `Hopper`, `Ada Lovelace`.
+    #[serde(default)]
+    pub architecture: String,
+    /// CUDA compute capability as `major.minor`, e.g. `8.0`.
+    #[serde(default)]
+    pub cuda_compute_capability: String,
+    /// Kernel driver version as NVML reports it, e.g. `570.172.08`.
+    #[serde(default)]
+    pub driver_version: String,
+    /// Highest CUDA version the driver supports, `major.minor`, e.g. `12.8`.
+    #[serde(default)]
+    pub cuda_driver_version: String,
+    /// PCI bus ID as NVML reports it, e.g. `00000000:10:1C.0`.
+    #[serde(default)]
+    pub pci_bus_id: String,
+    /// NUMA node of the GPU; `None` when the platform does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<u32>,
+    /// The GPU supports MIG.
+    #[serde(default)]
+    pub mig_capable: bool,
+    /// MIG mode is currently enabled.
+    #[serde(default)]
+    pub mig_enabled: bool,
+    /// MIG devices that exist on it now (only when MIG mode is enabled).
+    #[serde(default)]
+    pub mig_devices: Vec<MigDeviceInfo>,
+}
+
+/// A MIG device (GPU instance with one full compute instance) of a GPU in MIG mode.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigDeviceInfo {
+    /// `MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+    pub uuid: String,
+    /// GPU-instance profile name, e.g. `3g.20gb`.
+    pub profile: String,
+    /// GPU-instance profile ID as `nvidia-smi mig -lgip` shows it, e.g. 9 for `3g.20gb`.
+    pub gi_profile_id: u32,
+    /// First memory slice of its placement.
+    pub placement_start: u32,
+    /// Memory slices its placement spans (4 for `3g.20gb`).
+    pub memory_slices: u32,
+    /// Memory in MiB (NVML's profile `memorySizeMB`).
+    pub memory_mib: u64,
+    /// Streaming multiprocessors.
+    pub multiprocessors: u32,
+    /// Copy engines.
+    pub copy_engines: u32,
+    /// Video decoders.
+    pub decoders: u32,
+    /// Video encoders.
+    pub encoders: u32,
+    /// JPEG engines.
+    pub jpeg_engines: u32,
+    /// Optical-flow accelerators.
+    pub ofa_engines: u32,
+    /// GPU-instance ID, when the backend reads live instances.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gi_id: Option<u32>,
+    /// UID of the claim that created and owns it; `None` for instances no claim owns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+}
+
+impl MigDeviceInfo {
+    /// The device name NVIDIA's DRA driver gives it:
+    /// `gpu-<minor>-mig-<profile, letters and digits only>-<GI profile id>-<placement start>`.
+    pub fn device_name(&self, parent_minor: u32) -> String {
+        let profile: String = self
+            .profile
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .collect();
+        format!(
+            "gpu-{parent_minor}-mig-{profile}-{}-{}",
+            self.gi_profile_id, self.placement_start
+        )
+    }
 }
 
 /// Parameters of `attach` (sent by `gpushare-cdi-hook attach` at `createRuntime`).

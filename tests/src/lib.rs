@@ -40,9 +40,12 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
-/// `shared/cases` beside the repository, if present.
+/// `shared/cases` beside the repository (or where `GPUSHARE_CASES_DIR` says, for a checkout
+/// elsewhere, such as a git worktree), if present.
 pub fn cases_dir() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/cases");
+    let p = std::env::var_os("GPUSHARE_CASES_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/cases"));
     p.is_dir()
         .then(|| p.canonicalize().expect("canonical cases dir"))
 }
@@ -108,6 +111,15 @@ pub fn global_lock() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The p4d.24xlarge profile file with MIG mode enabled on gpu-2
+/// (`daemon/examples/profiles/p4d.24xlarge-mig2.toml`), for dynamic MIG.
+pub fn p4d_mig_profile() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../daemon/examples/profiles/p4d.24xlarge-mig2.toml")
+        .display()
+        .to_string()
+}
+
 /// Options of a test daemon.
 #[derive(Debug, Clone)]
 pub struct DaemonOptions {
@@ -149,6 +161,12 @@ impl Daemon {
 
     /// Starts a daemon on a simulated p4d.24xlarge named [`NODE`] and waits until it answers.
     pub fn start(opts: DaemonOptions) -> Daemon {
+        Daemon::start_on(opts, "p4d.24xlarge")
+    }
+
+    /// Starts a daemon on simulated `profile` (a catalog name or a profile file, see
+    /// `gpushared --simulate`) named [`NODE`] and waits until it answers.
+    pub fn start_on(opts: DaemonOptions, profile: &str) -> Daemon {
         // Under /tmp with a short name: Unix socket paths are limited to 108 bytes.
         let dir = tempfile::Builder::new()
             .prefix("gs-")
@@ -165,15 +183,16 @@ impl Daemon {
             .unwrap_or_else(|| dir.path().join("run"));
         let state = dir.path().join("state");
         let log = fs::File::create(dir.path().join("gpushared.log")).expect("log file");
-        // An empty config file: the host's /etc/gpushare/config.toml must not leak in.
+        // A config file of our own: the host's /etc/gpushare/config.toml must not leak in, and
+        // test daemons running side by side must not compete for the metrics port.
         let config = dir.path().join("config.toml");
-        fs::write(&config, "").expect("config file");
+        fs::write(&config, "[metrics]\nenabled = false\n").expect("config file");
         let child = Command::new(bin("gpushared"))
             .arg("--config")
             .arg(&config)
             .args([
                 "--simulate",
-                "p4d.24xlarge",
+                profile,
                 "--node-name",
                 NODE,
                 "--shm-size-mib",

@@ -115,11 +115,15 @@ fn valid_cases(program: &Path) {
         need(false, "shared/cases beside the repository");
         return;
     };
-    let d = Daemon::start(DaemonOptions {
-        mps_control: program.to_path_buf(),
-        cdi_dir: None,
-        run_dir: None,
-    });
+    // gpu-2 has MIG mode on, as its operator set it up (A100 needs a reset for that).
+    let d = Daemon::start_on(
+        DaemonOptions {
+            mps_control: program.to_path_buf(),
+            cdi_dir: None,
+            run_dir: None,
+        },
+        &p4d_mig_profile(),
+    );
     let claims = cases.join("claims");
     let mut pids: BTreeMap<String, Vec<i32>> = BTreeMap::new();
 
@@ -284,16 +288,49 @@ fn valid_cases(program: &Path) {
         "the time-sliced request gets no MPS env"
     );
 
-    // seed-mig-3g20gb.yaml: refused until MIG support lands, nothing left.
-    let mig = load_claim(&claims.join("seed-mig-3g20gb.yaml"));
-    let err = d.prepare(&mig).unwrap_err();
-    assert_eq!(err.remote().unwrap().code, ErrorCode::Unsupported);
-    d.assert_nothing_left(mig["metadata"]["uid"].as_str().unwrap(), &[]);
-    assert_eq!(d.gpus()["gpu-2"].sharing, GpuSharing::Free);
+    // seed-mig-3g20gb.yaml: gpu-2 gets one 3g.20gb GPU instance (profile 9) at placement
+    // start 4 with a full compute instance; the CDI device carries the MIG capability nodes.
+    let r = d
+        .prepare(&load_claim(&claims.join("seed-mig-3g20gb.yaml")))
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    let mig = r.uid.clone();
+    let g2 = d.gpus()["gpu-2"].clone();
+    assert!(g2.mig_enabled);
+    assert_eq!(g2.sharing, GpuSharing::Mig);
+    assert_eq!(g2.mig_devices.len(), 1, "{:?}", g2.mig_devices);
+    let m = &g2.mig_devices[0];
+    assert_eq!(
+        (
+            m.profile.as_str(),
+            m.gi_profile_id,
+            m.placement_start,
+            m.memory_slices
+        ),
+        ("3g.20gb", 9, 4, 4)
+    );
+    assert!(m.uuid.starts_with("MIG-"), "{m:?}");
+    assert_eq!(m.owner.as_deref(), Some(mig.as_str()));
+    let c = d.claim(&mig).unwrap();
+    assert_eq!(c.groups[0].mig[0].uuid, m.uuid);
+    let nodes: Vec<String> = cdi_spec(&d, &mig)["devices"][0]["containerEdits"]["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["path"].as_str().unwrap().to_string())
+        .collect();
+    assert!(nodes.contains(&"/dev/nvidia2".to_string()), "{nodes:?}");
+    assert_eq!(
+        nodes
+            .iter()
+            .filter(|n| n.starts_with("/dev/nvidia-caps/nvidia-cap"))
+            .count(),
+        2,
+        "GI and CI access nodes: {nodes:?}"
+    );
 
     // Unprepare everything: daemons quit, dirs, mounts, CDI files, checkpoint entries gone,
     // GPU settings back to DEFAULT / Default.
-    for uid in [&uid, &ts, &basic, &two, &mixed] {
+    for uid in [&uid, &ts, &basic, &two, &mixed, &mig] {
         d.unprepare(uid);
         d.assert_nothing_left(uid, pids.get(uid).map_or(&[][..], Vec::as_slice));
     }
@@ -309,6 +346,10 @@ fn valid_cases(program: &Path) {
             g.name
         );
     }
+    // MIG instances are destroyed; MIG mode stays as the operator set it.
+    let g2 = d.gpus()["gpu-2"].clone();
+    assert!(g2.mig_devices.is_empty(), "{:?}", g2.mig_devices);
+    assert!(g2.mig_enabled);
     assert_eq!(
         fs::read_dir(d.run_dir.join("claims"))
             .map(|r| r.count())

@@ -237,3 +237,67 @@ fn runc_container_attaches_detaches_and_fails_without_claim() {
         .args(["delete", "-f", "gs-runc-2"])
         .status();
 }
+
+#[test]
+fn podman_container_sees_the_mig_capability_device_nodes() {
+    if !need(is_root(), "root")
+        || !need(which("podman").is_some(), "podman")
+        || !need(which("runc").is_some(), "runc")
+    {
+        return;
+    }
+    let Some(cases) = cases_dir() else {
+        need(false, "shared/cases");
+        return;
+    };
+    let _serial = global_lock();
+    let d = Daemon::start_on(
+        DaemonOptions {
+            mps_control: bin("gpushare-mps-control"),
+            // podman reads CDI specs from /etc/cdi and /var/run/cdi only.
+            cdi_dir: Some(PathBuf::from("/var/run/cdi")),
+            run_dir: None,
+        },
+        &p4d_mig_profile(),
+    );
+    let uid = unique_uid("podman-mig");
+    let claim = with_uid(
+        &load_claim(&cases.join("claims/seed-mig-3g20gb.yaml")),
+        &uid,
+    );
+    d.prepare(&claim)
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    let c = claim_via_cli(&d, &uid);
+    let rec = c.groups[0].mig[0].clone();
+    // The GI and CI access nodes, as /proc/driver/nvidia-caps/mig-minors numbers them.
+    let gi_cap = 3 + 2 * 15 * 9 + rec.gi_id * 9;
+    let ci_cap = gi_cap + 1 + rec.ci_id.unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let rootfs = busybox_rootfs(tmp.path(), &[]);
+    let out = gpushare::cli::container::podman_run(
+        &format!("gpushare.io/claim={uid}"),
+        &rootfs,
+        "ls -l /dev/nvidia2 /dev/nvidia-caps/",
+    )
+    .output()
+    .expect("podman run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "podman failed: {stdout}\n{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+    for cap in [gi_cap, ci_cap] {
+        let line = stdout
+            .lines()
+            .find(|l| l.ends_with(&format!(" nvidia-cap{cap}")))
+            .unwrap_or_else(|| panic!("nvidia-cap{cap} missing in the container: {stdout}"));
+        assert!(line.starts_with('c'), "a character device: {line}");
+    }
+    assert!(stdout.contains("/dev/nvidia2"), "{stdout}");
+    d.unprepare(&uid);
+    d.assert_nothing_left(&uid, &[]);
+    let g2 = d.gpus()["gpu-2"].clone();
+    assert!(g2.mig_devices.is_empty(), "{:?}", g2.mig_devices);
+}

@@ -23,7 +23,8 @@ fn demo_completes_as_root_and_refuses_in_one_line_otherwise() {
     );
     for expected in [
         "seed-mps.yaml              prepared",
-        "seed-mig-3g20gb.yaml       refused: Unsupported",
+        "seed-mig-3g20gb.yaml       prepared",
+        "MIG devices destroyed",
         "active thread percentage (read back): 50.0",
         "nothing left behind",
         "Demo complete.",

@@ -171,26 +171,30 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     let socket = tmp.path().join("gpushared.sock");
     let log = tmp.path().join("gpushared.log");
     let log_file = fs::File::create(&log)?;
+    // A p4d.24xlarge whose operator turned MIG mode on for gpu-2 (on A100 that needs a GPU
+    // reset, which gpushare never does), so the MIG sample claim gets its slice.
+    let profile = tmp.path().join("p4d.24xlarge-mig2.toml");
+    fs::write(
+        &profile,
+        include_str!("../../examples/profiles/p4d.24xlarge-mig2.toml"),
+    )?;
     let mut cmd = Command::new(&gpushared);
-    cmd.args([
-        "--simulate",
-        "p4d.24xlarge",
-        "--node-name",
-        DEMO_NODE,
-        "--shm-size-mib",
-        "64",
-    ])
-    .arg("--socket")
-    .arg(&socket)
-    .arg("--state-dir")
-    .arg(tmp.path().join("state"))
-    .arg("--run-dir")
-    .arg(tmp.path().join("run"))
-    .arg("--cdi-dir")
-    .arg(&cdi_dir)
-    .stdin(Stdio::null())
-    .stdout(log_file.try_clone()?)
-    .stderr(log_file);
+    // The node's own gpushared may serve the default metrics port.
+    cmd.arg("--no-metrics")
+        .arg("--simulate")
+        .arg(&profile)
+        .args(["--node-name", DEMO_NODE, "--shm-size-mib", "64"])
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--state-dir")
+        .arg(tmp.path().join("state"))
+        .arg("--run-dir")
+        .arg(tmp.path().join("run"))
+        .arg("--cdi-dir")
+        .arg(&cdi_dir)
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone()?)
+        .stderr(log_file);
     if let Some(p) = &args.mps_control {
         cmd.arg("--mps-control").arg(p);
     }
@@ -214,7 +218,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     let mut client = daemon.client()?;
     let health: gpushare_proto::HealthInfo = client.call(Method::Health, None::<&()>)?;
     step(&format!(
-        "gpushared runs on a simulated p4d.24xlarge (node {DEMO_NODE}, {} GPUs), MPS control program {}",
+        "gpushared runs on a simulated p4d.24xlarge with MIG mode on gpu-2 (node {DEMO_NODE}, {} GPUs), MPS control program {}",
         health.gpus, health.mps_control
     ));
 
@@ -243,6 +247,8 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     step("GPUs (gpushare gpus)");
     let gpus: Vec<GpuInfo> = client.call(Method::ListGpus, None::<&()>)?;
     print!("{}", gpus_table(&gpus));
+    step("MIG devices (gpushare mig list)");
+    print!("{}", crate::cli::mig_table(&gpus));
     step("Claims (gpushare claims)");
     let claims: Vec<ClaimInfo> = client.call(Method::ListClaims, None::<&()>)?;
     print!("{}", claims_table(&claims));
@@ -281,6 +287,14 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         println!("  {uid} released: {}", r.released);
     }
     let claims: Vec<ClaimInfo> = client.call(Method::ListClaims, None::<&()>)?;
+    let gpus: Vec<GpuInfo> = client.call(Method::ListGpus, None::<&()>)?;
+    let mig_left: Vec<String> = gpus
+        .iter()
+        .flat_map(|g| g.mig_devices.iter().map(|d| d.device_name(g.minor)))
+        .collect();
+    if !mig_left.is_empty() {
+        bail!("left behind: MIG devices {mig_left:?}");
+    }
     let run_claims = tmp.path().join("run/claims");
     let leftovers: Vec<String> = fs::read_dir(&run_claims)
         .map(|r| {
@@ -305,7 +319,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         bail!("left behind: claims {claims:?}, dirs {leftovers:?}, CDI specs {specs:?}, MPS daemons {alive:?}, mounts {mounted}");
     }
     println!(
-        "  nothing left behind: {} MPS control daemons quit, no mount, directory, CDI spec or checkpoint entry remains",
+        "  nothing left behind: {} MPS control daemons quit, MIG devices destroyed, no mount, directory, CDI spec or checkpoint entry remains",
         mps_pids.len()
     );
     drop(daemon);

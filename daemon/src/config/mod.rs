@@ -94,7 +94,7 @@ pub enum Sharing {
         /// Most containers attached to the claim at once (short form).
         replicas: Option<u32>,
     },
-    /// A MIG slice (refused with `Unsupported` until the MIG issue lands).
+    /// A MIG slice, created at prepare (`strategy::mig`).
     Mig {
         /// Profile such as `3g.20gb`, when given.
         profile: Option<String>,

@@ -7,59 +7,44 @@ use std::sync::Mutex;
 
 use gpushare_proto::{ComputeMode, TimeSliceInterval};
 use nix::sys::stat::{makedev, mknod, Mode, SFlag};
-use sha2::{Digest, Sha256};
 
-use super::{DeviceNode, Gpu, GpuBackend, GpuError};
+use super::catalog::{self, NodeProfile};
+use super::{
+    mig_cap_minor, ComputeInstance, DeviceNode, Gpu, GpuBackend, GpuError, MigInstance, MigMode,
+};
+use crate::mig::{self, CiProfileIndex, GiProfileId, MigModel, Occupied};
 
 /// NVIDIA's character-device major number for `/dev/nvidia*`.
 pub const NVIDIA_MAJOR: u64 = 195;
 /// Minor number of `/dev/nvidiactl`.
 pub const NVIDIACTL_MINOR: u64 = 255;
 
-/// An EC2 GPU instance type as the simulator describes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NodeProfile {
-    /// Instance type, e.g. `p4d.24xlarge`.
-    pub name: &'static str,
-    /// NVML product name of each GPU.
-    pub product_name: &'static str,
-    /// Memory per GPU in MiB (as NVML reports total memory).
-    pub memory_mib: u64,
-    /// CUDA compute capability.
-    pub compute_capability: (u32, u32),
-    /// GPUs on the instance.
-    pub gpu_count: u32,
-}
+/// Major number the simulated `nvidia-caps` device nodes get (the real one is dynamic,
+/// read from `/proc/devices`).
+pub const NVIDIA_CAPS_MAJOR: u64 = 237;
 
-/// The node profiles `--simulate` knows. The full EC2 catalog comes with the NVML issue.
-pub const NODE_PROFILES: &[NodeProfile] = &[
-    NodeProfile {
-        name: "p4d.24xlarge",
-        product_name: "NVIDIA A100-SXM4-40GB",
-        memory_mib: 40960,
-        compute_capability: (8, 0),
-        gpu_count: 8,
-    },
-    NodeProfile {
-        name: "p5.48xlarge",
-        product_name: "NVIDIA H100 80GB HBM3",
-        memory_mib: 81559,
-        compute_capability: (9, 0),
-        gpu_count: 8,
-    },
-    NodeProfile {
-        name: "g5.xlarge",
-        product_name: "NVIDIA A10G",
-        memory_mib: 23028,
-        compute_capability: (8, 6),
-        gpu_count: 1,
-    },
-];
-
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 struct Settings {
     compute_mode: ComputeMode,
     time_slice: TimeSliceInterval,
+    /// The GPU's MIG profile tables, when it is MIG-capable and gpushare knows its model.
+    model: Option<MigModel>,
+    mig: MigMode,
+    instances: Vec<MigInstance>,
+    /// Compute processes on the GPU (set by tests: a busy GPU).
+    processes: Vec<u32>,
+    /// MIG UUIDs handed out so far: every new compute instance gets a fresh one.
+    serial: u32,
+}
+
+/// A failure the simulated GPUs inject once, for tests of what callers do when hardware
+/// fails half-way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimFault {
+    /// The next `create_compute_instance` fails (after its GPU instance was created).
+    CreateComputeInstance,
+    /// The next `destroy_gpu_instance` fails with `Busy` ("In use by another client").
+    DestroyGpuInstance,
 }
 
 /// A node of simulated GPUs: deterministic UUIDs derived from the node name, settings held in
@@ -67,19 +52,22 @@ struct Settings {
 /// and runc see real devices.
 #[derive(Debug)]
 pub struct SimulatedBackend {
-    profile: NodeProfile,
+    profile: String,
     gpus: Vec<Gpu>,
     dev_root: PathBuf,
     settings: Mutex<HashMap<String, Settings>>,
+    faults: Mutex<Vec<SimFault>>,
+    make_nodes: bool,
 }
 
 impl SimulatedBackend {
-    /// Builds the node for `profile_name` and `node_name`, creating the device nodes under
+    /// Builds the node for `profile_name` (a catalog name, or a profile file when it contains
+    /// `/`: see [`catalog::resolve`]) and `node_name`, creating the device nodes under
     /// `dev_root` (`nvidia<minor>` and `nvidiactl`).
     ///
     /// # Errors
-    /// An unknown profile (the message lists the known ones), or the device nodes could not be
-    /// created (mknod needs root).
+    /// An unknown or invalid profile (`InvalidInput`; the message lists the known ones), or the
+    /// device nodes could not be created (mknod needs root).
     pub fn new(profile_name: &str, node_name: &str, dev_root: &Path) -> io::Result<Self> {
         Self::build(profile_name, node_name, dev_root, true)
     }
@@ -90,28 +78,23 @@ impl SimulatedBackend {
         dev_root: &Path,
         make_nodes: bool,
     ) -> io::Result<Self> {
-        let profile = *NODE_PROFILES
-            .iter()
-            .find(|p| p.name == profile_name)
-            .ok_or_else(|| {
-                let known: Vec<_> = NODE_PROFILES.iter().map(|p| p.name).collect();
-                io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!(
-                        "unknown node profile {profile_name:?}; known: {}",
-                        known.join(", ")
-                    ),
-                )
-            })?;
-        let gpus: Vec<Gpu> = (0..profile.gpu_count)
-            .map(|minor| Gpu {
-                minor,
-                uuid: simulated_uuid(node_name, minor),
-                product_name: profile.product_name.to_string(),
-                memory_mib: profile.memory_mib,
-                compute_capability: profile.compute_capability,
-            })
-            .collect();
+        let profile = catalog::resolve(profile_name)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        Self::from_profile(&profile, node_name, dev_root, make_nodes)
+    }
+
+    /// Builds the node described by `profile`; with `make_nodes` the device nodes are created
+    /// under `dev_root`, else only their paths point there.
+    ///
+    /// # Errors
+    /// The device nodes could not be created (mknod needs root).
+    pub fn from_profile(
+        profile: &NodeProfile,
+        node_name: &str,
+        dev_root: &Path,
+        make_nodes: bool,
+    ) -> io::Result<Self> {
+        let gpus = profile.gpus(node_name);
         if make_nodes {
             crate::fsutil::create_dir(dev_root, 0o755)?;
             for gpu in &gpus {
@@ -122,15 +105,45 @@ impl SimulatedBackend {
             }
             make_char_device(&dev_root.join("nvidiactl"), NVIDIACTL_MINOR)?;
         }
-        let settings = gpus
-            .iter()
-            .map(|g| (g.uuid.clone(), Settings::default()))
-            .collect();
+        let mut settings = HashMap::new();
+        for g in &gpus {
+            let model = g
+                .mig_capable
+                .then(|| MigModel::from_product_name(&g.product_name))
+                .flatten();
+            let mut s = Settings {
+                model,
+                mig: MigMode {
+                    current: g.mig_enabled,
+                    pending: g.mig_enabled,
+                },
+                ..Settings::default()
+            };
+            // MIG devices of a profile file exist at start, as after a mig-parted apply.
+            for d in &g.mig_devices {
+                let gi_id = next_gi_id(&s.instances, d.memory_slices);
+                s.instances.push(MigInstance {
+                    gi_id,
+                    profile: GiProfileId(d.gi_profile_id),
+                    placement: mig::MigPlacement {
+                        start: d.placement_start,
+                        size: d.memory_slices,
+                    },
+                    compute: Some(ComputeInstance {
+                        ci_id: 0,
+                        uuid: d.uuid.clone(),
+                    }),
+                });
+            }
+            settings.insert(g.uuid.clone(), s);
+        }
         Ok(SimulatedBackend {
-            profile,
+            profile: profile.name.clone(),
             gpus,
             dev_root: dev_root.to_path_buf(),
             settings: Mutex::new(settings),
+            faults: Mutex::new(Vec::new()),
+            make_nodes,
         })
     }
 
@@ -162,27 +175,101 @@ impl SimulatedBackend {
     }
 }
 
-/// `GPU-` plus a UUID-shaped rendering of SHA-256(node name, minor): stable across restarts
-/// and different on every node, as real UUIDs are.
-pub fn simulated_uuid(node_name: &str, minor: u32) -> String {
-    let digest = Sha256::digest(format!("gpushare-sim/{node_name}/{minor}").as_bytes());
-    let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
+impl SimulatedBackend {
+    /// Makes the next call of `fault`'s kind fail once.
+    pub fn inject(&self, fault: SimFault) {
+        self.faults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(fault);
+    }
+
+    /// Sets the compute processes running on a GPU (an empty list: idle).
+    ///
+    /// # Errors
+    /// Unknown GPU.
+    pub fn set_processes(&self, uuid: &str, pids: Vec<u32>) -> Result<(), GpuError> {
+        self.with_settings(uuid, |s| s.processes = pids)
+    }
+
+    /// Performs a GPU reset: a pending MIG mode takes effect and every MIG instance is gone,
+    /// as on hardware. Refused while processes hold the GPU.
+    ///
+    /// # Errors
+    /// `Busy` with processes, unknown GPU.
+    pub fn reset(&self, uuid: &str) -> Result<(), GpuError> {
+        self.with_settings(uuid, |s| {
+            if !s.processes.is_empty() {
+                return Err(GpuError::Busy(format!(
+                    "GPU {uuid}: In use by another client ({} processes)",
+                    s.processes.len()
+                )));
+            }
+            s.mig.current = s.mig.pending;
+            s.instances.clear();
+            Ok(())
+        })?
+    }
+
+    fn take_fault(&self, fault: SimFault) -> bool {
+        let mut f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        match f.iter().position(|x| *x == fault) {
+            Some(i) => {
+                f.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn cap_node(&self, minor: u32) -> DeviceNode {
+        let name = format!("nvidia-cap{minor}");
+        let host_path = self.dev_root.join("nvidia-caps").join(&name);
+        if self.make_nodes && !host_path.exists() {
+            let made = crate::fsutil::create_dir(&self.dev_root.join("nvidia-caps"), 0o755)
+                .and_then(|()| make_device(&host_path, NVIDIA_CAPS_MAJOR, u64::from(minor), 0o444));
+            if let Err(e) = made {
+                tracing::error!(path = %host_path.display(), error = %e, "creating simulated MIG capability device node");
+            }
+        }
+        DeviceNode {
+            path: Path::new("/dev/nvidia-caps").join(&name),
+            host_path,
+        }
+    }
+}
+
+/// The GI ID the driver gives a new GPU instance spanning `memory_slices`: the lowest free one
+/// of its size class, as observed on A100 (8 slices: 0; 4: 1–2; 2: 3–6; 1: 7–13).
+fn next_gi_id(instances: &[MigInstance], memory_slices: u32) -> u32 {
+    let range = match memory_slices {
+        8 => 0..1,
+        4 => 1..3,
+        2 => 3..7,
+        _ => 7..14,
+    };
+    let mut ids = range.clone();
+    ids.find(|id| instances.iter().all(|i| i.gi_id != *id))
+        .unwrap_or(range.end)
+}
+
+fn mig_uuid(node_gpu_uuid: &str, serial: u32) -> String {
     format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
+        "MIG-{}",
+        &catalog::simulated_uuid(&format!("{node_gpu_uuid}/mig"), serial)[4..]
     )
 }
 
 fn make_char_device(path: &Path, minor: u64) -> io::Result<()> {
+    make_device(path, NVIDIA_MAJOR, minor, 0o666)
+}
+
+fn make_device(path: &Path, major: u64, minor: u64, mode: u32) -> io::Result<()> {
     match mknod(
         path,
         SFlag::S_IFCHR,
-        Mode::from_bits_truncate(0o666),
-        makedev(NVIDIA_MAJOR, minor),
+        Mode::from_bits_truncate(mode),
+        makedev(major, minor),
     ) {
         Ok(()) => Ok(()),
         Err(nix::errno::Errno::EEXIST) => Ok(()),
@@ -198,7 +285,7 @@ fn make_char_device(path: &Path, minor: u64) -> io::Result<()> {
 
 impl GpuBackend for SimulatedBackend {
     fn describe(&self) -> String {
-        format!("simulated:{}", self.profile.name)
+        format!("simulated:{}", self.profile)
     }
 
     fn gpus(&self) -> &[Gpu] {
@@ -235,21 +322,205 @@ impl GpuBackend for SimulatedBackend {
     fn set_time_slice(&self, uuid: &str, interval: TimeSliceInterval) -> Result<(), GpuError> {
         self.with_settings(uuid, |s| s.time_slice = interval)
     }
+
+    fn mig_mode(&self, uuid: &str) -> Result<MigMode, GpuError> {
+        self.with_settings(uuid, |s| {
+            s.model.map(|_| s.mig).ok_or_else(|| not_mig(uuid))
+        })?
+    }
+
+    fn set_mig_mode(&self, uuid: &str, enabled: bool) -> Result<MigMode, GpuError> {
+        self.with_settings(uuid, |s| {
+            let model = s.model.ok_or_else(|| not_mig(uuid))?;
+            if s.mig.current == enabled && s.mig.pending == enabled {
+                return Ok(s.mig);
+            }
+            if !s.processes.is_empty() {
+                return Err(GpuError::Busy(format!(
+                    "GPU {uuid}: In use by another client: {} compute process(es) (pids {:?})",
+                    s.processes.len(),
+                    s.processes
+                )));
+            }
+            if !enabled && !s.instances.is_empty() {
+                return Err(GpuError::Busy(format!(
+                    "GPU {uuid}: {} MIG GPU instance(s) exist; destroy them first",
+                    s.instances.len()
+                )));
+            }
+            s.mig.pending = enabled;
+            if model.reset_free_mode_toggle() {
+                s.mig.current = enabled;
+            }
+            Ok(s.mig)
+        })?
+    }
+
+    fn compute_processes(&self, uuid: &str) -> Result<Vec<u32>, GpuError> {
+        self.with_settings(uuid, |s| s.processes.clone())
+    }
+
+    fn mig_instances(&self, uuid: &str) -> Result<Vec<MigInstance>, GpuError> {
+        self.with_settings(uuid, |s| {
+            s.model.ok_or_else(|| not_mig(uuid))?;
+            let mut v = if s.mig.current {
+                s.instances.clone()
+            } else {
+                Vec::new()
+            };
+            v.sort_by_key(|i| i.gi_id);
+            Ok(v)
+        })?
+    }
+
+    fn create_gpu_instance(
+        &self,
+        uuid: &str,
+        profile: GiProfileId,
+        start: u32,
+    ) -> Result<u32, GpuError> {
+        self.with_settings(uuid, |s| {
+            let model = s.model.ok_or_else(|| not_mig(uuid))?;
+            if !s.mig.current {
+                return Err(GpuError::Unsupported(format!(
+                    "GPU {uuid}: MIG mode is not in effect{}",
+                    if s.mig.pending {
+                        " (enable is pending a GPU reset)"
+                    } else {
+                        ""
+                    }
+                )));
+            }
+            let occupied: Vec<Occupied> = s
+                .instances
+                .iter()
+                .map(|i| Occupied {
+                    profile: i.profile,
+                    placement: i.placement,
+                })
+                .collect();
+            let placement =
+                mig::check_placement(model, profile, start, &occupied).map_err(|e| match e {
+                    mig::PlacementError::Invalid(m) => GpuError::InvalidArgument(m),
+                    mig::PlacementError::Taken(m) => GpuError::InsufficientResources(m),
+                })?;
+            let gi_id = next_gi_id(&s.instances, placement.size);
+            s.instances.push(MigInstance {
+                gi_id,
+                profile,
+                placement,
+                compute: None,
+            });
+            Ok(gi_id)
+        })?
+    }
+
+    fn create_compute_instance(
+        &self,
+        uuid: &str,
+        gi_id: u32,
+        profile: CiProfileIndex,
+    ) -> Result<ComputeInstance, GpuError> {
+        let fail = self.take_fault(SimFault::CreateComputeInstance);
+        self.with_settings(uuid, |s| {
+            let model = s.model.ok_or_else(|| not_mig(uuid))?;
+            let serial = s.serial;
+            let gi = s
+                .instances
+                .iter_mut()
+                .find(|i| i.gi_id == gi_id)
+                .ok_or_else(|| GpuError::NotFound(format!("GPU {uuid}: no GPU instance {gi_id}")))?;
+            let full = model
+                .profile_by_id(gi.profile)
+                .map(|p| p.full_ci_profile())
+                .ok_or_else(|| GpuError::Failed(format!("GPU instance {gi_id}: unknown profile")))?;
+            if profile != full {
+                return Err(GpuError::InvalidArgument(format!(
+                    "compute-instance profile {} is not the full profile {} of GPU instance {gi_id}",
+                    profile.0, full.0
+                )));
+            }
+            if gi.compute.is_some() {
+                return Err(GpuError::InsufficientResources(format!(
+                    "GPU instance {gi_id} has no compute slices left"
+                )));
+            }
+            if fail {
+                return Err(GpuError::Failed(format!(
+                    "GPU {uuid}: creating a compute instance in GPU instance {gi_id}: Unknown Error (injected)"
+                )));
+            }
+            let ci = ComputeInstance {
+                ci_id: 0,
+                uuid: mig_uuid(uuid, serial),
+            };
+            gi.compute = Some(ci.clone());
+            s.serial += 1;
+            Ok(ci)
+        })?
+    }
+
+    fn destroy_compute_instance(&self, uuid: &str, gi_id: u32, ci_id: u32) -> Result<(), GpuError> {
+        self.with_settings(uuid, |s| {
+            let gi = s
+                .instances
+                .iter_mut()
+                .find(|i| i.gi_id == gi_id)
+                .ok_or_else(|| {
+                    GpuError::NotFound(format!("GPU {uuid}: no GPU instance {gi_id}"))
+                })?;
+            match &gi.compute {
+                Some(ci) if ci.ci_id == ci_id => {
+                    gi.compute = None;
+                    Ok(())
+                }
+                _ => Err(GpuError::NotFound(format!(
+                    "GPU {uuid}: GPU instance {gi_id} has no compute instance {ci_id}"
+                ))),
+            }
+        })?
+    }
+
+    fn destroy_gpu_instance(&self, uuid: &str, gi_id: u32) -> Result<(), GpuError> {
+        let fail = self.take_fault(SimFault::DestroyGpuInstance);
+        self.with_settings(uuid, |s| {
+            let i = s
+                .instances
+                .iter()
+                .position(|i| i.gi_id == gi_id)
+                .ok_or_else(|| {
+                    GpuError::NotFound(format!("GPU {uuid}: no GPU instance {gi_id}"))
+                })?;
+            if s.instances[i].compute.is_some() {
+                return Err(GpuError::Busy(format!(
+                    "GPU {uuid}: GPU instance {gi_id} still has a compute instance"
+                )));
+            }
+            if fail {
+                return Err(GpuError::Busy(format!(
+                    "GPU {uuid}: GPU instance {gi_id}: In use by another client (injected)"
+                )));
+            }
+            s.instances.remove(i);
+            Ok(())
+        })?
+    }
+
+    fn mig_device_nodes(&self, gpu: &Gpu, gi_id: u32, ci_id: u32) -> Vec<DeviceNode> {
+        vec![
+            self.cap_node(mig_cap_minor(gpu.minor, gi_id, None)),
+            self.cap_node(mig_cap_minor(gpu.minor, gi_id, Some(ci_id))),
+        ]
+    }
+}
+
+fn not_mig(uuid: &str) -> GpuError {
+    GpuError::Unsupported(format!("GPU {uuid} does not support MIG"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn uuids_are_deterministic_and_per_node() {
-        let a = simulated_uuid("node-a", 0);
-        assert_eq!(a, simulated_uuid("node-a", 0));
-        assert_ne!(a, simulated_uuid("node-b", 0));
-        assert_ne!(a, simulated_uuid("node-a", 1));
-        assert_eq!(a.len(), 40);
-        assert!(a.starts_with("GPU-"));
-    }
 
     #[test]
     fn unknown_profile_lists_known_ones() {

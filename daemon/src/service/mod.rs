@@ -3,12 +3,14 @@
 //! Methods are blocking (they spawn processes and fsync files); the server runs them on
 //! tokio's blocking pool. Changing a claim's host setup (prepare, unprepare) is serialized per
 //! claim UID, so two kubelet retries of one claim can never interleave while other claims go
-//! on; GPU reservations are made atomically under the registry mutex, which readers, attach
-//! and detach take briefly and which is never held across a process spawn.
+//! on. A claim is admitted to its GPUs by each GPU's lock-free mode word (`modes`), before and
+//! outside the registry mutex; a release restores GPU settings after dropping it. The
+//! registry mutex is held briefly by changes and never across a process spawn or NVML call;
+//! readers never take it: they read the view published after every change (`view`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use gpushare_proto::{
@@ -19,19 +21,26 @@ use gpushare_proto::{
 use serde_json::Value;
 
 use crate::cdi::{self, ContainerEdits, HookConfig};
-use crate::checkpoint::{Checkpoint, CheckpointFile, Tombstone};
+use crate::checkpoint::{CheckpointFile, Tombstone};
 use crate::config::{self, ClaimSpec, ParseContext, Sharing};
 use crate::error::ServiceError;
 use crate::fsutil;
 use crate::gpu::{Gpu, GpuBackend};
 use crate::placement::{Hold, Placement, Want};
+use crate::strategy::mig::MigTarget;
 use crate::strategy::mps::{default_shm_bytes, Liveness, MpsControl, MpsDirs, MpsLaunch};
 use crate::sys::{read_cgroup, Processes};
+use gpushare_core::Published;
 
 mod locks;
+mod mig;
+mod modes;
 mod recover;
+mod view;
 use locks::ClaimLocks;
+use modes::GpuModes;
 pub use recover::{restart_backoff, SupervisedDaemon, BOOT_ID_PATH};
+use view::{StateGuard, View};
 
 /// Where the service keeps things and whom it serves.
 #[derive(Debug, Clone)]
@@ -70,6 +79,8 @@ struct State {
     stopping: bool,
     /// Restarts of dead MPS control daemons, by claim UID.
     restarts: BTreeMap<String, recover::RestartPlan>,
+    /// Counts changes; the published view and the checkpoint on disk say which they hold.
+    generation: u64,
 }
 
 /// The claim service.
@@ -82,6 +93,13 @@ pub struct Service {
     processes: Arc<dyn Processes>,
     checkpoint: CheckpointFile,
     state: Mutex<State>,
+    /// The registry as readers see it, republished after every change of `state`.
+    view: Published<View>,
+    /// Each GPU's mode word: what admits a claim to a GPU (`state.placement` only records
+    /// who holds it).
+    modes: GpuModes,
+    /// The generation of the registry whose checkpoint is on disk; held while writing it.
+    on_disk: Mutex<u64>,
     changes: ClaimLocks,
     /// Prepares and unprepares under way, for a graceful stop.
     in_flight: (Mutex<usize>, Condvar),
@@ -102,6 +120,12 @@ enum PlanKind {
     Exclusive,
     TimeSlicing(gpushare_proto::TimeSliceInterval),
     Mps(MpsLaunch),
+    /// MIG devices to create, with an MPS control daemon on the slices when asked (its
+    /// `visible_devices` become the MIG UUIDs once they exist).
+    Mig {
+        targets: Vec<MigTarget>,
+        mps: Option<MpsLaunch>,
+    },
 }
 
 fn now_secs() -> u64 {
@@ -155,6 +179,11 @@ impl Service {
                 cfg.checkpoint.display()
             ))
         })?;
+        // The mode words start with every GPU free; the reconcile takes the checkpointed
+        // claims' holds on them (before it rolls any claim back through teardown, which
+        // releases through them) and publishes the view as it goes.
+        let modes = GpuModes::new(backend.gpus(), &Placement::default());
+        let view = Published::new(View::of(&State::default(), None));
         let ctx = ParseContext {
             node_name: cfg.node_name.clone(),
             drivers: cfg.drivers.clone(),
@@ -167,6 +196,9 @@ impl Service {
             mps,
             checkpoint,
             state: Mutex::new(State::default()),
+            view,
+            modes,
+            on_disk: Mutex::new(0),
             changes: ClaimLocks::default(),
             in_flight: (Mutex::new(0), Condvar::new()),
             supervisor_wake: Mutex::new(None),
@@ -175,37 +207,63 @@ impl Service {
         Ok(service)
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
+    fn state(&self) -> StateGuard<'_> {
         // A panic while holding the registry leaves plain data behind, still consistent
         // enough to read and to release claims; refusing all service would be worse.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        StateGuard {
+            guard: self.state.lock().unwrap_or_else(|p| p.into_inner()),
+            view: &self.view,
+            changed: false,
+        }
     }
 
-    fn save(&self, state: &mut State) -> Result<(), ServiceError> {
-        let mut cp = Checkpoint {
-            boot_id: state.boot_id.clone(),
-            generation: state.claim_generation,
-            claims: state.claims.clone(),
-            tombstones: std::mem::take(&mut state.tombstones),
-            ..Checkpoint::default()
-        };
-        cp.prune_tombstones(now_secs());
+    /// Unlocks the registry after a change and makes the change durable: writes the
+    /// checkpoint of the newest published view (claims, boot ID, claim generation,
+    /// tombstones), unless a write that started after this change already did. The write
+    /// happens outside the registry lock, so other claims' changes and all readers go on
+    /// meanwhile, and changes that queue behind one write share the next (group commit): one
+    /// fsync for many changes under churn, never a stale checkpoint over a newer one.
+    ///
+    /// A failed write is recorded as the checkpoint error (`health`, `gpushare status`) until
+    /// a write succeeds again.
+    ///
+    /// # Errors
+    /// `Internal` when the checkpoint cannot be written; the change stays in memory (and in
+    /// the view) and the caller undoes it.
+    fn commit(&self, st: StateGuard<'_>) -> Result<(), ServiceError> {
+        let generation = st.unlock();
+        let mut on_disk = self.on_disk.lock().unwrap_or_else(|p| p.into_inner());
+        if *on_disk >= generation {
+            return Ok(());
+        }
+        // The newest view holds this change: it was published before the registry unlocked.
+        let view = self.view.load();
+        let cp = view.checkpoint(now_secs());
         let result = self.checkpoint.save(&cp).map_err(|e| {
             ServiceError::internal(format!(
                 "writing checkpoint {}: {e}",
                 self.checkpoint.path().display()
             ))
         });
-        state.tombstones = cp.tombstones;
+        // The registry is taken again only when the error state changes (the lock order is
+        // `on_disk` then `state`; nobody takes `on_disk` while holding `state`).
         match &result {
             Ok(()) => {
-                if state.checkpoint_error.take().is_some() {
-                    tracing::info!(path = %self.checkpoint.path().display(), "checkpoint written again");
+                *on_disk = view.generation;
+                if view.checkpoint_error.is_some() {
+                    let mut st = self.state();
+                    if st.checkpoint_error.is_some() {
+                        st.checkpoint_error = None;
+                        tracing::info!(path = %self.checkpoint.path().display(), "checkpoint written again");
+                    }
                 }
             }
             Err(e) => {
                 tracing::error!(error = %e, "cannot write the checkpoint; changing requests fail until it can be written");
-                state.checkpoint_error = Some(e.message.clone());
+                let mut st = self.state();
+                if st.checkpoint_error.as_deref() != Some(e.message.as_str()) {
+                    st.checkpoint_error = Some(e.message.clone());
+                }
             }
         }
         result
@@ -307,17 +365,24 @@ impl Service {
             generation: 0,
         };
         let mut info = info;
+        self.admit(&spec.uid, &wants_of(&info))?;
         {
             let mut st = self.state();
-            st.placement
-                .reserve(&spec.uid, &wants_of(&info))
-                .map_err(|c| ServiceError::new(ErrorCode::Conflict, c.0))?;
+            if let Err(c) = st.placement.reserve(&spec.uid, &wants_of(&info)) {
+                drop(st);
+                tracing::error!(claim = %spec.uid, conflict = %c, "placement refused a claim its GPUs' mode words admitted");
+                self.modes.release(self.backend.as_ref(), &wants_of(&info));
+                return Err(ServiceError::new(ErrorCode::Conflict, c.0));
+            }
             st.claim_generation += 1;
             info.generation = st.claim_generation;
             st.claims.insert(spec.uid.clone(), info.clone());
-            if let Err(e) = self.save(&mut st) {
+            if let Err(e) = self.commit(st) {
+                let mut st = self.state();
                 st.claims.remove(&spec.uid);
-                self.release_gpus(&mut st, &info);
+                let freed = self.release_gpus(&mut st, &info);
+                drop(st);
+                self.modes.release(self.backend.as_ref(), &freed);
                 return Err(e);
             }
         }
@@ -335,18 +400,17 @@ impl Service {
                 // A prepare of this claim is what the kubelet wants now: an older release no
                 // longer stands against it.
                 let tombstone = st.tombstones.remove(&spec.uid);
-                if let Err(e) = self.save(&mut st) {
+                let prepared = st.claims.get(&spec.uid).cloned();
+                if let Err(e) = self.commit(st) {
                     if let Some(t) = tombstone {
-                        st.tombstones.insert(spec.uid.clone(), t);
+                        self.state().tombstones.insert(spec.uid.clone(), t);
                     }
-                    drop(st);
                     self.teardown(&spec.uid, None);
                     return Err(e);
                 }
-                if let Some(c) = st.claims.get(&spec.uid) {
+                if let Some(c) = &prepared {
                     self.write_host_record(c);
                 }
-                drop(st);
                 crate::crash::point("prepare.completed_saved");
                 self.wake_supervisor();
                 tracing::info!(claim = %spec.uid, "claim prepared");
@@ -368,17 +432,31 @@ impl Service {
     fn plan(&self, spec: &ClaimSpec) -> Result<(Vec<GroupPlan>, Option<u32>), ServiceError> {
         let mut gpus: Vec<&Gpu> = Vec::with_capacity(spec.results.len());
         let mut seen = BTreeSet::new();
+        let mut seen_names = BTreeSet::new();
         for r in &spec.results {
-            if is_mig_device_name(&r.device) {
+            let mig_name = crate::mig::MigDeviceName::parse(&r.device);
+            if mig_name.is_none() && is_mig_device_name(&r.device) {
                 return Err(ServiceError::new(
                     ErrorCode::Unsupported,
                     format!(
-                        "device {} (request {}) is a MIG device; dynamic MIG is not supported by this gpushared yet",
+                        "device {} (request {}) is a static MIG device by UUID; gpushare creates MIG devices itself and takes them by name (gpu-<minor>-mig-<profile>-<GI profile ID>-<placement start>)",
                         r.device, r.request
                     ),
                 ));
             }
-            let gpu = self.backend.find(&r.device).ok_or_else(|| {
+            if !seen_names.insert(r.device.clone()) {
+                return Err(ServiceError::new(
+                    ErrorCode::InvalidRequest,
+                    format!(
+                        "device {} is allocated twice in claim {}",
+                        r.device, spec.uid
+                    ),
+                ));
+            }
+            let lookup = mig_name
+                .as_ref()
+                .map_or_else(|| r.device.clone(), |n| format!("gpu-{}", n.minor));
+            let gpu = self.backend.find(&lookup).ok_or_else(|| {
                 let known: Vec<String> = self.backend.gpus().iter().map(Gpu::device_name).collect();
                 ServiceError::new(
                     ErrorCode::UnknownDevice,
@@ -391,7 +469,8 @@ impl Service {
                     ),
                 )
             })?;
-            if !seen.insert(gpu.uuid.clone()) {
+            // Several MIG devices of one GPU may share a claim; whole GPUs may not repeat.
+            if mig_name.is_none() && !seen.insert(gpu.uuid.clone()) {
                 return Err(ServiceError::new(
                     ErrorCode::InvalidRequest,
                     format!(
@@ -428,7 +507,54 @@ impl Service {
                     limit = Some(limit.map_or(r, |l| l.min(r)));
                 }
             };
-            let kind = match &group.sharing {
+            // MIG devices get MIG whatever the config says: no config means the slice alone,
+            // MPS means a daemon on the slice.
+            let migs = group
+                .results
+                .iter()
+                .filter(|&&i| crate::mig::MigDeviceName::parse(&spec.results[i].device).is_some())
+                .count();
+            let sharing = if migs == 0 {
+                group.sharing.clone()
+            } else if migs != group.results.len() {
+                return Err(ServiceError::new(
+                    ErrorCode::InvalidRequest,
+                    format!(
+                        "request(s) {} mix MIG devices and whole GPUs under one config",
+                        requests.join(", ")
+                    ),
+                ));
+            } else {
+                match &group.sharing {
+                    Sharing::Exclusive => Sharing::Mig {
+                        profile: None,
+                        mps: None,
+                    },
+                    Sharing::Mps { settings, replicas } => {
+                        cap(*replicas);
+                        Sharing::Mig {
+                            profile: None,
+                            mps: Some(settings.clone()),
+                        }
+                    }
+                    Sharing::TimeSlicing { .. } => {
+                        return Err(ServiceError::new(
+                            ErrorCode::InvalidConfig,
+                            format!(
+                                "request(s) {}: time-slicing applies to whole GPUs, not MIG devices (use MPS or no sharing)",
+                                requests.join(", ")
+                            ),
+                        ))
+                    }
+                    m @ Sharing::Mig { .. } => m.clone(),
+                }
+            };
+            if !matches!(sharing, Sharing::Mig { .. }) {
+                for &i in &group.results {
+                    self.check_whole_gpu(gpus[i])?;
+                }
+            }
+            let kind = match &sharing {
                 Sharing::Exclusive => PlanKind::Exclusive,
                 Sharing::TimeSlicing { interval, replicas } => {
                     cap(*replicas);
@@ -440,14 +566,21 @@ impl Service {
                     let pinned = settings.resolve_pinned_limits(&uuids).map_err(|e| {
                         ServiceError::new(
                             e.code,
-                            format!("config of request(s) {}: {}", requests.join(", "), e.message),
+                            format!(
+                                "config of request(s) {}: {}",
+                                requests.join(", "),
+                                e.message
+                            ),
                         )
                     })?;
                     let dirs = MpsDirs::for_group(&self.claim_dir(&spec.uid), &uuids);
                     dirs.check_socket_paths().map_err(|e| {
                         ServiceError::new(
                             ErrorCode::InvalidRequest,
-                            format!("claim UID {:?} is too long for an MPS claim here: {e}", spec.uid),
+                            format!(
+                                "claim UID {:?} is too long for an MPS claim here: {e}",
+                                spec.uid
+                            ),
                         )
                     })?;
                     PlanKind::Mps(MpsLaunch {
@@ -459,14 +592,25 @@ impl Service {
                         shm_bytes: self.cfg.shm_bytes.unwrap_or_else(default_shm_bytes),
                     })
                 }
-                Sharing::Mig { .. } => {
-                    return Err(ServiceError::new(
-                        ErrorCode::Unsupported,
-                        format!(
-                            "request(s) {} ask for MIG sharing; dynamic MIG is not supported by this gpushared yet",
-                            requests.join(", ")
-                        ),
-                    ))
+                Sharing::Mig { profile, mps } => {
+                    let (targets, mps) = self.plan_mig(
+                        spec,
+                        &group.results,
+                        profile.as_deref(),
+                        mps.as_ref(),
+                        &requests,
+                    )?;
+                    // The group's devices are the MIG devices, named canonically.
+                    devices = targets
+                        .iter()
+                        .map(|t| ClaimDevice {
+                            request: t.request.clone(),
+                            device: t.device.clone(),
+                            uuid: t.gpu_uuid.clone(),
+                            minor: t.gpu_minor,
+                        })
+                        .collect();
+                    PlanKind::Mig { targets, mps }
                 }
             };
             plans.push(GroupPlan {
@@ -486,7 +630,11 @@ impl Service {
             },
             // Until the daemon runs, the record holds its directories (so a rollback or a
             // restarted gpushared can clean them) and pid 0.
-            PlanKind::Mps(launch) => StrategyInfo::Mps(started.unwrap_or_else(|| MpsInfo {
+            PlanKind::Mig { mps: None, .. } => StrategyInfo::Exclusive,
+            PlanKind::Mps(launch)
+            | PlanKind::Mig {
+                mps: Some(launch), ..
+            } => StrategyInfo::Mps(started.unwrap_or_else(|| MpsInfo {
                 control_daemon_pid: 0,
                 pipe_dir: launch.dirs.pipe.display().to_string(),
                 log_dir: launch.dirs.log.display().to_string(),
@@ -508,6 +656,7 @@ impl Service {
             requests: plan.requests.clone(),
             devices: plan.devices.clone(),
             sharing,
+            mig: Vec::new(),
         }
     }
 
@@ -542,6 +691,11 @@ impl Service {
     ) -> Result<Vec<GroupInfo>, ServiceError> {
         let mut groups = Vec::with_capacity(plans.len());
         for plan in plans {
+            if !matches!(plan.kind, PlanKind::Mig { .. }) {
+                for d in &plan.devices {
+                    self.leave_mig_mode(d)?;
+                }
+            }
             let started = match &plan.kind {
                 PlanKind::Exclusive => None,
                 PlanKind::TimeSlicing(interval) => {
@@ -554,6 +708,7 @@ impl Service {
                                         crate::gpu::GpuError::Unsupported(_) => {
                                             ErrorCode::Unsupported
                                         }
+                                        crate::gpu::GpuError::Busy(_) => ErrorCode::Conflict,
                                         _ => ErrorCode::Internal,
                                     },
                                     format!(
@@ -572,10 +727,17 @@ impl Service {
                         self.backend
                             .set_compute_mode(&d.uuid, ComputeMode::ExclusiveProcess)
                             .map_err(|e| {
-                                ServiceError::internal(format!(
-                                    "setting compute mode EXCLUSIVE_PROCESS on {}: {e}",
-                                    d.device
-                                ))
+                                let code = match e {
+                                    crate::gpu::GpuError::Busy(_) => ErrorCode::Conflict,
+                                    _ => ErrorCode::Internal,
+                                };
+                                ServiceError::new(
+                                    code,
+                                    format!(
+                                        "setting compute mode EXCLUSIVE_PROCESS on {}: {e}",
+                                        d.device
+                                    ),
+                                )
                             })?;
                     }
                     crate::crash::point("prepare.gpu_settings_applied");
@@ -592,6 +754,33 @@ impl Service {
                         }
                     }
                     Some(started)
+                }
+                PlanKind::Mig { targets, mps } => {
+                    let records = self.create_mig(&spec.uid, plan, targets)?;
+                    let started = match mps {
+                        None => None,
+                        Some(launch) => {
+                            let launch = MpsLaunch {
+                                visible_devices: records.iter().map(|r| r.uuid.clone()).collect(),
+                                ..launch.clone()
+                            };
+                            let started = self.mps.start(&launch).map_err(|e| {
+                                ServiceError::internal(format!("claim {}: {e}", spec.uid))
+                            })?;
+                            if let Some(c) = self.state().claims.get_mut(&spec.uid) {
+                                if let Some(g) =
+                                    c.groups.iter_mut().find(|g| g.devices == plan.devices)
+                                {
+                                    g.sharing = StrategyInfo::Mps(started.clone());
+                                }
+                            }
+                            Some(started)
+                        }
+                    };
+                    let mut g = self.group_info(plan, started);
+                    g.mig = records;
+                    groups.push(g);
+                    continue;
                 }
             };
             groups.push(self.group_info(plan, started));
@@ -621,6 +810,13 @@ impl Service {
                         }
                     }
                 }
+                for m in g.mig.iter().filter(|m| m.request == req.request) {
+                    if let (Some(gpu), Some(ci)) = (self.backend.find(&m.gpu_uuid), m.ci_id) {
+                        for node in self.backend.mig_device_nodes(gpu, m.gi_id, ci) {
+                            cdi::merge(&mut edits, node_edit(&node));
+                        }
+                    }
+                }
                 if let StrategyInfo::Mps(m) = &g.sharing {
                     if g.requests.contains(&req.request) {
                         cdi::merge(
@@ -644,27 +840,27 @@ impl Service {
         Ok(())
     }
 
-    /// Releases a claim's GPU holds and restores what the last holder leaves: interval
-    /// Default after the last time-sliced claim, compute mode DEFAULT after the last MPS one.
-    fn release_gpus(&self, st: &mut State, info: &ClaimInfo) {
+    /// Admits a claim to its GPUs through their mode words, all or nothing, before it is
+    /// recorded; no lock is held, so prepares of other claims and GPUs go on meanwhile.
+    fn admit(&self, uid: &str, wants: &[(String, String, Want)]) -> Result<(), ServiceError> {
+        let view = self.view.load();
+        self.modes
+            .admit(uid, wants, |uuid| view.placement.hold(uuid).cloned())
+            .map_err(|c| ServiceError::new(ErrorCode::Conflict, c.0))
+    }
+
+    /// Removes a claim's GPU holds from the registry and returns them; the caller releases
+    /// them with `self.modes.release` once the registry lock is dropped, which restores what
+    /// the last holder leaves (interval Default after the last time-sliced claim, compute mode
+    /// DEFAULT after the last MPS one) without holding up other claims.
+    #[must_use = "the GPUs stay held until released through self.modes"]
+    fn release_gpus(&self, st: &mut State, info: &ClaimInfo) -> Vec<(String, String, Want)> {
         for g in &info.groups {
             for d in &g.devices {
-                let released = st.placement.release(&info.uid, &d.uuid);
-                if released.last_time_sliced {
-                    if let Err(e) = self
-                        .backend
-                        .set_time_slice(&d.uuid, gpushare_proto::TimeSliceInterval::Default)
-                    {
-                        tracing::error!(gpu = %d.device, error = %e, "restoring time-slice Default");
-                    }
-                }
-                if released.last_mps {
-                    if let Err(e) = self.backend.set_compute_mode(&d.uuid, ComputeMode::Default) {
-                        tracing::error!(gpu = %d.device, error = %e, "restoring compute mode DEFAULT");
-                    }
-                }
+                st.placement.release(&info.uid, &d.uuid);
             }
         }
+        wants_of(info)
     }
 
     /// Undoes everything a claim holds, whatever its state; used by unprepare (which passes
@@ -675,23 +871,21 @@ impl Service {
     /// still runs; returns the first error.
     fn teardown(&self, uid: &str, tombstone: Option<Option<String>>) -> Option<ServiceError> {
         let info = self.state().claims.get(uid).cloned()?;
-        {
+        if info.state != ClaimState::Unpreparing {
             let mut st = self.state();
             if let Some(c) = st.claims.get_mut(uid) {
                 c.state = ClaimState::Unpreparing;
             }
-            if info.state != ClaimState::Unpreparing {
-                if let Err(e) = self.save(&mut st) {
-                    if matches!(info.state, ClaimState::Prepared | ClaimState::Degraded) {
-                        // On disk the claim is still prepared: releasing it now would have a
-                        // restart bring it back. Refuse, changing nothing.
-                        if let Some(c) = st.claims.get_mut(uid) {
-                            c.state = info.state;
-                        }
-                        return Some(e);
+            if let Err(e) = self.commit(st) {
+                if matches!(info.state, ClaimState::Prepared | ClaimState::Degraded) {
+                    // On disk the claim is still prepared: releasing it now would have a
+                    // restart bring it back. Refuse, changing nothing.
+                    if let Some(c) = self.state().claims.get_mut(uid) {
+                        c.state = info.state;
                     }
-                    // A half-done prepare is rolled back at the next start anyway.
+                    return Some(e);
                 }
+                // A half-done prepare is rolled back at the next start anyway.
             }
         }
         crate::crash::point("unprepare.unpreparing_saved");
@@ -713,6 +907,10 @@ impl Service {
             }
         }
         crate::crash::point("unprepare.mps_stopped");
+        // MIG instances go after the MPS control daemons that ran on them.
+        if let Err(e) = self.destroy_mig(&info) {
+            note(&mut errors, e);
+        }
         if let Err(e) = fsutil::remove_file_if_exists(&cdi::spec_path(&self.cfg.cdi_dir, uid)) {
             note(
                 &mut errors,
@@ -732,8 +930,9 @@ impl Service {
         // Only a complete release frees the GPUs: while a daemon or mount may still be there,
         // the claim keeps its holds (state Unpreparing), so no other claim is placed on top of
         // it, and the next unprepare or prepare of this claim finishes the job.
+        let mut freed = Vec::new();
         if errors.is_empty() {
-            self.release_gpus(&mut st, &info);
+            freed = self.release_gpus(&mut st, &info);
             st.claims.remove(uid);
             if let Some(resource_version) = tombstone {
                 st.claim_generation += 1;
@@ -743,11 +942,13 @@ impl Service {
                     released_at: now_secs(),
                 };
                 st.tombstones.insert(uid.to_string(), t);
+                crate::checkpoint::prune_tombstones(&mut st.tombstones, now_secs());
             }
         }
-        if let Err(e) = self.save(&mut st) {
+        if let Err(e) = self.commit(st) {
             note(&mut errors, e);
         }
+        self.modes.release(self.backend.as_ref(), &freed);
         errors.into_iter().next()
     }
 
@@ -825,6 +1026,28 @@ impl Service {
             ));
         }
 
+        // What reads /proc (the container's cgroup, whether the claim's MPS control daemon
+        // runs) is done before taking the registry lock, on the published view. Only for a
+        // claim seen Prepared: any other state (Degraded with its reason, above all) is
+        // answered under the lock.
+        let cgroup = p.pid.and_then(read_cgroup);
+        let seen = self.view.load();
+        if let Some(claim) = seen
+            .claims
+            .get(&p.claim_uid)
+            .filter(|c| c.state == ClaimState::Prepared)
+        {
+            if let Some(pid) = self.dead_mps_daemon(claim) {
+                return Err(ServiceError::new(
+                    ErrorCode::NotReady,
+                    format!(
+                        "claim {}: its MPS control daemon (pid {pid}) is not running",
+                        p.claim_uid
+                    ),
+                ));
+            }
+        }
+
         let mut st = self.state();
         let claim = st.claims.get(&p.claim_uid).ok_or_else(|| {
             ServiceError::new(
@@ -851,15 +1074,6 @@ impl Service {
                 format!("claim {} is {:?}, not ready", p.claim_uid, claim.state),
             ));
         }
-        if let Some(pid) = self.dead_mps_daemon(claim) {
-            return Err(ServiceError::new(
-                ErrorCode::NotReady,
-                format!(
-                    "claim {}: its MPS control daemon (pid {pid}) is not running",
-                    p.claim_uid
-                ),
-            ));
-        }
         if let Some(a) = claim
             .attached
             .iter()
@@ -872,7 +1086,7 @@ impl Service {
             // the new process, so that the old pid's death does not free a live slot.
             let updated = Attachment {
                 pid: p.pid,
-                cgroup: p.pid.and_then(read_cgroup),
+                cgroup: cgroup.clone(),
                 bundle: p.bundle.clone(),
                 ..a.clone()
             };
@@ -885,7 +1099,7 @@ impl Service {
                     *slot = updated.clone();
                 }
             }
-            self.save(&mut st)?;
+            self.commit(st)?;
             return Ok(updated);
         }
         // A container whose init process is gone and whose poststop hook never ran (runtime
@@ -923,15 +1137,15 @@ impl Service {
             claim_uid: p.claim_uid.clone(),
             container_id: p.container_id.clone(),
             pid: p.pid,
-            cgroup: p.pid.and_then(read_cgroup),
+            cgroup,
             bundle: p.bundle.clone(),
             attached_at: now_secs(),
         };
         if let Some(c) = st.claims.get_mut(&p.claim_uid) {
             c.attached.push(attachment.clone());
         }
-        if let Err(e) = self.save(&mut st) {
-            if let Some(c) = st.claims.get_mut(&p.claim_uid) {
+        if let Err(e) = self.commit(st) {
+            if let Some(c) = self.state().claims.get_mut(&p.claim_uid) {
                 c.attached.retain(|a| a.container_id != p.container_id);
             }
             return Err(e);
@@ -954,7 +1168,7 @@ impl Service {
         claim.attached.retain(|a| a.container_id != p.container_id);
         let detached = claim.attached.len() != before;
         if detached {
-            self.save(&mut st)?;
+            self.commit(st)?;
             tracing::info!(claim = %p.claim_uid, container = %p.container_id, "container detached");
         }
         Ok(DetachResult { detached })
@@ -966,42 +1180,54 @@ impl Service {
     /// `InvalidRequest` for a malformed UID, `NotFound`.
     pub fn get_claim(&self, uid: &str) -> Result<ClaimInfo, ServiceError> {
         config::validate_claim_uid(uid)?;
-        self.state().claims.get(uid).cloned().ok_or_else(|| {
-            ServiceError::new(ErrorCode::NotFound, format!("no claim {uid} on this node"))
-        })
+        self.view
+            .load()
+            .claims
+            .get(uid)
+            .map(|c| ClaimInfo::clone(c))
+            .ok_or_else(|| {
+                ServiceError::new(ErrorCode::NotFound, format!("no claim {uid} on this node"))
+            })
     }
 
     /// All claims, by UID.
     pub fn list_claims(&self) -> Vec<ClaimInfo> {
-        self.state().claims.values().cloned().collect()
+        self.view
+            .load()
+            .claims
+            .values()
+            .map(|c| ClaimInfo::clone(c))
+            .collect()
     }
 
     /// All GPUs with their settings and holders.
     pub fn list_gpus(&self) -> Vec<GpuInfo> {
-        let st = self.state();
+        let st = self.view.load();
         self.backend
             .gpus()
             .iter()
             .map(|g| {
                 let hold = st.placement.hold(&g.uuid);
-                GpuInfo {
-                    name: g.device_name(),
-                    minor: g.minor,
-                    uuid: g.uuid.clone(),
-                    product_name: g.product_name.clone(),
-                    memory_mib: g.memory_mib,
+                let mut info = GpuInfo {
                     compute_mode: self.backend.compute_mode(&g.uuid).unwrap_or_default(),
                     time_slice: self.backend.time_slice(&g.uuid).unwrap_or_default(),
                     sharing: hold.map_or(GpuSharing::Free, |h| h.sharing()),
                     claims: hold.map(|h| h.claims()).unwrap_or_default(),
+                    ..g.info()
+                };
+                // MIG mode and instances change at runtime: read them live.
+                if let Some((enabled, devices)) = self.live_mig(g) {
+                    info.mig_enabled = enabled;
+                    info.mig_devices = devices;
                 }
+                info
             })
             .collect()
     }
 
     /// Liveness and readiness.
     pub fn health(&self) -> HealthInfo {
-        let st = self.state();
+        let st = self.view.load();
         HealthInfo {
             ready: st.ready,
             node_name: self.cfg.node_name.clone(),
@@ -1046,26 +1272,39 @@ fn reapply_gpu_settings(backend: &dyn GpuBackend, placement: &Placement) {
                     }
                 }
             }
-            Some(Hold::Exclusive(_)) | None => {}
+            Some(Hold::Exclusive(_) | Hold::Mig(_)) | None => {}
         }
     }
 }
 
 /// What each GPU of a claim record wants, for (re)building placement.
+/// A MIG group's devices are MIG devices; whatever its sharing, it holds its GPUs as `Mig`,
+/// once per GPU.
 fn wants_of(info: &ClaimInfo) -> Vec<(String, String, Want)> {
-    info.groups
-        .iter()
-        .flat_map(|g| {
-            let want = match &g.sharing {
-                StrategyInfo::Exclusive => Want::Exclusive,
-                StrategyInfo::TimeSlicing { interval } => Want::TimeSlicing(*interval),
-                StrategyInfo::Mps(_) => Want::Mps,
+    let mut out: Vec<(String, String, Want)> = Vec::new();
+    for g in &info.groups {
+        for d in &g.devices {
+            let want = if crate::mig::MigDeviceName::parse(&d.device).is_some() {
+                if out.iter().any(|(u, _, w)| *u == d.uuid && *w == Want::Mig) {
+                    continue;
+                }
+                Want::Mig
+            } else {
+                match &g.sharing {
+                    StrategyInfo::Exclusive => Want::Exclusive,
+                    StrategyInfo::TimeSlicing { interval } => Want::TimeSlicing(*interval),
+                    StrategyInfo::Mps(_) => Want::Mps,
+                }
             };
-            g.devices
-                .iter()
-                .map(move |d| (d.uuid.clone(), d.device.clone(), want))
-        })
-        .collect()
+            let name = if want == Want::Mig {
+                format!("gpu-{}", d.minor)
+            } else {
+                d.device.clone()
+            };
+            out.push((d.uuid.clone(), name, want));
+        }
+    }
+    out
 }
 
 fn node_edit(node: &crate::gpu::DeviceNode) -> ContainerEdits {
@@ -1075,5 +1314,7 @@ fn node_edit(node: &crate::gpu::DeviceNode) -> ContainerEdits {
     }
 }
 
+#[cfg(test)]
+mod mig_tests;
 #[cfg(test)]
 mod tests;

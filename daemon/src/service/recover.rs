@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use gpushare_proto::{ClaimInfo, ClaimState, ErrorCode, StrategyInfo};
 
-use super::{now_secs, reapply_gpu_settings, wants_of, Service};
+use super::{mig, now_secs, reapply_gpu_settings, wants_of, Service};
 use crate::checkpoint::Loaded;
 use crate::error::ServiceError;
 use crate::fsutil;
@@ -209,6 +209,10 @@ impl Service {
                 st.claim_generation = st.claim_generation.max(info.generation);
                 st.claims.insert(uid, info);
             }
+            // The GPUs' mode words hold what the checkpointed claims hold from here on, so that
+            // the rollbacks below release through them (restoring a GPU's settings when its
+            // last holder goes) like any other release.
+            self.modes.take_holds(&st.placement);
         }
         let uids: Vec<(String, ClaimState)> = self
             .state()
@@ -245,8 +249,14 @@ impl Service {
         self.remove_orphans();
         // After the rollbacks, so that only what the remaining claims asked is applied.
         reapply_gpu_settings(self.backend.as_ref(), &self.state().placement);
+        // After the rollbacks too (which destroyed the rolled-back claims' MIG instances): the
+        // sweep destroys MIG instances that neither a remaining claim nor the node's MIG
+        // layout record owns, such as one a crash left between creating and recording it.
+        {
+            let st = self.state();
+            mig::sweep_at_start(self.backend.as_ref(), &self.cfg.run_dir, st.claims.values());
+        }
         let mut st = self.state();
-        let _ = self.save(&mut st);
         st.ready = true;
         tracing::info!(
             claims = st.claims.len(),
@@ -257,6 +267,8 @@ impl Service {
                 .count(),
             "reconciled the host with the checkpoint"
         );
+        // Written even when nothing changed: the file then holds this boot's ID.
+        let _ = self.commit(st);
     }
 
     /// Re-adopts or restarts the MPS control daemons of a prepared claim and makes sure its
@@ -309,8 +321,8 @@ impl Service {
             return Ok(());
         };
         let result = self.mps.restart(&launch_of(&old));
-        let mut st = self.state();
-        let st = &mut *st;
+        let mut guard = self.state();
+        let st = &mut *guard;
         let Some(c) = st.claims.get_mut(uid) else {
             return Ok(());
         };
@@ -367,7 +379,7 @@ impl Service {
                     x.state = ClaimState::Prepared;
                 }
             }
-            let _ = self.save(st);
+            let _ = self.commit(guard);
             self.write_host_record(&c);
         }
         self.wake_supervisor();
@@ -611,8 +623,8 @@ impl Service {
     /// ignored. Otherwise the claim becomes `Degraded` with the reason in `last_error`, and a
     /// restart is scheduled with backoff.
     pub fn mps_daemon_exited(&self, uid: &str, pid: i32) {
-        let mut st = self.state();
-        let st = &mut *st;
+        let mut guard = self.state();
+        let st = &mut *guard;
         let Some(c) = st.claims.get_mut(uid) else {
             return;
         };
@@ -657,7 +669,7 @@ impl Service {
         let delay = restart_backoff(plan.failures);
         plan.failures = plan.failures.saturating_add(1);
         plan.due = Some(Instant::now() + delay);
-        let _ = self.save(st);
+        let _ = self.commit(guard);
     }
 
     /// When the next scheduled restart is due, if any.
@@ -735,8 +747,11 @@ impl Service {
                 "requests still under way at the stop bound; the next start reconciles them"
             );
         }
+        // Nothing may have changed since the last write: write anyway, so that the file holds
+        // this build's format and the stop is on record.
         let mut st = self.state();
-        self.save(&mut st)?;
+        st.stopping = true;
+        self.commit(st)?;
         Ok(finished)
     }
 }

@@ -1,0 +1,99 @@
+//! `gpushare mig list|plan|apply` and `gpushare gpus` against a real gpushared on a simulated
+//! p4d.24xlarge whose gpu-2 is in MIG mode.
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use gpushare_e2e::*;
+
+fn cli(d: &Daemon, args: &[&str]) -> Output {
+    Command::new(bin("gpushare"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(args)
+        .output()
+        .expect("gpushare")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn mig_cli_lists_plans_applies_and_refuses_claimed_gpus() {
+    let Some(cases) = setup() else {
+        return;
+    };
+    let d = Daemon::start_on(
+        DaemonOptions {
+            mps_control: bin("gpushare-mps-control"),
+            cdi_dir: None,
+            run_dir: None,
+        },
+        &p4d_mig_profile(),
+    );
+    let uid = unique_uid("mig-cli");
+    let claim = with_uid(
+        &load_claim(&cases.join("claims/seed-mig-3g20gb.yaml")),
+        &uid,
+    );
+    d.prepare(&claim)
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+
+    let list = cli(&d, &["mig", "list"]);
+    assert!(list.status.success(), "{}", text(&list));
+    let row = String::from_utf8_lossy(&list.stdout)
+        .lines()
+        .find(|l| l.contains("gpu-2-mig-3g20gb-9-4"))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no row: {}", text(&list)));
+    for want in ["3g.20gb", "4:4", "MIG-", &uid] {
+        assert!(row.contains(want), "{want} in {row}");
+    }
+    let gpus = cli(&d, &["gpus"]);
+    assert!(
+        String::from_utf8_lossy(&gpus.stdout)
+            .lines()
+            .any(|l| l.contains("gpu-2") && l.contains("on (1 devices)") && l.contains("Mig")),
+        "{}",
+        text(&gpus)
+    );
+
+    let layout = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/examples/mig-layout.yaml");
+    let layout = layout.to_str().unwrap();
+    // gpu-2 is held by the claim: plan and apply refuse, nothing changes.
+    for verb in ["plan", "apply"] {
+        let o = cli(&d, &["mig", verb, "-f", layout, "-c", "half-and-half"]);
+        assert!(!o.status.success(), "{verb}: {}", text(&o));
+        assert!(
+            text(&o).contains("Conflict") && text(&o).contains(&uid),
+            "{}",
+            text(&o)
+        );
+    }
+    assert_eq!(d.gpus()["gpu-2"].mig_devices.len(), 1);
+    let o = cli(&d, &["mig", "apply", "-f", layout, "-c", "no-such-config"]);
+    assert!(text(&o).contains("InvalidConfig"), "{}", text(&o));
+
+    d.unprepare(&uid);
+    d.assert_nothing_left(&uid, &[]);
+    // Free now: the plan shows the change, and the apply on this Ampere GPU leaves the mode
+    // change pending a reset and says so.
+    let o = cli(&d, &["mig", "plan", "-f", layout, "-c", "half-and-half"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("gpu-2:") && text(&o).contains("would set MIG mode disabled"),
+        "{}",
+        text(&o)
+    );
+    assert!(d.gpus()["gpu-2"].mig_enabled, "a plan changes nothing");
+    let o = cli(&d, &["mig", "apply", "-f", layout, "-c", "half-and-half"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("pending a GPU reset"), "{}", text(&o));
+}
