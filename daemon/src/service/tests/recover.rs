@@ -570,3 +570,42 @@ fn a_prepare_retry_restarts_a_dead_daemon_in_the_same_pipe_directory() {
     );
     assert!(f.host.state().mounts.contains(Path::new(&after.shm_dir)));
 }
+
+#[test]
+fn after_a_restart_the_mode_words_hold_readopted_claims_and_rollbacks_free_theirs() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("keep", &["gpu-1"], Some(mps(50))))
+        .unwrap();
+    f.service
+        .prepare(&claim("half", &["gpu-2"], Some(mps(50))))
+        .unwrap();
+    let file = CheckpointFile::new(f.cfg.checkpoint.clone());
+    let mut cp = file.load().unwrap().checkpoint;
+    cp.claims.get_mut("half").unwrap().state = ClaimState::PrepareStarted;
+    file.save(&cp).unwrap();
+
+    let again = restart(&f, fresh_backend());
+    // The re-adopted claim's GPU is refused to others by its mode word, before the registry.
+    let err = again
+        .prepare(&claim("other", &["gpu-1"], None))
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Conflict, "{}", err.message);
+    assert!(err.message.contains("gpu-1"), "{}", err.message);
+    // The rolled-back claim's GPU was released through its word (restored, then free).
+    again.prepare(&claim("other", &["gpu-2"], None)).unwrap();
+    // The checkpoint written by the reconcile carries this boot's ID and the generations.
+    let written = file.load().unwrap().checkpoint;
+    assert_eq!(written.version, crate::checkpoint::CHECKPOINT_VERSION);
+    assert!(written.generation >= cp.generation, "{written:?}");
+    assert_eq!(
+        written.claims.keys().collect::<Vec<_>>(),
+        ["keep", "other"],
+        "{written:?}"
+    );
+    // The re-adopted claim is the last holder of its word: its release restores the GPU.
+    again.unprepare("keep").unwrap();
+    let gpu1 = again.list_gpus().into_iter().find(|g| g.name == "gpu-1");
+    assert_eq!(gpu1.map(|g| g.compute_mode), Some(ComputeMode::Default));
+    again.prepare(&claim("third", &["gpu-1"], None)).unwrap();
+}
