@@ -2,9 +2,9 @@
 # Installs what the test suite runs for real: runc, crun, podman (reads CDI specs with the
 # reference library), containerd 1.6 with ctr (runs gpushare-runtime as its runc binary),
 # busybox-static (container rootfs), NVIDIA's MPS control program (Debian package
-# nvidia-cuda-mps, in the non-free component), and the packaging checks' tools (rpm, binutils,
-# systemd, python3-prometheus-client, cargo-generate-rpm). Idempotent; installs only what is
-# missing. Needs root and Debian bookworm's package registry.
+# nvidia-cuda-mps, in the non-free component), the packaging checks' tools (rpm, binutils,
+# systemd, python3-prometheus-client, cargo-generate-rpm) and cargo-fuzz (from crates.io).
+# Idempotent; installs only what is missing. Needs root and Debian bookworm's package registry.
 set -euo pipefail
 
 need=()
@@ -25,6 +25,11 @@ command -v systemd-analyze >/dev/null || need+=(systemd)
 # cargo-generate-rpm builds the RPM (a pinned version, built once per machine, ~3 min on 2 cores).
 if ! command -v cargo-generate-rpm >/dev/null; then
   cargo install --locked --quiet cargo-generate-rpm --version 0.21.1
+fi
+# cargo-fuzz (a cargo subcommand, built from crates.io) for the fuzz smoke runs of
+# scripts/fuzz.sh.
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  cargo install --locked cargo-fuzz
 fi
 [ ${#need[@]} -eq 0 ] && exit 0
 

@@ -24,6 +24,9 @@ echo "== cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 GPUSHARE_E2E_REQUIRE=1 cargo test --workspace --locked -- --test-threads=2 2>&1 | tee "$log"
+echo "== fuzz"
+# Every fuzz target for GPUSHARE_FUZZ_SECONDS (default 60) each, under AddressSanitizer.
+./scripts/fuzz.sh "${GPUSHARE_FUZZ_SECONDS:-60}" 2>&1 | tee -a "$log"
 # One closing line for the whole run (the last runner line is the doc tests' alone).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) s += $i } }
      END { printf "%d passed, %d failed, %d skipped\n", p, f, s }' "$log"

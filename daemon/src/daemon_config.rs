@@ -144,8 +144,18 @@ pub struct NodeConfig {
 pub struct SocketConfig {
     /// Socket file mode, as an octal string (`"0660"`).
     pub mode: String,
+    /// Socket file's group, a name or a numeric gid; its members may call reading methods
+    /// (`list_claims`, `list_gpus`, `get_claim`, `health`, `version`).
+    pub group: String,
     /// Uids besides 0 allowed to call changing methods (prepare, unprepare, attach, detach).
     pub changing_uids: Vec<u32>,
+    /// Most connections served at once; one more is answered "retry later" and closed.
+    pub max_connections: usize,
+    /// Seconds a connection may take to send a complete request line before it is closed.
+    pub idle_timeout_seconds: u64,
+    /// Seconds a client waits for one request's work before it is answered `Internal` (the
+    /// work goes on in the background).
+    pub request_timeout_seconds: u64,
 }
 
 /// `[mps]`.
@@ -230,7 +240,11 @@ impl Default for SocketConfig {
     fn default() -> Self {
         SocketConfig {
             mode: "0660".to_string(),
+            group: "root".to_string(),
             changing_uids: Vec::new(),
+            max_connections: 256,
+            idle_timeout_seconds: 60,
+            request_timeout_seconds: 120,
         }
     }
 }
@@ -323,6 +337,24 @@ impl DaemonConfig {
             message,
         };
         parse_mode(&self.socket.mode).map_err(|m| invalid("socket.mode", m))?;
+        if self.socket.group.is_empty() {
+            return Err(invalid("socket.group", "must name a group or a gid".into()));
+        }
+        for (key, v) in [
+            ("socket.max_connections", self.socket.max_connections as u64),
+            (
+                "socket.idle_timeout_seconds",
+                self.socket.idle_timeout_seconds,
+            ),
+            (
+                "socket.request_timeout_seconds",
+                self.socket.request_timeout_seconds,
+            ),
+        ] {
+            if v == 0 {
+                return Err(invalid(key, "must be at least 1".into()));
+            }
+        }
         if self.mps.timeout_seconds == 0 {
             return Err(invalid("mps.timeout_seconds", "must be at least 1".into()));
         }
@@ -395,6 +427,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("socket.mode"), "{e}");
+        let e = DaemonConfig::parse("[socket]\nmax_connections = 0\n", Path::new("x"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("socket.max_connections"), "{e}");
+        let e = DaemonConfig::parse("[socket]\ngroup = \"\"\n", Path::new("x"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("socket.group"), "{e}");
         let e = DaemonConfig::parse("[mps]\ntimeout_seconds = 0\n", Path::new("x"))
             .unwrap_err()
             .to_string();

@@ -1,10 +1,127 @@
-//! File helpers shared by the CDI writer and the checkpoint: atomic replace and directory
-//! creation with explicit modes.
+//! File helpers shared by the CDI writer, the checkpoint and the MPS strategy: atomic replace,
+//! directory creation with explicit modes that never follows a symbolic link, and the check
+//! that a configured directory is one only root controls.
+//!
+//! The threat: `gpushared` runs as root and writes under its run, state and CDI directories.
+//! Anyone who can plant a symbolic link (or own a directory) on one of those paths could make
+//! it create, chmod or overwrite files elsewhere. So a configured directory must be a real
+//! directory, reached only through links and directories owned by root, and writable by root
+//! alone ([`check_trusted_dir`]); every directory created below it is opened with `O_NOFOLLOW`
+//! and changed through that handle ([`create_dir`]); every file is created with `O_EXCL` and
+//! `O_NOFOLLOW` and renamed into place ([`write_atomic`]).
 
 use std::fs::{self, DirBuilder, File, OpenOptions, Permissions};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+/// Mode of missing parents that [`create_dir`] creates: traversable (a bind-mount source
+/// below must stay reachable) but not listable by others.
+pub const PARENT_MODE: u32 = 0o711;
+
+fn refused(path: &Path, why: impl std::fmt::Display) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!("{}: {why}; refusing it", path.display()),
+    )
+}
+
+fn our_uid() -> u32 {
+    nix::unistd::geteuid().as_raw()
+}
+
+/// Refuses `path` when it contains `..` or when a symbolic link on the way (as written, the
+/// last component included when it exists) is owned by anyone but root or us: only root can
+/// plant those in root's directories, and whoever else could is not to be followed.
+fn check_links_on_the_way(path: &Path) -> io::Result<()> {
+    let me = our_uid();
+    let mut prefix = PathBuf::new();
+    for c in path.components() {
+        if matches!(c, Component::ParentDir) {
+            return Err(refused(path, "contains \"..\""));
+        }
+        prefix.push(c);
+        let m = match fs::symlink_metadata(&prefix) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        if m.file_type().is_symlink() && m.uid() != 0 && m.uid() != me {
+            return Err(refused(
+                &prefix,
+                format_args!("is a symbolic link owned by uid {}", m.uid()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `dir` (absolute) is a directory only root (or this process's uid) controls:
+/// `dir` itself is not a symbolic link; every symbolic link on the way is owned by root; every
+/// directory of its resolved path is owned by root or us, and not writable by others unless it
+/// is sticky (`/tmp`); `dir` itself is writable by its owner alone. Links owned by root, such as
+/// `/var/run` → `/run`, are fine.
+///
+/// # Errors
+/// `PermissionDenied` naming the offending path and why; `NotFound` and other I/O errors as
+/// they come.
+pub fn check_trusted_dir(dir: &Path) -> io::Result<()> {
+    if !dir.is_absolute() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not an absolute path", dir.display()),
+        ));
+    }
+    let me = our_uid();
+    let trusted_owner = |uid: u32| uid == 0 || uid == me;
+    let meta = fs::symlink_metadata(dir)?;
+    if meta.file_type().is_symlink() {
+        return Err(refused(
+            dir,
+            "is a symbolic link (name the real directory instead)",
+        ));
+    }
+    if !meta.is_dir() {
+        return Err(refused(dir, "is not a directory"));
+    }
+    check_links_on_the_way(dir)?;
+    // The directories it resolves to.
+    let real = fs::canonicalize(dir)?;
+    let mut prefix = PathBuf::new();
+    let count = real.components().count();
+    for (i, c) in real.components().enumerate() {
+        prefix.push(c);
+        let m = fs::metadata(&prefix)?;
+        if !trusted_owner(m.uid()) {
+            return Err(refused(
+                &prefix,
+                format_args!("is owned by uid {}, not by root", m.uid()),
+            ));
+        }
+        let mode = m.mode();
+        let last = i + 1 == count;
+        let sticky = mode & 0o1000 != 0;
+        if last && mode & 0o022 != 0 {
+            return Err(refused(
+                &prefix,
+                format_args!(
+                    "is writable by group or others (mode {:04o})",
+                    mode & 0o7777
+                ),
+            ));
+        }
+        if !last && mode & 0o002 != 0 && !sticky {
+            return Err(refused(
+                &prefix,
+                format_args!(
+                    "is writable by others and not sticky (mode {:04o})",
+                    mode & 0o7777
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// Replaces `path` with `contents` atomically: a temporary file in the same directory is
 /// written, fsynced and renamed over `path`, then the directory is fsynced, so a reader (podman,
@@ -19,57 +136,102 @@ pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
     let name = path
         .file_name()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
-    // A leading dot keeps CDI scanners (which read only *.json and *.yaml) away from it.
+    // A leading dot keeps CDI scanners (which read only *.json and *.yaml) away from it; the
+    // counter keeps two writers of one path in this process off each other's file.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = dir.join(format!(
-        ".{}.tmp-{}",
+        ".{}.tmp-{}-{n}",
         name.to_string_lossy(),
         std::process::id()
     ));
+    write_via(path, &tmp, contents, mode)
+}
+
+/// [`write_atomic`] through the temporary file `tmp` (in `path`'s directory).
+fn write_via(path: &Path, tmp: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    // A leftover of a crash, or something planted: O_EXCL below never writes through it.
+    remove_file_if_exists(tmp)?;
     let result = (|| {
         let mut f = OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(mode)
             .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)?;
+            .open(tmp)?;
         f.set_permissions(Permissions::from_mode(mode))?;
         f.write_all(contents)?;
         f.sync_all()?;
-        fs::rename(&tmp, path)?;
+        fs::rename(tmp, path)?;
         File::open(dir)?.sync_all()
     })();
     if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+        let _ = fs::remove_file(tmp);
     }
     result
 }
 
-/// Creates `path` and missing parents; the last component gets `mode` exactly (umask aside,
-/// which is why the mode is set again afterwards).
+/// Creates `path` with exactly `mode`, and missing parents with [`PARENT_MODE`], never
+/// following a symbolic link: each directory created (or found) is opened with `O_NOFOLLOW`,
+/// checked to be ours and chmodded through that handle. An existing parent is taken as it is
+/// unless a symbolic link on its way belongs to someone but root (the configured directories
+/// above were checked by [`check_trusted_dir`]).
 ///
 /// # Errors
-/// Any I/O error, or `path` existing as something other than a directory.
+/// `PermissionDenied` when a component is a symbolic link or a directory owned by another uid;
+/// `AlreadyExists` when it is not a directory; any other I/O error.
 pub fn create_dir(path: &Path, mode: u32) -> io::Result<()> {
-    DirBuilder::new().recursive(true).mode(mode).create(path)?;
-    let meta = fs::symlink_metadata(path)?;
-    if !meta.is_dir() {
-        return Err(io::Error::new(
-            io::ErrorKind::AlreadyExists,
-            format!("{} exists and is not a directory", path.display()),
+    check_links_on_the_way(path)?;
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if !parent.is_dir() {
+            create_dir(parent, PARENT_MODE)?;
+        }
+    }
+    match DirBuilder::new().mode(mode).create(path) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    let dir = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            // With O_DIRECTORY the kernel reports a link as ENOTDIR.
+            Some(libc::ELOOP | libc::ENOTDIR)
+                if fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) =>
+            {
+                refused(path, "is a symbolic link")
+            }
+            Some(libc::ENOTDIR) => io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a directory", path.display()),
+            ),
+            _ => e,
+        })?;
+    let meta = dir.metadata()?;
+    if meta.uid() != our_uid() {
+        return Err(refused(
+            path,
+            format_args!("is owned by uid {}, not by gpushared", meta.uid()),
         ));
     }
-    fs::set_permissions(path, Permissions::from_mode(mode))
+    dir.set_permissions(Permissions::from_mode(mode))
 }
 
-/// Creates `path` (and parents) with `mode` only if it is missing; an existing directory keeps
-/// its mode (the CDI directory is shared with other vendors).
+/// Creates `path` (and parents) with `mode` only if it is missing, as [`create_dir`] does; an
+/// existing directory keeps its mode (the CDI directory is shared with other vendors).
 ///
 /// # Errors
-/// Any I/O error, or `path` existing as something other than a directory.
+/// Any I/O error; `PermissionDenied` when `path` is a symbolic link or a link on its way is
+/// not root's; `AlreadyExists` when it is something else than a directory.
 pub fn create_dir_if_missing(path: &Path, mode: u32) -> io::Result<()> {
     match fs::symlink_metadata(path) {
         Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(meta) if meta.file_type().is_symlink() => Err(refused(
+            path,
+            "is a symbolic link (name the real directory instead)",
+        )),
         Ok(_) => Err(io::Error::new(
             io::ErrorKind::AlreadyExists,
             format!("{} exists and is not a directory", path.display()),
@@ -135,5 +297,111 @@ mod tests {
             fs::metadata(&d).unwrap().permissions().mode() & 0o777,
             0o711
         );
+    }
+
+    use std::os::unix::fs::{lchown, symlink};
+
+    fn mode_of(p: &Path) -> u32 {
+        fs::symlink_metadata(p).unwrap().mode() & 0o7777
+    }
+
+    #[test]
+    fn create_dir_never_follows_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = dir.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        fs::set_permissions(&outside, Permissions::from_mode(0o755)).unwrap();
+        let link = dir.path().join("claims");
+        symlink(&outside, &link).unwrap();
+        let e = create_dir(&link, 0o700).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+        assert!(e.to_string().contains("is a symbolic link"), "{e}");
+        assert_eq!(
+            mode_of(&outside),
+            0o755,
+            "the link's target was not chmodded"
+        );
+        // A link planted by another uid is not followed on the way down either.
+        lchown(&link, Some(65534), Some(65534)).unwrap();
+        let e = create_dir(&link.join("uid/mps"), 0o700).unwrap_err();
+        assert!(e.to_string().contains("owned by uid 65534"), "{e}");
+        assert_eq!(
+            fs::read_dir(&outside).unwrap().count(),
+            0,
+            "nothing created outside"
+        );
+    }
+
+    #[test]
+    fn create_dir_refuses_a_foreign_directory_and_sets_parent_modes() {
+        let dir = tempfile::tempdir().unwrap();
+        let foreign = dir.path().join("foreign");
+        fs::create_dir(&foreign).unwrap();
+        lchown(&foreign, Some(65534), None).unwrap();
+        let e = create_dir(&foreign, 0o700).unwrap_err();
+        assert!(e.to_string().contains("owned by uid 65534"), "{e}");
+        let deep = dir.path().join("a/b/c");
+        create_dir(&deep, 0o750).unwrap();
+        assert_eq!(mode_of(&deep), 0o750);
+        assert_eq!(mode_of(&dir.path().join("a/b")), PARENT_MODE);
+    }
+
+    #[test]
+    fn write_atomic_replaces_a_planted_link_without_writing_through_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"keep").unwrap();
+        let spec = dir.path().join("spec.json");
+        symlink(&victim, &spec).unwrap();
+        write_atomic(&spec, b"new", 0o644).unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"keep");
+        // A planted temporary name is removed, never written through.
+        let tmp = dir.path().join(".spec.json.tmp-planted");
+        symlink(&victim, &tmp).unwrap();
+        write_via(&spec, &tmp, b"new", 0o644).unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"keep");
+        assert!(!fs::symlink_metadata(&spec)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(fs::read(&spec).unwrap(), b"new");
+    }
+
+    #[test]
+    fn trusted_dirs() {
+        let base = tempfile::tempdir().unwrap();
+        let good = base.path().join("good");
+        fs::create_dir(&good).unwrap();
+        fs::set_permissions(&good, Permissions::from_mode(0o755)).unwrap();
+        check_trusted_dir(&good).unwrap();
+        // A link owned by root on the way (like /var/run -> /run) is fine; the directory
+        // itself being a link is not.
+        let via = base.path().join("via");
+        symlink(base.path(), &via).unwrap();
+        check_trusted_dir(&via.join("good")).unwrap();
+        let e = check_trusted_dir(&base.path().join("via")).unwrap_err();
+        assert!(e.to_string().contains("is a symbolic link"), "{e}");
+        lchown(&via, Some(65534), None).unwrap();
+        let e = check_trusted_dir(&via.join("good")).unwrap_err();
+        assert!(
+            e.to_string().contains("symbolic link owned by uid 65534"),
+            "{e}"
+        );
+        let foreign = base.path().join("foreign");
+        fs::create_dir(&foreign).unwrap();
+        lchown(&foreign, Some(65534), None).unwrap();
+        let e = check_trusted_dir(&foreign).unwrap_err();
+        assert!(e.to_string().contains("owned by uid 65534"), "{e}");
+        let open = base.path().join("open");
+        fs::create_dir(&open).unwrap();
+        fs::set_permissions(&open, Permissions::from_mode(0o777)).unwrap();
+        let e = check_trusted_dir(&open).unwrap_err();
+        assert!(e.to_string().contains("writable by group or others"), "{e}");
+        let inner = open.join("inner");
+        fs::create_dir(&inner).unwrap();
+        let e = check_trusted_dir(&inner).unwrap_err();
+        assert!(e.to_string().contains("not sticky"), "{e}");
+        assert!(check_trusted_dir(Path::new("relative")).is_err());
+        assert!(check_trusted_dir(&good.join("../good")).is_err());
     }
 }

@@ -32,6 +32,7 @@ pub mod metrics;
 pub mod mig;
 pub mod notify;
 pub mod placement;
+pub mod privileges;
 pub mod server;
 pub mod service;
 pub mod strategy;

@@ -1,14 +1,20 @@
 //! The Unix-socket server: newline-delimited JSON, one response per request line.
 //!
 //! Each connection is served by its own task; each request runs on tokio's blocking pool, so a
-//! slow prepare never stalls another connection's `list_claims`. Changing methods need a peer
-//! whose SO_PEERCRED uid is 0 (or listed in `changing_uids`).
+//! slow prepare never stalls another connection's `list_claims`. Every request is checked
+//! against the peer's SO_PEERCRED credentials ([`authorize`]): changing methods need uid 0 or a
+//! uid in `changing_uids`; reading methods also admit members of the socket's group; anyone
+//! else gets `PermissionDenied` (logged once per uid). Input is bounded: line length
+//! ([`MAX_REQUEST_BYTES`]), JSON nesting ([`MAX_JSON_DEPTH`]), connections, idle time and the
+//! time one request may take; a connection that breaks a bound is answered and closed, and
+//! nothing else is affected.
 
+use std::collections::HashSet;
 use std::fs::{self, Permissions};
 use std::io;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gpushare_proto::{
@@ -35,6 +41,19 @@ pub const MAX_CONNECTIONS: usize = 256;
 /// Default for [`ServerConfig::idle_timeout`].
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Default for [`ServerConfig::request_timeout`]: longer than any prepare should take (MPS
+/// start, limits and read-back are each bounded by `mps.timeout_seconds`).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Deepest nesting of JSON arrays and objects accepted in a request line. A ResourceClaim
+/// nests about a dozen levels; serde_json stops at 128 on its own, but a deeply nested line
+/// is refused here with a clear message before any parsing.
+pub const MAX_JSON_DEPTH: usize = 64;
+
+/// Most distinct uids remembered for "logged once per peer"; past it denials are still
+/// refused, only no longer logged, so a uid-cycling client cannot grow the daemon's memory.
+const MAX_LOGGED_PEERS: usize = 4096;
+
 /// How the socket is set up.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -42,7 +61,10 @@ pub struct ServerConfig {
     pub socket: PathBuf,
     /// Socket file mode (default 0660).
     pub mode: u32,
-    /// Uids besides 0 allowed to call changing methods.
+    /// Socket file's group (default 0, root). Its members, by primary or supplementary gid,
+    /// may call reading methods.
+    pub group: u32,
+    /// Uids besides 0 allowed to call changing methods (and reading ones).
     pub changing_uids: Vec<u32>,
     /// Most connections served at once; one more is told so and closed, which keeps a flood
     /// of idle clients from exhausting the daemon's file descriptors.
@@ -51,6 +73,113 @@ pub struct ServerConfig {
     pub idle_timeout: Duration,
     /// Where request latencies and errors are recorded for `/metrics` (none: not recorded).
     pub metrics: Option<Arc<crate::metrics::RequestMetrics>>,
+    /// How long the daemon waits for one request's work before answering `Internal`; the work
+    /// itself (holding its claim's lock) is not interrupted and finishes in the background.
+    pub request_timeout: Duration,
+}
+
+/// Who is on the other end of a connection, from SO_PEERCRED and SO_PEERGROUPS (both as the
+/// kernel recorded them at connect).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    /// Effective uid when it connected.
+    pub uid: u32,
+    /// Primary gid when it connected.
+    pub gid: u32,
+    /// Pid, when the kernel gives one (not across pid namespaces).
+    pub pid: Option<i32>,
+    /// Supplementary gids; on kernels without SO_PEERGROUPS (before 4.13) read from
+    /// `/proc/<pid>/status`, empty when that fails too.
+    pub groups: Vec<u32>,
+}
+
+impl Peer {
+    fn of(stream: &UnixStream) -> Option<Peer> {
+        use std::os::fd::AsFd;
+        let cred = stream.peer_cred().ok()?;
+        let pid = cred.pid().filter(|p| *p > 0);
+        let groups = crate::sys::peer_groups(stream.as_fd())
+            .ok()
+            .or_else(|| pid.and_then(crate::sys::read_groups))
+            .unwrap_or_default();
+        Some(Peer {
+            uid: cred.uid(),
+            gid: cred.gid(),
+            pid,
+            groups,
+        })
+    }
+}
+
+/// May `peer` call `method`? Root and `changing_uids` may call everything; members of the
+/// socket's group may call reading methods; nobody else anything (an unknown peer included).
+///
+/// # Errors
+/// The message for `PermissionDenied`, naming the method and the peer's uid.
+pub fn authorize(cfg: &ServerConfig, peer: Option<&Peer>, method: Method) -> Result<(), String> {
+    let Some(peer) = peer else {
+        return Err(format!(
+            "{method} refused: the peer's credentials are unknown"
+        ));
+    };
+    if peer.uid == 0 || cfg.changing_uids.contains(&peer.uid) {
+        return Ok(());
+    }
+    let in_group = peer.gid == cfg.group || peer.groups.contains(&cfg.group);
+    if method.is_changing() {
+        return Err(format!(
+            "{method} needs root or a uid in socket.changing_uids (peer uid {})",
+            peer.uid
+        ));
+    }
+    if in_group {
+        return Ok(());
+    }
+    Err(format!(
+        "{method} needs root, a uid in socket.changing_uids or membership of the socket's group {} (peer uid {})",
+        cfg.group, peer.uid
+    ))
+}
+
+/// Uids already logged as denied, so a client retrying in a loop does not flood the journal.
+#[derive(Debug, Default)]
+struct DeniedPeers(Mutex<HashSet<u32>>);
+
+impl DeniedPeers {
+    /// True the first time `uid` is seen (and while the set has room).
+    fn first(&self, uid: u32) -> bool {
+        let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        seen.len() < MAX_LOGGED_PEERS && seen.insert(uid)
+    }
+}
+
+/// True when `line` nests arrays and objects deeper than `max` (strings are skipped, escapes
+/// included). Linear in the line, no allocation.
+pub fn nesting_exceeds(line: &[u8], max: usize) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in line {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
 }
 
 /// Binds the socket: creates its directory, replaces a stale socket, sets the mode.
@@ -88,6 +217,7 @@ pub fn bind(cfg: &ServerConfig) -> io::Result<UnixListener> {
         Err(e) => return Err(e),
     }
     let listener = UnixListener::bind(&cfg.socket)?;
+    std::os::unix::fs::lchown(&cfg.socket, None, Some(cfg.group))?;
     fs::set_permissions(&cfg.socket, Permissions::from_mode(cfg.mode))?;
     Ok(listener)
 }
@@ -103,6 +233,7 @@ pub async fn serve(
     cfg: Arc<ServerConfig>,
 ) -> io::Result<()> {
     let slots = Arc::new(Semaphore::new(cfg.max_connections));
+    let denied = Arc::new(DeniedPeers::default());
     let mut backoff = Duration::from_millis(100);
     loop {
         let stream = match listener.accept().await {
@@ -123,8 +254,9 @@ pub async fn serve(
         };
         let service = Arc::clone(&service);
         let cfg = Arc::clone(&cfg);
+        let denied = Arc::clone(&denied);
         tokio::spawn(async move {
-            if let Err(e) = connection(stream, service, &cfg).await {
+            if let Err(e) = connection(stream, service, &cfg, &denied).await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
             drop(permit);
@@ -148,8 +280,9 @@ async fn connection(
     stream: UnixStream,
     service: Arc<Service>,
     cfg: &ServerConfig,
+    denied: &DeniedPeers,
 ) -> io::Result<()> {
-    let peer_uid = stream.peer_cred().map(|c| c.uid()).ok();
+    let peer = Peer::of(&stream);
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read);
     let mut line = Vec::new();
@@ -173,8 +306,28 @@ async fn connection(
                 format!("request line longer than {MAX_REQUEST_BYTES} bytes"),
             )
         } else {
-            handle(&service, cfg, peer_uid, &line).await
+            handle(&service, cfg, peer.as_ref(), &line).await
         };
+        let error_code = response.error.as_ref().map(|e| e.code);
+        if error_code == Some(ErrorCode::PermissionDenied) {
+            let uid = peer.as_ref().map_or(u32::MAX, |p| p.uid);
+            if denied.first(uid) {
+                tracing::warn!(
+                    peer_uid = peer.as_ref().map(|p| p.uid),
+                    peer_gid = peer.as_ref().map(|p| p.gid),
+                    peer_pid = peer.as_ref().and_then(|p| p.pid),
+                    reason = response.error.as_ref().map_or("", |e| e.message.as_str()),
+                    "refused a request (logged once per uid)"
+                );
+            }
+        }
+        // A line that is not a request at all leaves the stream in an unknown state: answer
+        // it and close, so garbage costs its sender the connection and nobody else anything.
+        let malformed = error_code == Some(ErrorCode::InvalidRequest)
+            && response
+                .error
+                .as_ref()
+                .is_some_and(|e| e.message.starts_with(MALFORMED));
         let mut out = serde_json::to_vec(&response).map_err(io::Error::other)?;
         out.push(b'\n');
         // A client that never reads must not hold its slot forever either.
@@ -182,8 +335,8 @@ async fn connection(
             Ok(written) => written?,
             Err(_) => return Ok(()),
         }
-        if too_long {
-            // The rest of the oversized line cannot be told apart from the next request.
+        if too_long || malformed {
+            // The rest of an oversized line cannot be told apart from the next request.
             return Ok(());
         }
     }
@@ -223,13 +376,24 @@ fn to_value<T: Serialize>(v: T) -> Result<Value, ServiceError> {
     serde_json::to_value(v).map_err(|e| ServiceError::internal(format!("encoding result: {e}")))
 }
 
-/// Answers one request line.
-pub async fn handle(
-    service: &Arc<Service>,
-    cfg: &ServerConfig,
-    peer_uid: Option<u32>,
-    line: &[u8],
-) -> Response {
+/// Start of the message of a line that is not a request (the connection is then closed).
+const MALFORMED: &str = "malformed request";
+
+/// Decodes one request line (without its newline) into the request and its method. Pure: the
+/// protocol fuzz target drives it.
+///
+/// # Errors
+/// The response to send: `InvalidRequest` for a line nested deeper than [`MAX_JSON_DEPTH`],
+/// malformed JSON, a wrong protocol version or an unknown method.
+#[allow(clippy::result_large_err)]
+pub fn decode_request(line: &[u8]) -> Result<(Request, Method), Response> {
+    if nesting_exceeds(line, MAX_JSON_DEPTH) {
+        return Err(error_response(
+            0,
+            ErrorCode::InvalidRequest,
+            format!("{MALFORMED}: JSON nested deeper than {MAX_JSON_DEPTH} levels"),
+        ));
+    }
     let request: Request = match serde_json::from_slice(line) {
         Ok(r) => r,
         Err(e) => {
@@ -237,27 +401,27 @@ pub async fn handle(
                 .ok()
                 .and_then(|v| v.get("id").and_then(Value::as_u64))
                 .unwrap_or(0);
-            return error_response(
+            return Err(error_response(
                 id,
                 ErrorCode::InvalidRequest,
-                format!("malformed request: {e}"),
-            );
+                format!("{MALFORMED}: {e}"),
+            ));
         }
     };
     let id = request.id;
     if request.version != PROTOCOL_VERSION {
-        return error_response(
+        return Err(error_response(
             id,
             ErrorCode::InvalidRequest,
             format!(
                 "protocol version {} is not supported; this daemon speaks {PROTOCOL_VERSION}",
                 request.version
             ),
-        );
+        ));
     }
     let Some(method) = Method::parse(&request.method) else {
         let known: Vec<_> = Method::ALL.iter().map(|m| m.as_str()).collect();
-        return error_response(
+        return Err(error_response(
             id,
             ErrorCode::InvalidRequest,
             format!(
@@ -265,27 +429,32 @@ pub async fn handle(
                 request.method,
                 known.join(", ")
             ),
-        );
+        ));
     };
-    if method.is_changing() {
-        let allowed = peer_uid.is_some_and(|u| u == 0 || cfg.changing_uids.contains(&u));
-        if !allowed {
-            return error_response(
-                id,
-                ErrorCode::PermissionDenied,
-                format!(
-                    "{method} needs root (peer uid {})",
-                    peer_uid.map_or("unknown".into(), |u| u.to_string())
-                ),
-            );
-        }
+    Ok((request, method))
+}
+
+/// Answers one request line from `peer` (`None`: credentials unknown, so only refusals).
+pub async fn handle(
+    service: &Arc<Service>,
+    cfg: &ServerConfig,
+    peer: Option<&Peer>,
+    line: &[u8],
+) -> Response {
+    let (request, method) = match decode_request(line) {
+        Ok(r) => r,
+        Err(response) => return response,
+    };
+    let id = request.id;
+    if let Err(message) = authorize(cfg, peer, method) {
+        return error_response(id, ErrorCode::PermissionDenied, message);
     }
     let started = Instant::now();
     let claim_uid = claim_uid_of(method, request.params.as_ref());
     let service = Arc::clone(service);
     let p = request.params;
     let uid = claim_uid.clone();
-    let outcome = tokio::task::spawn_blocking(move || {
+    let work = tokio::task::spawn_blocking(move || {
         // What the claim was (unprepare removes it) or became, for the log line.
         let claim_info =
             |uid: &Option<String>| uid.as_deref().and_then(|u| service.get_claim(u).ok());
@@ -298,8 +467,21 @@ pub async fn handle(
             _ => released,
         };
         (result, info)
-    })
-    .await;
+    });
+    let Ok(outcome) = tokio::time::timeout(cfg.request_timeout, work).await else {
+        if let Some(m) = &cfg.metrics {
+            m.observe(method, Some(ErrorCode::Internal), started.elapsed());
+        }
+        tracing::warn!(%method, id, timeout_ms = cfg.request_timeout.as_millis() as u64, "request exceeded its time; it finishes in the background");
+        return error_response(
+            id,
+            ErrorCode::Internal,
+            format!(
+                "{method} did not finish within {:?}; it goes on in the background (ask get_claim, or retry: prepare and unprepare are idempotent)",
+                cfg.request_timeout
+            ),
+        );
+    };
     let took = started.elapsed();
     let (outcome, info) = match outcome {
         Ok((result, info)) => (Ok(result), info),
@@ -424,8 +606,18 @@ mod tests {
     use crate::sys::fake::FakeHost;
 
     async fn start(max_connections: usize, idle: Duration) -> (tempfile::TempDir, PathBuf) {
+        let (dir, socket, _) =
+            start_with(max_connections, idle, REQUEST_TIMEOUT, FakeHost::default()).await;
+        (dir, socket)
+    }
+
+    async fn start_with(
+        max_connections: usize,
+        idle: Duration,
+        request_timeout: Duration,
+        host: FakeHost,
+    ) -> (tempfile::TempDir, PathBuf, FakeHost) {
         let dir = tempfile::tempdir().unwrap();
-        let host = FakeHost::default();
         let cfg = ServiceConfig {
             node_name: "n".into(),
             drivers: vec!["gpu.nvidia.com".into()],
@@ -448,14 +640,16 @@ mod tests {
         let server_cfg = Arc::new(ServerConfig {
             socket: socket.clone(),
             mode: 0o660,
+            group: 0,
             changing_uids: vec![],
             max_connections,
             idle_timeout: idle,
+            request_timeout,
             metrics: None,
         });
         let listener = bind(&server_cfg).unwrap();
         tokio::spawn(serve(listener, service, server_cfg));
-        (dir, socket)
+        (dir, socket, host)
     }
 
     async fn call(stream: &mut UnixStream, line: &str) -> Response {
@@ -504,5 +698,129 @@ mod tests {
         let r = call(&mut d, r#"{"version":1,"id":7,"method":"version"}"#).await;
         assert_eq!(r.id, 7);
         assert!(r.result.is_some());
+    }
+
+    fn policy(group: u32, changing: &[u32]) -> ServerConfig {
+        ServerConfig {
+            socket: "/s".into(),
+            mode: 0o660,
+            group,
+            changing_uids: changing.to_vec(),
+            max_connections: 1,
+            idle_timeout: IDLE_TIMEOUT,
+            request_timeout: REQUEST_TIMEOUT,
+            metrics: None,
+        }
+    }
+
+    fn peer(uid: u32, gid: u32, groups: &[u32]) -> Peer {
+        Peer {
+            uid,
+            gid,
+            pid: None,
+            groups: groups.to_vec(),
+        }
+    }
+
+    #[test]
+    fn authorize_by_uid_and_group() {
+        let cfg = policy(2000, &[1500]);
+        for m in Method::ALL {
+            assert!(
+                authorize(&cfg, Some(&peer(0, 0, &[])), m).is_ok(),
+                "root {m}"
+            );
+            assert!(
+                authorize(&cfg, Some(&peer(1500, 1500, &[])), m).is_ok(),
+                "changing uid {m}"
+            );
+            // Group members read, by primary or supplementary gid, and never change.
+            for member in [peer(1000, 2000, &[]), peer(1000, 1000, &[4, 2000])] {
+                assert_eq!(
+                    authorize(&cfg, Some(&member), m).is_ok(),
+                    !m.is_changing(),
+                    "{m}"
+                );
+            }
+            let stranger = authorize(&cfg, Some(&peer(1001, 1001, &[4])), m).unwrap_err();
+            assert!(stranger.contains("peer uid 1001"), "{stranger}");
+            assert!(authorize(&cfg, None, m).is_err());
+        }
+    }
+
+    #[test]
+    fn nesting_is_counted_outside_strings() {
+        assert!(!nesting_exceeds(br#"{"a":[1,{"b":2}]}"#, 3));
+        assert!(nesting_exceeds(br#"{"a":[1,{"b":[]}]}"#, 3));
+        // Brackets inside strings, escaped quotes included, do not count.
+        assert!(!nesting_exceeds(br#"{"a":"[[[[\"[[[["}"#, 1));
+        let deep = "[".repeat(100_000);
+        assert!(nesting_exceeds(deep.as_bytes(), MAX_JSON_DEPTH));
+        let err = decode_request(deep.as_bytes()).unwrap_err();
+        assert!(err.error.unwrap().message.contains("nested deeper than 64"));
+    }
+
+    #[tokio::test]
+    async fn garbage_and_deep_json_get_an_error_and_the_connection_closed() {
+        let (_dir, socket) = start(8, IDLE_TIMEOUT).await;
+        for garbage in [
+            "not json at all".to_string(),
+            format!("{}1{}", "[".repeat(10_000), "]".repeat(10_000)),
+            format!(
+                r#"{{"version":1,"id":3,"method":"health","params":{}}}"#,
+                "{\"a\":".repeat(200) + "1" + &"}".repeat(200)
+            ),
+        ] {
+            let mut s = UnixStream::connect(&socket).await.unwrap();
+            let r = call(&mut s, &garbage).await;
+            assert_eq!(r.error.unwrap().code, ErrorCode::InvalidRequest);
+            let mut rest = String::new();
+            s.read_to_string(&mut rest).await.unwrap();
+            assert_eq!(rest, "", "the connection is closed after a malformed line");
+        }
+        let mut ok = UnixStream::connect(&socket).await.unwrap();
+        let r = call(&mut ok, r#"{"version":1,"id":9,"method":"version"}"#).await;
+        assert!(r.result.is_some(), "{r:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_past_its_time_is_answered_and_finishes_in_the_background() {
+        let host = FakeHost::default();
+        // Every MPS control program run takes 300 ms; a prepare runs it several times.
+        host.state().delay = Some(Duration::from_millis(300));
+        let (_dir, socket, host) =
+            start_with(8, IDLE_TIMEOUT, Duration::from_millis(100), host).await;
+        let claim = serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"uid": "slow", "name": "c", "namespace": "ns"},
+            "status": {"allocation": {"devices": {
+                "results": [{"request": "gpus", "driver": "gpu.nvidia.com", "pool": "n", "device": "gpu-0"}],
+                "config": [{"source": "FromClaim", "requests": ["gpus"], "opaque": {"driver": "gpu.nvidia.com",
+                    "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}}}}]}}}
+        });
+        let line = serde_json::json!({"version": 1, "id": 5, "method": "prepare", "params": {"claim": claim}});
+        let mut s = UnixStream::connect(&socket).await.unwrap();
+        let r = call(&mut s, &line.to_string()).await;
+        let e = r.error.unwrap();
+        assert_eq!((r.id, e.code), (5, ErrorCode::Internal));
+        assert!(
+            e.message.contains("did not finish within 100ms"),
+            "{}",
+            e.message
+        );
+        // The connection still serves, and the prepare completes on its own.
+        let get = r#"{"version":1,"id":6,"method":"get_claim","params":{"uid":"slow"}}"#;
+        let mut done = false;
+        for _ in 0..100 {
+            let r = call(&mut s, get).await;
+            if r.result.is_some_and(|c| c["state"] == "Prepared") {
+                done = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(done, "the prepare finished in the background");
+        host.state().delay = None;
     }
 }

@@ -164,9 +164,22 @@ impl Daemon {
         Daemon::start_on(opts, "p4d.24xlarge")
     }
 
+    /// As [`Daemon::start`], with `config` as the daemon's config file (TOML; flags for the
+    /// paths, the node and the MPS control program still override it).
+    pub fn start_with_config(opts: DaemonOptions, config: &str) -> Daemon {
+        Daemon::start_on_with_config(opts, "p4d.24xlarge", config)
+    }
+
     /// Starts a daemon on simulated `profile` (a catalog name or a profile file, see
     /// `gpushared --simulate`) named [`NODE`] and waits until it answers.
     pub fn start_on(opts: DaemonOptions, profile: &str) -> Daemon {
+        Daemon::start_on_with_config(opts, profile, "")
+    }
+
+    /// As [`Daemon::start_on`], with `config` as the daemon's config file. Metrics are off
+    /// unless `config` has a `[metrics]` table: test daemons running side by side must not
+    /// compete for the metrics port.
+    pub fn start_on_with_config(opts: DaemonOptions, profile: &str, config: &str) -> Daemon {
         // Under /tmp with a short name: Unix socket paths are limited to 108 bytes.
         let dir = tempfile::Builder::new()
             .prefix("gs-")
@@ -183,10 +196,14 @@ impl Daemon {
             .unwrap_or_else(|| dir.path().join("run"));
         let state = dir.path().join("state");
         let log = fs::File::create(dir.path().join("gpushared.log")).expect("log file");
-        // A config file of our own: the host's /etc/gpushare/config.toml must not leak in, and
-        // test daemons running side by side must not compete for the metrics port.
+        // Always a config file of our own: the host's /etc/gpushare/config.toml must not leak in.
+        let config_text = if config.contains("[metrics]") {
+            config.to_string()
+        } else {
+            format!("[metrics]\nenabled = false\n{config}")
+        };
         let config = dir.path().join("config.toml");
-        fs::write(&config, "[metrics]\nenabled = false\n").expect("config file");
+        fs::write(&config, config_text).expect("config file");
         let child = Command::new(bin("gpushared"))
             .arg("--config")
             .arg(&config)
@@ -233,6 +250,11 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(20));
         }
         d
+    }
+
+    /// The daemon's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// The daemon's log so far.

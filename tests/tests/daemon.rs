@@ -134,8 +134,9 @@ fn the_config_file_is_read_and_flags_override_it() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    // The socket file appears at bind, before listen: only a connection says it serves.
     let up = wait_until(std::time::Duration::from_secs(20), || {
-        p.join("flag.sock").exists()
+        std::os::unix::net::UnixStream::connect(p.join("flag.sock")).is_ok()
     });
     let gpus = up.then(|| {
         gpushare_proto::Client::connect(p.join("flag.sock"), std::time::Duration::from_secs(2))

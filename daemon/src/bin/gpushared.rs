@@ -1,6 +1,6 @@
 //! `gpushared`: the node daemon that owns every GPU sharing decision on its node.
 
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +16,7 @@ use gpushare::daemon_config::{
 use gpushare::gpu::nvml::NvmlLib;
 use gpushare::gpu::timeslice::NvidiaSmi;
 use gpushare::gpu::{GpuBackend, HostBackend, ManagedSettings, SimulatedBackend};
+use gpushare::privileges;
 use gpushare::server::{self, ServerConfig};
 use gpushare::service::{Service, ServiceConfig};
 use gpushare::strategy::mps::MpsControl;
@@ -190,6 +191,8 @@ fn lock_instance(state_dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
         .create(true)
         .truncate(false)
         .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&path)
         .with_context(|| format!("opening {}", path.display()))?;
     // A gpushared killed while it was forking a child (an MPS control program) leaves the
@@ -222,24 +225,55 @@ fn absolute(p: &Path) -> Result<PathBuf> {
     std::path::absolute(p).with_context(|| format!("making {} absolute", p.display()))
 }
 
-/// Creates `dir` if missing and resolves it to its real path. Mount points are compared with
-/// `/proc/self/mountinfo`, which shows resolved paths, and the default CDI directory itself
-/// (`/var/run/cdi`) usually lies behind the `/var/run` → `/run` link.
-fn real_dir(dir: &Path, mode: u32) -> Result<PathBuf> {
+/// Creates `dir` if missing, checks that only root controls it (not a symbolic link, no
+/// foreign-owned directory or link on the way: see [`gpushare::fsutil::check_trusted_dir`]) and
+/// resolves it to its real path. Mount points are compared with `/proc/self/mountinfo`, which
+/// shows resolved paths, and the default CDI directory itself (`/var/run/cdi`) usually lies
+/// behind the root-owned `/var/run` → `/run` link.
+fn real_dir(what: &str, dir: &Path, mode: u32) -> Result<PathBuf> {
     let dir = absolute(dir)?;
-    if !dir.exists() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(mode)
-            .create(&dir)
-            .with_context(|| format!("creating {}", dir.display()))?;
+    // Created without following a link that is not root's (a missing parent gets 0711).
+    gpushare::fsutil::create_dir_if_missing(&dir, mode)
+        .with_context(|| format!("creating {what} {}", dir.display()))?;
+    gpushare::fsutil::check_trusted_dir(&dir)
+        .with_context(|| format!("{what} {}", dir.display()))?;
+    std::fs::canonicalize(&dir).with_context(|| format!("resolving {what} {}", dir.display()))
+}
+
+/// Resolves `socket.group`: a numeric gid as is, else a name from the group database.
+fn resolve_group(group: &str) -> Result<u32> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
     }
-    let real =
-        std::fs::canonicalize(&dir).with_context(|| format!("resolving {}", dir.display()))?;
-    if !real.is_dir() {
-        bail!("{} is not a directory", dir.display());
+    match nix::unistd::Group::from_name(group) {
+        Ok(Some(g)) => Ok(g.gid.as_raw()),
+        Ok(None) => bail!("socket.group: no group named {group:?} on this host"),
+        Err(e) => bail!("socket.group: looking up group {group:?}: {e}"),
     }
-    Ok(real)
+}
+
+/// Parses the command line and the config file, drops capabilities while the process has
+/// one thread (they are per thread), then runs the daemon.
+fn start() -> Result<()> {
+    let args = Args::parse();
+    if args.print_default_config {
+        print!("{DEFAULT_CONFIG}");
+        return Ok(());
+    }
+    if let Some(dir) = &args.generate_man {
+        let mut out = Vec::new();
+        clap_mangen::Man::new(<Args as clap::CommandFactory>::command())
+            .section("8")
+            .render(&mut out)
+            .context("rendering the man page")?;
+        let path = dir.join("gpushared.8");
+        std::fs::write(&path, out).with_context(|| format!("writing {}", path.display()))?;
+        return Ok(());
+    }
+    let settings = args.settings()?;
+    let keep = privileges::kept(!settings.gpus.simulate.is_empty());
+    let outcome = privileges::drop_to(&keep)?;
+    run(args, settings, keep, outcome)
 }
 
 /// NVML unless a node profile is simulated, with the administrator's switches laid over it.
@@ -279,7 +313,7 @@ fn gpu_backend(gpus: &GpusConfig, node_name: &str, run_dir: &Path) -> Result<Arc
 }
 
 fn main() -> std::process::ExitCode {
-    match run() {
+    match start() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             // One line for the journal, whatever RUST_BACKTRACE says.
@@ -432,24 +466,24 @@ impl Running {
 }
 
 #[tokio::main]
-async fn run() -> Result<()> {
-    let args = Args::parse();
-    if args.print_default_config {
-        print!("{DEFAULT_CONFIG}");
-        return Ok(());
-    }
-    if let Some(dir) = &args.generate_man {
-        let mut out = Vec::new();
-        clap_mangen::Man::new(<Args as clap::CommandFactory>::command())
-            .section("8")
-            .render(&mut out)
-            .context("rendering the man page")?;
-        let path = dir.join("gpushared.8");
-        std::fs::write(&path, out).with_context(|| format!("writing {}", path.display()))?;
-        return Ok(());
-    }
-    let settings = args.settings()?;
+async fn run(
+    args: Args,
+    settings: DaemonConfig,
+    kept: Vec<caps::Capability>,
+    privileges: privileges::Outcome,
+) -> Result<()> {
     let filter = init_logging(&settings.log.level)?;
+    let capabilities = kept
+        .iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    if privileges == privileges::Outcome::NoSetpcap {
+        tracing::warn!(
+            kept = %capabilities,
+            "no CAP_SETPCAP: effective and permitted capabilities reduced, the bounding set left as the service manager set it"
+        );
+    }
 
     // MPS control daemons double-fork away from us; as a subreaper we get them back as
     // children, learn of their exit, and reap them (PID 1 here may not).
@@ -461,8 +495,8 @@ async fn run() -> Result<()> {
             .into_owned(),
         name => name.to_string(),
     };
-    let run_dir = real_dir(&settings.paths.run_dir, 0o755)?;
-    let state_dir = real_dir(&settings.paths.state_dir, 0o700)?;
+    let run_dir = real_dir("run directory", &settings.paths.run_dir, 0o755)?;
+    let state_dir = real_dir("state directory", &settings.paths.state_dir, 0o700)?;
     // Two daemons on one state directory would each believe they own every claim.
     let _instance = lock_instance(&state_dir)?;
     let backend = gpu_backend(&settings.gpus, &node_name, &run_dir)?;
@@ -498,7 +532,7 @@ async fn run() -> Result<()> {
         node_name: node_name.clone(),
         drivers: settings.node.drivers.clone(),
         run_dir,
-        cdi_dir: real_dir(&settings.paths.cdi_dir, 0o755)?,
+        cdi_dir: real_dir("CDI directory", &settings.paths.cdi_dir, 0o755)?,
         checkpoint: state_dir.join("checkpoint.json"),
         hook: HookConfig {
             path: hook_path,
@@ -530,9 +564,11 @@ async fn run() -> Result<()> {
     let server_cfg = Arc::new(ServerConfig {
         socket: socket.clone(),
         mode: parse_mode(&settings.socket.mode).map_err(anyhow::Error::msg)?,
+        group: resolve_group(&settings.socket.group)?,
         changing_uids: settings.socket.changing_uids.clone(),
-        max_connections: server::MAX_CONNECTIONS,
-        idle_timeout: server::IDLE_TIMEOUT,
+        max_connections: settings.socket.max_connections,
+        idle_timeout: Duration::from_secs(settings.socket.idle_timeout_seconds),
+        request_timeout: Duration::from_secs(settings.socket.request_timeout_seconds),
         metrics: Some(Arc::clone(&requests)),
     });
     let listener = server::bind(&server_cfg)
@@ -551,6 +587,7 @@ async fn run() -> Result<()> {
         node = %node_name,
         backend = %backend.describe(),
         mps_control = %mps_program.display(),
+        %capabilities,
         "gpushared ready"
     );
     // Service::with_boot_id has loaded the checkpoint and reconciled the host with it

@@ -398,8 +398,14 @@ impl MpsControl {
                 self.stop(dirs, Some(old))?;
             }
         }
+        // Each level is created (or found) without following a symbolic link. The claim's
+        // directories are traversable but not listable by other host users: containers reach
+        // pipe and shm through their bind mounts, and an MPS server that NVIDIA's daemon starts
+        // under a client's uid can still walk to the pipe directory.
+        let claim_dir = dirs.root.parent().unwrap_or(&dirs.root).to_path_buf();
         for (path, mode) in [
-            (&dirs.root, 0o755),
+            (&claim_dir, 0o711),
+            (&dirs.root, 0o711),
             (&dirs.pipe, 0o755),
             (&dirs.log, 0o700),
             (&dirs.shm, 0o755),

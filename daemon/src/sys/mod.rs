@@ -4,14 +4,16 @@
 #[cfg(test)]
 pub(crate) mod fake;
 mod host;
+mod peer;
 mod pidfd;
 mod proc;
 
 pub use host::{reap_orphans, HostMounter, HostProcesses, HostRunner};
+pub use peer::peer_groups;
 pub use pidfd::{wait_readable, PidFd};
 pub use proc::{
-    find_lock_holder, parse_proc_locks, pid_alive, process_start_time, processes_with_env_under,
-    read_cgroup,
+    find_lock_holder, parse_proc_locks, parse_status_groups, pid_alive, process_start_time,
+    processes_with_env_under, read_cgroup, read_groups,
 };
 
 use std::collections::BTreeMap;

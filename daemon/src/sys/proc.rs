@@ -152,6 +152,20 @@ pub fn read_cgroup(pid: i32) -> Option<String> {
     })
 }
 
+/// Parses the `Groups:` line of `/proc/<pid>/status` (supplementary gids, space separated);
+/// `None` when the line is missing or malformed.
+pub fn parse_status_groups(status: &str) -> Option<Vec<u32>> {
+    let line = status.lines().find_map(|l| l.strip_prefix("Groups:"))?;
+    line.split_whitespace().map(|g| g.parse().ok()).collect()
+}
+
+/// The supplementary groups of `pid` from `/proc/<pid>/status`; `None` when it cannot be read
+/// (the process is gone). SO_PEERCRED carries only the primary gid, and a socket's reading
+/// group is usually granted as a supplementary one.
+pub fn read_groups(pid: i32) -> Option<Vec<u32>> {
+    parse_status_groups(&fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,5 +257,16 @@ mod tests {
         assert!(!pid_alive(0));
         assert!(!pid_alive(i32::MAX));
         assert!(read_cgroup(me).is_some());
+    }
+
+    #[test]
+    fn status_groups() {
+        let status = "Name:\tbash\nUid:\t1000\t1000\t1000\t1000\nGroups:\t4 27 1000 \nNgid:\t0\n";
+        assert_eq!(parse_status_groups(status), Some(vec![4, 27, 1000]));
+        assert_eq!(parse_status_groups("Groups:\n"), Some(vec![]));
+        assert_eq!(parse_status_groups("Groups:\t4 x\n"), None);
+        assert_eq!(parse_status_groups("Name: a\n"), None);
+        let mine = read_groups(std::process::id() as i32).expect("own status");
+        assert_eq!(mine.len(), nix::unistd::getgroups().unwrap().len());
     }
 }
