@@ -212,7 +212,7 @@ impl CheckpointFile {
         written
     }
 
-    /// Removes `.checkpoint.json.tmp-<pid>` files that a write killed half-way left behind
+    /// Removes `.checkpoint.json.tmp-<pid>-<n>` files that a write killed half-way left behind
     /// (ours by name; anything else in the directory is left alone).
     fn remove_stale_temporaries(&self) {
         let (Some(dir), Some(name)) = (self.path.parent(), self.path.file_name()) else {
@@ -287,10 +287,10 @@ mod tests {
     fn temporaries_of_interrupted_writes_are_removed_and_nothing_else() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("checkpoint.json");
-        fs::write(dir.path().join(".checkpoint.json.tmp-123"), b"{").unwrap();
+        fs::write(dir.path().join(".checkpoint.json.tmp-123-0"), b"{").unwrap();
         fs::write(dir.path().join("gpushared.lock"), b"").unwrap();
         CheckpointFile::new(p).load().unwrap();
-        assert!(!dir.path().join(".checkpoint.json.tmp-123").exists());
+        assert!(!dir.path().join(".checkpoint.json.tmp-123-0").exists());
         assert!(dir.path().join("gpushared.lock").exists());
     }
 

@@ -459,8 +459,10 @@ impl Service {
             let name = entry.file_name().to_string_lossy().into_owned();
             let path = entry.path();
             let orphan = if let Some(rest) = name.strip_prefix(".gpushare.io-claim_") {
-                rest.rsplit_once(".json.tmp-")
-                    .and_then(|(_, pid)| pid.parse::<i32>().ok())
+                rest.split_once(".json.tmp-")
+                    .and_then(|(uid, _)| {
+                        fsutil::temporary_writer(&name, &format!("gpushare.io-claim_{uid}.json"))
+                    })
                     .is_some_and(|pid| !self.processes.alive(pid))
             } else if let Some(uid) = name
                 .strip_prefix("gpushare.io-claim_")

@@ -298,7 +298,8 @@ fn start_rolls_back_half_done_claims_and_removes_orphans_of_ours_only() {
     let other = cdi::spec_path(&f.cfg.cdi_dir, "other-daemons");
     std::fs::write(&other, ours.replace("gpushared.sock", "other.sock")).unwrap();
     // The fake host knows no process 99: its writer is gone.
-    let tmp = f.cfg.cdi_dir.join(".gpushare.io-claim_x.json.tmp-99");
+    // Named as fsutil::write_atomic names its temporaries: .<file>.tmp-<pid>-<n>.
+    let tmp = f.cfg.cdi_dir.join(".gpushare.io-claim_x.json.tmp-99-0");
     std::fs::write(&tmp, "{").unwrap();
     let foreign = f.cfg.cdi_dir.join("nvidia.com-gpu.json");
     std::fs::write(&foreign, "{}").unwrap();
