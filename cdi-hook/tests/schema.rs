@@ -388,6 +388,14 @@ fn mps_info() -> MpsInfo {
             ("1".into(), "20G".into()),
             ("10".into(), String::new()),
         ]),
+        control_daemon_start_time: 918_273,
+        requested: gpushare_proto::MpsRequested {
+            multi_user: false,
+            active_thread_percentage: Some(30),
+            pinned_limits_mib: vec![Some(8192), None],
+            shm_bytes: 1 << 30,
+        },
+        restarts: 2,
     }
 }
 
@@ -431,6 +439,10 @@ fn claim_info(limited: bool) -> ClaimInfo {
         cdi_spec: format!("/var/run/cdi/gpushare.io-claim_{UID}.json"),
         attach_limit: limited.then_some(4),
         attached: vec![attachment(true), attachment(false)],
+        last_error: limited.then(|| "MPS control daemon (pid 4100) exited".into()),
+        restarts: 2,
+        resource_version: limited.then(|| "48213".into()),
+        generation: 7,
     }
 }
 
@@ -535,7 +547,7 @@ fn claim_object() -> Value {
 
 /// Every variant of every enum, listed by hand. The matches in `_exhaustive_*` fail to compile
 /// when a variant is added, which is the reminder to list it here and in the schema.
-const ERROR_CODES: [ErrorCode; 11] = [
+const ERROR_CODES: [ErrorCode; 12] = [
     ErrorCode::InvalidConfig,
     ErrorCode::InvalidRequest,
     ErrorCode::WrongNode,
@@ -546,12 +558,14 @@ const ERROR_CODES: [ErrorCode; 11] = [
     ErrorCode::NotFound,
     ErrorCode::LimitReached,
     ErrorCode::PermissionDenied,
+    ErrorCode::Stale,
     ErrorCode::Internal,
 ];
-const CLAIM_STATES: [ClaimState; 3] = [
+const CLAIM_STATES: [ClaimState; 4] = [
     ClaimState::PrepareStarted,
     ClaimState::Prepared,
     ClaimState::Unpreparing,
+    ClaimState::Degraded,
 ];
 const INTERVALS: [TimeSliceInterval; 4] = [
     TimeSliceInterval::Default,
@@ -584,6 +598,7 @@ fn _exhaustive_error_code(code: ErrorCode) {
         | ErrorCode::NotFound
         | ErrorCode::LimitReached
         | ErrorCode::PermissionDenied
+        | ErrorCode::Stale
         | ErrorCode::Internal => {}
     }
 }
@@ -595,7 +610,10 @@ fn _exhaustive_others(
     sharing: GpuSharing,
 ) {
     match state {
-        ClaimState::PrepareStarted | ClaimState::Prepared | ClaimState::Unpreparing => {}
+        ClaimState::PrepareStarted
+        | ClaimState::Prepared
+        | ClaimState::Unpreparing
+        | ClaimState::Degraded => {}
     }
     match interval {
         TimeSliceInterval::Default
@@ -720,6 +738,12 @@ fn samples() -> Vec<(&'static str, Value)> {
                 claims: 2,
                 backend: "simulated:p4d.24xlarge".into(),
                 mps_control: "/usr/bin/nvidia-cuda-mps-control".into(),
+                checkpoint_quarantined: Some(
+                    "moved to /var/lib/gpushare/checkpoint.json.corrupt-1767225600: EOF".into(),
+                ),
+                checkpoint_error: None,
+                degraded_claims: 1,
+                stopping: false,
             }),
         ),
         (
@@ -749,6 +773,10 @@ fn samples() -> Vec<(&'static str, Value)> {
             }),
         ));
     }
+    out.push((
+        "MpsRequested",
+        to_json(&gpushare_proto::MpsRequested::default()),
+    ));
     out.extend(ERROR_CODES.iter().map(|c| ("ErrorCode", to_json(c))));
     out.extend(CLAIM_STATES.iter().map(|s| ("ClaimState", to_json(s))));
     out.extend(INTERVALS.iter().map(|i| ("TimeSliceInterval", to_json(i))));

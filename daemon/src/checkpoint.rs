@@ -17,8 +17,17 @@ use gpushare_proto::ClaimInfo;
 
 use crate::fsutil;
 
-/// Version of the checkpoint format this build writes.
-pub const CHECKPOINT_VERSION: u32 = 1;
+/// Version of the checkpoint format this build writes. Version 1 (no boot ID, generations or
+/// tombstones) is read as version 2 with those empty.
+pub const CHECKPOINT_VERSION: u32 = 2;
+
+/// How long a tombstone is kept: far longer than any kubelet retry of a prepare that was in
+/// flight when its claim was released.
+pub const TOMBSTONE_TTL_SECS: u64 = 24 * 3600;
+
+/// Most tombstones kept (the oldest go first), so that churn cannot grow the file without
+/// bound.
+pub const MAX_TOMBSTONES: usize = 4096;
 
 /// Checkpoint writes since the process started: (succeeded, failed). Process-wide because a
 /// daemon has one checkpoint; read by the metrics endpoint.
@@ -33,20 +42,80 @@ pub fn write_counts() -> (u64, u64) {
 }
 
 /// The checkpoint document.
+///
+/// Each claim record ([`ClaimInfo`]) holds its state (`PrepareStarted`, `Prepared`,
+/// `Degraded`, `Unpreparing`) and what it owns on the host: MPS control daemons (pid, start
+/// time, directories, shm mount, limits as asked), time-slice intervals and compute modes
+/// (from its strategies), the CDI spec file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Checkpoint {
     /// Format version.
     pub version: u32,
+    /// `/proc/sys/kernel/random/boot_id` of the boot that wrote it; empty in version 1. A
+    /// different one at start means the host was rebooted: nothing of the claims' host setup
+    /// survived.
+    #[serde(default)]
+    pub boot_id: String,
+    /// Last generation handed out (see [`ClaimInfo::generation`]).
+    #[serde(default)]
+    pub generation: u64,
     /// Claims by UID, as `get_claim` reports them.
     #[serde(default)]
     pub claims: BTreeMap<String, ClaimInfo>,
+    /// Released claims by UID.
+    #[serde(default)]
+    pub tombstones: BTreeMap<String, Tombstone>,
+}
+
+/// What is left of a released claim: enough to refuse a prepare that is older than the
+/// release (KS#1162: a stale kubelet retry finishing after unprepare re-created the claim and
+/// leaked its devices).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tombstone {
+    /// Generation of the release: prepares that began before it are stale.
+    pub generation: u64,
+    /// `metadata.resourceVersion` of the claim object that was prepared, when known: a prepare
+    /// carrying this same object again is a retry of the released one.
+    #[serde(default)]
+    pub resource_version: Option<String>,
+    /// When the claim was released, seconds since the Unix epoch.
+    pub released_at: u64,
 }
 
 impl Default for Checkpoint {
     fn default() -> Checkpoint {
         Checkpoint {
             version: CHECKPOINT_VERSION,
+            boot_id: String::new(),
+            generation: 0,
             claims: BTreeMap::new(),
+            tombstones: BTreeMap::new(),
+        }
+    }
+}
+
+impl Checkpoint {
+    /// Drops tombstones older than [`TOMBSTONE_TTL_SECS`] at `now` and the oldest beyond
+    /// [`MAX_TOMBSTONES`].
+    pub fn prune_tombstones(&mut self, now: u64) {
+        prune_tombstones(&mut self.tombstones, now);
+    }
+}
+
+/// Drops from `tombstones` those older than [`TOMBSTONE_TTL_SECS`] at `now` and the oldest
+/// beyond [`MAX_TOMBSTONES`]; the service prunes its own set with it as it adds to it, so the
+/// set in memory stays as bounded as the file.
+pub fn prune_tombstones(tombstones: &mut BTreeMap<String, Tombstone>, now: u64) {
+    tombstones.retain(|_, t| now.saturating_sub(t.released_at) < TOMBSTONE_TTL_SECS);
+    if tombstones.len() > MAX_TOMBSTONES {
+        let mut by_age: Vec<(u64, String)> = tombstones
+            .iter()
+            .map(|(uid, t)| (t.generation, uid.clone()))
+            .collect();
+        by_age.sort();
+        let excess = tombstones.len() - MAX_TOMBSTONES;
+        for (_, uid) in by_age.into_iter().take(excess) {
+            tombstones.remove(&uid);
         }
     }
 }
@@ -77,12 +146,14 @@ impl CheckpointFile {
         &self.path
     }
 
-    /// Loads the checkpoint; a missing file is an empty checkpoint, a corrupt one is moved to
-    /// `<path>.corrupt-<unix seconds>` and reported in [`Loaded::quarantined`].
+    /// Loads the checkpoint; a missing file is an empty checkpoint, a corrupt one (not JSON,
+    /// truncated, wrong shape, or empty) is moved to `<path>.corrupt-<unix seconds>` and
+    /// reported in [`Loaded::quarantined`]. Temporary files of interrupted writes are removed.
     ///
     /// # Errors
     /// The file exists but cannot be read, or a corrupt one cannot be moved aside.
     pub fn load(&self) -> io::Result<Loaded> {
+        self.remove_stale_temporaries();
         let bytes = match fs::read(&self.path) {
             Ok(b) => b,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -103,9 +174,20 @@ impl CheckpointFile {
                     .duration_since(UNIX_EPOCH)
                     .map(|d| d.as_secs())
                     .unwrap_or(0);
-                let aside = self
+                let name = self
                     .path
-                    .with_file_name(format!("checkpoint.json.corrupt-{secs}"));
+                    .file_name()
+                    .map_or_else(|| "checkpoint.json".into(), |n| n.to_string_lossy());
+                // Two corrupt files within one second (a crash loop elsewhere) must not
+                // overwrite the first one's evidence.
+                let mut aside = self.path.with_file_name(format!("{name}.corrupt-{secs}"));
+                let mut n = 1;
+                while aside.exists() {
+                    aside = self
+                        .path
+                        .with_file_name(format!("{name}.corrupt-{secs}.{n}"));
+                    n += 1;
+                }
                 fs::rename(&self.path, &aside)?;
                 Ok(Loaded {
                     checkpoint: Checkpoint::default(),
@@ -124,9 +206,29 @@ impl CheckpointFile {
             fsutil::create_dir_if_missing(dir, 0o700)?;
         }
         let bytes = serde_json::to_vec_pretty(checkpoint).map_err(io::Error::other)?;
+        crate::crash::point("checkpoint.before_write");
         let written = fsutil::write_atomic(&self.path, &bytes, 0o600);
         WRITES[usize::from(written.is_err())].fetch_add(1, Ordering::Relaxed);
         written
+    }
+
+    /// Removes `.checkpoint.json.tmp-<pid>-<n>` files that a write killed half-way left behind
+    /// (ours by name; anything else in the directory is left alone).
+    fn remove_stale_temporaries(&self) {
+        let (Some(dir), Some(name)) = (self.path.parent(), self.path.file_name()) else {
+            return;
+        };
+        let prefix = format!(".{}.tmp-", name.to_string_lossy());
+        let Ok(entries) = fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let file = entry.file_name();
+            if file.to_string_lossy().starts_with(&prefix) {
+                tracing::info!(path = %entry.path().display(), "removing a temporary file of an interrupted checkpoint write");
+                let _ = fs::remove_file(entry.path());
+            }
+        }
     }
 }
 
@@ -156,6 +258,70 @@ mod tests {
         let loaded = CheckpointFile::new(p).load().unwrap();
         assert_eq!(loaded.checkpoint.version, 2);
         assert!(loaded.quarantined.is_none());
+    }
+
+    #[test]
+    fn version_1_reads_as_empty_boot_and_tombstones() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("checkpoint.json");
+        fs::write(&p, r#"{"version": 1, "claims": {}}"#).unwrap();
+        let loaded = CheckpointFile::new(p).load().unwrap();
+        assert_eq!(loaded.checkpoint.boot_id, "");
+        assert!(loaded.checkpoint.tombstones.is_empty());
+    }
+
+    #[test]
+    fn empty_and_truncated_files_are_quarantined_and_a_second_one_keeps_the_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("checkpoint.json");
+        let f = CheckpointFile::new(p.clone());
+        fs::write(&p, b"").unwrap();
+        let first = f.load().unwrap().quarantined.unwrap().0;
+        fs::write(&p, b"{\"version\": 2, \"boot_id\": \"ab").unwrap();
+        let second = f.load().unwrap().quarantined.unwrap().0;
+        assert_ne!(first, second);
+        assert!(first.exists() && second.exists());
+    }
+
+    #[test]
+    fn temporaries_of_interrupted_writes_are_removed_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("checkpoint.json");
+        fs::write(dir.path().join(".checkpoint.json.tmp-123-0"), b"{").unwrap();
+        fs::write(dir.path().join("gpushared.lock"), b"").unwrap();
+        CheckpointFile::new(p).load().unwrap();
+        assert!(!dir.path().join(".checkpoint.json.tmp-123-0").exists());
+        assert!(dir.path().join("gpushared.lock").exists());
+    }
+
+    #[test]
+    fn tombstones_expire_and_are_capped() {
+        let mut cp = Checkpoint::default();
+        for i in 0..(MAX_TOMBSTONES as u64 + 10) {
+            cp.tombstones.insert(
+                format!("u{i}"),
+                Tombstone {
+                    generation: i,
+                    resource_version: None,
+                    released_at: 1_000_000,
+                },
+            );
+        }
+        cp.tombstones.insert(
+            "old".into(),
+            Tombstone {
+                generation: 99_999,
+                resource_version: None,
+                released_at: 1,
+            },
+        );
+        cp.prune_tombstones(1_000_000);
+        assert_eq!(cp.tombstones.len(), MAX_TOMBSTONES);
+        assert!(!cp.tombstones.contains_key("old"), "expired");
+        assert!(!cp.tombstones.contains_key("u0"), "oldest dropped first");
+        assert!(cp
+            .tombstones
+            .contains_key(&format!("u{}", MAX_TOMBSTONES + 9)));
     }
 
     #[test]

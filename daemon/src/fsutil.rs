@@ -148,6 +148,19 @@ pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
     write_via(path, &tmp, contents, mode)
 }
 
+/// The pid of the process that wrote `name`, when `name` is one of [`write_atomic`]'s
+/// temporary files for the file called `target` (`.<target>.tmp-<pid>-<n>`): a write killed
+/// half-way leaves one behind, which may go once that process is gone.
+pub fn temporary_writer(name: &str, target: &str) -> Option<i32> {
+    let rest = name
+        .strip_prefix('.')?
+        .strip_prefix(target)?
+        .strip_prefix(".tmp-")?;
+    let (pid, n) = rest.split_once('-')?;
+    n.parse::<u64>().ok()?;
+    pid.parse().ok()
+}
+
 /// [`write_atomic`] through the temporary file `tmp` (in `path`'s directory).
 fn write_via(path: &Path, tmp: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
@@ -403,5 +416,22 @@ mod tests {
         assert!(e.to_string().contains("not sticky"), "{e}");
         assert!(check_trusted_dir(Path::new("relative")).is_err());
         assert!(check_trusted_dir(&good.join("../good")).is_err());
+    }
+
+    #[test]
+    fn temporary_writers_are_recognised_by_the_name_write_atomic_gives() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spec.json");
+        // What write_atomic names its temporary: the same shape, this process's pid.
+        let n = format!(".spec.json.tmp-{}-7", std::process::id());
+        assert_eq!(
+            temporary_writer(&n, "spec.json"),
+            Some(std::process::id() as i32)
+        );
+        assert_eq!(temporary_writer(".spec.json.tmp-12", "spec.json"), None);
+        assert_eq!(temporary_writer(".other.json.tmp-12-0", "spec.json"), None);
+        assert_eq!(temporary_writer("spec.json", "spec.json"), None);
+        write_atomic(&path, b"x", 0o644).unwrap();
+        assert!(fs::read_dir(dir.path()).unwrap().count() == 1);
     }
 }

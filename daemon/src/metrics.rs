@@ -5,21 +5,24 @@
 //! - **Recorded** at the server layer, where each request is dispatched ([`RequestMetrics`]):
 //!   prepare and unprepare latency histograms and errors by code.
 //! - **Gathered at scrape time** from the service's read views ([`ServiceCollector`]): per-GPU
-//!   sharing and compute mode, per-claim strategy and attached containers, MPS control daemon
-//!   up and restarts, plus checkpoint writes (a counter kept by [`crate::checkpoint`]). Nothing
-//!   inside the service knows about metrics.
+//!   sharing and compute mode, per-claim strategy, attached containers and degraded state,
+//!   MPS control daemon up and restarts (as the service counts them in each claim record),
+//!   the checkpoint's health (quarantined at start, last write failed) and checkpoint writes
+//!   (a counter kept by [`crate::checkpoint`]). Nothing inside the service knows about
+//!   metrics.
 //!
 //! Names follow Prometheus conventions: `gpushare_` prefix, base units (`_seconds`), counters
 //! end in `_total` (added by the encoder), state as info-style gauges whose value is 1.
 
-use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use gpushare_proto::{ClaimInfo, ComputeMode, ErrorCode, GpuInfo, GpuSharing, StrategyInfo};
+use gpushare_proto::{
+    ClaimInfo, ClaimState, ComputeMode, ErrorCode, GpuInfo, GpuSharing, HealthInfo, StrategyInfo,
+};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -116,9 +119,6 @@ pub fn pid_alive(pid: i32) -> bool {
 pub struct ServiceCollector {
     service: Arc<Service>,
     alive: PidAlive,
-    /// Last MPS control daemon pid seen per claim and MPS group, and how often it changed:
-    /// a claim re-prepared after its daemon died gets a new daemon, which is a restart.
-    restarts: Mutex<BTreeMap<(String, usize), (i32, u64)>>,
 }
 
 impl fmt::Debug for ServiceCollector {
@@ -175,51 +175,70 @@ pub struct MpsDaemonSeen {
     pub group: usize,
     /// The control daemon's pid now.
     pub pid: i32,
-    /// How often the pid changed across scrapes since this process started.
+    /// Times the service restarted this daemon after it died, as the claim record counts
+    /// them (kept in the checkpoint, so across restarts of gpushared too).
     pub restarts: u64,
 }
 
-/// Updates `seen` (claim UID and group → last pid, restarts) from `claims` and returns every
-/// MPS control daemon with its restart count. A new pid for the same claim and group is a
-/// restart (a claim prepared again after its daemon died gets a new daemon); released claims
-/// leave `seen`, so it stays bounded by the claims held. Restarts between two scrapes that
-/// end on the same pid cannot be seen.
-pub fn track_mps_daemons(
-    seen: &mut BTreeMap<(String, usize), (i32, u64)>,
-    claims: &[ClaimInfo],
-) -> Vec<MpsDaemonSeen> {
-    let mut out = Vec::new();
-    for c in claims {
-        for (i, g) in c.groups.iter().enumerate() {
-            let StrategyInfo::Mps(m) = &g.sharing else {
-                continue;
-            };
-            let entry = seen
-                .entry((c.uid.clone(), i))
-                .or_insert((m.control_daemon_pid, 0));
-            if entry.0 != m.control_daemon_pid {
-                *entry = (m.control_daemon_pid, entry.1 + 1);
-            }
-            out.push(MpsDaemonSeen {
-                claim: c.uid.clone(),
-                group: i,
-                pid: m.control_daemon_pid,
-                restarts: entry.1,
-            });
-        }
-    }
-    seen.retain(|(claim, group), _| out.iter().any(|d| &d.claim == claim && d.group == *group));
-    out
+/// Every MPS control daemon of `claims`, with its restart count from the claim record.
+pub fn mps_daemons(claims: &[ClaimInfo]) -> Vec<MpsDaemonSeen> {
+    claims
+        .iter()
+        .flat_map(|c| {
+            c.groups
+                .iter()
+                .enumerate()
+                .filter_map(move |(i, g)| match &g.sharing {
+                    StrategyInfo::Mps(m) => Some(MpsDaemonSeen {
+                        claim: c.uid.clone(),
+                        group: i,
+                        pid: m.control_daemon_pid,
+                        restarts: u64::from(m.restarts),
+                    }),
+                    _ => None,
+                })
+        })
+        .collect()
+}
+
+/// Encodes a gauge without labels.
+fn encode_gauge(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: i64,
+) -> Result<(), fmt::Error> {
+    let g = ConstGauge::new(value);
+    let m = encoder.encode_descriptor(name, help, None, g.metric_type())?;
+    g.encode(m)
+}
+
+/// The service's health as gauges: degraded claims and the checkpoint's state.
+fn encode_health(encoder: &mut DescriptorEncoder, health: &HealthInfo) -> Result<(), fmt::Error> {
+    encode_gauge(
+        encoder,
+        "gpushare_degraded_claims",
+        "Claims whose MPS control daemon died and is being restarted (state Degraded).",
+        i64::try_from(health.degraded_claims).unwrap_or(i64::MAX),
+    )?;
+    encode_gauge(
+        encoder,
+        "gpushare_checkpoint_quarantined",
+        "Whether the checkpoint was corrupt at start and moved aside (1) or not (0); see gpushare status.",
+        i64::from(health.checkpoint_quarantined.is_some()),
+    )?;
+    encode_gauge(
+        encoder,
+        "gpushare_checkpoint_write_error",
+        "Whether the last checkpoint write failed (1: changing requests fail until one succeeds) or not (0).",
+        i64::from(health.checkpoint_error.is_some()),
+    )
 }
 
 impl ServiceCollector {
     /// A collector over `service`; `alive` tells whether an MPS control daemon's pid runs.
     pub fn new(service: Arc<Service>, alive: PidAlive) -> ServiceCollector {
-        ServiceCollector {
-            service,
-            alive,
-            restarts: Mutex::new(BTreeMap::new()),
-        }
+        ServiceCollector { service, alive }
     }
 
     fn encode_views(
@@ -254,6 +273,7 @@ impl ServiceCollector {
 
         let strategy: Family<Labels, Gauge> = Family::default();
         let attached: Family<Labels, Gauge> = Family::default();
+        let degraded: Family<Labels, Gauge> = Family::default();
         let mps_up: Family<Labels, Gauge> = Family::default();
         let mps_restarts: Family<Labels, Counter> = Family::default();
         for c in claims {
@@ -269,12 +289,11 @@ impl ServiceCollector {
             attached
                 .get_or_create(&vec![("claim", c.uid.clone())])
                 .set(c.attached.len() as i64);
+            degraded
+                .get_or_create(&vec![("claim", c.uid.clone())])
+                .set(i64::from(c.state == ClaimState::Degraded));
         }
-        let daemons = {
-            let mut seen = self.restarts.lock().unwrap_or_else(|p| p.into_inner());
-            track_mps_daemons(&mut seen, claims)
-        };
-        for d in daemons {
+        for d in mps_daemons(claims) {
             let l = vec![("claim", d.claim), ("group", d.group.to_string())];
             let up = d.pid > 0 && (self.alive)(d.pid);
             mps_up.get_or_create(&l).set(i64::from(up));
@@ -294,6 +313,12 @@ impl ServiceCollector {
         )?;
         encode_family(
             encoder,
+            "gpushare_claim_degraded",
+            "Whether each claim is Degraded (1: its MPS control daemon died and is being restarted) or not (0).",
+            &degraded,
+        )?;
+        encode_family(
+            encoder,
             "gpushare_mps_daemon_up",
             "Whether each MPS claim's control daemon runs (1) or not (0).",
             &mps_up,
@@ -301,7 +326,7 @@ impl ServiceCollector {
         encode_family(
             encoder,
             "gpushare_mps_daemon_restarts",
-            "Times an MPS claim's control daemon was replaced by a new one, as seen across scrapes.",
+            "Times gpushared restarted an MPS claim's control daemon after it died.",
             &mps_restarts,
         )?;
         Ok(())
@@ -322,6 +347,7 @@ impl Collector for ServiceCollector {
         )?;
         ready.encode(m)?;
         self.encode_views(&mut encoder, &gpus, &claims)?;
+        encode_health(&mut encoder, &health)?;
         let (writes, failures) = crate::checkpoint::write_counts();
         let c = ConstCounter::new(writes);
         let m = encoder.encode_descriptor(
@@ -463,18 +489,20 @@ pub async fn serve(listener: tokio::net::TcpListener, registry: Arc<Registry>) {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
     use gpushare_proto::{ClaimState, GroupInfo, MpsInfo};
 
-    fn claim(uid: &str, pids: &[i32]) -> ClaimInfo {
+    fn claim(uid: &str, daemons: &[(i32, u32)]) -> ClaimInfo {
         ClaimInfo {
             uid: uid.into(),
             namespace: "ns".into(),
             name: "n".into(),
             state: ClaimState::Prepared,
-            groups: pids
+            groups: daemons
                 .iter()
-                .map(|&pid| GroupInfo {
+                .map(|&(pid, restarts)| GroupInfo {
                     requests: vec!["gpu".into()],
                     devices: vec![],
                     sharing: StrategyInfo::Mps(MpsInfo {
@@ -485,6 +513,9 @@ mod tests {
                         visible_devices: vec![],
                         active_thread_percentage: "50".into(),
                         pinned_device_memory_limits: BTreeMap::new(),
+                        control_daemon_start_time: 0,
+                        requested: gpushare_proto::MpsRequested::default(),
+                        restarts,
                     }),
                     mig: vec![],
                 })
@@ -493,29 +524,76 @@ mod tests {
             cdi_spec: String::new(),
             attach_limit: None,
             attached: vec![],
+            last_error: None,
+            restarts: daemons.iter().map(|&(_, r)| r).sum(),
+            resource_version: None,
+            generation: 1,
         }
     }
 
     #[test]
-    fn a_new_daemon_pid_counts_as_a_restart_and_released_claims_are_forgotten() {
-        let mut seen = BTreeMap::new();
-        let first = track_mps_daemons(&mut seen, &[claim("a", &[10, 20]), claim("b", &[30])]);
-        assert!(first.iter().all(|d| d.restarts == 0), "{first:?}");
-        let again = track_mps_daemons(&mut seen, &[claim("a", &[11, 20]), claim("b", &[30])]);
-        let restarts: Vec<(String, usize, u64)> = again
-            .iter()
-            .map(|d| (d.claim.clone(), d.group, d.restarts))
+    fn mps_restarts_come_from_the_claim_records() {
+        let seen = mps_daemons(&[claim("a", &[(10, 0), (20, 3)]), claim("b", &[(30, 1)])]);
+        let restarts: Vec<(String, usize, i32, u64)> = seen
+            .into_iter()
+            .map(|d| (d.claim, d.group, d.pid, d.restarts))
             .collect();
         assert_eq!(
             restarts,
-            vec![("a".into(), 0, 1), ("a".into(), 1, 0), ("b".into(), 0, 0)]
+            vec![
+                ("a".into(), 0, 10, 0),
+                ("a".into(), 1, 20, 3),
+                ("b".into(), 0, 30, 1)
+            ]
         );
-        let later = track_mps_daemons(&mut seen, &[claim("a", &[12, 20])]);
-        assert_eq!(later[0].restarts, 2);
-        assert_eq!(seen.len(), 2, "b was released: {seen:?}");
-        // A claim prepared again under the same UID after release starts from zero.
-        let back = track_mps_daemons(&mut seen, &[claim("b", &[40])]);
-        assert_eq!(back[0].restarts, 0);
+    }
+
+    #[test]
+    fn health_gauges_show_degraded_claims_and_the_checkpoint_state() {
+        struct Health(HealthInfo);
+        impl fmt::Debug for Health {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("Health")
+            }
+        }
+        impl Collector for Health {
+            fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+                encode_health(&mut encoder, &self.0)
+            }
+        }
+        let health = |degraded, quarantined: Option<&str>, error: Option<&str>| HealthInfo {
+            ready: true,
+            node_name: "n".into(),
+            gpus: 1,
+            claims: 2,
+            backend: "sim".into(),
+            mps_control: "/bin/true".into(),
+            checkpoint_quarantined: quarantined.map(str::to_string),
+            checkpoint_error: error.map(str::to_string),
+            degraded_claims: degraded,
+            stopping: false,
+        };
+        let text = |h: HealthInfo| {
+            let mut r = Registry::default();
+            r.register_collector(Box::new(Health(h)));
+            render(&r).unwrap()
+        };
+        let ok = text(health(0, None, None));
+        for line in [
+            "gpushare_degraded_claims 0",
+            "gpushare_checkpoint_quarantined 0",
+            "gpushare_checkpoint_write_error 0",
+        ] {
+            assert!(ok.lines().any(|l| l == line), "{line}: {ok}");
+        }
+        let bad = text(health(2, Some("moved to x: bad json"), Some("disk full")));
+        for line in [
+            "gpushare_degraded_claims 2",
+            "gpushare_checkpoint_quarantined 1",
+            "gpushare_checkpoint_write_error 1",
+        ] {
+            assert!(bad.lines().any(|l| l == line), "{line}: {bad}");
+        }
     }
 
     #[test]

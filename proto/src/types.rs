@@ -142,6 +142,9 @@ pub enum ErrorCode {
     LimitReached,
     /// The peer may not call this method.
     PermissionDenied,
+    /// A `prepare` older than a release of the same claim (a late kubelet retry): refused,
+    /// nothing changed; the claim stays released.
+    Stale,
     /// Anything else; the message says what failed on the host.
     Internal,
 }
@@ -160,6 +163,7 @@ impl ErrorCode {
             ErrorCode::NotFound => "NotFound",
             ErrorCode::LimitReached => "LimitReached",
             ErrorCode::PermissionDenied => "PermissionDenied",
+            ErrorCode::Stale => "Stale",
             ErrorCode::Internal => "Internal",
         }
     }
@@ -243,6 +247,10 @@ pub enum ClaimState {
     Prepared,
     /// Release is in progress.
     Unpreparing,
+    /// Prepared, but an MPS control daemon of the claim died and is being restarted; new
+    /// containers are refused (the claim's `last_error` says why) until it runs again with
+    /// verified limits.
+    Degraded,
 }
 
 /// Time-slice interval as NVIDIA names it; the number is what `nvidia-smi compute-policy
@@ -328,11 +336,43 @@ pub struct MpsInfo {
     /// inside the daemon written in decimal (`"0"`, `"1"`; string keys because JSON object keys
     /// are strings), valued `"8G"`, `"800M"`, or `""` when no limit is set.
     pub pinned_device_memory_limits: BTreeMap<String, String>,
+    /// Start time of the control daemon's process, in clock ticks after boot (field 22 of
+    /// `/proc/<pid>/stat`): with the pid it names the process, so a recycled pid is never taken
+    /// for the daemon. 0 when unknown (a record from an older version).
+    #[serde(default)]
+    pub control_daemon_start_time: u64,
+    /// What was asked, so that a restarted daemon gets exactly the same limits (the read-back
+    /// values above are lossy: `1536M` reads back as `1G`).
+    #[serde(default)]
+    pub requested: MpsRequested,
+    /// How often gpushared restarted this daemon after it died.
+    #[serde(default)]
+    pub restarts: u32,
+}
+
+/// The limits and options an MPS control daemon was started with, as configured.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct MpsRequested {
+    /// Started with `-M` (multi-user).
+    #[serde(default)]
+    pub multi_user: bool,
+    /// Default active thread percentage, 1–100; `None`: the daemon's default (100).
+    #[serde(default)]
+    pub active_thread_percentage: Option<u32>,
+    /// Default pinned device memory limit per CUDA ordinal, in MiB; `None`: no limit.
+    #[serde(default)]
+    pub pinned_limits_mib: Vec<Option<u64>>,
+    /// Size of the shm tmpfs in bytes.
+    #[serde(default)]
+    pub shm_bytes: u64,
 }
 
 /// The sharing strategy applied to one device group.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "strategy")]
+// A claim holds a handful of these and they travel as JSON: boxing the MPS variant would only
+// add an allocation and noise at every match.
+#[allow(clippy::large_enum_variant)]
 pub enum StrategyInfo {
     /// The group's GPUs belong to this claim alone; nothing was changed on them.
     Exclusive,
@@ -470,6 +510,22 @@ pub struct ClaimInfo {
     pub attach_limit: Option<u32>,
     /// Containers attached now.
     pub attached: Vec<Attachment>,
+    /// Last thing that went wrong with the claim after it was prepared (an MPS control
+    /// daemon that died, a restart that failed), with the time in its text; kept after
+    /// recovery as history.
+    #[serde(default)]
+    pub last_error: Option<String>,
+    /// MPS control daemon restarts of all groups together.
+    #[serde(default)]
+    pub restarts: u32,
+    /// `metadata.resourceVersion` of the claim object that was prepared, when it had one.
+    #[serde(default)]
+    pub resource_version: Option<String>,
+    /// Daemon-wide sequence number of the prepare that created this record: a release leaves
+    /// a tombstone with a later one, so a prepare that started before the release can never
+    /// bring the claim back.
+    #[serde(default)]
+    pub generation: u64,
 }
 
 /// How a GPU is shared right now.
@@ -639,6 +695,20 @@ pub struct HealthInfo {
     pub backend: String,
     /// Path of the MPS control program in use.
     pub mps_control: String,
+    /// Set when the checkpoint found at start was corrupt: where it was moved and why it
+    /// was refused. The daemon rebuilt what it could from the host.
+    #[serde(default)]
+    pub checkpoint_quarantined: Option<String>,
+    /// Set while the checkpoint cannot be written (say, the disk is full): the error of the
+    /// last attempt. Changing requests fail meanwhile and change nothing.
+    #[serde(default)]
+    pub checkpoint_error: Option<String>,
+    /// Claims in state `Degraded`.
+    #[serde(default)]
+    pub degraded_claims: usize,
+    /// The daemon is stopping (SIGTERM): changing requests are refused.
+    #[serde(default)]
+    pub stopping: bool,
 }
 
 /// Result of `version`.

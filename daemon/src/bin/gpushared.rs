@@ -93,7 +93,18 @@ pub struct Args {
     /// Socket file mode (octal) [socket.mode].
     #[arg(long, value_parser = parse_mode)]
     socket_mode: Option<u32>,
+    /// File holding the boot ID (default /proc/sys/kernel/random/boot_id). Tests point it
+    /// elsewhere to simulate a reboot.
+    #[arg(long, hide = true, value_name = "FILE")]
+    boot_id_file: Option<PathBuf>,
+    /// Longest wait, in seconds, for prepares and unprepares under way when SIGTERM arrives.
+    #[arg(long, default_value_t = STOP_BOUND_SECS, value_parser = clap::value_parser!(u64).range(1..))]
+    stop_timeout: u64,
 }
+
+/// Default bound of a graceful stop: a prepare's slowest step (an MPS control program run and
+/// a bounded quit) is far shorter, and systemd's default stop timeout (90 s) is longer.
+const STOP_BOUND_SECS: u64 = 30;
 
 impl Args {
     /// The config file with this command line's flags laid over it.
@@ -184,14 +195,31 @@ fn lock_instance(state_dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&path)
         .with_context(|| format!("opening {}", path.display()))?;
-    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
-        anyhow::anyhow!(
-            "another gpushared already runs on state directory {} ({}: {e})",
-            state_dir.display(),
-            path.display()
-        )
-    })
+    // A gpushared killed while it was forking a child (an MPS control program) leaves the
+    // lock with that child until it execs, a few milliseconds: wait that out (bounded) rather
+    // than fail the restart.
+    let deadline = std::time::Instant::now() + INSTANCE_LOCK_WAIT;
+    let mut file = file;
+    loop {
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return Ok(lock),
+            Err((f, nix::errno::Errno::EWOULDBLOCK)) if std::time::Instant::now() < deadline => {
+                file = f;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err((_, e)) => {
+                bail!(
+                    "another gpushared already runs on state directory {} ({}: {e})",
+                    state_dir.display(),
+                    path.display()
+                )
+            }
+        }
+    }
 }
+
+/// How long a start waits for the instance lock of a previous gpushared to go.
+const INSTANCE_LOCK_WAIT: Duration = Duration::from_secs(2);
 
 fn absolute(p: &Path) -> Result<PathBuf> {
     std::path::absolute(p).with_context(|| format!("making {} absolute", p.display()))
@@ -528,8 +556,21 @@ async fn run(
         },
         shm_bytes: (settings.mps.shm_size_mib > 0).then_some(settings.mps.shm_size_mib << 20),
     };
-    let service =
-        Arc::new(Service::new(cfg, backend.clone(), mps).map_err(|e| anyhow::anyhow!(e))?);
+    let boot_id_file = args
+        .boot_id_file
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(gpushare::service::BOOT_ID_PATH));
+    let boot_id = std::fs::read_to_string(&boot_id_file)
+        .map(|s| s.trim().to_string())
+        .with_context(|| format!("reading the boot ID from {}", boot_id_file.display()))?;
+    // Reconciles the host with the checkpoint (re-adoption, restarts, rollbacks, orphans)
+    // before the socket exists: nobody is served from a half-known state.
+    let service = Arc::new(
+        Service::with_boot_id(cfg, backend.clone(), mps, boot_id)
+            .map_err(|e| anyhow::anyhow!(e))?,
+    );
+    gpushare::supervise::spawn(Arc::clone(&service))
+        .context("starting the MPS control daemon supervisor")?;
     let requests = Arc::new(metrics::RequestMetrics::default());
     let registry = Arc::new(metrics::registry(
         &requests,
@@ -564,8 +605,9 @@ async fn run(
         %capabilities,
         "gpushared ready"
     );
-    // Service::new has loaded the checkpoint and re-adopted its claims, and the socket is
-    // bound: clients that systemd lets start after us are served from here on.
+    // Service::with_boot_id has loaded the checkpoint and reconciled the host with it
+    // (re-adoption, restarts, rollbacks, orphans, the MIG sweep), and the socket is bound:
+    // clients that systemd lets start after us are served from here on.
     let health = service.health();
     notify::ready(&format!(
         "serving {} claims on {} GPUs",
@@ -589,8 +631,8 @@ async fn run(
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigchld = signal(SignalKind::child())?;
-    let serving = server::serve(listener, service, server_cfg);
-    tokio::pin!(serving);
+    // Boxed, not pinned on the stack, so that dropping it at SIGTERM closes the listener.
+    let mut serving = Box::pin(server::serve(listener, Arc::clone(&service), server_cfg));
     let result = loop {
         tokio::select! {
             r = &mut serving => break r.context("serving"),
@@ -612,10 +654,28 @@ async fn run(
     if let Some((_, m)) = running.metrics.take() {
         m.abort();
     }
-    // MPS control daemons are left running on purpose: GPU jobs must survive a restart of
-    // gpushared.
+    // Stop accepting first (the listener is dropped with `serving`), then let requests under
+    // way finish, bounded, and write the checkpoint. MPS control daemons are left running on
+    // purpose: GPU jobs must survive a restart of gpushared.
+    drop(serving);
     server::remove_socket(&socket);
-    tracing::info!("gpushared stopped");
+    let bound = Duration::from_secs(args.stop_timeout);
+    let stopping = Arc::clone(&service);
+    let stopped = tokio::task::spawn_blocking(move || stopping.stop(bound))
+        .await
+        .context("stopping the service")?;
+    match stopped {
+        Ok(true) => tracing::info!("gpushared stopped; MPS control daemons left running"),
+        Ok(false) => {
+            tracing::warn!(
+                "gpushared stopped with requests still under way; the next start reconciles them"
+            );
+            // The runtime would wait for them without a bound when dropped.
+            server::remove_socket(&socket);
+            std::process::exit(0);
+        }
+        Err(e) => tracing::error!(error = %e, "writing the checkpoint at stop"),
+    }
     result
 }
 

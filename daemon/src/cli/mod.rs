@@ -332,6 +332,12 @@ pub fn claim_detail(c: &ClaimInfo) -> String {
         clean(&format!("{}/{}", c.namespace, c.name))
     );
     let _ = writeln!(s, "State:      {:?}", c.state);
+    let _ = writeln!(s, "Restarts:   {}", c.restarts);
+    let _ = writeln!(
+        s,
+        "Last error: {}",
+        c.last_error.as_deref().map_or("none".to_string(), clean)
+    );
     let _ = writeln!(s, "CDI spec:   {}", c.cdi_spec);
     for r in &c.requests {
         let _ = writeln!(
@@ -363,7 +369,11 @@ pub fn claim_detail(c: &ClaimInfo) -> String {
             }
             StrategyInfo::Mps(m) => {
                 let _ = writeln!(s, "  strategy:  MPS");
-                let _ = writeln!(s, "  MPS control daemon pid: {}", m.control_daemon_pid);
+                let _ = writeln!(
+                    s,
+                    "  MPS control daemon pid: {} (restarts: {})",
+                    m.control_daemon_pid, m.restarts
+                );
                 let _ = writeln!(s, "  pipe dir:  {}", m.pipe_dir);
                 let _ = writeln!(s, "  shm dir:   {}", m.shm_dir);
                 let _ = writeln!(s, "  CUDA_VISIBLE_DEVICES: {}", m.visible_devices.join(","));
@@ -411,10 +421,21 @@ pub fn claim_detail(c: &ClaimInfo) -> String {
 
 /// The `gpushare status` summary.
 pub fn status_text(h: &HealthInfo, v: &VersionInfo) -> String {
-    format!(
+    let mut s = format!(
         "gpushared {} (protocol {})\nready:        {}\nnode:         {}\nbackend:      {}\nMPS control:  {}\nGPUs:         {}\nclaims:       {}\n",
         v.daemon, v.protocol, h.ready, h.node_name, h.backend, h.mps_control, h.gpus, h.claims
-    )
+    );
+    let _ = writeln!(s, "degraded:     {}", h.degraded_claims);
+    if h.stopping {
+        let _ = writeln!(s, "stopping:     yes");
+    }
+    if let Some(q) = &h.checkpoint_quarantined {
+        let _ = writeln!(s, "CHECKPOINT WAS CORRUPT: {}", clean(q));
+    }
+    if let Some(e) = &h.checkpoint_error {
+        let _ = writeln!(s, "CHECKPOINT NOT WRITABLE: {}", clean(e));
+    }
+    s
 }
 
 /// Writes `<name>.1` for `cmd` and `<name>-<sub>.1` for each visible subcommand into `dir`

@@ -356,6 +356,9 @@ impl Service {
                 gpus: out,
             });
         }
+        // A change like prepare and unprepare: refused while gpushared stops, and waited for
+        // (bounded) by the graceful stop.
+        let _busy = self.begin_change()?;
         let changing: Vec<&layout::GpuPlan> = plans.iter().filter(|g| !g.is_noop()).collect();
         let holds: Vec<(String, String, Want)> = changing
             .iter()

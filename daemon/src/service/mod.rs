@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use gpushare_proto::{
@@ -21,7 +21,7 @@ use gpushare_proto::{
 use serde_json::Value;
 
 use crate::cdi::{self, ContainerEdits, HookConfig};
-use crate::checkpoint::{Checkpoint, CheckpointFile};
+use crate::checkpoint::{CheckpointFile, Tombstone};
 use crate::config::{self, ClaimSpec, ParseContext, Sharing};
 use crate::error::ServiceError;
 use crate::fsutil;
@@ -35,9 +35,11 @@ use gpushare_core::Published;
 mod locks;
 mod mig;
 mod modes;
+mod recover;
 mod view;
 use locks::ClaimLocks;
 use modes::GpuModes;
+pub use recover::{restart_backoff, SupervisedDaemon, BOOT_ID_PATH};
 use view::{StateGuard, View};
 
 /// Where the service keeps things and whom it serves.
@@ -64,6 +66,19 @@ struct State {
     claims: BTreeMap<String, ClaimInfo>,
     placement: Placement,
     ready: bool,
+    /// Boot ID written into the checkpoint.
+    boot_id: String,
+    /// Last claim generation handed out (see `ClaimInfo::generation` and tombstones).
+    claim_generation: u64,
+    tombstones: BTreeMap<String, Tombstone>,
+    /// A corrupt checkpoint found at start: where it went and why.
+    quarantined: Option<String>,
+    /// Error of the last checkpoint write, cleared by the next one that succeeds.
+    checkpoint_error: Option<String>,
+    /// SIGTERM: changing requests are refused.
+    stopping: bool,
+    /// Restarts of dead MPS control daemons, by claim UID.
+    restarts: BTreeMap<String, recover::RestartPlan>,
     /// Counts changes; the published view and the checkpoint on disk say which they hold.
     generation: u64,
 }
@@ -86,6 +101,10 @@ pub struct Service {
     /// The generation of the registry whose checkpoint is on disk; held while writing it.
     on_disk: Mutex<u64>,
     changes: ClaimLocks,
+    /// Prepares and unprepares under way, for a graceful stop.
+    in_flight: (Mutex<usize>, Condvar),
+    /// Wakes the supervisor when the set of MPS control daemons changes.
+    supervisor_wake: Mutex<Option<std::os::unix::net::UnixStream>>,
 }
 
 /// The plan for one device group, before anything is applied.
@@ -121,8 +140,9 @@ fn is_mig_device_name(name: &str) -> bool {
 }
 
 impl Service {
-    /// A service over `backend`, loading the checkpoint (a corrupt one is quarantined and
-    /// logged). The service reports ready once loaded.
+    /// A service over `backend`: loads the checkpoint (a corrupt one is quarantined, logged
+    /// and reported in `health`), then reconciles the host with it before reporting ready (see
+    /// [`Service::with_boot_id`]); the boot ID is read from [`BOOT_ID_PATH`].
     ///
     /// # Errors
     /// The checkpoint exists but cannot be read or moved aside.
@@ -131,6 +151,29 @@ impl Service {
         backend: Arc<dyn GpuBackend>,
         mps: MpsControl,
     ) -> Result<Service, ServiceError> {
+        let boot_id = std::fs::read_to_string(BOOT_ID_PATH)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default();
+        Service::with_boot_id(cfg, backend, mps, boot_id)
+    }
+
+    /// As [`Service::new`], with the host's boot ID given. At start every checkpointed claim
+    /// is reconciled: an MPS control daemon whose pid, start time and control round trip match
+    /// is re-adopted as it runs; a dead one is restarted with its limits re-applied and read
+    /// back; `PrepareStarted` and `Unpreparing` claims are rolled back; directories, mounts,
+    /// MPS control daemons and CDI specs of ours that no claim owns are removed; after a reboot
+    /// (another boot ID) every claim's host setup is redone; last, MIG instances that no
+    /// remaining claim (nor the node's MIG layout record) owns are destroyed. Only then is it
+    /// ready.
+    ///
+    /// # Errors
+    /// The checkpoint exists but cannot be read or moved aside.
+    pub fn with_boot_id(
+        cfg: ServiceConfig,
+        backend: Arc<dyn GpuBackend>,
+        mps: MpsControl,
+        boot_id: String,
+    ) -> Result<Service, ServiceError> {
         let checkpoint = CheckpointFile::new(cfg.checkpoint.clone());
         let loaded = checkpoint.load().map_err(|e| {
             ServiceError::internal(format!(
@@ -138,48 +181,32 @@ impl Service {
                 cfg.checkpoint.display()
             ))
         })?;
-        if let Some((aside, why)) = &loaded.quarantined {
-            tracing::error!(moved_to = %aside.display(), reason = %why, "checkpoint was corrupt; moved aside, starting empty");
-        }
-        let mut state = State::default();
-        for (uid, info) in loaded.checkpoint.claims {
-            let wants = wants_of(&info);
-            if let Err(e) = state.placement.reserve(&uid, &wants) {
-                tracing::error!(claim = %uid, error = %e, "checkpointed claim conflicts with another; not re-adopted");
-                continue;
-            }
-            for group in &info.groups {
-                if let StrategyInfo::Mps(m) = &group.sharing {
-                    let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
-                    if mps.liveness(&dirs, m.control_daemon_pid) != Liveness::Running {
-                        tracing::warn!(claim = %uid, pid = m.control_daemon_pid, "MPS control daemon of checkpointed claim is not running");
-                    }
-                }
-            }
-            state.claims.insert(uid, info);
-        }
-        reapply_gpu_settings(backend.as_ref(), &state.placement);
-        mig::sweep_at_start(backend.as_ref(), &cfg.run_dir, state.claims.values());
-        state.ready = true;
-        let modes = GpuModes::new(backend.gpus(), &state.placement);
-        let view = Published::new(View::of(&state, None));
+        // The mode words start with every GPU free; the reconcile takes the checkpointed
+        // claims' holds on them (before it rolls any claim back through teardown, which
+        // releases through them) and publishes the view as it goes.
+        let modes = GpuModes::new(backend.gpus(), &Placement::default());
+        let view = Published::new(View::of(&State::default(), None));
         let ctx = ParseContext {
             node_name: cfg.node_name.clone(),
             drivers: cfg.drivers.clone(),
         };
-        Ok(Service {
+        let service = Service {
             cfg,
             ctx,
             backend,
             processes: Arc::clone(&mps.ops().processes),
             mps,
             checkpoint,
-            state: Mutex::new(state),
+            state: Mutex::new(State::default()),
             view,
             modes,
             on_disk: Mutex::new(0),
             changes: ClaimLocks::default(),
-        })
+            in_flight: (Mutex::new(0), Condvar::new()),
+            supervisor_wake: Mutex::new(None),
+        };
+        service.reconcile(loaded, boot_id);
+        Ok(service)
     }
 
     fn state(&self) -> StateGuard<'_> {
@@ -193,11 +220,14 @@ impl Service {
     }
 
     /// Unlocks the registry after a change and makes the change durable: writes the
-    /// checkpoint of the newest published view, unless a write that started after this change
-    /// already did. The write happens outside the registry lock, so other claims' changes and
-    /// all readers go on meanwhile, and changes that queue behind one write share the next
-    /// (group commit): one fsync for many changes under churn, never a stale checkpoint over
-    /// a newer one.
+    /// checkpoint of the newest published view (claims, boot ID, claim generation,
+    /// tombstones), unless a write that started after this change already did. The write
+    /// happens outside the registry lock, so other claims' changes and all readers go on
+    /// meanwhile, and changes that queue behind one write share the next (group commit): one
+    /// fsync for many changes under churn, never a stale checkpoint over a newer one.
+    ///
+    /// A failed write is recorded as the checkpoint error (`health`, `gpushare status`) until
+    /// a write succeeds again.
     ///
     /// # Errors
     /// `Internal` when the checkpoint cannot be written; the change stays in memory (and in
@@ -210,18 +240,35 @@ impl Service {
         }
         // The newest view holds this change: it was published before the registry unlocked.
         let view = self.view.load();
-        let cp = Checkpoint {
-            claims: view.claim_records(),
-            ..Checkpoint::default()
-        };
-        self.checkpoint.save(&cp).map_err(|e| {
+        let cp = view.checkpoint(now_secs());
+        let result = self.checkpoint.save(&cp).map_err(|e| {
             ServiceError::internal(format!(
                 "writing checkpoint {}: {e}",
                 self.checkpoint.path().display()
             ))
-        })?;
-        *on_disk = view.generation;
-        Ok(())
+        });
+        // The registry is taken again only when the error state changes (the lock order is
+        // `on_disk` then `state`; nobody takes `on_disk` while holding `state`).
+        match &result {
+            Ok(()) => {
+                *on_disk = view.generation;
+                if view.checkpoint_error.is_some() {
+                    let mut st = self.state();
+                    if st.checkpoint_error.is_some() {
+                        st.checkpoint_error = None;
+                        tracing::info!(path = %self.checkpoint.path().display(), "checkpoint written again");
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot write the checkpoint; changing requests fail until it can be written");
+                let mut st = self.state();
+                if st.checkpoint_error.as_deref() != Some(e.message.as_str()) {
+                    st.checkpoint_error = Some(e.message.clone());
+                }
+            }
+        }
+        result
     }
 
     fn claim_dir(&self, uid: &str) -> PathBuf {
@@ -237,7 +284,16 @@ impl Service {
     /// `Unsupported` (MIG), `Conflict` with other claims, `Internal` for host failures.
     pub fn prepare(&self, claim: &Value) -> Result<PrepareResult, ServiceError> {
         let spec = config::parse_claim(claim, &self.ctx)?;
+        let _busy = self.begin_change()?;
+        // Taken before waiting for the claim's lock: a release that finishes while this
+        // request waits leaves a later generation, and this request is then stale.
+        let arrived = self.state().claim_generation;
         let _claim = self.changes.lock(&spec.uid);
+        let resource_version = claim
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        self.refuse_stale_prepare(&spec.uid, arrived, resource_version.as_deref())?;
         let existing = self.state().claims.get(&spec.uid).cloned();
         // Containers still running on a claim that is prepared afresh keep their slots.
         let mut carried: Vec<Attachment> = Vec::new();
@@ -254,6 +310,23 @@ impl Service {
                     already_prepared: true,
                 });
             }
+            // Prepared (or Degraded) with a dead MPS control daemon: start it again in place,
+            // so that running containers, which have its pipe directory bind-mounted, reach
+            // the new one.
+            if matches!(existing.state, ClaimState::Prepared | ClaimState::Degraded)
+                && self.restart_dead_daemons(&spec.uid)
+            {
+                if let Ok(again) = self.get_claim(&spec.uid) {
+                    if !Path::new(&again.cdi_spec).exists() {
+                        self.write_cdi(&spec.uid, &again.groups, &again)?;
+                    }
+                    return Ok(PrepareResult {
+                        uid: again.uid,
+                        requests: again.requests,
+                        already_prepared: false,
+                    });
+                }
+            }
             // Left half-done by a crash (PrepareStarted), by a release that failed part-way
             // (Unpreparing), or prepared but with a dead MPS control daemon: nothing else works
             // on it now (we hold its lock), so undo what is left and prepare afresh.
@@ -264,7 +337,7 @@ impl Service {
                 .filter(|a| a.pid.is_some_and(|pid| self.processes.alive(pid)))
                 .cloned()
                 .collect();
-            if let Some(e) = self.teardown(&spec.uid) {
+            if let Some(e) = self.teardown(&spec.uid, None) {
                 return Err(ServiceError::new(
                     e.code,
                     format!(
@@ -288,7 +361,12 @@ impl Service {
                 .to_string(),
             attach_limit,
             attached: vec![],
+            last_error: None,
+            restarts: 0,
+            resource_version,
+            generation: 0,
         };
+        let mut info = info;
         self.admit(&spec.uid, &wants_of(&info))?;
         {
             let mut st = self.state();
@@ -298,6 +376,8 @@ impl Service {
                 self.modes.release(self.backend.as_ref(), &wants_of(&info));
                 return Err(ServiceError::new(ErrorCode::Conflict, c.0));
             }
+            st.claim_generation += 1;
+            info.generation = st.claim_generation;
             st.claims.insert(spec.uid.clone(), info.clone());
             if let Err(e) = self.commit(st) {
                 let mut st = self.state();
@@ -308,6 +388,7 @@ impl Service {
                 return Err(e);
             }
         }
+        crate::crash::point("prepare.started_saved");
         tracing::info!(claim = %spec.uid, namespace = %spec.namespace, name = %spec.name, "preparing claim");
 
         match self.apply(&spec, &plans, &info) {
@@ -318,10 +399,22 @@ impl Service {
                     c.state = ClaimState::Prepared;
                     c.attached = carried;
                 }
+                // A prepare of this claim is what the kubelet wants now: an older release no
+                // longer stands against it.
+                let tombstone = st.tombstones.remove(&spec.uid);
+                let prepared = st.claims.get(&spec.uid).cloned();
                 if let Err(e) = self.commit(st) {
-                    self.teardown(&spec.uid);
+                    if let Some(t) = tombstone {
+                        self.state().tombstones.insert(spec.uid.clone(), t);
+                    }
+                    self.teardown(&spec.uid, None);
                     return Err(e);
                 }
+                if let Some(c) = &prepared {
+                    self.write_host_record(c);
+                }
+                crate::crash::point("prepare.completed_saved");
+                self.wake_supervisor();
                 tracing::info!(claim = %spec.uid, "claim prepared");
                 Ok(PrepareResult {
                     uid: spec.uid,
@@ -331,7 +424,7 @@ impl Service {
             }
             Err(e) => {
                 tracing::warn!(claim = %spec.uid, error = %e, "prepare failed; rolling back");
-                self.teardown(&spec.uid);
+                self.teardown(&spec.uid, None);
                 Err(e)
             }
         }
@@ -539,17 +632,9 @@ impl Service {
             },
             // Until the daemon runs, the record holds its directories (so a rollback or a
             // restarted gpushared can clean them) and pid 0.
-            PlanKind::Mps(launch) => StrategyInfo::Mps(started.unwrap_or_else(|| MpsInfo {
-                control_daemon_pid: 0,
-                pipe_dir: launch.dirs.pipe.display().to_string(),
-                log_dir: launch.dirs.log.display().to_string(),
-                shm_dir: launch.dirs.shm.display().to_string(),
-                visible_devices: launch.visible_devices.clone(),
-                active_thread_percentage: String::new(),
-                pinned_device_memory_limits: BTreeMap::new(),
-            })),
             PlanKind::Mig { mps: None, .. } => StrategyInfo::Exclusive,
-            PlanKind::Mig {
+            PlanKind::Mps(launch)
+            | PlanKind::Mig {
                 mps: Some(launch), ..
             } => StrategyInfo::Mps(started.unwrap_or_else(|| MpsInfo {
                 control_daemon_pid: 0,
@@ -559,6 +644,14 @@ impl Service {
                 visible_devices: launch.visible_devices.clone(),
                 active_thread_percentage: String::new(),
                 pinned_device_memory_limits: BTreeMap::new(),
+                control_daemon_start_time: 0,
+                requested: gpushare_proto::MpsRequested {
+                    multi_user: launch.multi_user,
+                    active_thread_percentage: launch.active_thread_percentage,
+                    pinned_limits_mib: launch.pinned_limits_mib.clone(),
+                    shm_bytes: launch.shm_bytes,
+                },
+                restarts: 0,
             })),
         };
         GroupInfo {
@@ -628,6 +721,7 @@ impl Service {
                                 )
                             })?;
                     }
+                    crate::crash::point("prepare.gpu_settings_applied");
                     None
                 }
                 PlanKind::Mps(launch) => {
@@ -648,10 +742,12 @@ impl Service {
                                 )
                             })?;
                     }
+                    crate::crash::point("prepare.gpu_settings_applied");
                     let started = self
                         .mps
                         .start(launch)
                         .map_err(|e| ServiceError::internal(format!("claim {}: {e}", spec.uid)))?;
+                    crate::crash::point("prepare.mps_started");
                     // Record the pid at once, so that a failure later in this prepare stops
                     // this daemon too.
                     if let Some(c) = self.state().claims.get_mut(&spec.uid) {
@@ -692,6 +788,7 @@ impl Service {
             groups.push(self.group_info(plan, started));
         }
         self.write_cdi(&spec.uid, &groups, info)?;
+        crate::crash::point("prepare.cdi_written");
         Ok(groups)
     }
 
@@ -768,13 +865,32 @@ impl Service {
         wants_of(info)
     }
 
-    /// Undoes everything a claim holds, whatever its state; used by unprepare and by a failed
-    /// prepare. Errors are logged and the rest still runs; returns the first error.
-    fn teardown(&self, uid: &str) -> Option<ServiceError> {
+    /// Undoes everything a claim holds, whatever its state; used by unprepare (which passes
+    /// the tombstone's `resource_version`: `Some`), and by a failed prepare and the start-up
+    /// reconcile (`None`: a rollback leaves no tombstone, so the kubelet's retry may prepare
+    /// the claim). The state `Unpreparing` is written first, so a crash part-way is finished
+    /// at the next start instead of bringing the claim back. Errors are logged and the rest
+    /// still runs; returns the first error.
+    fn teardown(&self, uid: &str, tombstone: Option<Option<String>>) -> Option<ServiceError> {
         let info = self.state().claims.get(uid).cloned()?;
-        if let Some(c) = self.state().claims.get_mut(uid) {
-            c.state = ClaimState::Unpreparing;
+        if info.state != ClaimState::Unpreparing {
+            let mut st = self.state();
+            if let Some(c) = st.claims.get_mut(uid) {
+                c.state = ClaimState::Unpreparing;
+            }
+            if let Err(e) = self.commit(st) {
+                if matches!(info.state, ClaimState::Prepared | ClaimState::Degraded) {
+                    // On disk the claim is still prepared: releasing it now would have a
+                    // restart bring it back. Refuse, changing nothing.
+                    if let Some(c) = self.state().claims.get_mut(uid) {
+                        c.state = info.state;
+                    }
+                    return Some(e);
+                }
+                // A half-done prepare is rolled back at the next start anyway.
+            }
         }
+        crate::crash::point("unprepare.unpreparing_saved");
         let mut errors: Vec<ServiceError> = Vec::new();
         let note = |errors: &mut Vec<ServiceError>, e: ServiceError| {
             tracing::error!(claim = %uid, error = %e, "releasing claim");
@@ -792,6 +908,7 @@ impl Service {
                 }
             }
         }
+        crate::crash::point("unprepare.mps_stopped");
         // MIG instances go after the MPS control daemons that ran on them.
         if let Err(e) = self.destroy_mig(&info) {
             note(&mut errors, e);
@@ -802,13 +919,16 @@ impl Service {
                 ServiceError::internal(format!("removing CDI spec of claim {uid}: {e}")),
             );
         }
+        crate::crash::point("unprepare.cdi_removed");
         if let Err(e) = fsutil::remove_dir_all_if_exists(&self.claim_dir(uid)) {
             note(
                 &mut errors,
                 ServiceError::internal(format!("removing {}: {e}", self.claim_dir(uid).display())),
             );
         }
+        crate::crash::point("unprepare.dirs_removed");
         let mut st = self.state();
+        st.restarts.remove(uid);
         // Only a complete release frees the GPUs: while a daemon or mount may still be there,
         // the claim keeps its holds (state Unpreparing), so no other claim is placed on top of
         // it, and the next unprepare or prepare of this claim finishes the job.
@@ -816,6 +936,16 @@ impl Service {
         if errors.is_empty() {
             freed = self.release_gpus(&mut st, &info);
             st.claims.remove(uid);
+            if let Some(resource_version) = tombstone {
+                st.claim_generation += 1;
+                let t = Tombstone {
+                    generation: st.claim_generation,
+                    resource_version,
+                    released_at: now_secs(),
+                };
+                st.tombstones.insert(uid.to_string(), t);
+                crate::checkpoint::prune_tombstones(&mut st.tombstones, now_secs());
+            }
         }
         if let Err(e) = self.commit(st) {
             note(&mut errors, e);
@@ -853,6 +983,7 @@ impl Service {
     /// stays recorded so a retry finishes the job).
     pub fn unprepare(&self, uid: &str) -> Result<UnprepareResult, ServiceError> {
         config::validate_claim_uid(uid)?;
+        let _busy = self.begin_change()?;
         let _claim = self.changes.lock(uid);
         let Some(info) = self.state().claims.get(uid).cloned() else {
             return Ok(UnprepareResult {
@@ -863,8 +994,9 @@ impl Service {
         if !info.attached.is_empty() {
             tracing::warn!(claim = %uid, containers = info.attached.len(), "releasing a claim that still has containers attached");
         }
-        match self.teardown(uid) {
+        match self.teardown(uid, Some(info.resource_version.clone())) {
             None => {
+                self.wake_supervisor();
                 tracing::info!(claim = %uid, "claim released");
                 Ok(UnprepareResult {
                     uid: uid.to_string(),
@@ -897,9 +1029,16 @@ impl Service {
         }
 
         // What reads /proc (the container's cgroup, whether the claim's MPS control daemon
-        // runs) is done before taking the registry lock, on the published view.
+        // runs) is done before taking the registry lock, on the published view. Only for a
+        // claim seen Prepared: any other state (Degraded with its reason, above all) is
+        // answered under the lock.
         let cgroup = p.pid.and_then(read_cgroup);
-        if let Some(claim) = self.view.load().claims.get(&p.claim_uid) {
+        let seen = self.view.load();
+        if let Some(claim) = seen
+            .claims
+            .get(&p.claim_uid)
+            .filter(|c| c.state == ClaimState::Prepared)
+        {
             if let Some(pid) = self.dead_mps_daemon(claim) {
                 return Err(ServiceError::new(
                     ErrorCode::NotReady,
@@ -921,6 +1060,16 @@ impl Service {
                 ),
             )
         })?;
+        if claim.state == ClaimState::Degraded {
+            return Err(ServiceError::new(
+                ErrorCode::NotReady,
+                format!(
+                    "claim {} is Degraded ({}); gpushared is restarting its MPS control daemon, retry later",
+                    p.claim_uid,
+                    claim.last_error.as_deref().unwrap_or("MPS control daemon died")
+                ),
+            ));
+        }
         if claim.state != ClaimState::Prepared {
             return Err(ServiceError::new(
                 ErrorCode::NotReady,
@@ -1088,6 +1237,14 @@ impl Service {
             claims: st.claims.len(),
             backend: self.backend.describe(),
             mps_control: self.mps.program().display().to_string(),
+            checkpoint_quarantined: st.quarantined.clone(),
+            checkpoint_error: st.checkpoint_error.clone(),
+            degraded_claims: st
+                .claims
+                .values()
+                .filter(|c| c.state == ClaimState::Degraded)
+                .count(),
+            stopping: st.stopping,
         }
     }
 }

@@ -64,6 +64,15 @@ impl GpuModes {
                 .map(|g| (g.uuid.clone(), GpuModeWord::new()))
                 .collect(),
         };
+        modes.take_holds(placement);
+        modes
+    }
+
+    /// Takes, on the words, every hold `placement` records. For start-up only (before any
+    /// claim is admitted through the words): the reconcile rebuilds placement from the
+    /// checkpoint first, takes its holds here, and then rolls half-done claims back through
+    /// teardown, which releases them through the words like any other release.
+    pub(super) fn take_holds(&self, placement: &Placement) {
         for (uuid, hold) in placement.holds() {
             let (want, holders) = match hold {
                 Hold::Exclusive(_) => (Want::Exclusive, 1),
@@ -73,7 +82,7 @@ impl GpuModes {
                 }
                 Hold::Mig(claims) => (Want::Mig, claims.len()),
             };
-            let Some(word) = modes.words.get(uuid) else {
+            let Some(word) = self.words.get(uuid) else {
                 tracing::error!(gpu = %uuid, "checkpointed claim holds a GPU this node does not have");
                 continue;
             };
@@ -84,7 +93,6 @@ impl GpuModes {
                 }
             }
         }
-        modes
     }
 
     /// Admits `claim` on every `(uuid, device name, want)`, all or nothing. `holder` says

@@ -275,6 +275,17 @@ fn attach_needs_a_live_daemon_and_respects_replicas() {
         f.host.state().daemons.values().filter(|d| d.alive).count(),
         1
     );
+    // The daemon was started again in place: the containers attached before keep their slots.
+    assert_eq!(
+        f.service.attach(&p("d")).unwrap_err().code,
+        ErrorCode::LimitReached
+    );
+    f.service
+        .detach(&DetachParams {
+            claim_uid: "u5".into(),
+            container_id: "b".into(),
+        })
+        .unwrap();
     f.service.attach(&p("d")).unwrap();
     let err = f
         .service
@@ -860,3 +871,5 @@ fn concurrent_changes_all_reach_the_checkpoint() {
     let attached: Vec<usize> = in_memory.values().map(|c| c.attached.len()).collect();
     assert_eq!(attached, [5, 5, 5, 5, 5, 5, 5, 3]);
 }
+
+mod recover;

@@ -11,6 +11,7 @@ use gpushare_core::Published;
 use gpushare_proto::ClaimInfo;
 
 use super::State;
+use crate::checkpoint::{Checkpoint, Tombstone};
 use crate::placement::Placement;
 
 /// One published view of the registry. Claims and placement are shared with the previous
@@ -23,6 +24,18 @@ pub(super) struct View {
     pub(super) ready: bool,
     /// The registry's generation this view shows.
     pub(super) generation: u64,
+    /// The host's boot ID, written into the checkpoint.
+    pub(super) boot_id: Arc<str>,
+    /// The last claim generation handed out (`State::claim_generation`).
+    pub(super) claim_generation: u64,
+    /// Released claims' tombstones, shared with the previous view while unchanged.
+    pub(super) tombstones: Arc<BTreeMap<String, Tombstone>>,
+    /// A corrupt checkpoint found at start: where it went and why.
+    pub(super) quarantined: Option<String>,
+    /// The error of the last checkpoint write, if it failed.
+    pub(super) checkpoint_error: Option<String>,
+    /// SIGTERM: changing requests are refused.
+    pub(super) stopping: bool,
 }
 
 impl View {
@@ -46,12 +59,40 @@ impl View {
             Some(p) if *p.placement == state.placement => Arc::clone(&p.placement),
             _ => Arc::new(state.placement.clone()),
         };
+        let tombstones = match prev {
+            Some(p) if *p.tombstones == state.tombstones => Arc::clone(&p.tombstones),
+            _ => Arc::new(state.tombstones.clone()),
+        };
+        let boot_id = match prev {
+            Some(p) if *p.boot_id == *state.boot_id => Arc::clone(&p.boot_id),
+            _ => Arc::from(state.boot_id.as_str()),
+        };
         View {
             claims,
             placement,
             ready: state.ready,
             generation: state.generation,
+            boot_id,
+            claim_generation: state.claim_generation,
+            tombstones,
+            quarantined: state.quarantined.clone(),
+            checkpoint_error: state.checkpoint_error.clone(),
+            stopping: state.stopping,
         }
+    }
+
+    /// The checkpoint of this view: claims, boot ID, claim generation and the tombstones
+    /// still within their time to live (`now`, seconds since the epoch).
+    pub(super) fn checkpoint(&self, now: u64) -> Checkpoint {
+        let mut cp = Checkpoint {
+            boot_id: self.boot_id.to_string(),
+            generation: self.claim_generation,
+            claims: self.claim_records(),
+            tombstones: BTreeMap::clone(&self.tombstones),
+            ..Checkpoint::default()
+        };
+        cp.prune_tombstones(now);
+        cp
     }
 
     /// The claims as the checkpoint records them.

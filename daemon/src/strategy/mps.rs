@@ -12,7 +12,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gpushare_proto::MpsInfo;
+use gpushare_proto::{MpsInfo, MpsRequested};
 use sha2::{Digest, Sha256};
 
 use crate::fsutil;
@@ -184,6 +184,27 @@ pub struct MpsLaunch {
     pub shm_bytes: u64,
 }
 
+/// The launch that (re)creates the daemon recorded in `info`: same directories, devices,
+/// options and limits as asked.
+pub fn launch_of(info: &MpsInfo) -> MpsLaunch {
+    MpsLaunch {
+        dirs: MpsDirs::from_pipe(Path::new(&info.pipe_dir)),
+        visible_devices: info.visible_devices.clone(),
+        multi_user: info.requested.multi_user,
+        active_thread_percentage: info.requested.active_thread_percentage,
+        pinned_limits_mib: if info.requested.pinned_limits_mib.is_empty() {
+            vec![None; info.visible_devices.len()]
+        } else {
+            info.requested.pinned_limits_mib.clone()
+        },
+        shm_bytes: if info.requested.shm_bytes == 0 {
+            64 << 20
+        } else {
+            info.requested.shm_bytes
+        },
+    }
+}
+
 /// What the control daemon shows for `get_default_active_thread_percentage` after
 /// `set_default_active_thread_percentage p` (or by default): one decimal.
 pub fn percentage_display(p: Option<u32>) -> String {
@@ -302,6 +323,7 @@ impl MpsControl {
                 stdin,
                 timeout: self.timeout,
                 private_shm: None,
+                new_session: false,
             })
             .map_err(|source| MpsError::Spawn {
                 program: self.program.clone(),
@@ -327,10 +349,30 @@ impl MpsControl {
     /// # Errors
     /// Any [`MpsError`]; nothing is left behind.
     pub fn start(&self, launch: &MpsLaunch) -> Result<MpsInfo, MpsError> {
+        self.start_with(launch, false)
+    }
+
+    /// Starts the daemon of a claim that was prepared before (its daemon died, or the host
+    /// rebooted), as [`MpsControl::start`] does, except that the directories and the shm tmpfs
+    /// are kept, on success and on failure alike: running containers have them bind-mounted,
+    /// and only the very same pipe directory lets them reach the new daemon.
+    ///
+    /// # Errors
+    /// Any [`MpsError`]; a daemon started by the failed attempt is stopped.
+    pub fn restart(&self, launch: &MpsLaunch) -> Result<MpsInfo, MpsError> {
+        self.start_with(launch, true)
+    }
+
+    fn start_with(&self, launch: &MpsLaunch, keep_dirs: bool) -> Result<MpsInfo, MpsError> {
         let mut pid = None;
-        let result = self.start_inner(launch, &mut pid);
+        let result = self.start_inner(launch, &mut pid, keep_dirs);
         if result.is_err() {
-            if let Err(e) = self.stop(&launch.dirs, pid) {
+            let undone = if keep_dirs {
+                self.stop_daemon(&launch.dirs, pid)
+            } else {
+                self.stop(&launch.dirs, pid)
+            };
+            if let Err(e) = undone {
                 tracing::error!(pipe = %launch.dirs.pipe.display(), error = %e, "rolling back a failed MPS start");
             }
         }
@@ -341,6 +383,7 @@ impl MpsControl {
         &self,
         launch: &MpsLaunch,
         pid_out: &mut Option<i32>,
+        keep_dirs: bool,
     ) -> Result<MpsInfo, MpsError> {
         let dirs = &launch.dirs;
         dirs.check_socket_paths()?;
@@ -349,7 +392,11 @@ impl MpsControl {
         // "An instance of this daemon is already running", so it goes first.
         if let Some(old) = self.holder(dirs).ok().flatten() {
             tracing::warn!(pid = old, pipe = %dirs.pipe.display(), "stopping a leftover MPS control daemon on this claim's pipe directory");
-            self.stop(dirs, Some(old))?;
+            if keep_dirs {
+                self.stop_daemon(dirs, Some(old))?;
+            } else {
+                self.stop(dirs, Some(old))?;
+            }
         }
         // Each level is created (or found) without following a symbolic link. The claim's
         // directories are traversable but not listable by other host users: containers reach
@@ -408,6 +455,7 @@ impl MpsControl {
                 stdin: vec![],
                 timeout: self.timeout,
                 private_shm: Some(dirs.shm.clone()),
+                new_session: true,
             })
             .map_err(|source| MpsError::Spawn {
                 program: self.program.clone(),
@@ -432,8 +480,41 @@ impl MpsControl {
         if !cmds.is_empty() {
             self.ui(dirs, &cmds)?;
         }
-        // Read back every value: NVIDIA's daemon reports most rejected settings only in
-        // control.log, so a claim is ready only when what it shows is what we asked.
+        let (atp, limits) = self.read_back(launch)?;
+        Ok(MpsInfo {
+            control_daemon_pid: pid,
+            pipe_dir: dirs.pipe.display().to_string(),
+            log_dir: dirs.log.display().to_string(),
+            shm_dir: dirs.shm.display().to_string(),
+            visible_devices: launch.visible_devices.clone(),
+            active_thread_percentage: atp,
+            pinned_device_memory_limits: limits,
+            control_daemon_start_time: self.ops.processes.start_time(pid).unwrap_or(0),
+            requested: MpsRequested {
+                multi_user: launch.multi_user,
+                active_thread_percentage: launch.active_thread_percentage,
+                pinned_limits_mib: launch.pinned_limits_mib.clone(),
+                shm_bytes: launch.shm_bytes,
+            },
+            restarts: 0,
+        })
+    }
+
+    /// Reads back the default active thread percentage and every pinned device memory limit
+    /// of the daemon on `launch.dirs` and compares them with what `launch` asks. Returns the
+    /// values as shown (`"50.0"`, ordinal → `"8G"`).
+    ///
+    /// NVIDIA's daemon reports most rejected settings only in control.log, so a claim is ready
+    /// only when what it shows is what we asked.
+    ///
+    /// # Errors
+    /// [`MpsError::Ui`]/[`MpsError::Spawn`] when the daemon cannot be reached,
+    /// [`MpsError::Verify`] when a value differs.
+    pub fn read_back(
+        &self,
+        launch: &MpsLaunch,
+    ) -> Result<(String, BTreeMap<String, String>), MpsError> {
+        let dirs = &launch.dirs;
         let atp = self.query(dirs, "get_default_active_thread_percentage".into())?;
         let want = percentage_display(launch.active_thread_percentage);
         if atp != want {
@@ -461,15 +542,39 @@ impl MpsControl {
             }
             limits.insert(ordinal.to_string(), got);
         }
-        Ok(MpsInfo {
-            control_daemon_pid: pid,
-            pipe_dir: dirs.pipe.display().to_string(),
-            log_dir: dirs.log.display().to_string(),
-            shm_dir: dirs.shm.display().to_string(),
-            visible_devices: launch.visible_devices.clone(),
-            active_thread_percentage: atp,
-            pinned_device_memory_limits: limits,
-        })
+        Ok((atp, limits))
+    }
+
+    /// Whether the daemon recorded in `info` can be adopted as it runs: the holder of its
+    /// pipe directory is the recorded pid, with the recorded start time (a recycled pid is
+    /// another process), and a control round trip reads back the limits it was asked for.
+    ///
+    /// # Errors
+    /// Why it cannot be adopted, in one line.
+    pub fn check_adoptable(&self, info: &MpsInfo) -> Result<(), String> {
+        let launch = launch_of(info);
+        let pid = info.control_daemon_pid;
+        match self.holder(&launch.dirs) {
+            Ok(Some(h)) if h == pid => {}
+            Ok(Some(h)) => {
+                return Err(format!(
+                    "pid {h}, not the recorded {pid}, holds {}",
+                    launch.dirs.pipe.display()
+                ))
+            }
+            Ok(None) => return Err(format!("MPS control daemon (pid {pid}) is not running")),
+            Err(e) => return Err(format!("reading /proc/locks: {e}")),
+        }
+        let started = self.ops.processes.start_time(pid);
+        if info.control_daemon_start_time != 0 && started != Some(info.control_daemon_start_time) {
+            return Err(format!(
+                "pid {pid} started at tick {started:?}, not at the recorded {}: another process",
+                info.control_daemon_start_time
+            ));
+        }
+        self.read_back(&launch)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     }
 
     fn wait_for_pid(&self, dirs: &MpsDirs) -> Result<i32, MpsError> {
@@ -514,6 +619,28 @@ impl MpsControl {
     /// `/proc/locks` cannot be read (then nothing is signalled), or the tmpfs cannot be
     /// unmounted or the directories removed.
     pub fn stop(&self, dirs: &MpsDirs, recorded: Option<i32>) -> Result<(), MpsError> {
+        self.stop_daemon(dirs, recorded)?;
+        self.ops
+            .mounter
+            .unmount(&dirs.shm)
+            .map_err(|source| MpsError::Mount {
+                action: "unmounting",
+                path: dirs.shm.clone(),
+                source,
+            })?;
+        fsutil::remove_dir_all_if_exists(&dirs.root).map_err(|source| MpsError::Dir {
+            action: "removing",
+            path: dirs.root.clone(),
+            source,
+        })
+    }
+
+    /// Stops the daemon holding `dirs` (`quit`, bounded, then SIGKILL) and leaves its
+    /// directories and shm tmpfs alone.
+    ///
+    /// # Errors
+    /// `/proc/locks` cannot be read (then nothing is signalled).
+    pub fn stop_daemon(&self, dirs: &MpsDirs, recorded: Option<i32>) -> Result<(), MpsError> {
         let holder = self.holder(dirs).map_err(|source| MpsError::Dir {
             action: "finding the daemon (through /proc/locks) of",
             path: dirs.pipe.clone(),
@@ -537,19 +664,7 @@ impl MpsControl {
                 self.wait_exit(dirs, pid, self.timeout);
             }
         }
-        self.ops
-            .mounter
-            .unmount(&dirs.shm)
-            .map_err(|source| MpsError::Mount {
-                action: "unmounting",
-                path: dirs.shm.clone(),
-                source,
-            })?;
-        fsutil::remove_dir_all_if_exists(&dirs.root).map_err(|source| MpsError::Dir {
-            action: "removing",
-            path: dirs.root.clone(),
-            source,
-        })
+        Ok(())
     }
 
     /// Waits until `pid` no longer holds `dirs` (it exited, or at least let go of the pipe

@@ -193,4 +193,19 @@ impl Processes for FakeHost {
     }
 
     fn reap(&self, _pid: i32) {}
+
+    fn with_env_under(&self, var: &str, dir: &Path) -> Vec<(i32, PathBuf)> {
+        self.state()
+            .daemons
+            .values()
+            .filter(|d| d.alive)
+            .filter_map(|d| d.env.get(var).map(|v| (d.pid, PathBuf::from(v))))
+            .filter(|(_, p)| p.starts_with(dir))
+            .collect()
+    }
+
+    fn start_time(&self, pid: i32) -> Option<u64> {
+        // A fake pid is never reused, so its number stands for its start time.
+        self.alive(pid).then_some(pid as u64 * 100)
+    }
 }

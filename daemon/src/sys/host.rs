@@ -64,6 +64,16 @@ impl CommandRunner for HostRunner {
                 });
             }
         }
+        if spec.new_session {
+            // SAFETY: the closure runs in the forked child before exec and only makes the
+            // setsid syscall, which is async-signal-safe.
+            unsafe {
+                cmd.pre_exec(|| {
+                    nix::unistd::setsid()?;
+                    Ok(())
+                });
+            }
+        }
         let mut running = lock_running();
         let mut child = cmd.spawn()?;
         let pid = child.id();
@@ -192,6 +202,14 @@ impl Processes for HostProcesses {
             let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
         }
     }
+
+    fn start_time(&self, pid: i32) -> Option<u64> {
+        super::process_start_time(pid)
+    }
+
+    fn with_env_under(&self, var: &str, dir: &Path) -> Vec<(i32, std::path::PathBuf)> {
+        super::processes_with_env_under(var, dir)
+    }
 }
 
 /// Mounts with the real syscalls (needs CAP_SYS_ADMIN).
@@ -268,6 +286,7 @@ mod tests {
             stdin: stdin.as_bytes().to_vec(),
             timeout: Duration::from_millis(timeout_ms),
             private_shm: None,
+            new_session: false,
         }
     }
 

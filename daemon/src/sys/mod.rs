@@ -5,12 +5,15 @@
 pub(crate) mod fake;
 mod host;
 mod peer;
+mod pidfd;
 mod proc;
 
 pub use host::{reap_orphans, HostMounter, HostProcesses, HostRunner};
 pub use peer::peer_groups;
+pub use pidfd::{wait_readable, PidFd};
 pub use proc::{
-    find_lock_holder, parse_proc_locks, parse_status_groups, pid_alive, read_cgroup, read_groups,
+    find_lock_holder, parse_proc_locks, parse_status_groups, pid_alive, process_start_time,
+    processes_with_env_under, read_cgroup, read_groups,
 };
 
 use std::collections::BTreeMap;
@@ -34,6 +37,10 @@ pub struct CommandSpec {
     pub timeout: Duration,
     /// Run in a new mount namespace where this host directory is bind-mounted on `/dev/shm`.
     pub private_shm: Option<PathBuf>,
+    /// Start it in a new session and process group (`setsid`), so that signals to
+    /// gpushared's process group (a terminal's Ctrl-C, a stop) never reach it or what it forks:
+    /// MPS control daemons must outlive gpushared.
+    pub new_session: bool,
 }
 
 /// What a finished process left.
@@ -118,6 +125,14 @@ pub trait Processes: Send + Sync + std::fmt::Debug {
 
     /// Reaps `pid` if it is an exited child of ours; anything else is ignored.
     fn reap(&self, pid: i32);
+
+    /// Start time of `pid` in clock ticks after boot (see [`process_start_time`]); `None`
+    /// when it does not run. Together with the pid it names one process for good.
+    fn start_time(&self, pid: i32) -> Option<u64>;
+
+    /// Live processes whose environment sets `var` to a path under `dir`, with that path
+    /// (see [`processes_with_env_under`]).
+    fn with_env_under(&self, var: &str, dir: &Path) -> Vec<(i32, PathBuf)>;
 }
 
 /// The leaf operations the strategies use, bundled so that tests swap them all at once.

@@ -2,8 +2,9 @@
 
 use std::fs;
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
@@ -76,6 +77,63 @@ pub fn pid_alive(pid: i32) -> bool {
             .unwrap_or(true),
         Err(_) => false,
     }
+}
+
+/// Start time of `pid` in clock ticks after boot: field 22 of `/proc/<pid>/stat`. `None`
+/// when the process does not exist (or is a zombie) or the file cannot be parsed.
+pub fn process_start_time(pid: i32) -> Option<u64> {
+    if pid <= 0 {
+        return None;
+    }
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_start_time(&stat)
+}
+
+/// Field 22 (`starttime`) of a `/proc/<pid>/stat` line; `None` for a zombie.
+fn parse_start_time(stat: &str) -> Option<u64> {
+    // The command name is parenthesised and may hold spaces and parentheses: count fields
+    // after its last `) `. Field 3 (state) is then the first.
+    let (_, rest) = stat.rsplit_once(") ")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    if fields.first().is_some_and(|s| *s == "Z" || *s == "X") {
+        return None;
+    }
+    fields.get(22 - 3)?.parse().ok()
+}
+
+/// Live processes whose environment sets `var` to a path under `dir` (component-wise), with
+/// that path. Every MPS control daemon, UI session and MPS server carries
+/// `CUDA_MPS_PIPE_DIRECTORY`, so this finds the MPS processes of a run directory even when a
+/// crash left them without the directory (and its lock file) they were started for. Processes
+/// whose environment cannot be read are skipped.
+pub fn processes_with_env_under(var: &str, dir: &Path) -> Vec<(i32, PathBuf)> {
+    let prefix = format!("{var}=");
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(env) = fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        let value = env.split(|b| *b == 0).find_map(|kv| {
+            kv.strip_prefix(prefix.as_bytes())
+                .map(|v| PathBuf::from(std::ffi::OsStr::from_bytes(v)))
+        });
+        if let Some(path) = value.filter(|p| p.starts_with(dir)) {
+            if pid_alive(pid) {
+                out.push((pid, path));
+            }
+        }
+    }
+    out
 }
 
 /// The cgroup of a process: the cgroup v2 path (`0::/…`), else the first v1 line's path.
@@ -158,6 +216,38 @@ mod tests {
             find_lock_holder(&path).unwrap(),
             Some(std::process::id() as i32)
         );
+    }
+
+    #[test]
+    fn start_time_is_field_22_even_with_spaces_in_the_name() {
+        let stat = "42 (a) b (c) S 1 42 42 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 987654 1 1";
+        assert_eq!(parse_start_time(stat), Some(987654));
+        let zombie = "42 (x) Z 1 42 42 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 987654 1 1";
+        assert_eq!(parse_start_time(zombie), None);
+        let me = std::process::id() as i32;
+        assert!(process_start_time(me).is_some_and(|t| t > 0));
+        assert_eq!(process_start_time(me), process_start_time(me));
+        assert_eq!(process_start_time(i32::MAX), None);
+    }
+
+    #[test]
+    fn finds_processes_by_an_environment_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let pipe = dir.path().join("claims/u/mps-1/pipe");
+        let mut child = std::process::Command::new("/bin/sleep")
+            .arg("30")
+            .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let found = processes_with_env_under("CUDA_MPS_PIPE_DIRECTORY", &dir.path().join("claims"));
+        assert!(found.contains(&(pid, pipe.clone())), "{found:?}");
+        let other = processes_with_env_under("CUDA_MPS_PIPE_DIRECTORY", &dir.path().join("clai"));
+        assert!(!other.iter().any(|(p, _)| *p == pid), "component-wise");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let gone = processes_with_env_under("CUDA_MPS_PIPE_DIRECTORY", dir.path());
+        assert!(!gone.iter().any(|(p, _)| *p == pid));
     }
 
     #[test]

@@ -1,0 +1,612 @@
+//! Crash safety on the fake host: tombstones, supervision restarts, the start-up reconcile,
+//! reboots, a corrupt or unwritable checkpoint, the graceful stop.
+
+use super::*;
+
+fn with_rv(mut c: Value, rv: &str) -> Value {
+    c["metadata"]["resourceVersion"] = json!(rv);
+    c
+}
+
+fn mps_of(c: &ClaimInfo) -> MpsInfo {
+    c.groups
+        .iter()
+        .find_map(|g| match &g.sharing {
+            StrategyInfo::Mps(m) => Some(m.clone()),
+            _ => None,
+        })
+        .expect("an MPS group")
+}
+
+fn kill_daemon(f: &Fixture, pid: i32) {
+    for d in f.host.state().daemons.values_mut() {
+        if d.pid == pid {
+            d.alive = false;
+        }
+    }
+}
+
+fn starts(f: &Fixture) -> usize {
+    f.host
+        .state()
+        .calls
+        .iter()
+        .filter(|c| c.contains(" -d"))
+        .count()
+}
+
+fn restart_with_boot(f: &Fixture, boot: &str) -> Service {
+    let mps = MpsControl::new("/x".into(), f.host.ops(), Duration::from_millis(200));
+    Service::with_boot_id(f.cfg.clone(), fresh_backend(), mps, boot.into()).unwrap()
+}
+
+fn attach(uid: &str, container: &str) -> AttachParams {
+    AttachParams {
+        claim_uid: uid.into(),
+        container_id: container.into(),
+        pid: None,
+        bundle: None,
+    }
+}
+
+#[test]
+fn a_late_prepare_retry_of_a_released_claim_does_not_resurrect_it() {
+    let f = fixture();
+    let object = with_rv(claim("late", &["gpu-2"], Some(mps(50))), "1001");
+    f.service.prepare(&object).unwrap();
+    f.service.unprepare("late").unwrap();
+    let err = f.service.prepare(&object).unwrap_err();
+    assert_eq!(err.code, ErrorCode::Stale, "{}", err.message);
+    assert!(err.message.contains("1001"), "{}", err.message);
+    assert_clean(&f, "late");
+    assert_eq!(gpu(&f, "gpu-2").compute_mode, ComputeMode::Default);
+    // Also after a restart: the tombstone is in the checkpoint.
+    let again = restart(&f, fresh_backend());
+    assert_eq!(again.prepare(&object).unwrap_err().code, ErrorCode::Stale);
+    // The claim allocated again (a new object version) is prepared normally.
+    let r = again
+        .prepare(&with_rv(claim("late", &["gpu-2"], Some(mps(50))), "1007"))
+        .unwrap();
+    assert!(!r.already_prepared);
+    assert_eq!(again.get_claim("late").unwrap().state, ClaimState::Prepared);
+    let cp = CheckpointFile::new(f.cfg.checkpoint.clone())
+        .load()
+        .unwrap()
+        .checkpoint;
+    assert!(
+        !cp.tombstones.contains_key("late"),
+        "a new prepare lifts it"
+    );
+}
+
+#[test]
+fn a_prepare_that_arrived_before_the_release_is_stale_even_without_a_resource_version() {
+    let f = fixture();
+    f.service.prepare(&claim("gen", &["gpu-3"], None)).unwrap();
+    // What a prepare that arrived now and then waited for the claim's lock would have seen.
+    let arrived = f.service.state().claim_generation;
+    f.service.unprepare("gen").unwrap();
+    let err = f
+        .service
+        .refuse_stale_prepare("gen", arrived, None)
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Stale);
+    // One that arrives after the release is a new prepare.
+    let now = f.service.state().claim_generation;
+    f.service.refuse_stale_prepare("gen", now, None).unwrap();
+    f.service.prepare(&claim("gen", &["gpu-3"], None)).unwrap();
+}
+
+#[test]
+fn a_failed_prepare_leaves_no_tombstone_so_the_retry_works() {
+    let f = fixture();
+    f.host.state().fail_start = true;
+    let object = with_rv(claim("retry", &["gpu-1"], Some(mps(50))), "7");
+    f.service.prepare(&object).unwrap_err();
+    f.host.state().fail_start = false;
+    f.service.prepare(&object).unwrap();
+}
+
+#[test]
+fn a_dead_daemon_degrades_the_claim_until_it_is_restarted_with_verified_limits() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("sv", &["gpu-0"], Some(mps(40))))
+        .unwrap();
+    let before = mps_of(&f.service.get_claim("sv").unwrap());
+    // A daemon still running is not taken for dead.
+    f.service.mps_daemon_exited("sv", before.control_daemon_pid);
+    assert_eq!(
+        f.service.get_claim("sv").unwrap().state,
+        ClaimState::Prepared
+    );
+
+    kill_daemon(&f, before.control_daemon_pid);
+    f.service.mps_daemon_exited("sv", before.control_daemon_pid);
+    let c = f.service.get_claim("sv").unwrap();
+    assert_eq!(c.state, ClaimState::Degraded);
+    let why = c.last_error.clone().unwrap();
+    assert!(
+        why.contains(&before.control_daemon_pid.to_string()) && why.contains("exited"),
+        "{why}"
+    );
+    assert_eq!(f.service.health().degraded_claims, 1);
+    // Told again (the supervisor finds the dead pid once more): the restart is not put off.
+    let due = f.service.next_restart().unwrap();
+    f.service.mps_daemon_exited("sv", before.control_daemon_pid);
+    assert_eq!(f.service.next_restart(), Some(due));
+    let err = f.service.attach(&attach("sv", "ctr-1")).unwrap_err();
+    assert_eq!(err.code, ErrorCode::NotReady);
+    assert!(
+        err.message.contains("Degraded") && err.message.contains("exited"),
+        "{}",
+        err.message
+    );
+    // Degraded is in the checkpoint too.
+    let cp = CheckpointFile::new(f.cfg.checkpoint.clone())
+        .load()
+        .unwrap();
+    assert_eq!(cp.checkpoint.claims["sv"].state, ClaimState::Degraded);
+
+    let due = f.service.next_restart().unwrap();
+    std::thread::sleep(due.saturating_duration_since(std::time::Instant::now()));
+    f.service.run_due_restarts();
+    let c = f.service.get_claim("sv").unwrap();
+    assert_eq!(c.state, ClaimState::Prepared);
+    assert_eq!(c.restarts, 1);
+    let after = mps_of(&c);
+    assert_ne!(after.control_daemon_pid, before.control_daemon_pid);
+    assert_eq!(after.restarts, 1);
+    assert_eq!(after.active_thread_percentage, "40.0");
+    assert_eq!(after.pipe_dir, before.pipe_dir);
+    assert!(c.last_error.is_some(), "kept as history");
+    assert!(f.service.next_restart().is_none());
+    f.service.attach(&attach("sv", "ctr-1")).unwrap();
+    // The restarted daemon was told its limits again and read back.
+    let st = f.host.state();
+    let sets = st
+        .calls
+        .iter()
+        .filter(|c| c.contains("set_default_active_thread_percentage 40"))
+        .count();
+    assert_eq!(sets, 2);
+}
+
+#[test]
+fn failing_restarts_back_off_and_keep_the_claim_degraded_with_the_error() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("bo", &["gpu-0"], Some(mps(40))))
+        .unwrap();
+    let pid = mps_of(&f.service.get_claim("bo").unwrap()).control_daemon_pid;
+    kill_daemon(&f, pid);
+    f.host.state().fail_start = true;
+    f.service.mps_daemon_exited("bo", pid);
+    let first = f.service.next_restart().unwrap();
+    std::thread::sleep(first.saturating_duration_since(std::time::Instant::now()));
+    f.service.run_due_restarts();
+    let c = f.service.get_claim("bo").unwrap();
+    assert_eq!(c.state, ClaimState::Degraded);
+    assert!(
+        c.last_error
+            .as_deref()
+            .unwrap()
+            .contains("restarting the MPS control daemon"),
+        "{:?}",
+        c.last_error
+    );
+    let second = f.service.next_restart().unwrap();
+    assert!(second >= first + restart_backoff(1), "backoff grows");
+    // Containers have the pipe directory and the shm tmpfs bind-mounted: a failed restart
+    // keeps them, so the next daemon is reachable through the very same directory.
+    let m = mps_of(&c);
+    assert!(Path::new(&m.pipe_dir).is_dir());
+    assert!(f.host.state().mounts.contains(Path::new(&m.shm_dir)));
+    assert_eq!(c.restarts, 0);
+    // Unprepare still releases everything, and the supervisor forgets the claim.
+    f.service.unprepare("bo").unwrap();
+    assert!(f.service.next_restart().is_none());
+    assert_clean(&f, "bo");
+}
+
+#[test]
+fn a_restart_readopts_running_daemons_and_restarts_dead_ones() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("keep", &["gpu-0"], Some(mps(30))))
+        .unwrap();
+    f.service
+        .prepare(&claim("dead", &["gpu-1"], Some(mps(60))))
+        .unwrap();
+    let keep = mps_of(&f.service.get_claim("keep").unwrap());
+    let dead = mps_of(&f.service.get_claim("dead").unwrap());
+    kill_daemon(&f, dead.control_daemon_pid);
+    let before = starts(&f);
+    let again = restart(&f, fresh_backend());
+    assert_eq!(starts(&f), before + 1, "only the dead one is started");
+    let k = again.get_claim("keep").unwrap();
+    assert_eq!(mps_of(&k).control_daemon_pid, keep.control_daemon_pid);
+    assert_eq!(k.restarts, 0);
+    let d = again.get_claim("dead").unwrap();
+    assert_eq!(d.state, ClaimState::Prepared);
+    assert_eq!(d.restarts, 1);
+    assert_ne!(mps_of(&d).control_daemon_pid, dead.control_daemon_pid);
+    assert_eq!(mps_of(&d).active_thread_percentage, "60.0");
+    let why = d.last_error.unwrap();
+    assert!(
+        why.contains(&dead.control_daemon_pid.to_string())
+            && why.contains("not running when gpushared started"),
+        "{why}"
+    );
+    assert!(k.last_error.is_none());
+    assert_eq!(
+        again.list_gpus()[1].compute_mode,
+        ComputeMode::ExclusiveProcess,
+        "re-applied on the fresh backend"
+    );
+    assert!(again.health().ready);
+}
+
+#[test]
+fn a_recycled_pid_is_not_taken_for_the_daemon() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("pidre", &["gpu-0"], Some(mps(30))))
+        .unwrap();
+    // The recorded start time no longer matches the holder (another process, same pid).
+    let file = CheckpointFile::new(f.cfg.checkpoint.clone());
+    let mut cp = file.load().unwrap().checkpoint;
+    for g in &mut cp.claims.get_mut("pidre").unwrap().groups {
+        if let StrategyInfo::Mps(m) = &mut g.sharing {
+            m.control_daemon_start_time += 1;
+        }
+    }
+    file.save(&cp).unwrap();
+    let old = mps_of(&f.service.get_claim("pidre").unwrap()).control_daemon_pid;
+    let again = restart(&f, fresh_backend());
+    assert_ne!(
+        mps_of(&again.get_claim("pidre").unwrap()).control_daemon_pid,
+        old
+    );
+}
+
+#[test]
+fn start_rolls_back_half_done_claims_and_removes_orphans_of_ours_only() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("half", &["gpu-2"], Some(mps(50))))
+        .unwrap();
+    let file = CheckpointFile::new(f.cfg.checkpoint.clone());
+    let mut cp = file.load().unwrap().checkpoint;
+    cp.claims.get_mut("half").unwrap().state = ClaimState::PrepareStarted;
+    file.save(&cp).unwrap();
+    // An orphan claim directory with a running daemon and a mount, an orphan CDI spec and a
+    // temporary of ours, and another vendor's spec.
+    let orphan = f.cfg.run_dir.join("claims/orphan/mps-abcde");
+    for d in ["pipe", "log", "shm"] {
+        std::fs::create_dir_all(orphan.join(d)).unwrap();
+    }
+    fake_process(&f, orphan.join("pipe").to_str().unwrap(), 777_001);
+    f.host.state().mounts.insert(orphan.join("shm"));
+    std::fs::create_dir_all(&f.cfg.cdi_dir).unwrap();
+    let ours = format!(
+        r#"{{"hooks": [{{"args": ["--socket", {:?}]}}]}}"#,
+        "/run/gpushare/gpushared.sock"
+    );
+    std::fs::write(cdi::spec_path(&f.cfg.cdi_dir, "orphan"), &ours).unwrap();
+    // Another gpushared's spec in a shared CDI directory (another socket) is not ours.
+    let other = cdi::spec_path(&f.cfg.cdi_dir, "other-daemons");
+    std::fs::write(&other, ours.replace("gpushared.sock", "other.sock")).unwrap();
+    // The fake host knows no process 99: its writer is gone.
+    // Named as fsutil::write_atomic names its temporaries: .<file>.tmp-<pid>-<n>.
+    let tmp = f.cfg.cdi_dir.join(".gpushare.io-claim_x.json.tmp-99-0");
+    std::fs::write(&tmp, "{").unwrap();
+    let foreign = f.cfg.cdi_dir.join("nvidia.com-gpu.json");
+    std::fs::write(&foreign, "{}").unwrap();
+
+    let again = restart(&f, fresh_backend());
+    assert!(again.get_claim("half").is_err(), "rolled back");
+    assert!(again.list_claims().is_empty());
+    assert!(!f.cfg.run_dir.join("claims/orphan").exists());
+    assert!(!cdi::spec_path(&f.cfg.cdi_dir, "orphan").exists());
+    assert!(!tmp.exists());
+    assert!(foreign.exists(), "not ours");
+    assert!(other.exists(), "another daemon's");
+    let st = f.host.state();
+    assert!(st.mounts.is_empty(), "{:?}", st.mounts);
+    assert!(st.daemons.values().all(|d| !d.alive));
+    drop(st);
+    assert!(again
+        .list_gpus()
+        .iter()
+        .all(|g| g.compute_mode == ComputeMode::Default));
+    // A rollback leaves no tombstone: the kubelet's retry prepares it.
+    again
+        .prepare(&claim("half", &["gpu-2"], Some(mps(50))))
+        .unwrap();
+}
+
+#[test]
+fn a_new_boot_id_redoes_every_claims_host_setup() {
+    let f = fixture();
+    let first = restart_with_boot(&f, "boot-a");
+    first
+        .prepare(&claim("rb", &["gpu-4"], Some(mps(25))))
+        .unwrap();
+    first
+        .prepare(&claim(
+            "ts",
+            &["gpu-5"],
+            Some(
+                json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}),
+            ),
+        ))
+        .unwrap();
+    first.attach(&attach("rb", "before-reboot")).unwrap();
+    let old = mps_of(&first.get_claim("rb").unwrap());
+    drop(first);
+    // The reboot: processes, mounts, /run and the CDI specs there are gone.
+    {
+        let mut st = f.host.state();
+        for d in st.daemons.values_mut() {
+            d.alive = false;
+        }
+        st.mounts.clear();
+    }
+    std::fs::remove_dir_all(&f.cfg.run_dir).unwrap();
+    std::fs::remove_dir_all(&f.cfg.cdi_dir).unwrap();
+    let again = restart_with_boot(&f, "boot-b");
+    let c = again.get_claim("rb").unwrap();
+    assert_eq!(c.state, ClaimState::Prepared);
+    assert!(c.attached.is_empty(), "no container survives a reboot");
+    assert_eq!(c.restarts, 0, "a reboot is not a crash of the daemon");
+    let m = mps_of(&c);
+    assert_ne!(m.control_daemon_pid, old.control_daemon_pid);
+    assert_eq!(m.active_thread_percentage, "25.0");
+    assert!(Path::new(&c.cdi_spec).exists());
+    assert!(f.host.state().mounts.contains(Path::new(&m.shm_dir)));
+    let gpus = again.list_gpus();
+    assert_eq!(gpus[4].compute_mode, ComputeMode::ExclusiveProcess);
+    assert_eq!(gpus[5].time_slice, TimeSliceInterval::Long);
+    assert!(Path::new(&again.get_claim("ts").unwrap().cdi_spec).exists());
+}
+
+#[test]
+fn a_corrupt_checkpoint_is_reported_and_claims_are_rebuilt_from_the_host() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("cc", &["gpu-6"], Some(mps(35))))
+        .unwrap();
+    let pid = mps_of(&f.service.get_claim("cc").unwrap()).control_daemon_pid;
+    std::fs::write(
+        &f.cfg.checkpoint,
+        b"{\"version\": 2, \"claims\": {\"cc\": {",
+    )
+    .unwrap();
+    let again = restart(&f, fresh_backend());
+    let h = again.health();
+    assert!(h.ready);
+    let q = h.checkpoint_quarantined.unwrap();
+    assert!(q.contains("checkpoint.json.corrupt-"), "{q}");
+    let c = again.get_claim("cc").unwrap();
+    assert_eq!(c.state, ClaimState::Prepared);
+    assert_eq!(
+        mps_of(&c).control_daemon_pid,
+        pid,
+        "the GPU job's daemon kept"
+    );
+    // A fresh, valid checkpoint was written.
+    let cp = CheckpointFile::new(f.cfg.checkpoint.clone())
+        .load()
+        .unwrap();
+    assert!(cp.quarantined.is_none());
+    assert!(cp.checkpoint.claims.contains_key("cc"));
+}
+
+#[test]
+fn an_unwritable_checkpoint_fails_changes_cleanly_and_is_reported_until_it_heals() {
+    let f = fixture();
+    let state_dir = f.cfg.checkpoint.parent().unwrap().to_path_buf();
+    std::fs::remove_dir_all(&state_dir).ok();
+    std::fs::write(&state_dir, b"not a directory").unwrap();
+    let err = f
+        .service
+        .prepare(&claim("full", &["gpu-7"], Some(mps(50))))
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Internal);
+    assert!(
+        err.message.contains("writing checkpoint"),
+        "{}",
+        err.message
+    );
+    assert!(f.service.health().checkpoint_error.is_some());
+    assert!(f.service.get_claim("full").is_err());
+    assert!(f.host.state().mounts.is_empty());
+    assert_eq!(starts(&f), 0, "nothing was started");
+    std::fs::remove_file(&state_dir).unwrap();
+    f.service
+        .prepare(&claim("full", &["gpu-7"], Some(mps(50))))
+        .unwrap();
+    assert!(f.service.health().checkpoint_error.is_none());
+}
+
+#[test]
+fn a_graceful_stop_refuses_new_changes_and_writes_the_checkpoint() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("gs", &["gpu-0"], Some(mps(50))))
+        .unwrap();
+    std::fs::remove_file(&f.cfg.checkpoint).unwrap();
+    assert!(f.service.stop(Duration::from_secs(5)).unwrap());
+    assert!(f.service.health().stopping);
+    let err = f.service.unprepare("gs").unwrap_err();
+    assert_eq!(err.code, ErrorCode::NotReady);
+    assert!(err.message.contains("stopping"), "{}", err.message);
+    let cp = CheckpointFile::new(f.cfg.checkpoint.clone())
+        .load()
+        .unwrap();
+    assert!(cp.checkpoint.claims.contains_key("gs"));
+    assert!(
+        f.host.state().daemons.values().any(|d| d.alive),
+        "MPS control daemons are left running"
+    );
+}
+
+#[test]
+fn a_release_that_cannot_be_checkpointed_changes_nothing() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("nospace", &["gpu-0"], Some(mps(50))))
+        .unwrap();
+    let state_dir = f.cfg.checkpoint.parent().unwrap().to_path_buf();
+    std::fs::remove_dir_all(&state_dir).unwrap();
+    std::fs::write(&state_dir, b"not a directory").unwrap();
+    let err = f.service.unprepare("nospace").unwrap_err();
+    assert!(
+        err.message.contains("writing checkpoint"),
+        "{}",
+        err.message
+    );
+    let c = f.service.get_claim("nospace").unwrap();
+    assert_eq!(c.state, ClaimState::Prepared);
+    assert!(f.host.state().daemons.values().any(|d| d.alive));
+    std::fs::remove_file(&state_dir).unwrap();
+    f.service.unprepare("nospace").unwrap();
+    assert_clean(&f, "nospace");
+}
+
+#[test]
+fn a_graceful_stop_lets_a_prepare_under_way_finish_first() {
+    let f = Arc::new(fixture());
+    f.host.state().delay = Some(Duration::from_millis(50));
+    let worker = {
+        let f = Arc::clone(&f);
+        std::thread::spawn(move || f.service.prepare(&claim("slow", &["gpu-1"], Some(mps(50)))))
+    };
+    // Wait (without a time bound on the outcome) until the prepare is under way.
+    while *f.service.in_flight.0.lock().unwrap() == 0 {
+        std::thread::yield_now();
+    }
+    assert!(f.service.stop(Duration::from_secs(60)).unwrap());
+    worker.join().unwrap().unwrap();
+    let cp = CheckpointFile::new(f.cfg.checkpoint.clone())
+        .load()
+        .unwrap();
+    assert_eq!(cp.checkpoint.claims["slow"].state, ClaimState::Prepared);
+}
+
+#[test]
+fn start_kills_mps_processes_no_claim_owns_even_without_their_directory() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("own", &["gpu-0"], Some(mps(50))))
+        .unwrap();
+    let owned = mps_of(&f.service.get_claim("own").unwrap());
+    let env_of = |pipe: &str| {
+        std::collections::BTreeMap::from([(
+            "CUDA_MPS_PIPE_DIRECTORY".to_string(),
+            pipe.to_string(),
+        )])
+    };
+    let ghost_pipe = f.cfg.run_dir.join("claims/ghost/mps-00000/pipe");
+    {
+        let mut st = f.host.state();
+        // A daemon a crash left behind after its directory was removed (no lock to find it).
+        st.daemons.insert(
+            PathBuf::from("/elsewhere/ghost"),
+            crate::sys::fake::FakeDaemon {
+                pid: 555_001,
+                alive: true,
+                env: env_of(ghost_pipe.to_str().unwrap()),
+                atp: 100.0,
+                limits: Default::default(),
+            },
+        );
+        // An MPS server of the owned daemon: same pipe directory, to be left alone.
+        st.daemons.insert(
+            PathBuf::from("/elsewhere/server"),
+            crate::sys::fake::FakeDaemon {
+                pid: 555_002,
+                alive: true,
+                env: env_of(&owned.pipe_dir),
+                atp: 100.0,
+                limits: Default::default(),
+            },
+        );
+    }
+    let again = restart(&f, fresh_backend());
+    let st = f.host.state();
+    assert!(st.killed.contains(&555_001));
+    assert!(!st.killed.contains(&555_002));
+    assert!(!st.killed.contains(&owned.control_daemon_pid));
+    drop(st);
+    assert_eq!(
+        mps_of(&again.get_claim("own").unwrap()).control_daemon_pid,
+        owned.control_daemon_pid
+    );
+    assert!(!f.cfg.run_dir.join("claims/ghost").exists());
+}
+
+#[test]
+fn a_prepare_retry_restarts_a_dead_daemon_in_the_same_pipe_directory() {
+    use std::os::unix::fs::MetadataExt;
+    let f = fixture();
+    let object = claim("inplace", &["gpu-2"], Some(mps(45)));
+    f.service.prepare(&object).unwrap();
+    let before = mps_of(&f.service.get_claim("inplace").unwrap());
+    let inode = std::fs::metadata(&before.pipe_dir).unwrap().ino();
+    kill_daemon(&f, before.control_daemon_pid);
+    let r = f.service.prepare(&object).unwrap();
+    assert!(!r.already_prepared, "work was done");
+    let c = f.service.get_claim("inplace").unwrap();
+    let after = mps_of(&c);
+    assert_ne!(after.control_daemon_pid, before.control_daemon_pid);
+    assert_eq!(after.active_thread_percentage, "45.0");
+    assert_eq!(c.restarts, 1);
+    assert_eq!(
+        std::fs::metadata(&after.pipe_dir).unwrap().ino(),
+        inode,
+        "containers' bind mounts still reach the daemon"
+    );
+    assert!(f.host.state().mounts.contains(Path::new(&after.shm_dir)));
+}
+
+#[test]
+fn after_a_restart_the_mode_words_hold_readopted_claims_and_rollbacks_free_theirs() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("keep", &["gpu-1"], Some(mps(50))))
+        .unwrap();
+    f.service
+        .prepare(&claim("half", &["gpu-2"], Some(mps(50))))
+        .unwrap();
+    let file = CheckpointFile::new(f.cfg.checkpoint.clone());
+    let mut cp = file.load().unwrap().checkpoint;
+    cp.claims.get_mut("half").unwrap().state = ClaimState::PrepareStarted;
+    file.save(&cp).unwrap();
+
+    let again = restart(&f, fresh_backend());
+    // The re-adopted claim's GPU is refused to others by its mode word, before the registry.
+    let err = again
+        .prepare(&claim("other", &["gpu-1"], None))
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Conflict, "{}", err.message);
+    assert!(err.message.contains("gpu-1"), "{}", err.message);
+    // The rolled-back claim's GPU was released through its word (restored, then free).
+    again.prepare(&claim("other", &["gpu-2"], None)).unwrap();
+    // The checkpoint written by the reconcile carries this boot's ID and the generations.
+    let written = file.load().unwrap().checkpoint;
+    assert_eq!(written.version, crate::checkpoint::CHECKPOINT_VERSION);
+    assert!(written.generation >= cp.generation, "{written:?}");
+    assert_eq!(
+        written.claims.keys().collect::<Vec<_>>(),
+        ["keep", "other"],
+        "{written:?}"
+    );
+    // The re-adopted claim is the last holder of its word: its release restores the GPU.
+    again.unprepare("keep").unwrap();
+    let gpu1 = again.list_gpus().into_iter().find(|g| g.name == "gpu-1");
+    assert_eq!(gpu1.map(|g| g.compute_mode), Some(ComputeMode::Default));
+    again.prepare(&claim("third", &["gpu-1"], None)).unwrap();
+}
