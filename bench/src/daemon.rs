@@ -297,3 +297,21 @@ pub fn cpu_time(pid: u32) -> Result<Duration> {
     }
     Ok(Duration::from_nanos(ns))
 }
+
+/// Time to replace a file of `bytes` bytes in `dir` durably, the way a crash-safe checkpoint
+/// is written: write a temporary file, fsync it, rename it over the target, fsync the
+/// directory. A reference for the daemon's per-request persistence cost on this disk.
+pub fn durable_rewrite(dir: &Path, bytes: usize) -> Result<Duration> {
+    use std::io::Write as _;
+    let data = vec![b'x'; bytes];
+    let (tmp, target) = (dir.join("bench-rewrite.tmp"), dir.join("bench-rewrite"));
+    let t = Instant::now();
+    let mut f = fs::File::create(&tmp)?;
+    f.write_all(&data)?;
+    f.sync_all()?;
+    fs::rename(&tmp, &target)?;
+    fs::File::open(dir)?.sync_all()?;
+    let elapsed = t.elapsed();
+    fs::remove_file(&target)?;
+    Ok(elapsed)
+}

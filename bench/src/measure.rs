@@ -13,8 +13,8 @@ use gpushare_proto::{AttachParams, ClaimInfo, DetachParams, DetachResult, Method
 use serde_json::{json, Value};
 
 use crate::daemon::{
-    claim, cpu_time, exclusive_params, mps_params, prepare, rss_kib, time_slicing_params,
-    unprepare, Daemon, Uids,
+    claim, cpu_time, durable_rewrite, exclusive_params, mps_params, prepare, rss_kib,
+    time_slicing_params, unprepare, Daemon, Uids,
 };
 use crate::report::{ms, num, Report, Row, Section, Target};
 use crate::stats::{ratio, summarize, Summary};
@@ -566,6 +566,7 @@ impl Ctx {
         let total = sizes.clients * sizes.per_client;
         let seq = self.throughput(d, 1, total)?;
         let conc = self.throughput(d, sizes.clients, sizes.per_client)?;
+        let burst_rss = rss_kib(d.pid()?)?;
 
         // Scaling: time per claim to prepare and release N time-sliced claims:
         // (N, prepare per claim, unprepare per claim), in ms.
@@ -573,6 +574,7 @@ impl Ctx {
         let mut held: Vec<String> = vec![];
         let mut mps_at_scale = None;
         let mut scale_rss = (0, 0);
+        let mut checkpoint_bytes = 0;
         let mut c = d.client()?;
         for &n in &sizes.scale {
             let uids: Vec<String> = (0..n).map(|_| self.uids.next()).collect();
@@ -588,6 +590,9 @@ impl Ctx {
                 let (p, u, h) = self.cycles(d, &mps_params(), "gpu-0", sizes.cycles)?;
                 mps_at_scale = Some((sum(&p)?, sum(&u)?, sum(&h)?));
                 scale_rss = rss_kib(d.pid()?)?;
+                checkpoint_bytes = fs::metadata(d.dir.join("state/checkpoint.json"))
+                    .context("the daemon's checkpoint")?
+                    .len() as usize;
                 held = uids;
                 points.push((n, per_prepare, 0.0));
                 break;
@@ -632,6 +637,13 @@ impl Ctx {
         drop(c);
 
         let (mp, mu, mh) = mps_at_scale.context("no MPS cycles at scale")?;
+        // What one durable write of a checkpoint that size costs on this disk, against 1 KiB.
+        let (mut big, mut small) = (vec![], vec![]);
+        for _ in 0..sizes.cycles {
+            big.push(durable_rewrite(&d.dir, checkpoint_bytes)?);
+            small.push(durable_rewrite(&d.dir, 1024)?);
+        }
+        let (big, small) = (sum(&big)?, sum(&small)?);
         let mib = |kib: u64| kib as f64 / 1024.0;
         self.report.targets.push(Target {
             name: format!("MPS prepare (emulator) p50 ≤ 20 ms at {largest} claims"),
@@ -678,6 +690,15 @@ impl Ctx {
             "`health` round trip",
             &mh,
         ));
+        rows4.extend(row_p(
+            &format!(
+                "durable rewrite of a {} KiB file (the checkpoint at {largest} claims)",
+                checkpoint_bytes / 1024
+            ),
+            &big,
+            "the same for 1 KiB",
+            &small,
+        ));
         rows4.push(Row {
             figure: format!(
                 "throughput, {} concurrent clients × {} cycles",
@@ -699,7 +720,10 @@ impl Ctx {
                  figure at N = {largest} is taken after the idle and restart measurements below). \
                  Throughput: a cycle is prepare + unprepare of a new time-sliced claim; {} clients \
                  on their own connections start together, against one client doing all {total} \
-                 cycles.",
+                 cycles. The durable rewrite (write a temporary file, fsync, rename, fsync the \
+                 directory, as crash-safe state is written) is the bench's own, in the daemon's \
+                 directory, for the size the checkpoint had at N = {largest}: a reference for the cost \
+                 of persisting state on this disk.",
                 crate::daemon::PROFILE, sizes.scale[0], sizes.cycles, sizes.clients
             ),
             rows: rows4,
@@ -726,6 +750,16 @@ impl Ctx {
                 baseline: "idle, no claims".into(),
                 baseline_value: format!("{} MiB", num(mib(idle_rss.0))),
                 ratio: ratio(scale_rss.0 as f64, idle_rss.0 as f64),
+            },
+            Row {
+                figure: format!(
+                    "RSS after the throughput runs ({} clients), no claims held",
+                    sizes.clients
+                ),
+                value: format!("{} MiB", num(mib(burst_rss.0))),
+                baseline: "idle, no claims".into(),
+                baseline_value: format!("{} MiB", num(mib(idle_rss.0))),
+                ratio: ratio(burst_rss.0 as f64, idle_rss.0 as f64),
             },
             Row {
                 figure: format!("RSS after restart with {} claims", largest + 1),
