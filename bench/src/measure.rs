@@ -1122,3 +1122,26 @@ impl Drop for RemoveOnDrop {
         let _ = fs::remove_file(&self.0);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scaling_rows_compare_each_size_with_the_first() {
+        let rows = scaling_rows(&[(10, 2.0, 1.0), (1000, 3.0, 4.0)]);
+        let got: Vec<(String, Option<f64>)> =
+            rows.iter().map(|r| (r.figure.clone(), r.ratio)).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("prepare, 10 claims, per claim".to_string(), Some(1.0)),
+                ("prepare, 1000 claims, per claim".to_string(), Some(1.5)),
+                ("unprepare, 10 claims, per claim".to_string(), Some(1.0)),
+                ("unprepare, 1000 claims, per claim".to_string(), Some(4.0)),
+            ]
+        );
+        assert!(rows.iter().all(|r| r.baseline == "10 claims"));
+        assert!(scaling_rows(&[]).is_empty());
+    }
+}
