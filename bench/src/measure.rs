@@ -39,7 +39,7 @@ impl Sizes {
     fn full() -> Sizes {
         Sizes {
             hook: 300,
-            shim: 30,
+            shim: 50,
             passthrough: 100,
             podman: 10,
             cycles: 100,
