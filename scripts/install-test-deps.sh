@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the test suite runs for real: runc, crun, podman (reads CDI specs with the
 # reference library), containerd 1.6 with ctr (runs gpushare-runtime as its runc binary),
-# busybox-static (container rootfs) and NVIDIA's MPS control program
-# (Debian package nvidia-cuda-mps, in the non-free component). Idempotent; installs only what is
+# busybox-static (container rootfs), NVIDIA's MPS control program (Debian package
+# nvidia-cuda-mps, in the non-free component), and the packaging checks' tools (rpm, binutils,
+# systemd, python3-prometheus-client, cargo-generate-rpm). Idempotent; installs only what is
 # missing. Needs root and Debian bookworm's package registry.
 set -euo pipefail
 
@@ -14,6 +15,17 @@ command -v containerd >/dev/null || need+=(containerd)
 [ -x /bin/busybox ] || need+=(busybox-static)
 command -v nvidia-cuda-mps-control >/dev/null || need+=(nvidia-cuda-mps)
 command -v python3 >/dev/null || need+=(python3)
+# Packaging checks: rpm (rpm -qlp, rpm -i --root), objdump (glibc symbol versions),
+# systemd-analyze (unit verification), Prometheus' own parser for /metrics.
+command -v rpm >/dev/null || need+=(rpm)
+command -v objdump >/dev/null || need+=(binutils)
+command -v systemd-analyze >/dev/null || need+=(systemd)
+# (Debian's python3, which the tests call as /usr/bin/python3: PATH may name another one.)
+/usr/bin/python3 -c 'import prometheus_client' 2>/dev/null || need+=(python3-prometheus-client)
+# cargo-generate-rpm builds the RPM (a pinned version, built once per machine, ~3 min on 2 cores).
+if ! command -v cargo-generate-rpm >/dev/null; then
+  cargo install --locked --quiet cargo-generate-rpm --version 0.21.1
+fi
 [ ${#need[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then

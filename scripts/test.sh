@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpushare's whole test suite: installs what the tests run for real (as root, when missing),
 # checks formatting and lints, builds the workspace once, and runs every test, end-to-end ones
-# included (they need root: mounts, device nodes, containers).
+# included (they need root: mounts, device nodes, containers), the stress test
+# (tests/tests/stress.rs) and the loom models of gpushare-core (scripts/loom.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +14,11 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo build"
 cargo build --workspace --locked
+echo "== RPM (packages the debug build just made; tests/tests/packaging.rs checks it)"
+./packaging/build-rpm.sh --profile dev
+echo "== loom models (gpushare-core)"
+# Their own target directory (`--cfg gpushare_loom` would rebuild everything else).
+./scripts/loom.sh
 echo "== cargo test"
 # The end-to-end tests fail (instead of skipping) when a tool they need is missing.
 log=$(mktemp)

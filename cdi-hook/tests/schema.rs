@@ -14,8 +14,8 @@ use std::path::PathBuf;
 use gpushare_proto::{
     AttachParams, Attachment, ClaimDevice, ClaimInfo, ClaimState, ComputeMode, DetachParams,
     DetachResult, ErrorBody, ErrorCode, GpuInfo, GpuSharing, GroupInfo, HealthInfo, Method,
-    MpsInfo, PrepareParams, PrepareResult, Request, RequestDevices, Response, StrategyInfo,
-    TimeSliceInterval, UidParams, UnprepareResult, VersionInfo, PROTOCOL_VERSION,
+    MigDeviceInfo, MpsInfo, PrepareParams, PrepareResult, Request, RequestDevices, Response,
+    StrategyInfo, TimeSliceInterval, UidParams, UnprepareResult, VersionInfo, PROTOCOL_VERSION,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -443,6 +443,33 @@ fn gpu_info() -> GpuInfo {
         time_slice: TimeSliceInterval::Default,
         sharing: GpuSharing::Mps,
         claims: vec![UID.into()],
+        brand: "Nvidia".into(),
+        architecture: "Ampere".into(),
+        cuda_compute_capability: "8.0".into(),
+        driver_version: "570.172.08".into(),
+        cuda_driver_version: "12.8".into(),
+        pci_bus_id: "00000000:10:1C.0".into(),
+        numa_node: Some(0),
+        mig_capable: true,
+        mig_enabled: true,
+        mig_devices: vec![mig_device()],
+    }
+}
+
+fn mig_device() -> MigDeviceInfo {
+    MigDeviceInfo {
+        uuid: "MIG-a".into(),
+        profile: "3g.20gb".into(),
+        gi_profile_id: 9,
+        placement_start: 4,
+        memory_slices: 4,
+        memory_mib: 19968,
+        multiprocessors: 42,
+        copy_engines: 3,
+        decoders: 2,
+        encoders: 0,
+        jpeg_engines: 0,
+        ofa_engines: 0,
     }
 }
 
@@ -614,6 +641,7 @@ fn samples() -> Vec<(&'static str, Value)> {
         ),
         ("ListClaimsResult", json!([])),
         ("GpuInfo", to_json(&gpu_info())),
+        ("MigDeviceInfo", to_json(&mig_device())),
         ("ListGpusResult", to_json(&vec![gpu_info()])),
         ("DetachResult", to_json(&DetachResult { detached: true })),
         (
@@ -709,6 +737,7 @@ fn schema_has_a_def_for_every_wire_type() {
         "GpuSharing",
         "Attachment",
         "GpuInfo",
+        "MigDeviceInfo",
         "DetachResult",
         "HealthInfo",
         "VersionInfo",

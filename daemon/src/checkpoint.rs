@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -18,6 +19,18 @@ use crate::fsutil;
 
 /// Version of the checkpoint format this build writes.
 pub const CHECKPOINT_VERSION: u32 = 1;
+
+/// Checkpoint writes since the process started: (succeeded, failed). Process-wide because a
+/// daemon has one checkpoint; read by the metrics endpoint.
+static WRITES: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+/// Checkpoint writes since the process started, as (succeeded, failed), for metrics.
+pub fn write_counts() -> (u64, u64) {
+    (
+        WRITES[0].load(Ordering::Relaxed),
+        WRITES[1].load(Ordering::Relaxed),
+    )
+}
 
 /// The checkpoint document.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,7 +124,9 @@ impl CheckpointFile {
             fsutil::create_dir_if_missing(dir, 0o700)?;
         }
         let bytes = serde_json::to_vec_pretty(checkpoint).map_err(io::Error::other)?;
-        fsutil::write_atomic(&self.path, &bytes, 0o600)
+        let written = fsutil::write_atomic(&self.path, &bytes, 0o600);
+        WRITES[usize::from(written.is_err())].fetch_add(1, Ordering::Relaxed);
+        written
     }
 }
 

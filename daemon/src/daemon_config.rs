@@ -64,7 +64,55 @@ pub struct DaemonConfig {
     pub hook: HookSettings,
     /// GPU backend and GPU-wide settings.
     pub gpus: GpusConfig,
+    /// The Prometheus metrics endpoint.
+    pub metrics: MetricsConfig,
+    /// Logging.
+    pub log: LogConfig,
 }
+
+/// `[metrics]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Serve `/metrics` at all.
+    pub enabled: bool,
+    /// `host:port` to listen on for `GET /metrics`; a loopback address unless
+    /// `allow_non_loopback` is set, since the endpoint has no authentication.
+    pub address: String,
+    /// Allow a non-loopback `address` (for a Prometheus that scrapes the node's IP).
+    pub allow_non_loopback: bool,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// A `tracing` filter: a level (`error`, `warn`, `info`, `debug`, `trace`) or directives
+    /// such as `info,gpushare::server=debug`. `RUST_LOG`, when set, takes precedence.
+    pub level: String,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            enabled: true,
+            address: DEFAULT_METRICS_ADDRESS.to_string(),
+            allow_non_loopback: false,
+        }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            level: "info".to_string(),
+        }
+    }
+}
+
+/// Default `[metrics] address`: loopback only, a port in the exporters' 9xxx range that
+/// neither node-exporter (9100) nor DCGM-exporter (9400) uses.
+pub const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9471";
 
 /// `[paths]`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -124,14 +172,38 @@ pub struct HookSettings {
 }
 
 /// `[gpus]`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GpusConfig {
-    /// Simulate this EC2 node profile (e.g. `p4d.24xlarge`) instead of using NVML; empty
-    /// means real GPUs.
+    /// Simulate this node instead of using NVML: a catalog name (e.g. `p4d.24xlarge`) or a
+    /// node-profile file (a value containing `/`; `docs/node-profiles.md`); empty means real
+    /// GPUs.
     pub simulate: String,
     /// Where simulated GPU device nodes are created; empty means `<run_dir>/simulated-dev`.
     pub sim_dev_root: PathBuf,
+    /// Whether gpushare sets compute mode (EXCLUSIVE_PROCESS under MPS claims, DEFAULT after
+    /// the last); `false` leaves it to the host's administrators.
+    pub manage_compute_mode: bool,
+    /// Whether gpushare sets time-slice intervals; `false` leaves them to the administrators.
+    pub manage_time_slice: bool,
+    /// `nvidia-smi` used for time-slice intervals; empty means the first of `/usr/bin`,
+    /// `/usr/sbin`, `/bin`, `/opt/bin` that has it.
+    pub nvidia_smi: PathBuf,
+    /// Seconds one `nvidia-smi` run may take before it is killed and the change fails.
+    pub nvidia_smi_timeout_seconds: u64,
+}
+
+impl Default for GpusConfig {
+    fn default() -> Self {
+        GpusConfig {
+            simulate: String::new(),
+            sim_dev_root: PathBuf::new(),
+            manage_compute_mode: true,
+            manage_time_slice: true,
+            nvidia_smi: PathBuf::new(),
+            nvidia_smi_timeout_seconds: 30,
+        }
+    }
 }
 
 impl Default for PathsConfig {
@@ -194,6 +266,24 @@ pub fn parse_mode(s: &str) -> Result<u32, String> {
     Ok(mode)
 }
 
+/// Checks `[metrics] address`: `host:port` with a numeric host, loopback unless
+/// `allow_non_loopback`.
+///
+/// # Errors
+/// The message says what is wrong.
+pub fn check_metrics_address(m: &MetricsConfig) -> Result<std::net::SocketAddr, String> {
+    let addr: std::net::SocketAddr = m
+        .address
+        .parse()
+        .map_err(|e| format!("{:?} is not host:port: {e}", m.address))?;
+    if !addr.ip().is_loopback() && !m.allow_non_loopback {
+        return Err(format!(
+            "{addr} is not a loopback address; set metrics.allow_non_loopback = true to serve it"
+        ));
+    }
+    Ok(addr)
+}
+
 impl DaemonConfig {
     /// Parses the file's text; `path` only names it in errors.
     ///
@@ -236,6 +326,12 @@ impl DaemonConfig {
         if self.mps.timeout_seconds == 0 {
             return Err(invalid("mps.timeout_seconds", "must be at least 1".into()));
         }
+        if self.gpus.nvidia_smi_timeout_seconds == 0 {
+            return Err(invalid(
+                "gpus.nvidia_smi_timeout_seconds",
+                "must be at least 1".into(),
+            ));
+        }
         if self.hook.timeout_seconds == 0 {
             return Err(invalid("hook.timeout_seconds", "must be at least 1".into()));
         }
@@ -245,6 +341,9 @@ impl DaemonConfig {
                 "must name at least one driver, none empty".into(),
             ));
         }
+        check_metrics_address(&self.metrics).map_err(|m| invalid("metrics.address", m))?;
+        tracing_subscriber::EnvFilter::try_new(&self.log.level)
+            .map_err(|e| invalid("log.level", format!("{:?}: {e}", self.log.level)))?;
         for (key, p) in [
             ("paths.socket", &self.paths.socket),
             ("paths.state_dir", &self.paths.state_dir),
@@ -316,6 +415,53 @@ mod tests {
         assert_eq!(parse_mode(&cfg.socket.mode).unwrap(), 0o600);
         assert_eq!(cfg.socket.changing_uids, vec![1000]);
         assert_eq!(cfg.gpus.simulate, "g5.xlarge");
+        assert!(cfg.gpus.manage_compute_mode);
+        let cfg = DaemonConfig::parse(
+            "[gpus]\nmanage_compute_mode = false\nmanage_time_slice = false\n",
+            Path::new("x"),
+        )
+        .unwrap();
+        assert!(!cfg.gpus.manage_compute_mode && !cfg.gpus.manage_time_slice);
+        let e = DaemonConfig::parse("[gpus]\nnvidia_smi_timeout_seconds = 0\n", Path::new("x"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("gpus.nvidia_smi_timeout_seconds"), "{e}");
+    }
+
+    #[test]
+    fn metrics_and_log_sections() {
+        let cfg = DaemonConfig::parse(
+            "[metrics]\nenabled = false\naddress = \"[::1]:9999\"\n[log]\nlevel = \"debug,gpushare::server=trace\"\n",
+            Path::new("x"),
+        )
+        .unwrap();
+        assert!(!cfg.metrics.enabled);
+        assert_eq!(cfg.metrics.address, "[::1]:9999");
+        assert_eq!(cfg.log.level, "debug,gpushare::server=trace");
+        let e = DaemonConfig::parse("[metrics]\naddress = \"0.0.0.0:9471\"\n", Path::new("x"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("metrics.address") && e.contains("allow_non_loopback"),
+            "{e}"
+        );
+        DaemonConfig::parse(
+            "[metrics]\naddress = \"0.0.0.0:9471\"\nallow_non_loopback = true\n",
+            Path::new("x"),
+        )
+        .unwrap();
+        let e = DaemonConfig::parse("[metrics]\naddress = \"localhost\"\n", Path::new("x"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("metrics.address"), "{e}");
+        let e = DaemonConfig::parse("[log]\nlevel = \"info,=[\"\n", Path::new("x"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("log.level"), "{e}");
+        let e = DaemonConfig::parse("[log]\nlvl = \"info\"\n", Path::new("x"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("lvl"), "{e}");
     }
 
     #[test]

@@ -14,6 +14,8 @@
 //! | [`strategy`] | sharing strategies: MPS control daemons, time-slicing | effects |
 //! | [`checkpoint`] | claims on disk, written atomically | file |
 //! | [`service`] | the claim service: prepare, unprepare, attach, detach | orchestration |
+//! | [`metrics`] | Prometheus metrics: recorded per request, gathered from the service at scrape | async I/O |
+//! | [`notify`] | systemd readiness, watchdog and reload notifications | leaf |
 //! | [`server`] | the Unix-socket server speaking `gpushare-proto` | async I/O |
 //! | [`cli`] | the operators' CLI (`gpushare`) and its demo | binary support |
 
@@ -25,6 +27,8 @@ pub mod daemon_config;
 pub mod error;
 pub mod fsutil;
 pub mod gpu;
+pub mod metrics;
+pub mod notify;
 pub mod placement;
 pub mod server;
 pub mod service;

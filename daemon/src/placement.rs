@@ -56,7 +56,8 @@ impl Hold {
         }
     }
 
-    fn describe(&self) -> String {
+    /// What holds the GPU, for error messages ("held exclusively by claim a", …).
+    pub fn describe(&self) -> String {
         let claims = self.claims().join(", ");
         match self {
             Hold::Exclusive(_) => format!("held exclusively by claim {claims}"),
@@ -68,7 +69,8 @@ impl Hold {
     }
 }
 
-fn describe_want(want: Want) -> String {
+/// What a claim asks of a GPU, for error messages ("time-slicing at Long", …).
+pub fn describe_want(want: Want) -> String {
     match want {
         Want::Exclusive => "it exclusively".into(),
         Want::TimeSlicing(i) => format!("time-slicing at {}", i.as_str()),
@@ -100,6 +102,11 @@ impl Placement {
     /// The hold on a GPU, if any.
     pub fn hold(&self, uuid: &str) -> Option<&Hold> {
         self.holds.get(uuid)
+    }
+
+    /// Every held GPU's UUID with its hold.
+    pub fn holds(&self) -> impl Iterator<Item = (&String, &Hold)> {
+        self.holds.iter()
     }
 
     /// Reserves every `(gpu uuid, display name, want)` for `claim`, all or nothing.

@@ -9,7 +9,7 @@ use std::io;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gpushare_proto::{
     AttachParams, DetachParams, ErrorBody, ErrorCode, Method, PrepareParams, Request, Response,
@@ -49,6 +49,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// How long a connection may sit without sending a complete request line.
     pub idle_timeout: Duration,
+    /// Where request latencies and errors are recorded for `/metrics` (none: not recorded).
+    pub metrics: Option<Arc<crate::metrics::RequestMetrics>>,
 }
 
 /// Binds the socket: creates its directory, replaces a stale socket, sets the mode.
@@ -278,39 +280,43 @@ pub async fn handle(
             );
         }
     }
+    let started = Instant::now();
+    let claim_uid = claim_uid_of(method, request.params.as_ref());
     let service = Arc::clone(service);
     let p = request.params;
-    let outcome = tokio::task::spawn_blocking(move || -> Result<Value, ServiceError> {
-        match method {
-            Method::Prepare => {
-                to_value(service.prepare(&params::<PrepareParams>(method, p)?.claim)?)
-            }
-            Method::Unprepare => to_value(service.unprepare(&params::<UidParams>(method, p)?.uid)?),
-            Method::GetClaim => to_value(service.get_claim(&params::<UidParams>(method, p)?.uid)?),
-            Method::ListClaims => {
-                no_params(method, &p)?;
-                to_value(service.list_claims())
-            }
-            Method::ListGpus => {
-                no_params(method, &p)?;
-                to_value(service.list_gpus())
-            }
-            Method::Attach => to_value(service.attach(&params::<AttachParams>(method, p)?)?),
-            Method::Detach => to_value(service.detach(&params::<DetachParams>(method, p)?)?),
-            Method::Health => {
-                no_params(method, &p)?;
-                to_value(service.health())
-            }
-            Method::Version => {
-                no_params(method, &p)?;
-                to_value(VersionInfo {
-                    daemon: env!("CARGO_PKG_VERSION").to_string(),
-                    protocol: PROTOCOL_VERSION,
-                })
-            }
-        }
+    let uid = claim_uid.clone();
+    let outcome = tokio::task::spawn_blocking(move || {
+        // What the claim was (unprepare removes it) or became, for the log line.
+        let claim_info =
+            |uid: &Option<String>| uid.as_deref().and_then(|u| service.get_claim(u).ok());
+        let released = (method == Method::Unprepare)
+            .then(|| claim_info(&uid))
+            .flatten();
+        let result = dispatch(&service, method, p);
+        let info = match method {
+            Method::Prepare if result.is_ok() => claim_info(&uid),
+            _ => released,
+        };
+        (result, info)
     })
     .await;
+    let took = started.elapsed();
+    let (outcome, info) = match outcome {
+        Ok((result, info)) => (Ok(result), info),
+        Err(join) => (Err(join), None),
+    };
+    let error = match &outcome {
+        Ok(Ok(_)) => None,
+        Ok(Err(e)) => Some((e.code, e.message.as_str())),
+        Err(_) => Some((ErrorCode::Internal, "the request's task panicked")),
+    };
+    if let Some(m) = &cfg.metrics {
+        m.observe(method, error.map(|e| e.0), took);
+    }
+    if matches!(method, Method::Prepare | Method::Unprepare) {
+        let uid = claim_uid.as_deref().unwrap_or("?");
+        log_claim_event(method, uid, info.as_ref(), error, took);
+    }
     match outcome {
         Ok(Ok(result)) => Response {
             version: PROTOCOL_VERSION,
@@ -320,6 +326,81 @@ pub async fn handle(
         },
         Ok(Err(e)) => error_response(id, e.code, e.message),
         Err(join) => error_response(id, ErrorCode::Internal, format!("{method} failed: {join}")),
+    }
+}
+
+/// Runs one request on the service (blocking).
+fn dispatch(service: &Service, method: Method, p: Option<Value>) -> Result<Value, ServiceError> {
+    match method {
+        Method::Prepare => to_value(service.prepare(&params::<PrepareParams>(method, p)?.claim)?),
+        Method::Unprepare => to_value(service.unprepare(&params::<UidParams>(method, p)?.uid)?),
+        Method::GetClaim => to_value(service.get_claim(&params::<UidParams>(method, p)?.uid)?),
+        Method::ListClaims => {
+            no_params(method, &p)?;
+            to_value(service.list_claims())
+        }
+        Method::ListGpus => {
+            no_params(method, &p)?;
+            to_value(service.list_gpus())
+        }
+        Method::Attach => to_value(service.attach(&params::<AttachParams>(method, p)?)?),
+        Method::Detach => to_value(service.detach(&params::<DetachParams>(method, p)?)?),
+        Method::Health => {
+            no_params(method, &p)?;
+            to_value(service.health())
+        }
+        Method::Version => {
+            no_params(method, &p)?;
+            to_value(VersionInfo {
+                daemon: env!("CARGO_PKG_VERSION").to_string(),
+                protocol: PROTOCOL_VERSION,
+            })
+        }
+    }
+}
+
+/// The claim UID a prepare (`claim.metadata.uid`) or unprepare (`uid`) request names.
+fn claim_uid_of(method: Method, params: Option<&Value>) -> Option<String> {
+    let pointer = match method {
+        Method::Prepare => "/claim/metadata/uid",
+        Method::Unprepare => "/uid",
+        _ => return None,
+    };
+    params?.pointer(pointer)?.as_str().map(str::to_string)
+}
+
+/// The one log line of each prepare and unprepare: claim UID, strategy, devices, outcome
+/// and duration (refusals at `warn`, host failures at `error`).
+fn log_claim_event(
+    method: Method,
+    uid: &str,
+    info: Option<&gpushare_proto::ClaimInfo>,
+    error: Option<(ErrorCode, &str)>,
+    took: Duration,
+) {
+    let strategy = info.map_or_else(|| "-".to_string(), crate::cli::strategy_summary);
+    let devices = info.map_or_else(
+        || "-".to_string(),
+        |c| {
+            let d: Vec<&str> = c
+                .groups
+                .iter()
+                .flat_map(|g| g.devices.iter().map(|d| d.device.as_str()))
+                .collect();
+            d.join(",")
+        },
+    );
+    let duration_ms = took.as_secs_f64() * 1000.0;
+    match error {
+        None => tracing::info!(
+            claim = %uid, %strategy, %devices, outcome = %"ok", duration_ms, "{method}"
+        ),
+        Some((code @ ErrorCode::Internal, message)) => tracing::error!(
+            claim = %uid, %strategy, %devices, outcome = %code.as_str(), error = message, duration_ms, "{method}"
+        ),
+        Some((code, message)) => tracing::warn!(
+            claim = %uid, %strategy, %devices, outcome = %code.as_str(), error = message, duration_ms, "{method}"
+        ),
     }
 }
 
@@ -367,6 +448,7 @@ mod tests {
             changing_uids: vec![],
             max_connections,
             idle_timeout: idle,
+            metrics: None,
         });
         let listener = bind(&server_cfg).unwrap();
         tokio::spawn(serve(listener, service, server_cfg));

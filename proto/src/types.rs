@@ -421,6 +421,81 @@ pub struct GpuInfo {
     pub sharing: GpuSharing,
     /// UIDs of the claims holding it.
     pub claims: Vec<String>,
+    /// Brand as NVML names it, e.g. `Nvidia` or `Tesla` (empty from daemons before this field).
+    #[serde(default)]
+    pub brand: String,
+    /// Architecture, e.g. `Ampere`, `Hopper`, `Ada Lovelace`.
+    #[serde(default)]
+    pub architecture: String,
+    /// CUDA compute capability as `major.minor`, e.g. `8.0`.
+    #[serde(default)]
+    pub cuda_compute_capability: String,
+    /// Kernel driver version as NVML reports it, e.g. `570.172.08`.
+    #[serde(default)]
+    pub driver_version: String,
+    /// Highest CUDA version the driver supports, `major.minor`, e.g. `12.8`.
+    #[serde(default)]
+    pub cuda_driver_version: String,
+    /// PCI bus ID as NVML reports it, e.g. `00000000:10:1C.0`.
+    #[serde(default)]
+    pub pci_bus_id: String,
+    /// NUMA node of the GPU; `None` when the platform does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<u32>,
+    /// The GPU supports MIG.
+    #[serde(default)]
+    pub mig_capable: bool,
+    /// MIG mode is currently enabled.
+    #[serde(default)]
+    pub mig_enabled: bool,
+    /// MIG devices that exist on it now (only when MIG mode is enabled).
+    #[serde(default)]
+    pub mig_devices: Vec<MigDeviceInfo>,
+}
+
+/// A MIG device (GPU instance with one full compute instance) of a GPU in MIG mode.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigDeviceInfo {
+    /// `MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+    pub uuid: String,
+    /// GPU-instance profile name, e.g. `3g.20gb`.
+    pub profile: String,
+    /// GPU-instance profile ID as `nvidia-smi mig -lgip` shows it, e.g. 9 for `3g.20gb`.
+    pub gi_profile_id: u32,
+    /// First memory slice of its placement.
+    pub placement_start: u32,
+    /// Memory slices its placement spans (4 for `3g.20gb`).
+    pub memory_slices: u32,
+    /// Memory in MiB (NVML's profile `memorySizeMB`).
+    pub memory_mib: u64,
+    /// Streaming multiprocessors.
+    pub multiprocessors: u32,
+    /// Copy engines.
+    pub copy_engines: u32,
+    /// Video decoders.
+    pub decoders: u32,
+    /// Video encoders.
+    pub encoders: u32,
+    /// JPEG engines.
+    pub jpeg_engines: u32,
+    /// Optical-flow accelerators.
+    pub ofa_engines: u32,
+}
+
+impl MigDeviceInfo {
+    /// The device name NVIDIA's DRA driver gives it:
+    /// `gpu-<minor>-mig-<profile, letters and digits only>-<GI profile id>-<placement start>`.
+    pub fn device_name(&self, parent_minor: u32) -> String {
+        let profile: String = self
+            .profile
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .collect();
+        format!(
+            "gpu-{parent_minor}-mig-{profile}-{}-{}",
+            self.gi_profile_id, self.placement_start
+        )
+    }
 }
 
 /// Parameters of `attach` (sent by `gpushare-cdi-hook attach` at `createRuntime`).

@@ -40,9 +40,12 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
-/// `shared/cases` beside the repository, if present.
+/// `shared/cases` beside the repository (or where `GPUSHARE_CASES_DIR` says, for a checkout
+/// elsewhere, such as a git worktree), if present.
 pub fn cases_dir() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/cases");
+    let p = std::env::var_os("GPUSHARE_CASES_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/cases"));
     p.is_dir()
         .then(|| p.canonicalize().expect("canonical cases dir"))
 }
@@ -165,9 +168,10 @@ impl Daemon {
             .unwrap_or_else(|| dir.path().join("run"));
         let state = dir.path().join("state");
         let log = fs::File::create(dir.path().join("gpushared.log")).expect("log file");
-        // An empty config file: the host's /etc/gpushare/config.toml must not leak in.
+        // A config file of our own: the host's /etc/gpushare/config.toml must not leak in, and
+        // test daemons running side by side must not compete for the metrics port.
         let config = dir.path().join("config.toml");
-        fs::write(&config, "").expect("config file");
+        fs::write(&config, "[metrics]\nenabled = false\n").expect("config file");
         let child = Command::new(bin("gpushared"))
             .arg("--config")
             .arg(&config)

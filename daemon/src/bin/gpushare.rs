@@ -33,7 +33,8 @@ struct Args {
 enum Command {
     /// Daemon health, version, backend and counts.
     Status,
-    /// The node's GPUs with their compute mode, time-slice and holders.
+    /// The node's GPUs with their compute mode, time-slice and holders; `-o resourceslice`
+    /// prints the ResourceSlice a DRA driver would publish for them.
     Gpus,
     /// All claims.
     Claims,
@@ -53,8 +54,43 @@ enum Command {
         /// The claim's UID.
         uid: String,
     },
+    /// The node profiles `gpushared --simulate` knows (no daemon needed); with a name or a
+    /// profile file, that node's GPUs as `gpushare gpus` shows them on a fresh node.
+    Profiles {
+        /// A catalog name or a profile file (a path containing '/').
+        profile: Option<String>,
+    },
     /// Run the whole job on a simulated p4d.24xlarge in a temporary directory and clean up.
     Demo(cli::demo::DemoArgs),
+    /// Check this node's setup (driver, MPS, containerd, nodeadm, CDI specs, socket,
+    /// checkpoint, compute modes): one line per check with a fix hint; exits 1 when any fails.
+    Doctor {
+        /// Check against simulated GPUs of this node profile (as gpushared --simulate) instead
+        /// of NVML.
+        #[arg(long, value_name = "NODE_PROFILE")]
+        simulate: Option<String>,
+        /// gpushared's config file [default: /etc/gpushare/config.toml].
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// containerd's config file.
+        #[arg(
+            long,
+            value_name = "FILE",
+            default_value = "/etc/containerd/config.toml"
+        )]
+        containerd_config: PathBuf,
+    },
+    /// Print a shell completion script (bash, zsh, fish, elvish or powershell).
+    Completion {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages for gpushare and its subcommands into a directory (for packaging).
+    #[command(hide = true)]
+    GenerateMan {
+        /// Existing directory to write gpushare.1 and gpushare-<command>.1 into.
+        dir: PathBuf,
+    },
 }
 
 fn print_structured_or<T: serde::Serialize>(
@@ -76,6 +112,27 @@ fn require_root(what: &str) -> Result<()> {
     Ok(())
 }
 
+/// `gpushare profiles [PROFILE]`.
+fn profiles(profile: Option<&str>, output: Output) -> Result<()> {
+    use gpushare::gpu::catalog;
+    match profile {
+        None => {
+            let all = catalog::catalog()?;
+            let rows: Vec<cli::ProfileRow> = all.iter().map(cli::ProfileRow::of).collect();
+            print_structured_or(&rows, output, |r| cli::profiles_table(r))
+        }
+        Some(p) => {
+            let node = catalog::resolve(p)?;
+            let gpus: Vec<GpuInfo> = node
+                .gpus("simulated-node")
+                .iter()
+                .map(gpushare::gpu::Gpu::info)
+                .collect();
+            print_structured_or(&gpus, output, |g| cli::gpus_table(g))
+        }
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     match run(args) {
@@ -88,17 +145,63 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run(args: Args) -> Result<()> {
+    match &args.command {
+        Command::Doctor {
+            simulate,
+            config,
+            containerd_config,
+        } => {
+            let paths = cli::doctor::DoctorPaths {
+                config: config
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from(gpushare::daemon_config::DEFAULT_CONFIG_PATH)),
+                config_required: config.is_some(),
+                containerd_config: containerd_config.clone(),
+                socket: args.socket.clone(),
+                ..cli::doctor::DoctorPaths::default()
+            };
+            let host = cli::doctor::RealHost {
+                timeout: Duration::from_secs(args.timeout.min(10)),
+            };
+            let report = cli::doctor::run(&paths, simulate.as_deref(), &host);
+            print_structured_or(&report, args.output.unwrap_or(Output::Table), |r| r.text())?;
+            if !report.ok {
+                std::process::exit(1);
+            }
+            return Ok(());
+        }
+        Command::Completion { shell } => {
+            clap_complete::generate(
+                *shell,
+                &mut <Args as clap::CommandFactory>::command(),
+                "gpushare",
+                &mut std::io::stdout(),
+            );
+            return Ok(());
+        }
+        Command::GenerateMan { dir } => {
+            let cmd = <Args as clap::CommandFactory>::command();
+            return cli::write_man_pages(&cmd, dir);
+        }
+        _ => {}
+    }
     if let Command::Demo(demo) = &args.command {
         if args.socket.is_some() || args.output.is_some() {
             anyhow::bail!("gpushare demo starts its own daemon and prints tables: --socket and -o do not apply");
         }
         return cli::demo::run(demo);
     }
+    let output = args.output.unwrap_or(Output::Table);
+    if output == Output::ResourceSlice && !matches!(args.command, Command::Gpus) {
+        anyhow::bail!("-o resourceslice applies to `gpushare gpus` only");
+    }
+    if let Command::Profiles { profile } = &args.command {
+        return profiles(profile.as_deref(), output);
+    }
     let socket = args
         .socket
         .clone()
         .unwrap_or_else(|| PathBuf::from(gpushare_proto::DEFAULT_SOCKET));
-    let output = args.output.unwrap_or(Output::Table);
     let mut client = Client::connect(&socket, Duration::from_secs(args.timeout)).map_err(|e| {
         anyhow::anyhow!("{e} (is gpushared running? --socket names another socket)")
     })?;
@@ -112,7 +215,12 @@ fn run(args: Args) -> Result<()> {
         }
         Command::Gpus => {
             let gpus: Vec<GpuInfo> = client.call(Method::ListGpus, none)?;
-            print_structured_or(&gpus, output, |g| cli::gpus_table(g))?;
+            if output == Output::ResourceSlice {
+                let h: HealthInfo = client.call(Method::Health, none)?;
+                print!("{}", cli::resource_slice_yaml(&gpus, &h.node_name)?);
+            } else {
+                print_structured_or(&gpus, output, |g| cli::gpus_table(g))?;
+            }
         }
         Command::Claims => {
             let claims: Vec<ClaimInfo> = client.call(Method::ListClaims, none)?;
@@ -162,7 +270,11 @@ fn run(args: Args) -> Result<()> {
                 }
             })?;
         }
-        Command::Demo(_) => unreachable!("handled above"),
+        Command::Demo(_)
+        | Command::Profiles { .. }
+        | Command::Doctor { .. }
+        | Command::Completion { .. }
+        | Command::GenerateMan { .. } => unreachable!("handled above"),
     }
     Ok(())
 }

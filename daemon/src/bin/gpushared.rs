@@ -10,12 +10,17 @@ use clap::Parser;
 use tokio::signal::unix::{signal, SignalKind};
 
 use gpushare::cdi::HookConfig;
-use gpushare::daemon_config::{parse_mode, DaemonConfig, DEFAULT_CONFIG, DEFAULT_CONFIG_PATH};
-use gpushare::gpu::{GpuBackend, SimulatedBackend};
+use gpushare::daemon_config::{
+    parse_mode, DaemonConfig, GpusConfig, DEFAULT_CONFIG, DEFAULT_CONFIG_PATH,
+};
+use gpushare::gpu::nvml::NvmlLib;
+use gpushare::gpu::timeslice::NvidiaSmi;
+use gpushare::gpu::{GpuBackend, HostBackend, ManagedSettings, SimulatedBackend};
 use gpushare::server::{self, ServerConfig};
 use gpushare::service::{Service, ServiceConfig};
 use gpushare::strategy::mps::MpsControl;
-use gpushare::sys::{reap_orphans, HostOps};
+use gpushare::sys::{reap_orphans, HostOps, HostRunner};
+use gpushare::{metrics, notify};
 
 /// gpushared: per-claim MPS control daemons, time-slicing and exclusive GPUs for Kubernetes DRA
 /// claims, with one CDI spec per claim.
@@ -24,13 +29,16 @@ use gpushare::sys::{reap_orphans, HostOps};
 /// --print-default-config); each flag below overrides its key.
 #[derive(Debug, Parser)]
 #[command(version)]
-struct Args {
+pub struct Args {
     /// Config file (TOML). Without this flag /etc/gpushare/config.toml is read when it exists.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Print the documented default config file and exit.
     #[arg(long)]
     print_default_config: bool,
+    /// Write the man page gpushared.8 into this directory and exit (for packaging).
+    #[arg(long, value_name = "DIR", hide = true)]
+    generate_man: Option<PathBuf>,
     /// Unix socket the DRA driver, the hook and the CLI talk to [paths.socket].
     #[arg(long)]
     socket: Option<PathBuf>,
@@ -44,7 +52,8 @@ struct Args {
     /// CDI spec directory to write claims' specs into [paths.cdi_dir].
     #[arg(long)]
     cdi_dir: Option<PathBuf>,
-    /// Simulate the GPUs of this EC2 node profile (e.g. p4d.24xlarge) instead of using NVML
+    /// Simulate the GPUs of this node profile instead of using NVML: a catalog name (e.g.
+    /// p4d.24xlarge; `gpushare profiles` lists them) or a profile file (a path containing '/')
     /// [gpus.simulate].
     #[arg(long, value_name = "NODE_PROFILE")]
     simulate: Option<String>,
@@ -74,6 +83,12 @@ struct Args {
     /// [mps.timeout_seconds].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     mps_timeout: Option<u64>,
+    /// Serve Prometheus metrics at this host:port [metrics.address].
+    #[arg(long, value_name = "HOST:PORT", conflicts_with = "no_metrics")]
+    metrics_address: Option<String>,
+    /// Do not serve metrics [metrics.enabled = false].
+    #[arg(long)]
+    no_metrics: bool,
     /// Socket file mode (octal) [socket.mode].
     #[arg(long, value_parser = parse_mode)]
     socket_mode: Option<u32>,
@@ -112,6 +127,15 @@ impl Args {
         }
         if let Some(t) = self.mps_timeout {
             cfg.mps.timeout_seconds = t;
+        }
+        if let Some(a) = &self.metrics_address {
+            cfg.metrics.address.clone_from(a);
+            cfg.metrics.enabled = true;
+            gpushare::daemon_config::check_metrics_address(&cfg.metrics)
+                .map_err(|m| anyhow::anyhow!("--metrics-address: {m}"))?;
+        }
+        if self.no_metrics {
+            cfg.metrics.enabled = false;
         }
         if let Some(m) = self.socket_mode {
             cfg.socket.mode = format!("{m:04o}");
@@ -190,6 +214,42 @@ fn real_dir(dir: &Path, mode: u32) -> Result<PathBuf> {
     Ok(real)
 }
 
+/// NVML unless a node profile is simulated, with the administrator's switches laid over it.
+fn gpu_backend(gpus: &GpusConfig, node_name: &str, run_dir: &Path) -> Result<Arc<dyn GpuBackend>> {
+    let inner: Arc<dyn GpuBackend> = if gpus.simulate.is_empty() {
+        let nvml = NvmlLib::init().map_err(|e| {
+            anyhow::anyhow!("{e}; is the NVIDIA driver installed? Without GPUs, run with --simulate <node profile> (e.g. p4d.24xlarge)")
+        })?;
+        let smi = if gpus.nvidia_smi.as_os_str().is_empty() {
+            NvidiaSmi::default_program()
+        } else {
+            gpus.nvidia_smi.clone()
+        };
+        let smi = NvidiaSmi::new(
+            smi,
+            Arc::new(HostRunner),
+            Duration::from_secs(gpus.nvidia_smi_timeout_seconds),
+        );
+        Arc::new(HostBackend::new(Arc::new(nvml), smi, Path::new("/dev")))
+    } else {
+        let profile = &gpus.simulate;
+        let dev_root = if gpus.sim_dev_root.as_os_str().is_empty() {
+            run_dir.join("simulated-dev")
+        } else {
+            gpus.sim_dev_root.clone()
+        };
+        Arc::new(
+            SimulatedBackend::new(profile, node_name, &dev_root)
+                .with_context(|| format!("setting up simulated node {profile}"))?,
+        )
+    };
+    Ok(Arc::new(ManagedSettings::new(
+        inner,
+        gpus.manage_compute_mode,
+        gpus.manage_time_slice,
+    )))
+}
+
 fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -201,27 +261,171 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+type FilterHandle =
+    tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>;
+
+/// Logging: one line per event on stderr. Under systemd (`JOURNAL_STREAM` set) the journal
+/// stamps each line itself, so no timestamp and no colour. `RUST_LOG` wins over `[log] level`;
+/// the returned handle changes the filter on reload.
+fn init_logging(level: &str) -> Result<Option<FilterHandle>> {
+    use tracing_subscriber::prelude::*;
+    let from_env = std::env::var_os("RUST_LOG").is_some();
+    let filter = if from_env {
+        tracing_subscriber::EnvFilter::try_from_default_env().context("RUST_LOG")?
+    } else {
+        tracing_subscriber::EnvFilter::try_new(level).context("log.level")?
+    };
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    let journal = std::env::var_os("JOURNAL_STREAM").is_some();
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(!journal && std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let registry = tracing_subscriber::registry().with(filter);
+    if journal {
+        registry.with(fmt.without_time()).init();
+    } else {
+        registry.with(fmt).init();
+    }
+    Ok((!from_env).then_some(handle))
+}
+
+/// The metrics endpoint, when enabled: bound now (a bad address fails start-up), served by a
+/// task that stops when the returned handle is aborted.
+async fn start_metrics(
+    settings: &DaemonConfig,
+    registry: &Arc<prometheus_client::registry::Registry>,
+) -> Result<Option<(String, tokio::task::JoinHandle<()>)>> {
+    if !settings.metrics.enabled {
+        return Ok(None);
+    }
+    let addr: std::net::SocketAddr = settings
+        .metrics
+        .address
+        .parse()
+        .with_context(|| format!("metrics.address {:?}", settings.metrics.address))?;
+    let listener = metrics::bind(addr)
+        .await
+        .with_context(|| format!("binding the metrics endpoint {addr}"))?;
+    let bound = listener.local_addr().map_or(addr, |a| a);
+    tracing::info!(address = %bound, "serving metrics at /metrics");
+    let task = tokio::spawn(metrics::serve(listener, Arc::clone(registry)));
+    Ok(Some((settings.metrics.address.clone(), task)))
+}
+
+/// Keys whose change a reload cannot apply (they take effect at the next restart).
+fn restart_only_changes(old: &DaemonConfig, new: &DaemonConfig) -> Vec<&'static str> {
+    let mut changed = Vec::new();
+    let mut check = |key: &'static str, differs: bool| {
+        if differs {
+            changed.push(key);
+        }
+    };
+    check("[paths]", old.paths != new.paths);
+    check("[node]", old.node != new.node);
+    check("[socket]", old.socket != new.socket);
+    check("[mps]", old.mps != new.mps);
+    check("[hook]", old.hook != new.hook);
+    check("[gpus]", old.gpus != new.gpus);
+    check(
+        "metrics.allow_non_loopback",
+        old.metrics.allow_non_loopback != new.metrics.allow_non_loopback,
+    );
+    changed
+}
+
+struct Running {
+    settings: DaemonConfig,
+    filter: Option<FilterHandle>,
+    metrics: Option<(String, tokio::task::JoinHandle<()>)>,
+    registry: Arc<prometheus_client::registry::Registry>,
+}
+
+impl Running {
+    /// SIGHUP: re-reads the config file (with the command line laid over it again) and applies
+    /// `[log] level` and `[metrics]`; a bad file is refused and nothing changes.
+    async fn reload(&mut self, args: &Args) {
+        notify::reloading();
+        let new = match args.settings() {
+            Ok(new) => new,
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "reload refused: the config file has an error; keeping the running configuration");
+                notify::ready("reload refused: config file error (see the journal); serving");
+                return;
+            }
+        };
+        let waiting = restart_only_changes(&self.settings, &new);
+        if !waiting.is_empty() {
+            tracing::warn!(keys = %waiting.join(", "), "changed keys take effect at the next restart");
+        }
+        if new.log.level != self.settings.log.level {
+            match (
+                &self.filter,
+                tracing_subscriber::EnvFilter::try_new(&new.log.level),
+            ) {
+                (Some(handle), Ok(filter)) => match handle.reload(filter) {
+                    Ok(()) => tracing::info!(level = %new.log.level, "log level changed"),
+                    Err(e) => tracing::error!(error = %e, "changing the log level failed"),
+                },
+                (None, _) => tracing::warn!("RUST_LOG is set: log.level is ignored"),
+                (Some(_), Err(e)) => tracing::error!(error = %e, "log.level refused"),
+            }
+        }
+        // Also retried when it is wanted but not served (its port was taken at start).
+        if new.metrics.enabled != self.settings.metrics.enabled
+            || new.metrics.address != self.settings.metrics.address
+            || (new.metrics.enabled && self.metrics.is_none())
+        {
+            // The old endpoint goes first: the new one may want the same port.
+            if let Some((_, task)) = self.metrics.take() {
+                task.abort();
+                let _ = task.await;
+            }
+            match start_metrics(&new, &self.registry).await {
+                Ok(m) => {
+                    if m.is_none() {
+                        tracing::info!("metrics endpoint turned off");
+                    }
+                    self.metrics = m;
+                }
+                Err(e) => {
+                    tracing::error!(error = %format!("{e:#}"), "metrics endpoint not served after reload")
+                }
+            }
+        }
+        // What a reload did not apply stays as it was, so the next reload compares with it.
+        let mut applied = self.settings.clone();
+        applied.log = new.log;
+        applied.metrics.enabled = new.metrics.enabled;
+        applied.metrics.address = new.metrics.address;
+        self.settings = applied;
+        tracing::info!("configuration reloaded");
+        notify::ready("serving (configuration reloaded)");
+    }
+}
+
 #[tokio::main]
 async fn run() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let args = Args::parse();
     if args.print_default_config {
         print!("{DEFAULT_CONFIG}");
         return Ok(());
     }
+    if let Some(dir) = &args.generate_man {
+        let mut out = Vec::new();
+        clap_mangen::Man::new(<Args as clap::CommandFactory>::command())
+            .section("8")
+            .render(&mut out)
+            .context("rendering the man page")?;
+        let path = dir.join("gpushared.8");
+        std::fs::write(&path, out).with_context(|| format!("writing {}", path.display()))?;
+        return Ok(());
+    }
     let settings = args.settings()?;
+    let filter = init_logging(&settings.log.level)?;
 
     // MPS control daemons double-fork away from us; as a subreaper we get them back as
     // children, learn of their exit, and reap them (PID 1 here may not).
     nix::sys::prctl::set_child_subreaper(true).context("becoming a child subreaper")?;
-
     let node_name = match settings.node.name.as_str() {
         "" => nix::unistd::gethostname()
             .context("reading the host name (pass --node-name)")?
@@ -233,19 +437,7 @@ async fn run() -> Result<()> {
     let state_dir = real_dir(&settings.paths.state_dir, 0o700)?;
     // Two daemons on one state directory would each believe they own every claim.
     let _instance = lock_instance(&state_dir)?;
-    let profile = &settings.gpus.simulate;
-    if profile.is_empty() {
-        bail!("the NVML backend is not available in this build yet; run with --simulate <node profile> (e.g. p4d.24xlarge)");
-    }
-    let dev_root = if settings.gpus.sim_dev_root.as_os_str().is_empty() {
-        run_dir.join("simulated-dev")
-    } else {
-        settings.gpus.sim_dev_root.clone()
-    };
-    let backend: Arc<dyn GpuBackend> = Arc::new(
-        SimulatedBackend::new(profile, &node_name, &dev_root)
-            .with_context(|| format!("setting up simulated node {profile}"))?,
-    );
+    let backend = gpu_backend(&settings.gpus, &node_name, &run_dir)?;
 
     let mps_program = if settings.mps.control.as_os_str().is_empty() {
         default_mps_control()?
@@ -289,15 +481,30 @@ async fn run() -> Result<()> {
     };
     let service =
         Arc::new(Service::new(cfg, backend.clone(), mps).map_err(|e| anyhow::anyhow!(e))?);
+    let requests = Arc::new(metrics::RequestMetrics::default());
+    let registry = Arc::new(metrics::registry(
+        &requests,
+        metrics::ServiceCollector::new(Arc::clone(&service), Arc::new(metrics::pid_alive)),
+    ));
     let server_cfg = Arc::new(ServerConfig {
         socket: socket.clone(),
         mode: parse_mode(&settings.socket.mode).map_err(anyhow::Error::msg)?,
         changing_uids: settings.socket.changing_uids.clone(),
         max_connections: server::MAX_CONNECTIONS,
         idle_timeout: server::IDLE_TIMEOUT,
+        metrics: Some(Arc::clone(&requests)),
     });
     let listener = server::bind(&server_cfg)
         .with_context(|| format!("binding socket {}", socket.display()))?;
+    // Metrics are for watching the node, not part of serving it: a port taken by another
+    // process is an error in the journal, never a node without GPU sharing.
+    let metrics_task = match start_metrics(&settings, &registry).await {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "metrics endpoint not served; fix [metrics] and reload");
+            None
+        }
+    };
     tracing::info!(
         socket = %socket.display(),
         node = %node_name,
@@ -305,6 +512,27 @@ async fn run() -> Result<()> {
         mps_control = %mps_program.display(),
         "gpushared ready"
     );
+    // Service::new has loaded the checkpoint and re-adopted its claims, and the socket is
+    // bound: clients that systemd lets start after us are served from here on.
+    let health = service.health();
+    notify::ready(&format!(
+        "serving {} claims on {} GPUs",
+        health.claims, health.gpus
+    ));
+    let watchdog = notify::watchdog_interval().map(|every| {
+        tracing::info!(
+            every_ms = every.as_millis() as u64,
+            "pinging the systemd watchdog"
+        );
+        tokio::spawn(watchdog_loop(Arc::clone(&service), every))
+    });
+    let mut running = Running {
+        settings,
+        filter,
+        metrics: metrics_task,
+        registry,
+    };
+    let mut sighup = signal(SignalKind::hangup())?;
 
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -320,13 +548,39 @@ async fn run() -> Result<()> {
                     tracing::debug!(?reaped, "reaped exited children");
                 }
             }
+            _ = sighup.recv() => running.reload(&args).await,
             _ = sigterm.recv() => break Ok(()),
             _ = sigint.recv() => break Ok(()),
         }
     };
+    notify::stopping();
+    if let Some(w) = watchdog {
+        w.abort();
+    }
+    if let Some((_, m)) = running.metrics.take() {
+        m.abort();
+    }
     // MPS control daemons are left running on purpose: GPU jobs must survive a restart of
     // gpushared.
     server::remove_socket(&socket);
     tracing::info!("gpushared stopped");
     result
+}
+
+/// Pings the watchdog only while the service answers: a `health` read that takes the claim
+/// registry's lock, bounded by the ping interval. A wedged registry stops the pings and
+/// systemd restarts the daemon (the MPS control daemons stay: `KillMode=process`).
+async fn watchdog_loop(service: Arc<Service>, every: Duration) {
+    loop {
+        let probe = Arc::clone(&service);
+        let answered =
+            tokio::time::timeout(every, tokio::task::spawn_blocking(move || probe.health())).await;
+        match answered {
+            Ok(Ok(_)) => notify::watchdog(),
+            _ => tracing::error!(
+                "the service did not answer a health read in time; not pinging the watchdog"
+            ),
+        }
+        tokio::time::sleep(every).await;
+    }
 }

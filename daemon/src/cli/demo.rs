@@ -173,6 +173,8 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     let log_file = fs::File::create(&log)?;
     let mut cmd = Command::new(&gpushared);
     cmd.args([
+        // The node's own gpushared may serve the default metrics port.
+        "--no-metrics",
         "--simulate",
         "p4d.24xlarge",
         "--node-name",

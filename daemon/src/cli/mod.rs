@@ -2,6 +2,7 @@
 
 pub mod container;
 pub mod demo;
+pub mod doctor;
 
 use std::fmt::Write as _;
 
@@ -18,6 +19,10 @@ pub enum Output {
     Json,
     /// The same as YAML.
     Yaml,
+    /// `gpushare gpus` only: the `resource.k8s.io/v1` ResourceSlice a DRA driver would
+    /// publish for the node, as YAML.
+    #[value(name = "resourceslice")]
+    ResourceSlice,
 }
 
 /// Renders `value` as JSON or YAML; `None` for [`Output::Table`].
@@ -31,7 +36,7 @@ pub fn render_structured<T: Serialize>(
     Ok(match output {
         Output::Table => None,
         Output::Json => Some(serde_json::to_string_pretty(value)? + "\n"),
-        Output::Yaml => Some(serde_norway::to_string(value)?),
+        Output::Yaml | Output::ResourceSlice => Some(serde_norway::to_string(value)?),
     })
 }
 
@@ -65,24 +70,36 @@ pub fn strategy_summary(c: &ClaimInfo) -> String {
         .join("+")
 }
 
-/// The `gpushare gpus` table.
+/// The `gpushare gpus` table, the same for real and simulated nodes. MIG: `-` for a GPU
+/// without MIG, `off`, or `on (<n> devices)`.
 pub fn gpus_table(gpus: &[GpuInfo]) -> String {
     let mut t = table(&[
         "DEVICE",
         "UUID",
         "PRODUCT",
+        "ARCH",
+        "CC",
         "MEMORY",
+        "MIG",
         "COMPUTE MODE",
         "TIME-SLICE",
         "SHARING",
         "CLAIMS",
     ]);
     for g in gpus {
+        let mig = match (g.mig_capable, g.mig_enabled) {
+            (false, _) => "-".to_string(),
+            (true, false) => "off".to_string(),
+            (true, true) => format!("on ({} devices)", g.mig_devices.len()),
+        };
         t.add_row(vec![
             g.name.clone(),
             g.uuid.clone(),
             g.product_name.clone(),
+            g.architecture.clone(),
+            g.cuda_compute_capability.clone(),
             format!("{} MiB", g.memory_mib),
+            mig,
             format!("{:?}", g.compute_mode),
             g.time_slice.as_str().to_string(),
             format!("{:?}", g.sharing),
@@ -90,6 +107,91 @@ pub fn gpus_table(gpus: &[GpuInfo]) -> String {
         ]);
     }
     t.to_string() + "\n"
+}
+
+/// One line of `gpushare profiles`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProfileRow {
+    /// Profile name (EC2 instance type).
+    pub name: String,
+    /// GPUs on the node.
+    pub gpus: u32,
+    /// Product names, `+`-joined for mixed nodes.
+    pub product: String,
+    /// Memory per GPU in MiB, `+`-joined for mixed nodes.
+    pub memory_mib: String,
+    /// Architectures.
+    pub architecture: String,
+    /// CUDA compute capabilities.
+    pub cuda_compute_capability: String,
+    /// Whether the GPUs support MIG.
+    pub mig_capable: bool,
+}
+
+impl ProfileRow {
+    /// The row for `p`.
+    pub fn of(p: &crate::gpu::NodeProfile) -> ProfileRow {
+        let join = |f: &dyn Fn(&crate::gpu::catalog::GpuGroup) -> String| {
+            let mut v: Vec<String> = p.gpus.iter().map(f).collect();
+            v.dedup();
+            v.join("+")
+        };
+        ProfileRow {
+            name: p.name.clone(),
+            gpus: p.gpus.iter().map(|g| g.count).sum(),
+            product: join(&|g| g.product_name.clone()),
+            memory_mib: join(&|g| g.memory_mib.to_string()),
+            architecture: join(&|g| g.architecture.clone()),
+            cuda_compute_capability: join(&|g| g.cuda_compute_capability.clone()),
+            mig_capable: p.gpus.iter().any(|g| g.mig_capable),
+        }
+    }
+}
+
+/// The `gpushare profiles` table.
+pub fn profiles_table(rows: &[ProfileRow]) -> String {
+    let mut t = table(&[
+        "PROFILE",
+        "GPUS",
+        "PRODUCT",
+        "MEMORY (MiB)",
+        "ARCH",
+        "CC",
+        "MIG",
+    ]);
+    for r in rows {
+        t.add_row(vec![
+            r.name.clone(),
+            r.gpus.to_string(),
+            r.product.clone(),
+            r.memory_mib.clone(),
+            r.architecture.clone(),
+            r.cuda_compute_capability.clone(),
+            if r.mig_capable { "yes" } else { "no" }.to_string(),
+        ]);
+    }
+    t.to_string() + "\n"
+}
+
+/// The driver name `-o resourceslice` publishes under: NVIDIA's, whose attribute names the
+/// slice carries.
+pub const RESOURCE_SLICE_DRIVER: &str = "gpu.nvidia.com";
+
+/// `gpushare gpus -o resourceslice`: the slice as YAML, checked against the API server's
+/// rules first.
+///
+/// # Errors
+/// The slice breaks a rule (e.g. a node name that is not a DNS subdomain), or serialization
+/// failed.
+pub fn resource_slice_yaml(gpus: &[GpuInfo], node_name: &str) -> anyhow::Result<String> {
+    let slice = crate::gpu::resource_slice::build(gpus, node_name, RESOURCE_SLICE_DRIVER);
+    crate::gpu::resource_slice::validate(&slice).map_err(|errs| {
+        anyhow::anyhow!(
+            "the ResourceSlice for node {node_name:?} would be refused: {}",
+            errs.join("; ")
+        )
+    })?;
+    Ok(serde_norway::to_string(&slice)?)
 }
 
 /// The `gpushare claims` table.
@@ -213,4 +315,36 @@ pub fn status_text(h: &HealthInfo, v: &VersionInfo) -> String {
         "gpushared {} (protocol {})\nready:        {}\nnode:         {}\nbackend:      {}\nMPS control:  {}\nGPUs:         {}\nclaims:       {}\n",
         v.daemon, v.protocol, h.ready, h.node_name, h.backend, h.mps_control, h.gpus, h.claims
     )
+}
+
+/// Writes `<name>.1` for `cmd` and `<name>-<sub>.1` for each visible subcommand into `dir`
+/// (man pages generated from the clap definitions, for packaging).
+///
+/// # Errors
+/// Rendering or writing failed.
+pub fn write_man_pages(cmd: &clap::Command, dir: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let mut cmd = cmd.clone();
+    cmd.build();
+    let write = |c: &clap::Command, name: &str| -> anyhow::Result<()> {
+        let mut out = Vec::new();
+        clap_mangen::Man::new(
+            c.clone()
+                .display_name(name.to_string())
+                .bin_name(name.to_string()),
+        )
+        .render(&mut out)
+        .with_context(|| format!("rendering the man page of {name}"))?;
+        let path = dir.join(format!("{name}.1"));
+        std::fs::write(&path, out).with_context(|| format!("writing {}", path.display()))
+    };
+    let top = cmd.get_name().to_string();
+    write(&cmd, &top)?;
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        if sub.get_name() == "help" {
+            continue;
+        }
+        write(sub, &format!("{top}-{}", sub.get_name()))?;
+    }
+    Ok(())
 }

@@ -1,10 +1,21 @@
 //! GPU backends behind one trait: what the node has, and the few settings gpushare changes
-//! (compute mode, time-slice interval). The simulated backend stands in for NVML and
-//! `nvidia-smi`; the NVML backend arrives with its own issue.
+//! (compute mode, time-slice interval). [`HostBackend`] drives real GPUs through NVML (the
+//! [`nvml`] leaf) and `nvidia-smi` ([`timeslice`]); [`SimulatedBackend`] describes a node from
+//! a [`catalog`] profile. [`ManagedSettings`] lays the administrator's switches over either.
+//! [`resource_slice`] builds, purely, the ResourceSlice a DRA driver would publish.
 
+pub mod catalog;
+mod host;
+mod managed;
+pub mod nvml;
+pub mod resource_slice;
 mod sim;
+pub mod timeslice;
 
-pub use sim::{NodeProfile, SimulatedBackend, NODE_PROFILES};
+pub use catalog::{NodeProfile, ProfileError};
+pub use host::HostBackend;
+pub use managed::ManagedSettings;
+pub use sim::SimulatedBackend;
 
 use std::path::PathBuf;
 
@@ -23,12 +34,59 @@ pub struct Gpu {
     pub memory_mib: u64,
     /// CUDA compute capability (major, minor).
     pub compute_capability: (u32, u32),
+    /// Brand as NVML names it (`Nvidia`, `Tesla`, …).
+    pub brand: String,
+    /// Architecture (`Ampere`, `Hopper`, `Ada Lovelace`, …).
+    pub architecture: String,
+    /// Kernel driver version, e.g. `570.172.08`.
+    pub driver_version: String,
+    /// Highest CUDA version the driver supports, `major.minor`.
+    pub cuda_driver_version: String,
+    /// PCI bus ID as NVML reports it, e.g. `00000000:10:1C.0`.
+    pub pci_bus_id: String,
+    /// NUMA node, when the platform reports one.
+    pub numa_node: Option<u32>,
+    /// The GPU supports MIG.
+    pub mig_capable: bool,
+    /// MIG mode is enabled now.
+    pub mig_enabled: bool,
+    /// MIG devices present now (MIG mode only).
+    pub mig_devices: Vec<gpushare_proto::MigDeviceInfo>,
 }
 
 impl Gpu {
     /// The device name NVIDIA's DRA driver publishes for the whole GPU.
     pub fn device_name(&self) -> String {
         format!("gpu-{}", self.minor)
+    }
+
+    /// What `list_gpus` reports about it, with the current settings and holders left at
+    /// their defaults for the caller to fill in.
+    pub fn info(&self) -> gpushare_proto::GpuInfo {
+        gpushare_proto::GpuInfo {
+            name: self.device_name(),
+            minor: self.minor,
+            uuid: self.uuid.clone(),
+            product_name: self.product_name.clone(),
+            memory_mib: self.memory_mib,
+            compute_mode: ComputeMode::Default,
+            time_slice: TimeSliceInterval::Default,
+            sharing: gpushare_proto::GpuSharing::Free,
+            claims: Vec::new(),
+            brand: self.brand.clone(),
+            architecture: self.architecture.clone(),
+            cuda_compute_capability: format!(
+                "{}.{}",
+                self.compute_capability.0, self.compute_capability.1
+            ),
+            driver_version: self.driver_version.clone(),
+            cuda_driver_version: self.cuda_driver_version.clone(),
+            pci_bus_id: self.pci_bus_id.clone(),
+            numa_node: self.numa_node,
+            mig_capable: self.mig_capable,
+            mig_enabled: self.mig_enabled,
+            mig_devices: self.mig_devices.clone(),
+        }
     }
 }
 
@@ -50,6 +108,9 @@ pub enum GpuError {
     /// The GPU does not support the setting (e.g. time-slicing on Tesla P4).
     #[error("{0}")]
     Unsupported(String),
+    /// Compute processes run on the GPU, so its settings are not changed under them.
+    #[error("{0}")]
+    Busy(String),
     /// The backend failed.
     #[error("{0}")]
     Failed(String),

@@ -7,54 +7,14 @@ use std::sync::Mutex;
 
 use gpushare_proto::{ComputeMode, TimeSliceInterval};
 use nix::sys::stat::{makedev, mknod, Mode, SFlag};
-use sha2::{Digest, Sha256};
 
+use super::catalog::{self, NodeProfile};
 use super::{DeviceNode, Gpu, GpuBackend, GpuError};
 
 /// NVIDIA's character-device major number for `/dev/nvidia*`.
 pub const NVIDIA_MAJOR: u64 = 195;
 /// Minor number of `/dev/nvidiactl`.
 pub const NVIDIACTL_MINOR: u64 = 255;
-
-/// An EC2 GPU instance type as the simulator describes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NodeProfile {
-    /// Instance type, e.g. `p4d.24xlarge`.
-    pub name: &'static str,
-    /// NVML product name of each GPU.
-    pub product_name: &'static str,
-    /// Memory per GPU in MiB (as NVML reports total memory).
-    pub memory_mib: u64,
-    /// CUDA compute capability.
-    pub compute_capability: (u32, u32),
-    /// GPUs on the instance.
-    pub gpu_count: u32,
-}
-
-/// The node profiles `--simulate` knows. The full EC2 catalog comes with the NVML issue.
-pub const NODE_PROFILES: &[NodeProfile] = &[
-    NodeProfile {
-        name: "p4d.24xlarge",
-        product_name: "NVIDIA A100-SXM4-40GB",
-        memory_mib: 40960,
-        compute_capability: (8, 0),
-        gpu_count: 8,
-    },
-    NodeProfile {
-        name: "p5.48xlarge",
-        product_name: "NVIDIA H100 80GB HBM3",
-        memory_mib: 81559,
-        compute_capability: (9, 0),
-        gpu_count: 8,
-    },
-    NodeProfile {
-        name: "g5.xlarge",
-        product_name: "NVIDIA A10G",
-        memory_mib: 23028,
-        compute_capability: (8, 6),
-        gpu_count: 1,
-    },
-];
 
 #[derive(Debug, Default, Clone, Copy)]
 struct Settings {
@@ -67,19 +27,20 @@ struct Settings {
 /// and runc see real devices.
 #[derive(Debug)]
 pub struct SimulatedBackend {
-    profile: NodeProfile,
+    profile: String,
     gpus: Vec<Gpu>,
     dev_root: PathBuf,
     settings: Mutex<HashMap<String, Settings>>,
 }
 
 impl SimulatedBackend {
-    /// Builds the node for `profile_name` and `node_name`, creating the device nodes under
+    /// Builds the node for `profile_name` (a catalog name, or a profile file when it contains
+    /// `/`: see [`catalog::resolve`]) and `node_name`, creating the device nodes under
     /// `dev_root` (`nvidia<minor>` and `nvidiactl`).
     ///
     /// # Errors
-    /// An unknown profile (the message lists the known ones), or the device nodes could not be
-    /// created (mknod needs root).
+    /// An unknown or invalid profile (`InvalidInput`; the message lists the known ones), or the
+    /// device nodes could not be created (mknod needs root).
     pub fn new(profile_name: &str, node_name: &str, dev_root: &Path) -> io::Result<Self> {
         Self::build(profile_name, node_name, dev_root, true)
     }
@@ -90,28 +51,23 @@ impl SimulatedBackend {
         dev_root: &Path,
         make_nodes: bool,
     ) -> io::Result<Self> {
-        let profile = *NODE_PROFILES
-            .iter()
-            .find(|p| p.name == profile_name)
-            .ok_or_else(|| {
-                let known: Vec<_> = NODE_PROFILES.iter().map(|p| p.name).collect();
-                io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!(
-                        "unknown node profile {profile_name:?}; known: {}",
-                        known.join(", ")
-                    ),
-                )
-            })?;
-        let gpus: Vec<Gpu> = (0..profile.gpu_count)
-            .map(|minor| Gpu {
-                minor,
-                uuid: simulated_uuid(node_name, minor),
-                product_name: profile.product_name.to_string(),
-                memory_mib: profile.memory_mib,
-                compute_capability: profile.compute_capability,
-            })
-            .collect();
+        let profile = catalog::resolve(profile_name)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        Self::from_profile(&profile, node_name, dev_root, make_nodes)
+    }
+
+    /// Builds the node described by `profile`; with `make_nodes` the device nodes are created
+    /// under `dev_root`, else only their paths point there.
+    ///
+    /// # Errors
+    /// The device nodes could not be created (mknod needs root).
+    pub fn from_profile(
+        profile: &NodeProfile,
+        node_name: &str,
+        dev_root: &Path,
+        make_nodes: bool,
+    ) -> io::Result<Self> {
+        let gpus = profile.gpus(node_name);
         if make_nodes {
             crate::fsutil::create_dir(dev_root, 0o755)?;
             for gpu in &gpus {
@@ -127,7 +83,7 @@ impl SimulatedBackend {
             .map(|g| (g.uuid.clone(), Settings::default()))
             .collect();
         Ok(SimulatedBackend {
-            profile,
+            profile: profile.name.clone(),
             gpus,
             dev_root: dev_root.to_path_buf(),
             settings: Mutex::new(settings),
@@ -162,21 +118,6 @@ impl SimulatedBackend {
     }
 }
 
-/// `GPU-` plus a UUID-shaped rendering of SHA-256(node name, minor): stable across restarts
-/// and different on every node, as real UUIDs are.
-pub fn simulated_uuid(node_name: &str, minor: u32) -> String {
-    let digest = Sha256::digest(format!("gpushare-sim/{node_name}/{minor}").as_bytes());
-    let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
-}
-
 fn make_char_device(path: &Path, minor: u64) -> io::Result<()> {
     match mknod(
         path,
@@ -198,7 +139,7 @@ fn make_char_device(path: &Path, minor: u64) -> io::Result<()> {
 
 impl GpuBackend for SimulatedBackend {
     fn describe(&self) -> String {
-        format!("simulated:{}", self.profile.name)
+        format!("simulated:{}", self.profile)
     }
 
     fn gpus(&self) -> &[Gpu] {
@@ -240,16 +181,6 @@ impl GpuBackend for SimulatedBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn uuids_are_deterministic_and_per_node() {
-        let a = simulated_uuid("node-a", 0);
-        assert_eq!(a, simulated_uuid("node-a", 0));
-        assert_ne!(a, simulated_uuid("node-b", 0));
-        assert_ne!(a, simulated_uuid("node-a", 1));
-        assert_eq!(a.len(), 40);
-        assert!(a.starts_with("GPU-"));
-    }
 
     #[test]
     fn unknown_profile_lists_known_ones() {

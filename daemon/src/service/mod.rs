@@ -3,12 +3,14 @@
 //! Methods are blocking (they spawn processes and fsync files); the server runs them on
 //! tokio's blocking pool. Changing a claim's host setup (prepare, unprepare) is serialized per
 //! claim UID, so two kubelet retries of one claim can never interleave while other claims go
-//! on; GPU reservations are made atomically under the registry mutex, which readers, attach
-//! and detach take briefly and which is never held across a process spawn.
+//! on. A claim is admitted to its GPUs by each GPU's lock-free mode word (`modes`), before and
+//! outside the registry mutex; a release restores GPU settings after dropping it. The
+//! registry mutex is held briefly by changes and never across a process spawn or NVML call;
+//! readers never take it: they read the view published after every change (`view`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use gpushare_proto::{
@@ -27,9 +29,14 @@ use crate::gpu::{Gpu, GpuBackend};
 use crate::placement::{Hold, Placement, Want};
 use crate::strategy::mps::{default_shm_bytes, Liveness, MpsControl, MpsDirs, MpsLaunch};
 use crate::sys::{read_cgroup, Processes};
+use gpushare_core::Published;
 
 mod locks;
+mod modes;
+mod view;
 use locks::ClaimLocks;
+use modes::GpuModes;
+use view::{StateGuard, View};
 
 /// Where the service keeps things and whom it serves.
 #[derive(Debug, Clone)]
@@ -55,6 +62,8 @@ struct State {
     claims: BTreeMap<String, ClaimInfo>,
     placement: Placement,
     ready: bool,
+    /// Counts changes; the published view and the checkpoint on disk say which they hold.
+    generation: u64,
 }
 
 /// The claim service.
@@ -67,6 +76,13 @@ pub struct Service {
     processes: Arc<dyn Processes>,
     checkpoint: CheckpointFile,
     state: Mutex<State>,
+    /// The registry as readers see it, republished after every change of `state`.
+    view: Published<View>,
+    /// Each GPU's mode word: what admits a claim to a GPU (`state.placement` only records
+    /// who holds it).
+    modes: GpuModes,
+    /// The generation of the registry whose checkpoint is on disk; held while writing it.
+    on_disk: Mutex<u64>,
     changes: ClaimLocks,
 }
 
@@ -136,6 +152,8 @@ impl Service {
         }
         reapply_gpu_settings(backend.as_ref(), &state.placement);
         state.ready = true;
+        let modes = GpuModes::new(backend.gpus(), &state.placement);
+        let view = Published::new(View::of(&state, None));
         let ctx = ParseContext {
             node_name: cfg.node_name.clone(),
             drivers: cfg.drivers.clone(),
@@ -148,19 +166,43 @@ impl Service {
             mps,
             checkpoint,
             state: Mutex::new(state),
+            view,
+            modes,
+            on_disk: Mutex::new(0),
             changes: ClaimLocks::default(),
         })
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
+    fn state(&self) -> StateGuard<'_> {
         // A panic while holding the registry leaves plain data behind, still consistent
         // enough to read and to release claims; refusing all service would be worse.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        StateGuard {
+            guard: self.state.lock().unwrap_or_else(|p| p.into_inner()),
+            view: &self.view,
+            changed: false,
+        }
     }
 
-    fn save(&self, state: &State) -> Result<(), ServiceError> {
+    /// Unlocks the registry after a change and makes the change durable: writes the
+    /// checkpoint of the newest published view, unless a write that started after this change
+    /// already did. The write happens outside the registry lock, so other claims' changes and
+    /// all readers go on meanwhile, and changes that queue behind one write share the next
+    /// (group commit): one fsync for many changes under churn, never a stale checkpoint over
+    /// a newer one.
+    ///
+    /// # Errors
+    /// `Internal` when the checkpoint cannot be written; the change stays in memory (and in
+    /// the view) and the caller undoes it.
+    fn commit(&self, st: StateGuard<'_>) -> Result<(), ServiceError> {
+        let generation = st.unlock();
+        let mut on_disk = self.on_disk.lock().unwrap_or_else(|p| p.into_inner());
+        if *on_disk >= generation {
+            return Ok(());
+        }
+        // The newest view holds this change: it was published before the registry unlocked.
+        let view = self.view.load();
         let cp = Checkpoint {
-            claims: state.claims.clone(),
+            claims: view.claim_records(),
             ..Checkpoint::default()
         };
         self.checkpoint.save(&cp).map_err(|e| {
@@ -168,7 +210,9 @@ impl Service {
                 "writing checkpoint {}: {e}",
                 self.checkpoint.path().display()
             ))
-        })
+        })?;
+        *on_disk = view.generation;
+        Ok(())
     }
 
     fn claim_dir(&self, uid: &str) -> PathBuf {
@@ -236,15 +280,22 @@ impl Service {
             attach_limit,
             attached: vec![],
         };
+        self.admit(&spec.uid, &wants_of(&info))?;
         {
             let mut st = self.state();
-            st.placement
-                .reserve(&spec.uid, &wants_of(&info))
-                .map_err(|c| ServiceError::new(ErrorCode::Conflict, c.0))?;
+            if let Err(c) = st.placement.reserve(&spec.uid, &wants_of(&info)) {
+                drop(st);
+                tracing::error!(claim = %spec.uid, conflict = %c, "placement refused a claim its GPUs' mode words admitted");
+                self.modes.release(self.backend.as_ref(), &wants_of(&info));
+                return Err(ServiceError::new(ErrorCode::Conflict, c.0));
+            }
             st.claims.insert(spec.uid.clone(), info.clone());
-            if let Err(e) = self.save(&st) {
+            if let Err(e) = self.commit(st) {
+                let mut st = self.state();
                 st.claims.remove(&spec.uid);
-                self.release_gpus(&mut st, &info);
+                let freed = self.release_gpus(&mut st, &info);
+                drop(st);
+                self.modes.release(self.backend.as_ref(), &freed);
                 return Err(e);
             }
         }
@@ -258,8 +309,7 @@ impl Service {
                     c.state = ClaimState::Prepared;
                     c.attached = carried;
                 }
-                if let Err(e) = self.save(&st) {
-                    drop(st);
+                if let Err(e) = self.commit(st) {
                     self.teardown(&spec.uid);
                     return Err(e);
                 }
@@ -460,6 +510,7 @@ impl Service {
                                         crate::gpu::GpuError::Unsupported(_) => {
                                             ErrorCode::Unsupported
                                         }
+                                        crate::gpu::GpuError::Busy(_) => ErrorCode::Conflict,
                                         _ => ErrorCode::Internal,
                                     },
                                     format!(
@@ -477,10 +528,17 @@ impl Service {
                         self.backend
                             .set_compute_mode(&d.uuid, ComputeMode::ExclusiveProcess)
                             .map_err(|e| {
-                                ServiceError::internal(format!(
-                                    "setting compute mode EXCLUSIVE_PROCESS on {}: {e}",
-                                    d.device
-                                ))
+                                let code = match e {
+                                    crate::gpu::GpuError::Busy(_) => ErrorCode::Conflict,
+                                    _ => ErrorCode::Internal,
+                                };
+                                ServiceError::new(
+                                    code,
+                                    format!(
+                                        "setting compute mode EXCLUSIVE_PROCESS on {}: {e}",
+                                        d.device
+                                    ),
+                                )
                             })?;
                     }
                     let started = self
@@ -546,27 +604,27 @@ impl Service {
         Ok(())
     }
 
-    /// Releases a claim's GPU holds and restores what the last holder leaves: interval
-    /// Default after the last time-sliced claim, compute mode DEFAULT after the last MPS one.
-    fn release_gpus(&self, st: &mut State, info: &ClaimInfo) {
+    /// Admits a claim to its GPUs through their mode words, all or nothing, before it is
+    /// recorded; no lock is held, so prepares of other claims and GPUs go on meanwhile.
+    fn admit(&self, uid: &str, wants: &[(String, String, Want)]) -> Result<(), ServiceError> {
+        let view = self.view.load();
+        self.modes
+            .admit(uid, wants, |uuid| view.placement.hold(uuid).cloned())
+            .map_err(|c| ServiceError::new(ErrorCode::Conflict, c.0))
+    }
+
+    /// Removes a claim's GPU holds from the registry and returns them; the caller releases
+    /// them with `self.modes.release` once the registry lock is dropped, which restores what
+    /// the last holder leaves (interval Default after the last time-sliced claim, compute mode
+    /// DEFAULT after the last MPS one) without holding up other claims.
+    #[must_use = "the GPUs stay held until released through self.modes"]
+    fn release_gpus(&self, st: &mut State, info: &ClaimInfo) -> Vec<(String, String, Want)> {
         for g in &info.groups {
             for d in &g.devices {
-                let released = st.placement.release(&info.uid, &d.uuid);
-                if released.last_time_sliced {
-                    if let Err(e) = self
-                        .backend
-                        .set_time_slice(&d.uuid, gpushare_proto::TimeSliceInterval::Default)
-                    {
-                        tracing::error!(gpu = %d.device, error = %e, "restoring time-slice Default");
-                    }
-                }
-                if released.last_mps {
-                    if let Err(e) = self.backend.set_compute_mode(&d.uuid, ComputeMode::Default) {
-                        tracing::error!(gpu = %d.device, error = %e, "restoring compute mode DEFAULT");
-                    }
-                }
+                st.placement.release(&info.uid, &d.uuid);
             }
         }
+        wants_of(info)
     }
 
     /// Undoes everything a claim holds, whatever its state; used by unprepare and by a failed
@@ -609,13 +667,15 @@ impl Service {
         // Only a complete release frees the GPUs: while a daemon or mount may still be there,
         // the claim keeps its holds (state Unpreparing), so no other claim is placed on top of
         // it, and the next unprepare or prepare of this claim finishes the job.
+        let mut freed = Vec::new();
         if errors.is_empty() {
-            self.release_gpus(&mut st, &info);
+            freed = self.release_gpus(&mut st, &info);
             st.claims.remove(uid);
         }
-        if let Err(e) = self.save(&st) {
+        if let Err(e) = self.commit(st) {
             note(&mut errors, e);
         }
+        self.modes.release(self.backend.as_ref(), &freed);
         errors.into_iter().next()
     }
 
@@ -691,6 +751,21 @@ impl Service {
             ));
         }
 
+        // What reads /proc (the container's cgroup, whether the claim's MPS control daemon
+        // runs) is done before taking the registry lock, on the published view.
+        let cgroup = p.pid.and_then(read_cgroup);
+        if let Some(claim) = self.view.load().claims.get(&p.claim_uid) {
+            if let Some(pid) = self.dead_mps_daemon(claim) {
+                return Err(ServiceError::new(
+                    ErrorCode::NotReady,
+                    format!(
+                        "claim {}: its MPS control daemon (pid {pid}) is not running",
+                        p.claim_uid
+                    ),
+                ));
+            }
+        }
+
         let mut st = self.state();
         let claim = st.claims.get(&p.claim_uid).ok_or_else(|| {
             ServiceError::new(
@@ -707,15 +782,6 @@ impl Service {
                 format!("claim {} is {:?}, not ready", p.claim_uid, claim.state),
             ));
         }
-        if let Some(pid) = self.dead_mps_daemon(claim) {
-            return Err(ServiceError::new(
-                ErrorCode::NotReady,
-                format!(
-                    "claim {}: its MPS control daemon (pid {pid}) is not running",
-                    p.claim_uid
-                ),
-            ));
-        }
         if let Some(a) = claim
             .attached
             .iter()
@@ -728,7 +794,7 @@ impl Service {
             // the new process, so that the old pid's death does not free a live slot.
             let updated = Attachment {
                 pid: p.pid,
-                cgroup: p.pid.and_then(read_cgroup),
+                cgroup: cgroup.clone(),
                 bundle: p.bundle.clone(),
                 ..a.clone()
             };
@@ -741,7 +807,7 @@ impl Service {
                     *slot = updated.clone();
                 }
             }
-            self.save(&st)?;
+            self.commit(st)?;
             return Ok(updated);
         }
         // A container whose init process is gone and whose poststop hook never ran (runtime
@@ -779,15 +845,15 @@ impl Service {
             claim_uid: p.claim_uid.clone(),
             container_id: p.container_id.clone(),
             pid: p.pid,
-            cgroup: p.pid.and_then(read_cgroup),
+            cgroup,
             bundle: p.bundle.clone(),
             attached_at: now_secs(),
         };
         if let Some(c) = st.claims.get_mut(&p.claim_uid) {
             c.attached.push(attachment.clone());
         }
-        if let Err(e) = self.save(&st) {
-            if let Some(c) = st.claims.get_mut(&p.claim_uid) {
+        if let Err(e) = self.commit(st) {
+            if let Some(c) = self.state().claims.get_mut(&p.claim_uid) {
                 c.attached.retain(|a| a.container_id != p.container_id);
             }
             return Err(e);
@@ -810,7 +876,7 @@ impl Service {
         claim.attached.retain(|a| a.container_id != p.container_id);
         let detached = claim.attached.len() != before;
         if detached {
-            self.save(&st)?;
+            self.commit(st)?;
             tracing::info!(claim = %p.claim_uid, container = %p.container_id, "container detached");
         }
         Ok(DetachResult { detached })
@@ -822,34 +888,40 @@ impl Service {
     /// `InvalidRequest` for a malformed UID, `NotFound`.
     pub fn get_claim(&self, uid: &str) -> Result<ClaimInfo, ServiceError> {
         config::validate_claim_uid(uid)?;
-        self.state().claims.get(uid).cloned().ok_or_else(|| {
-            ServiceError::new(ErrorCode::NotFound, format!("no claim {uid} on this node"))
-        })
+        self.view
+            .load()
+            .claims
+            .get(uid)
+            .map(|c| ClaimInfo::clone(c))
+            .ok_or_else(|| {
+                ServiceError::new(ErrorCode::NotFound, format!("no claim {uid} on this node"))
+            })
     }
 
     /// All claims, by UID.
     pub fn list_claims(&self) -> Vec<ClaimInfo> {
-        self.state().claims.values().cloned().collect()
+        self.view
+            .load()
+            .claims
+            .values()
+            .map(|c| ClaimInfo::clone(c))
+            .collect()
     }
 
     /// All GPUs with their settings and holders.
     pub fn list_gpus(&self) -> Vec<GpuInfo> {
-        let st = self.state();
+        let st = self.view.load();
         self.backend
             .gpus()
             .iter()
             .map(|g| {
                 let hold = st.placement.hold(&g.uuid);
                 GpuInfo {
-                    name: g.device_name(),
-                    minor: g.minor,
-                    uuid: g.uuid.clone(),
-                    product_name: g.product_name.clone(),
-                    memory_mib: g.memory_mib,
                     compute_mode: self.backend.compute_mode(&g.uuid).unwrap_or_default(),
                     time_slice: self.backend.time_slice(&g.uuid).unwrap_or_default(),
                     sharing: hold.map_or(GpuSharing::Free, |h| h.sharing()),
                     claims: hold.map(|h| h.claims()).unwrap_or_default(),
+                    ..g.info()
                 }
             })
             .collect()
@@ -857,7 +929,7 @@ impl Service {
 
     /// Liveness and readiness.
     pub fn health(&self) -> HealthInfo {
-        let st = self.state();
+        let st = self.view.load();
         HealthInfo {
             ready: st.ready,
             node_name: self.cfg.node_name.clone(),

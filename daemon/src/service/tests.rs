@@ -759,3 +759,104 @@ fn a_missing_cdi_spec_is_written_again_on_retry() {
     );
     assert_eq!(std::fs::read(&path).unwrap(), written);
 }
+
+#[test]
+fn readers_answer_while_the_registry_is_locked() {
+    let f = Arc::new(fixture());
+    f.service.prepare(&claim("r1", &["gpu-3"], None)).unwrap();
+    // Hold the registry as a slow change would; every reader must still answer, from the
+    // published view, and see the claim prepared before the lock was taken.
+    let held = f.service.state.lock().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = {
+        let f = Arc::clone(&f);
+        std::thread::spawn(move || {
+            let claim = f.service.get_claim("r1").map(|c| c.state);
+            let listed = f.service.list_claims().len();
+            let gpu3 = f
+                .service
+                .list_gpus()
+                .into_iter()
+                .find(|g| g.name == "gpu-3")
+                .map(|g| (g.sharing, g.claims));
+            let ready = f.service.health().ready;
+            tx.send((claim, listed, gpu3, ready)).unwrap();
+        })
+    };
+    // A generous bound that only turns a reader stuck on the lock into a failure.
+    let seen = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("a reader waited for the registry lock");
+    drop(held);
+    reader.join().unwrap();
+    assert_eq!(
+        seen,
+        (
+            Ok(ClaimState::Prepared),
+            1,
+            Some((GpuSharing::Exclusive, vec!["r1".to_string()])),
+            true
+        )
+    );
+}
+
+#[test]
+fn concurrent_changes_all_reach_the_checkpoint() {
+    let f = Arc::new(fixture());
+    let ts = json!({"sharingMode": "time-slicing", "replicas": 8});
+    let threads: Vec<_> = (0..8)
+        .map(|i| {
+            let (f, ts) = (Arc::clone(&f), ts.clone());
+            std::thread::spawn(move || {
+                let uid = format!("cc{i}");
+                f.service
+                    .prepare(&claim(&uid, &[&format!("gpu-{i}")], Some(ts)))
+                    .unwrap();
+                for c in 0..6 {
+                    f.service
+                        .attach(&AttachParams {
+                            claim_uid: uid.clone(),
+                            container_id: format!("{uid}-c{c}"),
+                            pid: None,
+                            bundle: None,
+                        })
+                        .unwrap();
+                }
+                f.service
+                    .detach(&DetachParams {
+                        claim_uid: uid.clone(),
+                        container_id: format!("{uid}-c0"),
+                    })
+                    .unwrap();
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    // And changes alone, one after another: each its own write.
+    for c in ["cc7-c1", "cc7-c2"] {
+        f.service
+            .detach(&DetachParams {
+                claim_uid: "cc7".into(),
+                container_id: c.into(),
+            })
+            .unwrap();
+    }
+    // Changes committed together share a write; none may be missing from the last one.
+    let on_disk = CheckpointFile::new(f.cfg.checkpoint.clone())
+        .load()
+        .unwrap()
+        .checkpoint
+        .claims;
+    let in_memory: BTreeMap<String, ClaimInfo> = f
+        .service
+        .list_claims()
+        .into_iter()
+        .map(|c| (c.uid.clone(), c))
+        .collect();
+    assert_eq!(on_disk, in_memory);
+    assert_eq!(in_memory.len(), 8);
+    let attached: Vec<usize> = in_memory.values().map(|c| c.attached.len()).collect();
+    assert_eq!(attached, [5, 5, 5, 5, 5, 5, 5, 3]);
+}

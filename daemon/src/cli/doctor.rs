@@ -1,0 +1,997 @@
+//! `gpushare doctor`: what is wrong with this node's gpushare setup, one line per check with
+//! a fix hint.
+//!
+//! Checks: the config file, NVML and the driver version, the MPS control program, the
+//! containerd config (CDI enabled or the `gpushare` runtime configured), `nodeadm` and our
+//! drop-in, the CDI spec directories (valid specs, no device defined twice), the daemon's
+//! socket, the checkpoint, and the compute mode of GPUs shared with MPS. Files are read where
+//! [`DoctorPaths`] says (tests point them at temporary directories); everything that asks the
+//! driver, `PATH` or the daemon goes through [`DoctorHost`]. Nothing is changed: a corrupt
+//! checkpoint is reported, not moved aside as `gpushared` would.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use gpushare_proto::{ClaimInfo, ComputeMode, GpuInfo, GpuSharing, HealthInfo};
+use serde::Serialize;
+
+use crate::checkpoint::Checkpoint;
+use crate::daemon_config::DaemonConfig;
+
+/// The outcome of one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Fine.
+    Ok,
+    /// Worth a look, but gpushare works (e.g. not an EKS node, so no `nodeadm`).
+    Warn,
+    /// gpushare cannot work as configured; `doctor` exits non-zero.
+    Fail,
+    /// Could not be checked because an earlier check failed.
+    Skip,
+}
+
+impl Status {
+    fn label(self) -> &'static str {
+        match self {
+            Status::Ok => "OK",
+            Status::Warn => "WARN",
+            Status::Fail => "FAIL",
+            Status::Skip => "SKIP",
+        }
+    }
+}
+
+/// One check's result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Check {
+    /// Short stable name, e.g. `containerd`.
+    pub name: &'static str,
+    /// Outcome.
+    pub status: Status,
+    /// What was found.
+    pub detail: String,
+    /// How to fix it (empty when nothing needs fixing).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub hint: String,
+}
+
+/// Every check, in order; `-o json` prints this.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Report {
+    /// No check failed.
+    pub ok: bool,
+    /// The checks.
+    pub checks: Vec<Check>,
+}
+
+impl Report {
+    /// One line per check: status, name, what was found, and the hint after `->`.
+    pub fn text(&self) -> String {
+        let width = self.checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
+        let mut s = String::new();
+        for c in &self.checks {
+            s += &format!("{:<4}  {:<width$}  {}", c.status.label(), c.name, c.detail);
+            if !c.hint.is_empty() {
+                s += &format!(" -> {}", c.hint);
+            }
+            s.push('\n');
+        }
+        let failed = self
+            .checks
+            .iter()
+            .filter(|c| c.status == Status::Fail)
+            .count();
+        s += &if failed == 0 {
+            "no problem found\n".to_string()
+        } else {
+            format!("{failed} check(s) failed\n")
+        };
+        s
+    }
+}
+
+/// What the daemon reports over its socket.
+#[derive(Debug, Clone)]
+pub struct DaemonView {
+    /// `health`.
+    pub health: HealthInfo,
+    /// `list_gpus`.
+    pub gpus: Vec<GpuInfo>,
+    /// `list_claims`.
+    pub claims: Vec<ClaimInfo>,
+}
+
+/// The effects `doctor` needs beyond reading files.
+pub trait DoctorHost {
+    /// The NVIDIA driver version, from NVML's library and the kernel module; `Err` says what
+    /// is missing.
+    ///
+    /// # Errors
+    /// No driver or no NVML library.
+    fn driver_version(&self) -> Result<String, String>;
+    /// A program on `PATH`.
+    fn which(&self, name: &str) -> Option<PathBuf>;
+    /// Whether `path` is an executable file.
+    fn executable(&self, path: &Path) -> bool;
+    /// Asks the daemon at `socket` for its health, GPUs and claims.
+    ///
+    /// # Errors
+    /// Not reachable, or an error answer.
+    fn daemon(&self, socket: &Path) -> Result<DaemonView, String>;
+}
+
+/// Where `doctor` reads files; [`DoctorPaths::default`] is a real node.
+#[derive(Debug, Clone)]
+pub struct DoctorPaths {
+    /// gpushared's config file.
+    pub config: PathBuf,
+    /// Whether `config` was named by the user (then a missing file fails).
+    pub config_required: bool,
+    /// containerd's main config file.
+    pub containerd_config: PathBuf,
+    /// `nodeadm`'s drop-in directory.
+    pub nodeadm_dir: PathBuf,
+    /// The static CDI spec directory (the dynamic one is the config's `paths.cdi_dir`).
+    pub static_cdi_dir: PathBuf,
+    /// Overrides the config's socket (`--socket`).
+    pub socket: Option<PathBuf>,
+}
+
+/// Where our `nodeadm` drop-in is installed.
+pub const NODEADM_DROPIN: &str = "50-gpushare.yaml";
+
+impl Default for DoctorPaths {
+    fn default() -> Self {
+        DoctorPaths {
+            config: PathBuf::from(crate::daemon_config::DEFAULT_CONFIG_PATH),
+            config_required: false,
+            containerd_config: PathBuf::from("/etc/containerd/config.toml"),
+            nodeadm_dir: PathBuf::from("/etc/eks/nodeadm.d"),
+            static_cdi_dir: PathBuf::from("/etc/cdi"),
+            socket: None,
+        }
+    }
+}
+
+fn check(name: &'static str, status: Status, detail: String, hint: &str) -> Check {
+    Check {
+        name,
+        status,
+        detail,
+        hint: if status == Status::Ok {
+            String::new()
+        } else {
+            hint.to_string()
+        },
+    }
+}
+
+/// Runs every check. `simulate` names a node profile: the GPU checks then use the simulated
+/// GPUs (as `gpushared --simulate` does) instead of NVML.
+pub fn run(paths: &DoctorPaths, simulate: Option<&str>, host: &dyn DoctorHost) -> Report {
+    let mut checks = Vec::new();
+    let cfg = match DaemonConfig::load(&paths.config, paths.config_required) {
+        Ok(cfg) => {
+            let shown = if paths.config.exists() {
+                format!("{} is valid", paths.config.display())
+            } else {
+                format!("{} absent: defaults in use", paths.config.display())
+            };
+            checks.push(check("config", Status::Ok, shown, ""));
+            cfg
+        }
+        Err(e) => {
+            checks.push(check(
+                "config",
+                Status::Fail,
+                e.to_string(),
+                "fix the key named (gpushared --print-default-config shows every key); gpushared refuses to start with this file",
+            ));
+            DaemonConfig::default()
+        }
+    };
+    let simulate =
+        simulate.or_else(|| (!cfg.gpus.simulate.is_empty()).then_some(cfg.gpus.simulate.as_str()));
+    checks.push(check_driver(simulate, host));
+    checks.push(check_mps_control(&cfg, host));
+    checks.push(check_containerd(&paths.containerd_config));
+    checks.push(check_nodeadm(&paths.nodeadm_dir, host));
+    checks.push(check_cdi(&paths.static_cdi_dir, &cfg.paths.cdi_dir));
+    let socket = paths.socket.clone().unwrap_or(cfg.paths.socket.clone());
+    let daemon = host.daemon(&socket);
+    checks.push(match &daemon {
+        Ok(v) => check(
+            "socket",
+            if v.health.ready { Status::Ok } else { Status::Fail },
+            format!(
+                "{} answers: {}, backend {}, {} GPUs, {} claims",
+                socket.display(),
+                if v.health.ready { "ready" } else { "not ready" },
+                v.health.backend,
+                v.health.gpus,
+                v.health.claims
+            ),
+            "gpushared is up but not ready: journalctl -u gpushared",
+        ),
+        Err(e) => check(
+            "socket",
+            Status::Fail,
+            format!("{}: {e}", socket.display()),
+            "start it: systemctl enable --now gpushared; then systemctl status gpushared and journalctl -u gpushared",
+        ),
+    });
+    checks.push(check_checkpoint(
+        &cfg.paths.state_dir.join("checkpoint.json"),
+        daemon.as_ref().ok(),
+    ));
+    checks.push(check_compute_mode(simulate, daemon.as_ref().ok()));
+    Report {
+        ok: checks.iter().all(|c| c.status != Status::Fail),
+        checks,
+    }
+}
+
+fn check_driver(simulate: Option<&str>, host: &dyn DoctorHost) -> Check {
+    if let Some(profile) = simulate {
+        return match crate::gpu::catalog::resolve(profile) {
+            Ok(p) => {
+                let gpus: Vec<String> = p
+                    .gpus
+                    .iter()
+                    .map(|g| format!("{} x {}", g.count, g.product_name))
+                    .collect();
+                check(
+                    "nvml",
+                    Status::Ok,
+                    format!("simulated {}: {} (no NVML used)", p.name, gpus.join(", ")),
+                    "",
+                )
+            }
+            Err(e) => check(
+                "nvml",
+                Status::Fail,
+                format!("simulated node profile {profile:?}: {e}"),
+                "use a name from `gpushare profiles` or a profile file (docs/node-profiles.md)",
+            ),
+        };
+    }
+    match host.driver_version() {
+        Ok(v) => check("nvml", Status::Ok, format!("NVIDIA driver {v}"), ""),
+        Err(e) => check(
+            "nvml",
+            Status::Fail,
+            e,
+            "install the NVIDIA driver and its NVML library (EKS: use the AL2023 NVIDIA AMI); nvidia-smi must work",
+        ),
+    }
+}
+
+fn check_mps_control(cfg: &DaemonConfig, host: &dyn DoctorHost) -> Check {
+    let hint = "install nvidia-cuda-mps-control (it comes with the NVIDIA driver's utilities) or set [mps] control";
+    if !cfg.mps.control.as_os_str().is_empty() {
+        let p = &cfg.mps.control;
+        return if host.executable(p) {
+            check(
+                "mps-control",
+                Status::Ok,
+                format!("{} (mps.control)", p.display()),
+                "",
+            )
+        } else {
+            check(
+                "mps-control",
+                Status::Fail,
+                format!("mps.control {} is not an executable file", p.display()),
+                hint,
+            )
+        };
+    }
+    match host.which("nvidia-cuda-mps-control") {
+        Some(p) => check("mps-control", Status::Ok, p.display().to_string(), ""),
+        None => check(
+            "mps-control",
+            Status::Fail,
+            "nvidia-cuda-mps-control is not in PATH".into(),
+            hint,
+        ),
+    }
+}
+
+/// containerd's main config and the files its `imports` name (`*` globs in the file name).
+fn containerd_files(main: &Path) -> Result<Vec<(PathBuf, toml::Value)>, String> {
+    let read = |p: &Path| -> Result<toml::Value, String> {
+        let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        toml::from_str(&text).map_err(|e| format!("{}: {}", p.display(), e.message()))
+    };
+    let root = read(main)?;
+    let mut files = vec![(main.to_path_buf(), root.clone())];
+    let imports = root
+        .get("imports")
+        .and_then(toml::Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for pattern in imports.iter().filter_map(toml::Value::as_str) {
+        let pattern = main.parent().unwrap_or(Path::new("/")).join(pattern);
+        let (Some(dir), Some(name)) = (pattern.parent(), pattern.file_name()) else {
+            continue;
+        };
+        let name = name.to_string_lossy();
+        let (prefix, suffix) = name.split_once('*').unwrap_or((&name, ""));
+        let mut matched: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .map(|e| e.path())
+                    .filter(|p| {
+                        p.file_name().is_some_and(|n| {
+                            let n = n.to_string_lossy();
+                            if name.contains('*') {
+                                n.starts_with(prefix)
+                                    && n.ends_with(suffix)
+                                    && n.len() >= prefix.len() + suffix.len()
+                            } else {
+                                n == name
+                            }
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        matched.sort();
+        for p in matched {
+            let v = read(&p)?;
+            files.push((p, v));
+        }
+    }
+    Ok(files)
+}
+
+/// Every (dotted path, value) of `v`'s leaves.
+fn leaves<'a>(v: &'a toml::Value, at: String, out: &mut Vec<(String, &'a toml::Value)>) {
+    match v {
+        toml::Value::Table(t) => {
+            for (k, v) in t {
+                let next = if at.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{at}.{k}")
+                };
+                leaves(v, next, out);
+            }
+        }
+        other => out.push((at, other)),
+    }
+}
+
+fn check_containerd(main: &Path) -> Check {
+    let hint_missing = "install containerd; gpushare needs containerd 1.7+ with enable_cdi = true, or the gpushare runtime (packaging/containerd/gpushare-runtime.toml)";
+    if !main.exists() {
+        return check(
+            "containerd",
+            Status::Fail,
+            format!("{} not found", main.display()),
+            hint_missing,
+        );
+    }
+    let files = match containerd_files(main) {
+        Ok(f) => f,
+        Err(e) => {
+            return check(
+                "containerd",
+                Status::Fail,
+                e,
+                "fix the TOML error named; containerd will not start with it either",
+            )
+        }
+    };
+    let mut cdi = None;
+    let mut runtime = None;
+    for (path, v) in &files {
+        let mut all = Vec::new();
+        leaves(v, String::new(), &mut all);
+        for (key, value) in all {
+            if key.ends_with(".enable_cdi") && value.as_bool() == Some(true) {
+                cdi = Some(path.clone());
+            }
+            if key.ends_with(".BinaryName")
+                && value
+                    .as_str()
+                    .is_some_and(|b| b.ends_with("/gpushare-runtime") || b == "gpushare-runtime")
+            {
+                runtime = Some((path.clone(), key));
+            }
+        }
+    }
+    match (cdi, runtime) {
+        (Some(p), _) => check(
+            "containerd",
+            Status::Ok,
+            format!("CDI enabled (enable_cdi = true in {})", p.display()),
+            "",
+        ),
+        (None, Some((p, key))) => check(
+            "containerd",
+            Status::Ok,
+            format!("gpushare-runtime configured ({key} in {})", p.display()),
+            "",
+        ),
+        (None, None) => check(
+            "containerd",
+            Status::Fail,
+            format!(
+                "{}: neither enable_cdi = true nor a runtime with BinaryName gpushare-runtime",
+                main.display()
+            ),
+            "containerd 1.7+: set enable_cdi = true under [plugins.\"io.containerd.grpc.v1.cri\"]; any version: import packaging/containerd/gpushare-runtime.toml (on EKS, nodeadm does it from /etc/eks/nodeadm.d/50-gpushare.yaml)",
+        ),
+    }
+}
+
+fn check_nodeadm(dir: &Path, host: &dyn DoctorHost) -> Check {
+    let dropin = dir.join(NODEADM_DROPIN);
+    let Some(nodeadm) = host.which("nodeadm") else {
+        return check(
+            "nodeadm",
+            Status::Warn,
+            "nodeadm not found: not an EKS AL2023 node, so containerd's config is yours to keep"
+                .into(),
+            &format!(
+                "on EKS AL2023, install the gpushare RPM before nodeadm runs so that {} is applied",
+                dropin.display()
+            ),
+        );
+    };
+    let hint = format!(
+        "install the gpushare RPM (it ships {}), then rerun nodeadm init or reboot",
+        dropin.display()
+    );
+    let text = match std::fs::read_to_string(&dropin) {
+        Ok(t) => t,
+        Err(e) => {
+            return check(
+                "nodeadm",
+                Status::Fail,
+                format!("{} found, but {}: {e}", nodeadm.display(), dropin.display()),
+                &hint,
+            )
+        }
+    };
+    match serde_norway::from_str::<serde_json::Value>(&text) {
+        Ok(v) if v.get("kind").and_then(|k| k.as_str()) == Some("NodeConfig") => check(
+            "nodeadm",
+            Status::Ok,
+            format!("{} and drop-in {}", nodeadm.display(), dropin.display()),
+            "",
+        ),
+        Ok(_) => check(
+            "nodeadm",
+            Status::Fail,
+            format!("{} is not a NodeConfig", dropin.display()),
+            &hint,
+        ),
+        Err(e) => check(
+            "nodeadm",
+            Status::Fail,
+            format!("{}: {e}", dropin.display()),
+            &hint,
+        ),
+    }
+}
+
+fn check_cdi(static_dir: &Path, dynamic_dir: &Path) -> Check {
+    let hint = "remove or fix the files named; a broken spec can stop the container runtime from resolving any device in it";
+    let registry = gpushare_cdi::Registry::load(&[static_dir, dynamic_dir]);
+    let mut problems: Vec<String> = registry
+        .errors()
+        .values()
+        .flatten()
+        .map(ToString::to_string)
+        .collect();
+    problems.sort();
+    problems.dedup();
+    // The same device in both directories is legal CDI (the dynamic one wins), but two
+    // definitions of one of our claims means a stale spec.
+    let mut ours: BTreeMap<String, Vec<&Path>> = BTreeMap::new();
+    for s in registry.specs() {
+        if s.spec.kind == gpushare_proto::CDI_KIND {
+            for d in &s.spec.devices {
+                ours.entry(format!("{}={}", s.spec.kind, d.name))
+                    .or_default()
+                    .push(&s.path);
+            }
+        }
+    }
+    for (name, at) in &ours {
+        if at.len() > 1 {
+            let at: Vec<String> = at.iter().map(|p| p.display().to_string()).collect();
+            problems.push(format!("{name} defined in {}", at.join(" and ")));
+        }
+    }
+    let our_specs = registry
+        .specs()
+        .iter()
+        .filter(|s| s.spec.kind == gpushare_proto::CDI_KIND)
+        .count();
+    if !problems.is_empty() {
+        return check("cdi-specs", Status::Fail, problems.join("; "), hint);
+    }
+    let missing = if dynamic_dir.is_dir() {
+        String::new()
+    } else {
+        format!(
+            " ({} does not exist yet; gpushared creates it)",
+            dynamic_dir.display()
+        )
+    };
+    check(
+        "cdi-specs",
+        Status::Ok,
+        format!(
+            "{} specs valid in {} and {}, {our_specs} of them gpushare claims, no device defined twice{missing}",
+            registry.specs().len(),
+            static_dir.display(),
+            dynamic_dir.display()
+        ),
+        "",
+    )
+}
+
+fn check_checkpoint(path: &Path, daemon: Option<&DaemonView>) -> Check {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let held = daemon.map_or(0, |d| d.claims.len());
+            return if held == 0 {
+                check(
+                    "checkpoint",
+                    Status::Ok,
+                    format!("{} absent: no claim written yet", path.display()),
+                    "",
+                )
+            } else {
+                check(
+                    "checkpoint",
+                    Status::Fail,
+                    format!("{} absent but the daemon holds {held} claims", path.display()),
+                    "check that paths.state_dir is writable and on persistent storage; journalctl -u gpushared",
+                )
+            };
+        }
+        Err(e) => {
+            return check(
+                "checkpoint",
+                Status::Fail,
+                format!("{}: {e}", path.display()),
+                "gpushared must be able to read its checkpoint (run doctor as root)",
+            )
+        }
+    };
+    let cp: Checkpoint = match serde_json::from_slice(&bytes) {
+        Ok(cp) => cp,
+        Err(e) => {
+            return check(
+                "checkpoint",
+                Status::Fail,
+                format!("{} is corrupt: {e}", path.display()),
+                "gpushared moves a corrupt checkpoint aside at start and forgets its claims: restart it, then re-prepare the node's claims (drain the node)",
+            )
+        }
+    };
+    let missing: Vec<&str> = cp
+        .claims
+        .values()
+        .filter(|c| !c.cdi_spec.is_empty() && !Path::new(&c.cdi_spec).exists())
+        .map(|c| c.uid.as_str())
+        .collect();
+    if !missing.is_empty() {
+        return check(
+            "checkpoint",
+            Status::Fail,
+            format!(
+                "{}: CDI spec missing for claims {}",
+                path.display(),
+                missing.join(", ")
+            ),
+            "a prepare of the claim writes its spec again (the kubelet retries); or unprepare and re-prepare it",
+        );
+    }
+    check(
+        "checkpoint",
+        Status::Ok,
+        format!(
+            "{}: {} claims, each with its CDI spec",
+            path.display(),
+            cp.claims.len()
+        ),
+        "",
+    )
+}
+
+fn check_compute_mode(simulate: Option<&str>, daemon: Option<&DaemonView>) -> Check {
+    let Some(d) = daemon else {
+        return if simulate.is_some() {
+            check(
+                "compute-mode",
+                Status::Ok,
+                "simulated GPUs start in compute mode Default and no GPU is shared with MPS".into(),
+                "",
+            )
+        } else {
+            check(
+                "compute-mode",
+                Status::Skip,
+                "the daemon did not answer, so which GPUs run MPS is unknown".into(),
+                "fix the socket check first",
+            )
+        };
+    };
+    let mps: Vec<&GpuInfo> = d
+        .gpus
+        .iter()
+        .filter(|g| g.sharing == GpuSharing::Mps)
+        .collect();
+    let wrong: Vec<String> = mps
+        .iter()
+        .filter(|g| g.compute_mode != ComputeMode::ExclusiveProcess)
+        .map(|g| format!("{} ({}) is {:?}", g.name, g.uuid, g.compute_mode))
+        .collect();
+    if wrong.is_empty() {
+        check(
+            "compute-mode",
+            Status::Ok,
+            format!("{} GPUs shared with MPS, all EXCLUSIVE_PROCESS", mps.len()),
+            "",
+        )
+    } else {
+        check(
+            "compute-mode",
+            Status::Fail,
+            format!("MPS GPUs not in EXCLUSIVE_PROCESS: {}", wrong.join(", ")),
+            "something else changed the compute mode (nvidia-smi -c): set it back with nvidia-smi -i <uuid> -c EXCLUSIVE_PROCESS, or re-prepare the claim",
+        )
+    }
+}
+
+/// The real host: NVML's library on the loader's paths, `/proc/driver/nvidia/version`, `PATH`,
+/// and the daemon's socket.
+#[derive(Debug, Clone)]
+pub struct RealHost {
+    /// Seconds to wait for the daemon.
+    pub timeout: std::time::Duration,
+}
+
+/// Where distributions put `libnvidia-ml.so.1` (AL2023: `/usr/lib64`).
+const NVML_DIRS: [&str; 5] = [
+    "/usr/lib64",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib",
+    "/lib64",
+];
+
+impl DoctorHost for RealHost {
+    fn driver_version(&self) -> Result<String, String> {
+        let lib = NVML_DIRS
+            .iter()
+            .map(|d| Path::new(d).join("libnvidia-ml.so.1"))
+            .find(|p| p.exists());
+        let module = std::fs::read_to_string("/proc/driver/nvidia/version");
+        match (lib, module) {
+            (Some(_), Ok(text)) => {
+                // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.133.20  <date>"
+                let version = text
+                    .lines()
+                    .next()
+                    .and_then(|l| l.split("Kernel Module").nth(1))
+                    .and_then(|rest| rest.split_whitespace().next())
+                    .unwrap_or("of unknown version");
+                Ok(version.to_string())
+            }
+            (None, _) => Err(format!(
+                "NVML library libnvidia-ml.so.1 not found in {}",
+                NVML_DIRS.join(", ")
+            )),
+            (Some(_), Err(e)) => Err(format!(
+                "NVIDIA kernel module not loaded (/proc/driver/nvidia/version: {e})"
+            )),
+        }
+    }
+
+    fn which(&self, name: &str) -> Option<PathBuf> {
+        std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join(name))
+                .find(|p| self.executable(p))
+        })
+    }
+
+    fn executable(&self, path: &Path) -> bool {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    }
+
+    fn daemon(&self, socket: &Path) -> Result<DaemonView, String> {
+        use gpushare_proto::{Client, Method};
+        let mut client = Client::connect(socket, self.timeout).map_err(|e| e.to_string())?;
+        let none = None::<&()>;
+        Ok(DaemonView {
+            health: client
+                .call(Method::Health, none)
+                .map_err(|e| e.to_string())?,
+            gpus: client
+                .call(Method::ListGpus, none)
+                .map_err(|e| e.to_string())?,
+            claims: client
+                .call(Method::ListClaims, none)
+                .map_err(|e| e.to_string())?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpushare_proto::TimeSliceInterval;
+
+    #[derive(Debug, Default)]
+    struct FakeHost {
+        driver: Option<String>,
+        programs: Vec<&'static str>,
+        daemon: Option<DaemonView>,
+    }
+
+    impl DoctorHost for FakeHost {
+        fn driver_version(&self) -> Result<String, String> {
+            self.driver.clone().ok_or_else(|| "no NVML".to_string())
+        }
+        fn which(&self, name: &str) -> Option<PathBuf> {
+            self.programs
+                .contains(&name)
+                .then(|| PathBuf::from("/usr/bin").join(name))
+        }
+        fn executable(&self, path: &Path) -> bool {
+            path.file_name()
+                .is_some_and(|n| self.programs.iter().any(|p| n == *p))
+        }
+        fn daemon(&self, _socket: &Path) -> Result<DaemonView, String> {
+            self.daemon
+                .clone()
+                .ok_or_else(|| "connection refused".to_string())
+        }
+    }
+
+    struct Node {
+        dir: tempfile::TempDir,
+        paths: DoctorPaths,
+    }
+
+    /// A node in a temporary directory: config pointing state and CDI dirs inside it.
+    fn node(containerd: &str) -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        for sub in [
+            "etc-cdi",
+            "run-cdi",
+            "state",
+            "nodeadm.d",
+            "containerd/conf.d",
+        ] {
+            std::fs::create_dir_all(d.join(sub)).unwrap();
+        }
+        std::fs::write(d.join("containerd/config.toml"), containerd).unwrap();
+        std::fs::write(
+            d.join("config.toml"),
+            format!(
+                "[paths]\nstate_dir = \"{}\"\ncdi_dir = \"{}\"\n",
+                d.join("state").display(),
+                d.join("run-cdi").display()
+            ),
+        )
+        .unwrap();
+        let paths = DoctorPaths {
+            config: d.join("config.toml"),
+            config_required: true,
+            containerd_config: d.join("containerd/config.toml"),
+            nodeadm_dir: d.join("nodeadm.d"),
+            static_cdi_dir: d.join("etc-cdi"),
+            socket: Some(d.join("sock")),
+        };
+        Node { dir, paths }
+    }
+
+    fn get<'a>(r: &'a Report, name: &str) -> &'a Check {
+        r.checks.iter().find(|c| c.name == name).unwrap()
+    }
+
+    fn gpu(sharing: GpuSharing, mode: ComputeMode) -> GpuInfo {
+        // The fields the doctor reads; the rest take their wire defaults.
+        serde_json::from_value(serde_json::json!({
+            "name": "gpu-0",
+            "minor": 0,
+            "uuid": "GPU-0",
+            "product_name": "A100",
+            "memory_mib": 40960,
+            "compute_mode": mode,
+            "time_slice": TimeSliceInterval::Default,
+            "sharing": sharing,
+            "claims": [],
+        }))
+        .unwrap()
+    }
+
+    fn healthy(gpus: Vec<GpuInfo>) -> DaemonView {
+        DaemonView {
+            health: HealthInfo {
+                ready: true,
+                node_name: "n".into(),
+                gpus: gpus.len(),
+                claims: 0,
+                backend: "nvml".into(),
+                mps_control: "/usr/bin/nvidia-cuda-mps-control".into(),
+            },
+            gpus,
+            claims: vec![],
+        }
+    }
+
+    const CDI_ON: &str =
+        "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\"]\nenable_cdi = true\n";
+
+    #[test]
+    fn a_well_set_node_passes_every_check() {
+        let n = node(CDI_ON);
+        std::fs::write(
+            n.paths.nodeadm_dir.join(NODEADM_DROPIN),
+            "apiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\nspec: {}\n",
+        )
+        .unwrap();
+        let host = FakeHost {
+            driver: Some("570.133.20".into()),
+            programs: vec!["nvidia-cuda-mps-control", "nodeadm"],
+            daemon: Some(healthy(vec![gpu(
+                GpuSharing::Mps,
+                ComputeMode::ExclusiveProcess,
+            )])),
+        };
+        let r = run(&n.paths, None, &host);
+        assert!(r.ok, "{}", r.text());
+        assert!(
+            r.checks.iter().all(|c| c.status == Status::Ok),
+            "{}",
+            r.text()
+        );
+        assert!(get(&r, "nvml").detail.contains("570.133.20"));
+        assert!(r.text().ends_with("no problem found\n"));
+    }
+
+    #[test]
+    fn failures_carry_hints_and_make_the_report_fail() {
+        let n = node("version = 2\n");
+        let host = FakeHost {
+            programs: vec!["nodeadm"],
+            daemon: Some(healthy(vec![gpu(GpuSharing::Mps, ComputeMode::Default)])),
+            ..FakeHost::default()
+        };
+        let r = run(&n.paths, None, &host);
+        assert!(!r.ok);
+        for name in [
+            "nvml",
+            "mps-control",
+            "containerd",
+            "nodeadm",
+            "compute-mode",
+        ] {
+            let c = get(&r, name);
+            assert_eq!(c.status, Status::Fail, "{name}: {}", r.text());
+            assert!(!c.hint.is_empty(), "{name} has no hint");
+        }
+        assert!(get(&r, "compute-mode")
+            .detail
+            .contains("gpu-0 (GPU-0) is Default"));
+        assert!(get(&r, "nodeadm").detail.contains(NODEADM_DROPIN));
+        for line in r.text().lines().filter(|l| l.starts_with("FAIL")) {
+            assert!(line.contains(" -> "), "{line}");
+        }
+    }
+
+    #[test]
+    fn containerd_runtime_in_an_imported_file_counts() {
+        let n = node("version = 2\nimports = [\"conf.d/*.toml\"]\n");
+        std::fs::write(
+            n.dir.path().join("containerd/conf.d/gpushare-runtime.toml"),
+            "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpushare.options]\nBinaryName = \"/usr/bin/gpushare-runtime\"\n",
+        )
+        .unwrap();
+        let c = check_containerd(&n.paths.containerd_config);
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(c.detail.contains("gpushare-runtime configured"), "{c:?}");
+        // The shipped drop-in itself is recognised.
+        let shipped = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../packaging/containerd/gpushare-runtime.toml"
+        );
+        std::fs::copy(
+            shipped,
+            n.dir.path().join("containerd/conf.d/gpushare-runtime.toml"),
+        )
+        .unwrap();
+        assert_eq!(
+            check_containerd(&n.paths.containerd_config).status,
+            Status::Ok
+        );
+        // A TOML error is named.
+        std::fs::write(&n.paths.containerd_config, "version = = 2\n").unwrap();
+        let c = check_containerd(&n.paths.containerd_config);
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.detail.contains("config.toml"), "{c:?}");
+    }
+
+    #[test]
+    fn the_shipped_nodeadm_dropin_passes() {
+        let n = node(CDI_ON);
+        std::fs::copy(
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../packaging/nodeadm/gpushare-nodeconfig.yaml"
+            ),
+            n.paths.nodeadm_dir.join(NODEADM_DROPIN),
+        )
+        .unwrap();
+        let host = FakeHost {
+            programs: vec!["nodeadm"],
+            ..FakeHost::default()
+        };
+        assert_eq!(
+            check_nodeadm(&n.paths.nodeadm_dir, &host).status,
+            Status::Ok
+        );
+        let none = FakeHost::default();
+        assert_eq!(
+            check_nodeadm(&n.paths.nodeadm_dir, &none).status,
+            Status::Warn
+        );
+    }
+
+    #[test]
+    fn corrupt_checkpoint_and_broken_specs_are_reported_and_left_alone() {
+        let n = node(CDI_ON);
+        let cp = n.dir.path().join("state/checkpoint.json");
+        std::fs::write(&cp, "{not json").unwrap();
+        std::fs::write(
+            n.paths.static_cdi_dir.join("broken.json"),
+            "{\"cdiVersion\": 1}",
+        )
+        .unwrap();
+        let r = run(&n.paths, Some("g5.xlarge"), &FakeHost::default());
+        let c = get(&r, "checkpoint");
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.detail.contains("corrupt"), "{c:?}");
+        assert_eq!(
+            std::fs::read_to_string(&cp).unwrap(),
+            "{not json",
+            "doctor changes nothing"
+        );
+        let c = get(&r, "cdi-specs");
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.detail.contains("broken.json"), "{c:?}");
+        // Simulated GPU checks pass even so; without a daemon, compute mode has nothing to check.
+        assert_eq!(get(&r, "nvml").status, Status::Ok);
+        assert_eq!(get(&r, "compute-mode").status, Status::Ok);
+        let r = run(&n.paths, Some("p9.mystery"), &FakeHost::default());
+        assert_eq!(get(&r, "nvml").status, Status::Fail);
+    }
+
+    #[test]
+    fn a_bad_config_file_fails_with_the_key_named() {
+        let n = node(CDI_ON);
+        std::fs::write(&n.paths.config, "[mps]\ntimeout_secnds = 3\n").unwrap();
+        let r = run(&n.paths, Some("g5.xlarge"), &FakeHost::default());
+        let c = get(&r, "config");
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.detail.contains("timeout_secnds"), "{c:?}");
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["ok"], false);
+        assert_eq!(json["checks"][0]["status"], "fail");
+    }
+}
