@@ -229,6 +229,7 @@ impl Ctx {
         // Daemon side: the same requests on one open connection, against `health`.
         let mut c = d.client()?;
         let (mut rt_attach, mut rt_detach, mut rt_health) = (vec![], vec![], vec![]);
+        let (mut conn_attach, mut conn_health) = (vec![], vec![]);
         for i in 0..n {
             let id = format!("bench-rt-{i}");
             let t = Instant::now();
@@ -257,6 +258,30 @@ impl Ctx {
             if !r.detached {
                 bail!("detach found nothing attached");
             }
+            // As the hook does it: a new connection for one request (accept and any peer
+            // checks included), against `health` on a new connection.
+            let t = Instant::now();
+            let _: Value = d.client()?.call::<(), _>(Method::Health, None)?;
+            conn_health.push(t.elapsed());
+            let id = format!("bench-conn-{i}");
+            let t = Instant::now();
+            let _: Value = d.client()?.call(
+                Method::Attach,
+                Some(&AttachParams {
+                    claim_uid: uid.into(),
+                    container_id: id.clone(),
+                    pid: Some(pid as i32),
+                    bundle: None,
+                }),
+            )?;
+            conn_attach.push(t.elapsed());
+            let _: DetachResult = c.call(
+                Method::Detach,
+                Some(&DetachParams {
+                    claim_uid: uid.into(),
+                    container_id: id,
+                }),
+            )?;
         }
         sleeper.kill();
 
@@ -282,13 +307,20 @@ impl Ctx {
                  the daemon round trip included (attach to a prepared MPS claim, the container pid a \
                  live `sleep`); the baseline is `/bin/true` spawned the same way with the same stdin, \
                  alternating with it. Daemon-side handling is the request's round trip on an open \
-                 connection, against `health` on the same connection. {n} samples each."
+                 connection, against `health` on the same connection, and on a new connection per request \
+                 as the hook makes it. {n} samples each."
             ),
             rows: vec![
                 row_p("attach (process)", &a, "`/bin/true`", &ta),
                 row_p("detach (process)", &de, "`/bin/true`", &td),
                 row_p("attach (daemon round trip)", &ra, "`health` round trip", &rh),
                 row_p("detach (daemon round trip)", &rd, "`health` round trip", &rh),
+                row_p(
+                    "attach (new connection + round trip)",
+                    &sum(&conn_attach)?,
+                    "`health` on a new connection",
+                    &sum(&conn_health)?,
+                ),
             ]
             .into_iter()
             .flatten()
