@@ -30,3 +30,4 @@ echo "== fuzz"
 # One closing line for the whole run (the last runner line is the doc tests' alone).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) s += $i } }
      END { printf "%d passed, %d failed, %d skipped\n", p, f, s }' "$log"
+./bench/run.sh --smoke  # the benchmarks on the debug build, cut down: checks that they work, not their speed

@@ -1,0 +1,65 @@
+//! `gpushare-bench`: measures gpushare against its baselines in one run and writes
+//! BENCHMARKS.md. Run it through `bench/run.sh`, which builds the binaries first.
+//!
+//! Every figure is taken beside its baseline in the same run (interleaved sample by sample
+//! where the two can alternate), because absolute times on a shared machine are noise and
+//! ratios are not. The daemon is driven only through its public interfaces: the `gpushared`
+//! binary with `--simulate`, the socket protocol, `gpushare-cdi-hook`, `gpushare-runtime`,
+//! runc and podman.
+
+mod daemon;
+mod measure;
+mod report;
+mod stats;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+/// Measure gpushare against its baselines and write BENCHMARKS.md.
+#[derive(Debug, Parser)]
+#[command(name = "gpushare-bench")]
+pub struct Cli {
+    /// Directory of the binaries under test (gpushared, gpushare-cdi-hook, gpushare-runtime,
+    /// gpushare-mps-control).
+    #[arg(long, value_name = "DIR")]
+    pub bin_dir: PathBuf,
+    /// Where to write the report.
+    #[arg(long, value_name = "FILE", default_value = "BENCHMARKS.md")]
+    pub out: PathBuf,
+    /// Cut every size down (a minute or two): checks that each measurement works, not speed.
+    #[arg(long)]
+    pub smoke: bool,
+    /// The command line to print as "reproduce" in the report.
+    #[arg(long, value_name = "CMD", default_value = "bench/run.sh")]
+    pub command: String,
+    /// Markdown file appended to the report as its notes.
+    #[arg(long, value_name = "FILE")]
+    pub notes: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match measure::run(&cli) {
+        Ok(report) => {
+            for t in &report.targets {
+                println!(
+                    "{} {}: {} {} (limit {} {})",
+                    if t.pass() { "PASS" } else { "FAIL" },
+                    t.name,
+                    report::num(t.measured),
+                    t.unit,
+                    report::num(t.limit),
+                    t.unit
+                );
+            }
+            println!("wrote {}", cli.out.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("gpushare-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
