@@ -200,3 +200,56 @@ fn the_printed_default_config_is_the_shipped_file_and_loads() {
     let parsed: toml::Value = toml::from_str(&printed).unwrap();
     assert!(parsed.get("paths").is_some());
 }
+
+#[test]
+fn a_second_daemon_on_the_same_run_directory_is_refused_and_takes_nothing() {
+    let Some(cases) = setup() else {
+        return;
+    };
+    let d = Daemon::emulated();
+    let uid = unique_uid("shared-run");
+    let claim = with_uid(&load_claim(&cases.join("claims/seed-mps.yaml")), &uid);
+    d.prepare(&claim)
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    let before = d.claim(&uid).unwrap();
+    let other = tempfile::Builder::new()
+        .prefix("gsr-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let out = Command::new(bin("gpushared"))
+        .args([
+            "--simulate",
+            "p4d.24xlarge",
+            "--node-name",
+            NODE,
+            "--no-metrics",
+        ])
+        .arg("--config")
+        .arg(d.dir.path().join("config.toml"))
+        .arg("--socket")
+        .arg(other.path().join("s.sock"))
+        .arg("--state-dir")
+        .arg(other.path().join("state"))
+        .arg("--run-dir")
+        .arg(&d.run_dir)
+        .arg("--cdi-dir")
+        .arg(other.path().join("cdi"))
+        .arg("--mps-control")
+        .arg(bin("gpushare-mps-control"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("another gpushared already runs on run directory"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    // The first daemon's claim is untouched: same MPS control daemon, still prepared.
+    let after = d.claim(&uid).unwrap();
+    assert_eq!(after.state, gpushare_proto::ClaimState::Prepared);
+    assert_eq!(after.groups, before.groups);
+    assert!(d.run_dir.join("claims").join(&uid).is_dir());
+    d.unprepare(&uid);
+    d.assert_nothing_left(&uid, &[]);
+}

@@ -238,6 +238,33 @@ fn by_default_only_root_can_even_connect() {
         &request("version", Value::Null),
     );
     assert_eq!(line, "CONNECT PermissionError");
+    // The CLI run by that user: changing commands say they need root (not "permission
+    // denied"), and reading ones say who may use the socket.
+    for args in [
+        vec!["prepare", "-f", "/dev/null"],
+        vec!["unprepare", "some-claim"],
+    ] {
+        let out = as_user(&bin("gpushare"), READER_UID, READ_GID)
+            .arg("--socket")
+            .arg(&d.socket)
+            .args(&args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(stderr.contains("must run as root"), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    }
+    let out = as_user(&bin("gpushare"), READER_UID, READ_GID)
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("status")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("may not use the socket"), "{stderr}");
+    assert!(!stderr.contains("is gpushared running"), "{stderr}");
 }
 
 fn fd_count(pid: u32) -> usize {

@@ -231,9 +231,27 @@ fn run(args: Args) -> Result<()> {
         .socket
         .clone()
         .unwrap_or_else(|| PathBuf::from(gpushare_proto::DEFAULT_SOCKET));
-    let mut client = Client::connect(&socket, Duration::from_secs(args.timeout)).map_err(|e| {
-        anyhow::anyhow!("{e} (is gpushared running? --socket names another socket)")
-    })?;
+    // Changing commands say so before anything else: a non-root user usually cannot even
+    // connect (the socket is 0660 root:root), and "permission denied" would hide why.
+    match &args.command {
+        Command::Prepare { .. } => require_root("prepare")?,
+        Command::Unprepare { .. } => require_root("unprepare")?,
+        Command::Mig {
+            command: MigCommand::Apply { .. },
+        } => require_root("mig apply")?,
+        _ => {}
+    }
+    let mut client =
+        Client::connect(&socket, Duration::from_secs(args.timeout)).map_err(|e| match &e {
+            gpushare_proto::ClientError::Connect { error, .. }
+                if error.kind() == std::io::ErrorKind::PermissionDenied =>
+            {
+                anyhow::anyhow!(
+                    "{e} (this user may not use the socket: root may, and members of the group set by [socket] group in gpushared's config may read)"
+                )
+            }
+            _ => anyhow::anyhow!("{e} (is gpushared running? --socket names another socket)"),
+        })?;
     let none = None::<&()>;
     match &args.command {
         Command::Status => {

@@ -183,10 +183,11 @@ fn default_mps_control() -> Result<PathBuf> {
     )
 }
 
-/// Holds `<state-dir>/gpushared.lock` (the directory exists: see [`real_dir`]) for the
-/// daemon's life; a second daemon on the same state directory is refused at once.
-fn lock_instance(state_dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
-    let path = state_dir.join("gpushared.lock");
+/// Holds `<dir>/gpushared.lock` (the directory exists: see [`real_dir`]) for the daemon's
+/// life; a second daemon on the same `what` directory (`"state"` or `"run"`) is refused at
+/// once.
+fn lock_instance(dir: &Path, what: &str) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    let path = dir.join("gpushared.lock");
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -209,8 +210,8 @@ fn lock_instance(state_dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
             }
             Err((_, e)) => {
                 bail!(
-                    "another gpushared already runs on state directory {} ({}: {e})",
-                    state_dir.display(),
+                    "another gpushared already runs on {what} directory {} ({}: {e})",
+                    dir.display(),
                     path.display()
                 )
             }
@@ -512,8 +513,10 @@ async fn run(
     };
     let run_dir = real_dir("run directory", &settings.paths.run_dir, 0o755)?;
     let state_dir = real_dir("state directory", &settings.paths.state_dir, 0o700)?;
-    // Two daemons on one state directory would each believe they own every claim.
-    let _instance = lock_instance(&state_dir)?;
+    // Two daemons on one state directory would each believe they own every claim; two on one
+    // run directory would each remove the other's claim directories as orphans at start.
+    let _instance = lock_instance(&state_dir, "state")?;
+    let _run = lock_instance(&run_dir, "run")?;
     let backend = gpu_backend(&settings.gpus, &node_name, &run_dir)?;
 
     let mps_program = if settings.mps.control.as_os_str().is_empty() {
