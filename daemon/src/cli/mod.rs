@@ -355,7 +355,26 @@ pub fn claim_detail(c: &ClaimInfo) -> String {
             .map(|d| format!("{} ({})", d.device, d.uuid))
             .collect();
         let _ = writeln!(s, "Group [{}]: {}", g.requests.join(","), devs.join(", "));
+        for m in &g.mig {
+            let _ = writeln!(
+                s,
+                "  MIG slice: {} on gpu-{} ({}), profile {} (GI profile {}) at placement {}, GPU instance {}{}, {}",
+                m.device,
+                m.gpu_minor,
+                m.gpu_uuid,
+                m.profile,
+                m.gi_profile_id,
+                m.placement_start,
+                m.gi_id,
+                m.ci_id
+                    .map_or(String::new(), |ci| format!(", compute instance {ci}")),
+                if m.uuid.is_empty() { "no MIG UUID yet" } else { m.uuid.as_str() }
+            );
+        }
         match &g.sharing {
+            StrategyInfo::Exclusive if !g.mig.is_empty() => {
+                let _ = writeln!(s, "  strategy:  MIG slice(s) used alone (created at prepare, destroyed at unprepare)");
+            }
             StrategyInfo::Exclusive => {
                 let _ = writeln!(s, "  strategy:  Exclusive (nothing changed on the GPU)");
             }
