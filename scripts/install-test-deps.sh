@@ -29,7 +29,7 @@ fi
 # cargo-fuzz (a cargo subcommand, built from crates.io) for the fuzz smoke runs of
 # scripts/fuzz.sh.
 if ! cargo fuzz --version >/dev/null 2>&1; then
-  cargo install --locked cargo-fuzz
+  cargo install --locked --quiet cargo-fuzz --version 0.13.2
 fi
 [ ${#need[@]} -eq 0 ] && exit 0
 
