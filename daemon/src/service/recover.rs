@@ -140,12 +140,18 @@ impl Service {
     }
 
     /// Writes `<run-dir>/claims/<uid>/claim.json`, the copy a corrupt checkpoint is rebuilt
-    /// from. A failure is logged only: the checkpoint stays the record.
+    /// from, unless it already holds exactly this record: a restart re-checks every claim,
+    /// and a durable rewrite per claim made restart-to-ready grow by ~0.6 ms per claim
+    /// (BENCHMARKS.md, "Recovery"). A failure is logged only: the checkpoint stays the record.
     pub(super) fn write_host_record(&self, info: &ClaimInfo) {
         let dir = self.claim_dir(&info.uid);
         let result = fsutil::create_dir_if_missing(&dir, 0o755).and_then(|()| {
             let bytes = serde_json::to_vec(info).map_err(std::io::Error::other)?;
-            fsutil::write_atomic(&dir.join(HOST_RECORD), &bytes, 0o600)
+            let path = dir.join(HOST_RECORD);
+            if fs::read(&path).is_ok_and(|on_disk| on_disk == bytes) {
+                return Ok(());
+            }
+            fsutil::write_atomic(&path, &bytes, 0o600)
         });
         if let Err(e) = result {
             tracing::warn!(claim = %info.uid, error = %e, "writing the claim's host record");

@@ -610,3 +610,29 @@ fn after_a_restart_the_mode_words_hold_readopted_claims_and_rollbacks_free_their
     assert_eq!(gpu1.map(|g| g.compute_mode), Some(ComputeMode::Default));
     again.prepare(&claim("third", &["gpu-1"], None)).unwrap();
 }
+
+#[test]
+fn a_restart_rewrites_only_host_records_that_changed() {
+    use std::os::unix::fs::MetadataExt;
+    let f = fixture();
+    f.service
+        .prepare(&claim("same", &["gpu-0"], Some(mps(30))))
+        .unwrap();
+    f.service
+        .prepare(&claim("dies", &["gpu-1"], Some(mps(60))))
+        .unwrap();
+    let record = |uid: &str| f.cfg.run_dir.join("claims").join(uid).join("claim.json");
+    // A durable rewrite replaces the file (a new inode); an unchanged record is left alone.
+    let inode = |uid: &str| std::fs::metadata(record(uid)).unwrap().ino();
+    let (same, dies) = (inode("same"), inode("dies"));
+    kill_daemon(
+        &f,
+        mps_of(&f.service.get_claim("dies").unwrap()).control_daemon_pid,
+    );
+    let again = restart(&f, fresh_backend());
+    assert_eq!(inode("same"), same, "unchanged record not rewritten");
+    assert_ne!(inode("dies"), dies, "the restarted claim's record is new");
+    let on_disk: ClaimInfo =
+        serde_json::from_slice(&std::fs::read(record("dies")).unwrap()).unwrap();
+    assert_eq!(on_disk, again.get_claim("dies").unwrap());
+}
