@@ -397,7 +397,6 @@ mod tests {
     /// on a GPU whose nvidia-smi answers "Not Supported" gets `Unsupported` for that claim only.
     #[test]
     fn the_service_maps_busy_to_conflict_and_not_supported_to_unsupported() {
-        use crate::cdi::HookConfig;
         use crate::service::{Service, ServiceConfig};
         use crate::strategy::mps::MpsControl;
         use crate::sys::fake::FakeHost;
@@ -433,19 +432,7 @@ mod tests {
         let busy = backend.gpus()[2].uuid.clone();
         nvml.pids.lock().unwrap().insert(busy.clone(), vec![31337]);
         let host = FakeHost::default();
-        let cfg = ServiceConfig {
-            node_name: "n".into(),
-            drivers: vec!["gpu.nvidia.com".into()],
-            run_dir: dir.path().join("run"),
-            cdi_dir: dir.path().join("cdi"),
-            checkpoint: dir.path().join("state/checkpoint.json"),
-            hook: HookConfig {
-                path: "/usr/bin/gpushare-cdi-hook".into(),
-                socket: "/run/gpushare/gpushared.sock".into(),
-                timeout_secs: 10,
-            },
-            shm_bytes: Some(1 << 20),
-        };
+        let cfg = ServiceConfig::for_tests(dir.path(), "n");
         let mps = MpsControl::new(
             "/usr/bin/nvidia-cuda-mps-control".into(),
             host.ops(),

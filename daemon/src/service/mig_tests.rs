@@ -25,19 +25,7 @@ struct Fixture {
 /// as an operator does on Ampere).
 fn fixture(profile: &str, mig_on: &[u32]) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = ServiceConfig {
-        node_name: NODE.into(),
-        drivers: vec!["gpu.nvidia.com".into()],
-        run_dir: dir.path().join("run"),
-        cdi_dir: dir.path().join("cdi"),
-        checkpoint: dir.path().join("state/checkpoint.json"),
-        hook: HookConfig {
-            path: "/usr/bin/gpushare-cdi-hook".into(),
-            socket: "/run/gpushare/gpushared.sock".into(),
-            timeout_secs: 10,
-        },
-        shm_bytes: Some(1 << 20),
-    };
+    let cfg = ServiceConfig::for_tests(dir.path(), NODE);
     let backend = Arc::new(
         SimulatedBackend::without_device_nodes(profile, NODE, &dir.path().join("dev")).unwrap(),
     );
@@ -697,19 +685,7 @@ fn first_start_adopts_the_nodes_static_layout_and_later_starts_keep_it() {
     );
     let uuid = backend.find("gpu-0").unwrap().uuid.clone();
     assert_eq!(backend.mig_instances(&uuid).unwrap().len(), 3);
-    let cfg = ServiceConfig {
-        node_name: NODE.into(),
-        drivers: vec!["gpu.nvidia.com".into()],
-        run_dir: dir.path().join("run"),
-        cdi_dir: dir.path().join("cdi"),
-        checkpoint: dir.path().join("state/checkpoint.json"),
-        hook: HookConfig {
-            path: "/usr/bin/gpushare-cdi-hook".into(),
-            socket: "/run/gpushare/gpushared.sock".into(),
-            timeout_secs: 10,
-        },
-        shm_bytes: Some(1 << 20),
-    };
+    let cfg = ServiceConfig::for_tests(dir.path(), NODE);
     let host = FakeHost::default();
     let first = start(&cfg, &host, &backend);
     assert_eq!(backend.mig_instances(&uuid).unwrap().len(), 3, "adopted");

@@ -1316,6 +1316,27 @@ fn node_edit(node: &crate::gpu::DeviceNode) -> ContainerEdits {
     }
 }
 
+/// The configuration every service unit test uses: everything under `root`, a hook that is
+/// never run, a 1 MiB shm size.
+#[cfg(test)]
+impl ServiceConfig {
+    pub(crate) fn for_tests(root: &Path, node_name: &str) -> ServiceConfig {
+        ServiceConfig {
+            node_name: node_name.into(),
+            drivers: vec!["gpu.nvidia.com".into()],
+            run_dir: root.join("run"),
+            cdi_dir: root.join("cdi"),
+            checkpoint: root.join("state/checkpoint.json"),
+            hook: HookConfig {
+                path: "/usr/bin/gpushare-cdi-hook".into(),
+                socket: "/run/gpushare/gpushared.sock".into(),
+                timeout_secs: 10,
+            },
+            shm_bytes: Some(1 << 20),
+        }
+    }
+}
+
 #[cfg(test)]
 mod mig_tests;
 #[cfg(test)]

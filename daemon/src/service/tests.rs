@@ -21,19 +21,7 @@ struct Fixture {
 fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let host = FakeHost::default();
-    let cfg = ServiceConfig {
-        node_name: NODE.into(),
-        drivers: vec!["gpu.nvidia.com".into()],
-        run_dir: dir.path().join("run"),
-        cdi_dir: dir.path().join("cdi"),
-        checkpoint: dir.path().join("state/checkpoint.json"),
-        hook: HookConfig {
-            path: "/usr/bin/gpushare-cdi-hook".into(),
-            socket: "/run/gpushare/gpushared.sock".into(),
-            timeout_secs: 10,
-        },
-        shm_bytes: Some(1 << 20),
-    };
+    let cfg = ServiceConfig::for_tests(dir.path(), NODE);
     let backend = Arc::new(
         SimulatedBackend::without_device_nodes("p4d.24xlarge", NODE, &dir.path().join("dev"))
             .unwrap(),
