@@ -9,10 +9,14 @@
 //! | [`daemon_config`] | `gpushared`'s own config file (`/etc/gpushare/config.toml`) | pure |
 //! | [`placement`] | which claims hold which GPU, and the conflict rules | pure |
 //! | [`cdi`] | CDI spec building (and the atomic writer) | pure + file |
-//! | [`gpu`] | GPU backends behind one trait (simulated node profiles) | leaf |
+//! | [`mig`] | MIG profiles, placements, DRA device names, mig-parted layouts | pure |
+//! | [`gpu`] | GPU backends behind one trait: NVML, simulated node profiles, `nvidia-smi` | leaf |
 //! | [`sys`] | process spawning and mounting behind narrow traits | leaf |
-//! | [`strategy`] | sharing strategies: MPS control daemons, time-slicing | effects |
-//! | [`checkpoint`] | claims on disk, written atomically | file |
+//! | [`strategy`] | sharing strategies: MPS control daemons, MIG slices | effects |
+//! | [`supervise`] | watching MPS control daemons (pidfd) so dead ones are restarted | effects |
+//! | [`crash`] | named crash points for the fault-injection suite (debug builds only) | test support |
+//! | [`privileges`] | the capabilities `gpushared` keeps, and dropping the rest | leaf |
+//! | [`checkpoint`] | claims, tombstones and boot ID on disk, written atomically | file |
 //! | [`service`] | the claim service: prepare, unprepare, attach, detach | orchestration |
 //! | [`metrics`] | Prometheus metrics: recorded per request, gathered from the service at scrape | async I/O |
 //! | [`notify`] | systemd readiness, watchdog and reload notifications | leaf |
