@@ -4,7 +4,7 @@
 # busybox-static (container rootfs), NVIDIA's MPS control program (Debian package
 # nvidia-cuda-mps, in the non-free component), the packaging checks' tools (rpm, binutils,
 # systemd, python3-prometheus-client, cargo-generate-rpm) and cargo-fuzz (from crates.io).
-# Idempotent; installs only what is missing. Needs root and Debian bookworm's package registry.
+# Idempotent; installs only what is missing. Needs root and a configured Debian source (its non-free component is added beside it).
 set -euo pipefail
 
 need=()
@@ -38,22 +38,43 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
-src=/etc/apt/sources.list.d/gpushare-non-free.sources
-if [ ! -f "$src" ]; then
-  cat >"$src" <<'SRC'
-# Added by gpushare's test setup: NVIDIA's MPS control program (nvidia-cuda-mps) is in non-free.
-Types: deb
-URIs: http://deb.debian.org/debian
-Suites: bookworm bookworm-updates
-Components: non-free
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-
-Types: deb
-URIs: http://deb.debian.org/debian-security
-Suites: bookworm-security
-Components: non-free
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
+# NVIDIA's MPS control program is in Debian's non-free component. Its sources entries are derived
+# from the machine's own configured Debian sources (the same URIs, suites and keyring with the
+# component non-free), so no package registry's address is written by this project.
+deb822=/etc/apt/sources.list.d/gpushare-non-free.sources
+oneline=/etc/apt/sources.list.d/gpushare-non-free.list
+if [[ " ${need[*]} " == *" nvidia-cuda-mps "* ]] && [ ! -f "$deb822" ] && [ ! -f "$oneline" ]; then
+  stanzas=""
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -f "$f" ] || continue
+    # Every enabled deb822 stanza whose Components include main, with Components: non-free.
+    stanzas+=$(awk 'BEGIN { RS = ""; FS = "\n" }
+      /(^|\n)Components:([^\n]*[ \t])?main([ \t\n]|$)/ && !/(^|\n)Enabled: *[Nn]o/ {
+        for (i = 1; i <= NF; i++) {
+          if ($i ~ /^#/) continue
+          if ($i ~ /^Components:/) $i = "Components: non-free"
+          print $i
+        }
+        print ""
+      }' "$f")$'\n'
+  done
+  lines=""
+  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    [ -f "$f" ] || continue
+    # One-line entries "deb [options] URI suite main ...", rewritten as "... URI suite non-free".
+    lines+=$(awk '$1 == "deb" && / main( |$)/ {
+        line = $1; i = 2
+        if ($2 ~ /^\[/) { while ($i !~ /\]$/) { line = line " " $i; i++ } line = line " " $i; i++ }
+        print line " " $i " " $(i + 1) " non-free"
+      }' "$f")$'\n'
+  done
+  if ! grep -q '[^[:space:]]' <<<"$stanzas$lines"; then
+    echo "install-test-deps: no Debian source with the 'main' component is configured in /etc/apt; configure one and run again (nvidia-cuda-mps is in its non-free component)" >&2
+    exit 1
+  fi
+  header="# Added by gpushare's test setup: nvidia-cuda-mps is in non-free (derived from this machine's own sources)."
+  if grep -q '[^[:space:]]' <<<"$stanzas"; then printf '%s\n%s' "$header" "$stanzas" >"$deb822"; fi
+  if grep -q '[^[:space:]]' <<<"$lines"; then printf '%s\n%s' "$header" "$lines" >"$oneline"; fi
 fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
