@@ -15,7 +15,7 @@ use gpushare_proto::{
     AttachParams, Attachment, ClaimDevice, ClaimInfo, ClaimState, ComputeMode, DetachParams,
     DetachResult, ErrorBody, ErrorCode, GpuInfo, GpuSharing, GroupInfo, HealthInfo, Method,
     MigApplyParams, MigApplyResult, MigDeviceInfo, MigGpuPlan, MigInstanceInfo, MpsInfo,
-    PrepareParams, PrepareResult, Request, RequestDevices, Response, StrategyInfo,
+    PrepareParams, PrepareResult, PreparedDevice, Request, RequestDevices, Response, StrategyInfo,
     TimeSliceInterval, UidParams, UnprepareResult, VersionInfo, PROTOCOL_VERSION,
 };
 use serde::de::DeserializeOwned;
@@ -363,6 +363,18 @@ fn request_devices() -> RequestDevices {
         request: "gpus".into(),
         cdi_device_ids: vec![format!("gpushare.io/claim={UID}")],
         devices: vec!["gpu-4".into(), "gpu-5".into()],
+        per_device: vec![
+            PreparedDevice {
+                device: "gpu-4".into(),
+                pool: "node-a".into(),
+                cdi_device_ids: vec![],
+            },
+            PreparedDevice {
+                device: "gpu-5".into(),
+                pool: "node-a".into(),
+                cdi_device_ids: vec![format!("gpushare.io/claim={UID}")],
+            },
+        ],
     }
 }
 
@@ -694,6 +706,7 @@ fn samples() -> Vec<(&'static str, Value)> {
         ),
         ("DetachParams", params_for(Method::Detach).expect("params")),
         ("RequestDevices", to_json(&request_devices())),
+        ("PreparedDevice", to_json(&request_devices().per_device[1])),
         (
             "PrepareResult",
             to_json(&PrepareResult {
@@ -821,6 +834,7 @@ fn schema_has_a_def_for_every_wire_type() {
         "DetachParams",
         "PrepareResult",
         "RequestDevices",
+        "PreparedDevice",
         "UnprepareResult",
         "ClaimInfo",
         "ClaimState",

@@ -210,12 +210,34 @@ pub struct UidParams {
 /// CDI devices prepared for one request of a claim.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RequestDevices {
-    /// The request's name in the claim.
+    /// The request's name in the claim (`parent/sub` for a subrequest of a prioritized list).
     pub request: String,
-    /// Fully-qualified CDI device names, e.g. `gpushare.io/claim=<uid>`.
+    /// Every fully-qualified CDI device ID the request's containers need, in the order a
+    /// runtime applies them: the same IDs as `per_device`, flattened (for clients that want one
+    /// list, such as `gpushare-runtime`'s `GPUSHARE_VISIBLE_DEVICES`).
     pub cdi_device_ids: Vec<String>,
-    /// The allocated device names (e.g. `gpu-3`) behind them.
+    /// The allocated device names (e.g. `gpu-3`) behind them, in allocation order.
     pub devices: Vec<String>,
+    /// One entry per allocated device, in `devices` order: the CDI device IDs that a kubelet
+    /// plugin puts on that device's `Device` of `NodePrepareResources`. An ID that serves the
+    /// whole request (the claim device `gpushare.io/claim=…`) is on exactly one entry, the
+    /// request's last, because kubelet hands the runtime every ID of every `Device` and an ID
+    /// given twice would be applied twice. Absent (empty) from daemons older than this field.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_device: Vec<PreparedDevice>,
+}
+
+/// The CDI device IDs of one allocated device of a prepared request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedDevice {
+    /// The allocated device name, as in the claim's allocation result (`gpu-3`,
+    /// `gpu-2-mig-3g20gb-9-4`, or a GPU UUID).
+    pub device: String,
+    /// The allocation result's pool (the node name).
+    pub pool: String,
+    /// Fully-qualified CDI device IDs for this device, in the order a runtime applies them
+    /// (driver files first where the daemon provides them, the claim device last).
+    pub cdi_device_ids: Vec<String>,
 }
 
 /// Result of `prepare`: what a kubelet plugin hands back from `NodePrepareResources`.

@@ -16,7 +16,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use gpushare_proto::{
     AttachParams, Attachment, ClaimDevice, ClaimInfo, ClaimState, ComputeMode, DetachParams,
     DetachResult, ErrorCode, GpuInfo, GpuSharing, GroupInfo, HealthInfo, MpsInfo, PrepareResult,
-    RequestDevices, StrategyInfo, UnprepareResult,
+    PreparedDevice, RequestDevices, StrategyInfo, UnprepareResult,
 };
 use serde_json::Value;
 
@@ -665,20 +665,33 @@ impl Service {
     fn request_devices(&self, spec: &ClaimSpec) -> Vec<RequestDevices> {
         let mut out: Vec<RequestDevices> = Vec::new();
         for r in &spec.results {
+            let device = PreparedDevice {
+                device: r.device.clone(),
+                pool: r.pool.clone(),
+                cdi_device_ids: Vec::new(),
+            };
             match out.iter_mut().find(|x| x.request == r.request) {
-                Some(x) => x.devices.push(r.device.clone()),
+                Some(x) => {
+                    x.devices.push(r.device.clone());
+                    x.per_device.push(device);
+                }
                 None => out.push(RequestDevices {
                     request: r.request.clone(),
                     cdi_device_ids: vec![],
                     devices: vec![r.device.clone()],
+                    per_device: vec![device],
                 }),
             }
         }
         let single = out.len() == 1;
         for x in &mut out {
-            x.cdi_device_ids = vec![cdi::qualified_name(&cdi::device_name(
-                &spec.uid, &x.request, single,
-            ))];
+            let claim_device =
+                cdi::qualified_name(&cdi::device_name(&spec.uid, &x.request, single));
+            // The claim device serves the whole request: on its last device only.
+            if let Some(last) = x.per_device.last_mut() {
+                last.cdi_device_ids.push(claim_device.clone());
+            }
+            x.cdi_device_ids = vec![claim_device];
         }
         out
     }

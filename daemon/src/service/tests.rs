@@ -123,6 +123,19 @@ fn mps_prepare_sets_limits_by_ordinal_reads_back_and_releases() {
         .prepare(&claim("u1", &["gpu-5", "gpu-4"], Some(mps_two_gpus(30))))
         .unwrap();
     assert_eq!(r.requests[0].cdi_device_ids, vec!["gpushare.io/claim=u1"]);
+    // Per device, in allocation order; the claim device once, on the request's last device.
+    let per: Vec<(&str, Vec<String>)> = r.requests[0]
+        .per_device
+        .iter()
+        .map(|d| (d.device.as_str(), d.cdi_device_ids.clone()))
+        .collect();
+    assert_eq!(
+        per,
+        vec![
+            ("gpu-5", vec![]),
+            ("gpu-4", vec!["gpushare.io/claim=u1".to_string()])
+        ]
+    );
     let c = f.service.get_claim("u1").unwrap();
     let StrategyInfo::Mps(m) = &c.groups[0].sharing else {
         panic!("not MPS: {c:?}")
