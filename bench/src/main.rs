@@ -43,10 +43,16 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match measure::run(&cli) {
         Ok(report) => {
+            if cli.smoke {
+                println!(
+                    "smoke run: sizes cut down on the debug build; the figures below only show \
+                     that every measurement works and judge no target (bench/run.sh does)"
+                );
+            }
             for t in &report.targets {
                 println!(
-                    "{} {}: {} {} (limit {} {})",
-                    if t.pass() { "PASS" } else { "FAIL" },
+                    "{}: {}: {} {} (limit {} {})",
+                    t.verdict(cli.smoke),
                     t.name,
                     report::num(t.measured),
                     t.unit,

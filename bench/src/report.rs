@@ -51,6 +51,17 @@ impl Target {
     pub fn miss_percent(&self) -> Option<f64> {
         (!self.pass() && self.limit > 0.0).then(|| (self.measured / self.limit - 1.0) * 100.0)
     }
+
+    /// The verdict as printed: `PASS` / `FAIL (over by N%)` in a real run; in a smoke run (cut
+    /// sizes, usually a debug build) the figures judge nothing, and the words say so.
+    pub fn verdict(&self, smoke: bool) -> String {
+        match (self.miss_percent(), smoke) {
+            (None, false) => "PASS".to_string(),
+            (Some(p), false) => format!("FAIL (over by {}%)", num(p)),
+            (None, true) => "within (smoke run: informational)".to_string(),
+            (Some(p), true) => format!("over by {}% (smoke run: informational)", num(p)),
+        }
+    }
 }
 
 /// A whole run.
@@ -131,10 +142,7 @@ impl Report {
         let _ = writeln!(o, "| target | measured | limit | result |");
         let _ = writeln!(o, "|---|---:|---:|---|");
         for t in &self.targets {
-            let result = match t.miss_percent() {
-                None => "PASS".to_string(),
-                Some(p) => format!("FAIL (over by {}%)", num(p)),
-            };
+            let result = t.verdict(self.smoke);
             let _ = writeln!(
                 o,
                 "| {} | {} {} | {} {} | {result} |",
@@ -196,6 +204,31 @@ mod tests {
         assert!(r
             .render()
             .contains("| x | 60.0 ms | 50.0 ms | FAIL (over by 20.0%) |"));
+    }
+
+    #[test]
+    fn a_smoke_run_never_says_pass_or_fail() {
+        let over = Target {
+            name: "x".into(),
+            measured: 60.0,
+            limit: 50.0,
+            unit: "ms".into(),
+        };
+        let within = Target {
+            name: "y".into(),
+            measured: 40.0,
+            limit: 50.0,
+            unit: "ms".into(),
+        };
+        assert_eq!(over.verdict(true), "over by 20.0% (smoke run: informational)");
+        assert_eq!(within.verdict(true), "within (smoke run: informational)");
+        let text = Report {
+            targets: vec![over, within],
+            smoke: true,
+            ..Report::default()
+        }
+        .render();
+        assert!(!text.contains("FAIL") && !text.contains("PASS"), "{text}");
     }
 
     #[test]

@@ -80,7 +80,11 @@ fn expected_files() -> Vec<(&'static str, u32, bool)> {
         ("/etc/gpushare/config.toml", 0o644, true),
         ("/etc/gpushare/gpushared.env", 0o644, true),
         ("/etc/gpushare/runtime.toml", 0o644, true),
-        ("/etc/containerd/conf.d/gpushare-runtime.toml", 0o644, true),
+        (
+            "/usr/share/doc/gpushare/examples/containerd-gpushare-runtime.toml",
+            0o644,
+            false,
+        ),
         ("/etc/eks/nodeadm.d/50-gpushare.yaml", 0o644, true),
         ("/usr/share/man/man8/gpushared.8.gz", 0o644, false),
         ("/usr/share/man/man1/gpushare.1.gz", 0o644, false),

@@ -423,7 +423,7 @@ fn check_containerd(main: &Path) -> Check {
                 "{}: neither enable_cdi = true nor a runtime with BinaryName gpushare-runtime",
                 main.display()
             ),
-            "containerd 1.7+: set enable_cdi = true under [plugins.\"io.containerd.grpc.v1.cri\"]; any version: import packaging/containerd/gpushare-runtime.toml (on EKS, nodeadm does it from /etc/eks/nodeadm.d/50-gpushare.yaml)",
+            "containerd 1.7+: set enable_cdi = true under [plugins.\"io.containerd.grpc.v1.cri\"]; 1.6: add the tables of /usr/share/doc/gpushare/examples/containerd-gpushare-runtime.toml to this file (on EKS, nodeadm does it from /etc/eks/nodeadm.d/50-gpushare.yaml)",
         ),
     }
 }
