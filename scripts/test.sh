@@ -12,6 +12,8 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== minimum Rust version (Cargo.toml's rust-version is what the locked dependencies need)"
+./scripts/check-msrv.sh
 echo "== cargo build"
 cargo build --workspace --locked
 echo "== RPM (packages the debug build just made; tests/tests/packaging.rs checks it)"

@@ -280,7 +280,7 @@ fn compare(
         for (p, o) in pa.iter().zip(oa.iter_mut()) {
             if p.get("fileMode").is_none() {
                 if let Some(mode) = o.as_object_mut().and_then(|m| m.remove("fileMode")) {
-                    if mode.as_u64().map_or(true, |m| m > 0o7777) {
+                    if mode.as_u64().is_none_or(|m| m > 0o7777) {
                         differ("odd fileMode", &"a permission value", &mode);
                     }
                 }

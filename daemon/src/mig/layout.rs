@@ -324,7 +324,7 @@ fn plan_gpu(g: &GpuState, model: MigModel, e: &ConfigEntry) -> Result<GpuPlan, L
                     .join(", ")
             ))
         })?;
-        wanted.extend(std::iter::repeat(p).take(*count as usize));
+        wanted.extend(std::iter::repeat_n(p, *count as usize));
     }
     let mut plan = GpuPlan {
         name: g.name.clone(),
