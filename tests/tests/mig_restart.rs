@@ -171,13 +171,18 @@ impl Drop for Node {
     }
 }
 
-fn mig_claim(uid: &str, device: &str, parameters: Value) -> Value {
+/// A claim allocated `device`, with `parameters` as its opaque config (none: no config).
+fn mig_claim(uid: &str, device: &str, parameters: Option<Value>) -> Value {
+    let config: Vec<Value> = parameters
+        .into_iter()
+        .map(|p| json!({"source": "FromClaim", "requests": ["gpu"],
+            "opaque": {"driver": "gpu.nvidia.com", "parameters": p}}))
+        .collect();
     json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"uid": uid, "name": "mig", "namespace": "e2e"},
         "status": {"allocation": {"devices": {
             "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": NODE, "device": device}],
-            "config": [{"source": "FromClaim", "requests": ["gpu"],
-                "opaque": {"driver": "gpu.nvidia.com", "parameters": parameters}}]}}}})
+            "config": config}}}})
 }
 
 fn the_slice(c: &ClaimInfo) -> MigInstanceInfo {
@@ -238,7 +243,7 @@ fn mig_instances_outlive_gpushared_and_a_slice_is_never_granted_twice() {
     node.prepare(&mig_claim(
         &first,
         "gpu-2-mig-3g20gb-9-4",
-        json!({"sharingMode": "mig", "migProfile": "3g.20gb"}),
+        Some(json!({"sharingMode": "mig", "migProfile": "3g.20gb"})),
     ))
     .unwrap_or_else(|e| panic!("{e}; log:\n{}", node.log()));
     let before = the_slice(&node.claim(&first));
@@ -264,7 +269,7 @@ fn mig_instances_outlive_gpushared_and_a_slice_is_never_granted_twice() {
     // The same slice for another claim: Conflict naming the holder; nothing of it left.
     let second = unique_uid("mig-twice");
     let e = node
-        .prepare(&mig_claim(&second, "gpu-2-mig-3g20gb-9-4", json!({})))
+        .prepare(&mig_claim(&second, "gpu-2-mig-3g20gb-9-4", None))
         .expect_err("one slice granted to two claims");
     let body = e.remote().unwrap_or_else(|| panic!("{e}"));
     assert_eq!(body.code, ErrorCode::Conflict, "{}", body.message);
@@ -291,11 +296,11 @@ fn vanished_mig_instances_are_recreated_at_their_placements_with_cdi_and_mps_fol
     node.prepare(&mig_claim(
         &low,
         "gpu-2-mig-3g20gb-9-0",
-        json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig",
-            "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 40}}}),
+        Some(json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig",
+            "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 40}}})),
     ))
     .unwrap_or_else(|e| panic!("{e}; log:\n{}", node.log()));
-    node.prepare(&mig_claim(&high, "gpu-2-mig-3g20gb-9-4", json!({})))
+    node.prepare(&mig_claim(&high, "gpu-2-mig-3g20gb-9-4", None))
         .unwrap_or_else(|e| panic!("{e}; log:\n{}", node.log()));
     let old_high = the_slice(&node.claim(&high));
     let old_low = the_slice(&node.claim(&low));
