@@ -34,7 +34,11 @@ impl Node {
             .prefix("gm-")
             .tempdir_in("/tmp")
             .unwrap();
-        fs::write(dir.path().join("config.toml"), "[metrics]\nenabled = false\n").unwrap();
+        fs::write(
+            dir.path().join("config.toml"),
+            "[metrics]\nenabled = false\n",
+        )
+        .unwrap();
         Node { dir, child: None }
     }
 
@@ -90,7 +94,11 @@ impl Node {
                 .and_then(|mut c| c.call::<(), HealthInfo>(Method::Health, None))
                 .is_ok_and(|h| h.ready)
         });
-        assert!(ready, "gpushared did not become ready; log:\n{}", self.log());
+        assert!(
+            ready,
+            "gpushared did not become ready; log:\n{}",
+            self.log()
+        );
     }
 
     /// SIGTERM, as systemd stops it; MPS control daemons and MIG instances stay.
@@ -160,11 +168,10 @@ impl Drop for Node {
             .and_then(|mut c| c.call::<(), Vec<ClaimInfo>>(Method::ListClaims, None))
         {
             for c in claims {
-                let _ = Client::connect(&self.socket(), Duration::from_secs(30)).and_then(
-                    |mut cl| {
+                let _ =
+                    Client::connect(&self.socket(), Duration::from_secs(30)).and_then(|mut cl| {
                         cl.call::<_, Value>(Method::Unprepare, Some(&UidParams { uid: c.uid }))
-                    },
-                );
+                    });
             }
         }
         self.stop();
@@ -175,8 +182,10 @@ impl Drop for Node {
 fn mig_claim(uid: &str, device: &str, parameters: Option<Value>) -> Value {
     let config: Vec<Value> = parameters
         .into_iter()
-        .map(|p| json!({"source": "FromClaim", "requests": ["gpu"],
-            "opaque": {"driver": "gpu.nvidia.com", "parameters": p}}))
+        .map(|p| {
+            json!({"source": "FromClaim", "requests": ["gpu"],
+            "opaque": {"driver": "gpu.nvidia.com", "parameters": p}})
+        })
         .collect();
     json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"uid": uid, "name": "mig", "namespace": "e2e"},
@@ -296,8 +305,10 @@ fn vanished_mig_instances_are_recreated_at_their_placements_with_cdi_and_mps_fol
     node.prepare(&mig_claim(
         &low,
         "gpu-2-mig-3g20gb-9-0",
-        Some(json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig",
-            "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 40}}})),
+        Some(
+            json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig",
+            "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 40}}}),
+        ),
     ))
     .unwrap_or_else(|e| panic!("{e}; log:\n{}", node.log()));
     node.prepare(&mig_claim(&high, "gpu-2-mig-3g20gb-9-4", None))
@@ -327,7 +338,10 @@ fn vanished_mig_instances_are_recreated_at_their_placements_with_cdi_and_mps_fol
         let new = the_slice(&c);
         assert_eq!(new.placement_start, start, "at its placement");
         assert_eq!(new.device, old.device);
-        assert_ne!(new.uuid, old.uuid, "a recreated instance has a new MIG UUID");
+        assert_ne!(
+            new.uuid, old.uuid,
+            "a recreated instance has a new MIG UUID"
+        );
         let live = gpu
             .mig_devices
             .iter()

@@ -89,10 +89,7 @@ impl SimulatedBackend {
     /// the state there from now on.
     fn keeping_mig_state(mut self) -> io::Result<Self> {
         let path = self.dev_root.join(state::STATE_FILE);
-        let settings = self
-            .settings
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner());
+        let settings = self.settings.get_mut().unwrap_or_else(|p| p.into_inner());
         state::load(&path, &self.profile, &self.node, settings)?;
         for uuid in state::take_reset_switch(&self.dev_root, &self.gpus)? {
             if let Some(s) = settings.get_mut(&uuid).filter(|s| s.model.is_some()) {
@@ -101,7 +98,11 @@ impl SimulatedBackend {
             }
         }
         crate::fsutil::create_dir_if_missing(&self.dev_root, 0o755)?;
-        crate::fsutil::write_atomic(&path, &state::encode(&self.profile, &self.node, settings), 0o644)?;
+        crate::fsutil::write_atomic(
+            &path,
+            &state::encode(&self.profile, &self.node, settings),
+            0o644,
+        )?;
         self.state_file = Some(path);
         Ok(self)
     }
@@ -627,7 +628,9 @@ mod tests {
         let g = uuid(&b, "gpu-1");
         b.set_mig_mode(&g, true).unwrap();
         let gi = b.create_gpu_instance(&g, GiProfileId(9), 4).unwrap();
-        let ci = b.create_compute_instance(&g, gi, CiProfileIndex(2)).unwrap();
+        let ci = b
+            .create_compute_instance(&g, gi, CiProfileIndex(2))
+            .unwrap();
         let half = b.create_gpu_instance(&g, GiProfileId(19), 0).unwrap();
         let before = b.mig_instances(&g).unwrap();
         drop(b);
@@ -657,8 +660,8 @@ mod tests {
             .unwrap();
         assert!(![&ci.uuid, &ci2.uuid].contains(&&ci3.uuid));
         // A backend without a node directory of its own keeps nothing.
-        let mem = SimulatedBackend::without_device_nodes("p5.48xlarge", "node", dir.path())
-            .unwrap();
+        let mem =
+            SimulatedBackend::without_device_nodes("p5.48xlarge", "node", dir.path()).unwrap();
         assert!(mem.mig_instances(&g).unwrap().is_empty());
     }
 
@@ -681,28 +684,39 @@ mod tests {
         b.destroy_gpu_instance(&g0, 0).unwrap();
         b.set_mig_mode(&g0, false).unwrap();
         let gi = b.create_gpu_instance(&g0, GiProfileId(0), 0).unwrap();
-        b.create_compute_instance(&g0, gi, CiProfileIndex(4)).unwrap();
+        b.create_compute_instance(&g0, gi, CiProfileIndex(4))
+            .unwrap();
         drop(b);
 
         let switch = dir.path().join(state::RESET_SWITCH);
         std::fs::write(&switch, "gpu-9\n").unwrap();
         let err = SimulatedBackend::new("p4d.24xlarge", "node", dir.path()).unwrap_err();
         assert!(err.to_string().contains("gpu-9"), "{err}");
-        assert!(switch.exists(), "a bad switch is left for the operator to fix");
+        assert!(
+            switch.exists(),
+            "a bad switch is left for the operator to fix"
+        );
 
         std::fs::write(&switch, "# after nvidia-smi --gpu-reset -i 0\ngpu-0\n").unwrap();
         let b = SimulatedBackend::new("p4d.24xlarge", "node", dir.path()).unwrap();
         assert!(!switch.exists(), "the switch acts once");
         assert_eq!(b.mig_mode(&g0).unwrap(), MigMode::default());
         assert!(b.mig_instances(&g0).unwrap().is_empty());
-        assert_eq!(b.mig_instances(&g1).unwrap().len(), 1, "gpu-1 was not reset");
+        assert_eq!(
+            b.mig_instances(&g1).unwrap().len(),
+            1,
+            "gpu-1 was not reset"
+        );
         drop(b);
         let b = SimulatedBackend::new("p4d.24xlarge", "node", dir.path()).unwrap();
         assert_eq!(b.mig_instances(&g1).unwrap().len(), 1);
         drop(b);
         std::fs::write(&switch, "").unwrap();
         let b = SimulatedBackend::new("p4d.24xlarge", "node", dir.path()).unwrap();
-        assert!(b.mig_instances(&g1).unwrap().is_empty(), "an empty switch resets all");
+        assert!(
+            b.mig_instances(&g1).unwrap().is_empty(),
+            "an empty switch resets all"
+        );
         assert!(b.mig_mode(&g1).unwrap().current, "MIG mode itself stays");
     }
 
@@ -716,17 +730,30 @@ mod tests {
         let g = uuid(&b, "gpu-2");
         b.set_mig_mode(&g, true).unwrap();
         let gi = b.create_gpu_instance(&g, GiProfileId(9), 0).unwrap();
-        b.create_compute_instance(&g, gi, CiProfileIndex(2)).unwrap();
+        b.create_compute_instance(&g, gi, CiProfileIndex(2))
+            .unwrap();
         drop(b);
         let path = dir.path().join(state::STATE_FILE);
         let good = std::fs::read_to_string(&path).unwrap();
         for (bad, why) in [
             ("{not json".to_string(), "key must be a string"),
-            (good.replace("\"placement_start\": 0", "\"placement_start\": 1"), "cannot start"),
-            (good.replace("\"gi_profile_id\": 9", "\"gi_profile_id\": 3"), "does not exist"),
-            (good.replace("\"mig_current\": true", "\"mig_current\": false"), "MIG mode off"),
+            (
+                good.replace("\"placement_start\": 0", "\"placement_start\": 1"),
+                "cannot start",
+            ),
+            (
+                good.replace("\"gi_profile_id\": 9", "\"gi_profile_id\": 3"),
+                "does not exist",
+            ),
+            (
+                good.replace("\"mig_current\": true", "\"mig_current\": false"),
+                "MIG mode off",
+            ),
             (good.replace("MIG-", "GPU-"), "not a valid one"),
-            (good.replace(&g, "GPU-00000000-0000-0000-0000-000000000000"), "no GPU"),
+            (
+                good.replace(&g, "GPU-00000000-0000-0000-0000-000000000000"),
+                "no GPU",
+            ),
         ] {
             std::fs::write(&path, &bad).unwrap();
             let err = SimulatedBackend::new("p5.48xlarge", "node", dir.path()).unwrap_err();
@@ -737,11 +764,17 @@ mod tests {
             );
         }
         // Another simulated node's state is another machine's: this node starts afresh.
-        std::fs::write(&path, good.replace("\"node\": \"node\"", "\"node\": \"other\"")).unwrap();
+        std::fs::write(
+            &path,
+            good.replace("\"node\": \"node\"", "\"node\": \"other\""),
+        )
+        .unwrap();
         let b = SimulatedBackend::new("p5.48xlarge", "node", dir.path()).unwrap();
         assert!(b.mig_instances(&g).unwrap().is_empty());
         drop(b);
-        assert!(std::fs::read_to_string(&path).unwrap().contains("\"node\": \"node\""));
+        assert!(std::fs::read_to_string(&path)
+            .unwrap()
+            .contains("\"node\": \"node\""));
     }
 
     #[test]

@@ -34,6 +34,7 @@ use gpushare_core::Published;
 
 mod locks;
 mod mig;
+mod mig_recover;
 mod modes;
 mod recover;
 mod view;
@@ -1074,12 +1075,20 @@ impl Service {
             )
         })?;
         if claim.state == ClaimState::Degraded {
+            let what = if mig_recover::slice_lost(claim) {
+                "release the claim; it can be prepared again once its MIG slice can be made"
+            } else {
+                "gpushared is restarting its MPS control daemon, retry later"
+            };
             return Err(ServiceError::new(
                 ErrorCode::NotReady,
                 format!(
-                    "claim {} is Degraded ({}); gpushared is restarting its MPS control daemon, retry later",
+                    "claim {} is Degraded ({}); {what}",
                     p.claim_uid,
-                    claim.last_error.as_deref().unwrap_or("MPS control daemon died")
+                    claim
+                        .last_error
+                        .as_deref()
+                        .unwrap_or("MPS control daemon died")
                 ),
             ));
         }
@@ -1231,8 +1240,8 @@ impl Service {
                     ..g.info()
                 };
                 // MIG mode and instances change at runtime: read them live.
-                if let Some((enabled, devices)) = self.live_mig(g) {
-                    info.mig_enabled = enabled;
+                if let Some((mode, devices)) = self.live_mig(g) {
+                    info.mig_enabled = mode.current;
                     info.mig_devices = devices;
                 }
                 info

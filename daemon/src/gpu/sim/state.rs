@@ -185,9 +185,13 @@ pub(super) fn load(
                     placement: o.placement,
                 })
                 .collect();
-            let placement =
-                mig::check_placement(model, GiProfileId(i.gi_profile_id), i.placement_start, &taken)
-                    .map_err(|e| invalid(path, format_args!("{at}: {e}")))?;
+            let placement = mig::check_placement(
+                model,
+                GiProfileId(i.gi_profile_id),
+                i.placement_start,
+                &taken,
+            )
+            .map_err(|e| invalid(path, format_args!("{at}: {e}")))?;
             if placement.size != i.memory_slices {
                 return Err(invalid(
                     path,

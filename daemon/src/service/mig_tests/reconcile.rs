@@ -82,8 +82,7 @@ fn slice(s: &Service, uid: &str) -> MigInstanceInfo {
 /// The `/dev/nvidia-caps/…` paths in a claim's CDI spec.
 fn cap_paths(cfg: &ServiceConfig, uid: &str) -> Vec<String> {
     let spec: Value =
-        serde_json::from_slice(&std::fs::read(cdi::spec_path(&cfg.cdi_dir, uid)).unwrap())
-            .unwrap();
+        serde_json::from_slice(&std::fs::read(cdi::spec_path(&cfg.cdi_dir, uid)).unwrap()).unwrap();
     spec["devices"][0]["containerEdits"]["deviceNodes"]
         .as_array()
         .unwrap()
@@ -114,7 +113,8 @@ fn destroy_by_hand(b: &SimulatedBackend, gpu: &str, start: u32) {
         .filter(|i| i.placement.start == start)
     {
         if let Some(ci) = i.compute {
-            b.destroy_compute_instance(&uuid, i.gi_id, ci.ci_id).unwrap();
+            b.destroy_compute_instance(&uuid, i.gi_id, ci.ci_id)
+                .unwrap();
         }
         b.destroy_gpu_instance(&uuid, i.gi_id).unwrap();
     }
@@ -138,7 +138,10 @@ fn a_restart_keeps_the_slice_and_never_grants_it_to_a_second_claim() {
     let now = live(&b2, "gpu-1");
     assert_eq!(now.len(), 1, "the instance outlives gpushared: {now:?}");
     assert_eq!(
-        (now[0].gi_id, now[0].compute.as_ref().map(|c| c.uuid.clone())),
+        (
+            now[0].gi_id,
+            now[0].compute.as_ref().map(|c| c.uuid.clone())
+        ),
         (before.gi_id, Some(before.uuid.clone()))
     );
     let second = s2.prepare(&claim("second", &["gpu-1-mig-3g40gb-9-4"], None));
@@ -266,7 +269,10 @@ fn vanished_slices_are_recreated_at_their_placements_with_cdi_and_mps_following(
 
     node.reset_before_next_start("gpu-2\n");
     let (b2, s2) = node.start();
-    assert!(!node.dev().join("reset-gpus").exists(), "the switch acts once");
+    assert!(
+        !node.dev().join("reset-gpus").exists(),
+        "the switch acts once"
+    );
     let now = live(&b2, "gpu-2");
     assert_eq!(now.len(), 2, "{now:?}");
     for (uid, old, start) in [("a-high", &old_high, 4), ("b-low", &old_low, 0)] {
@@ -277,11 +283,18 @@ fn vanished_slices_are_recreated_at_their_placements_with_cdi_and_mps_following(
             (new.placement_start, new.device.as_str()),
             (start, old.device.as_str())
         );
-        assert_ne!(new.uuid, old.uuid, "{uid}: a new instance has a new MIG UUID");
+        assert_ne!(
+            new.uuid, old.uuid,
+            "{uid}: a new instance has a new MIG UUID"
+        );
         let inst = now.iter().find(|i| i.placement.start == start).unwrap();
         assert_eq!(inst.gi_id, new.gi_id);
         assert_eq!(inst.compute.as_ref().unwrap().uuid, new.uuid);
-        assert_eq!(cap_paths(&node.cfg, uid), caps_of(2, &new), "{uid}: CDI spec");
+        assert_eq!(
+            cap_paths(&node.cfg, uid),
+            caps_of(2, &new),
+            "{uid}: CDI spec"
+        );
     }
     assert_eq!(slice(&s2, "a-high").gi_id, 1);
     assert_eq!(slice(&s2, "b-low").gi_id, 2);
@@ -410,6 +423,10 @@ fn a_slice_whose_placement_was_taken_while_away_leaves_the_claim_degraded() {
     s2.prepare(&claim("other", &["gpu-2-mig-3g20gb-9-0"], None))
         .unwrap();
     s2.unprepare("held").unwrap();
-    assert_eq!(live(&b2, "gpu-2").len(), 2, "the layout's instance is not the claim's");
+    assert_eq!(
+        live(&b2, "gpu-2").len(),
+        2,
+        "the layout's instance is not the claim's"
+    );
     s2.unprepare("other").unwrap();
 }
