@@ -187,6 +187,8 @@ pub struct GpuState {
     pub model: Option<MigModel>,
     /// MIG mode in effect now.
     pub mig_enabled: bool,
+    /// MIG mode after the next GPU reset (equal to `mig_enabled` unless a change is pending).
+    pub mig_pending: bool,
     /// Its GPU instances.
     pub instances: Vec<PlannedInstance>,
     /// Claims holding the GPU (whole or by MIG instances).

@@ -230,6 +230,12 @@ const H200: &[Row] = &[
     ("7g.141gb",    0, 4, 7, 8, 144384, 132, 8, 7, 0, 7, 1, 1, STARTS_0),
 ];
 
+impl fmt::Display for MigModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
 impl MigModel {
     /// Every model, in table order.
     pub const ALL: [MigModel; 4] = [

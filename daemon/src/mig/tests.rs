@@ -146,6 +146,7 @@ fn gpus() -> Vec<GpuState> {
             name: format!("gpu-{minor}"),
             model: Some(MigModel::A100Sxm4_40),
             mig_enabled: minor == 2,
+            mig_pending: minor == 2,
             instances: Vec::new(),
             claims: Vec::new(),
         })

@@ -369,6 +369,7 @@ impl Service {
                     .map(|(prof, pl)| MigDeviceName::format(g.minor, prof, pl.start))
                     .collect(),
                 note: None,
+                held_by: Vec::new(),
             })
             .collect();
         if p.dry_run {
@@ -493,7 +494,7 @@ impl Service {
                     .mig_capable
                     .then(|| MigModel::from_product_name(&g.product_name))
                     .flatten();
-                let mig_enabled = self.backend.mig_mode(&g.uuid).is_ok_and(|m| m.current);
+                let mode = self.backend.mig_mode(&g.uuid).unwrap_or_default();
                 let instances = model
                     .map(|m| {
                         self.backend
@@ -516,7 +517,8 @@ impl Service {
                     minor: g.minor,
                     name: g.device_name(),
                     model,
-                    mig_enabled,
+                    mig_enabled: mode.current,
+                    mig_pending: mode.pending,
                     instances,
                     claims: view
                         .placement

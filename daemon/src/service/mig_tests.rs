@@ -779,3 +779,4 @@ fn whole_gpu_claims_on_gpus_in_mig_mode() {
 }
 
 mod reconcile;
+mod views;
