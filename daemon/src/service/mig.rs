@@ -340,11 +340,13 @@ impl Service {
     }
 
     /// Plans (`dry_run`) or applies config `config` of a mig-parted v1 file: per selected GPU,
-    /// sets MIG mode, destroys the instances it has and creates the config's, each GPU
-    /// instance at an explicit placement with one full compute instance. GPUs held by any
-    /// claim are refused and nothing is changed; the GPUs being changed are held meanwhile,
-    /// so no claim is prepared on them half-way. A MIG mode change that stays pending
-    /// (Ampere) is left to a reset by the operator and said so in the GPU's `note`.
+    /// sets MIG mode where the pending mode differs (so a pending change is cancelled by a
+    /// config with the mode in effect), destroys the instances it has and creates the
+    /// config's, each GPU instance at an explicit placement with one full compute instance. A
+    /// plan shows GPUs claims hold with their claims (`held_by`); an apply refuses them and
+    /// changes nothing; the GPUs being changed are held meanwhile, so no claim is prepared on
+    /// them half-way. A MIG mode change that stays pending (Ampere) is left to a reset by the
+    /// operator and said so in the GPU's `note`.
     ///
     /// # Errors
     /// `InvalidConfig` for a bad file, config or profile set; `Conflict` for GPUs held by
@@ -368,8 +370,8 @@ impl Service {
                     .iter()
                     .map(|(prof, pl)| MigDeviceName::format(g.minor, prof, pl.start))
                     .collect(),
-                note: None,
-                held_by: Vec::new(),
+                note: g.note.clone(),
+                held_by: g.held_by.clone(),
             })
             .collect();
         if p.dry_run {
@@ -379,6 +381,7 @@ impl Service {
                 gpus: out,
             });
         }
+        layout::refuse_held(&plans).map_err(layout_err)?;
         // A change like prepare and unprepare: refused while gpushared stops, and waited for
         // (bounded) by the graceful stop.
         let _busy = self.begin_change()?;
@@ -439,21 +442,23 @@ impl Service {
                         .retain(|(u, id, _)| !(*u == uuid && *id == gi));
                 }
                 if let Some(enable) = g.set_mig_mode {
-                    let mode = self.backend.set_mig_mode(&uuid, enable).map_err(|e| {
+                    self.backend.set_mig_mode(&uuid, enable).map_err(|e| {
                         strategy::gpu_err(&format!("{}: setting MIG mode", g.name), e)
                     })?;
-                    if mode.current != enable {
-                        let note = format!(
-                            "MIG mode {} is pending a GPU reset: reset the GPU or reboot the node, then apply again",
-                            if enable { "enable" } else { "disable" }
-                        );
-                        tracing::warn!(gpu = %g.name, "{note}");
-                        if let Some(o) = slot {
-                            o.note = Some(note);
-                            o.create.clear();
-                        }
-                        continue;
+                }
+                // Set now or earlier, a change may wait for a reset: nothing to create yet.
+                let mode = self
+                    .backend
+                    .mig_mode(&uuid)
+                    .map_err(|e| strategy::gpu_err(&g.name, e))?;
+                if mode.current != g.mig_enabled {
+                    let note = layout::pending_note(g.mig_enabled);
+                    tracing::warn!(gpu = %g.name, "{note}");
+                    if let Some(o) = slot {
+                        o.note = Some(note);
+                        o.create.clear();
                     }
+                    continue;
                 }
                 let mut created = Vec::new();
                 for (prof, pl) in &g.create {

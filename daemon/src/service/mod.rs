@@ -1242,6 +1242,7 @@ impl Service {
                 // MIG mode and instances change at runtime: read them live.
                 if let Some((mode, devices)) = self.live_mig(g) {
                     info.mig_enabled = mode.current;
+                    info.mig_pending = Some(mode.pending);
                     info.mig_devices = devices;
                 }
                 info

@@ -260,7 +260,7 @@ pub fn check(
                 return Err(err(
                     ErrorCode::Unsupported,
                     format!(
-                        "{name} ({:?}) has MIG mode disabled, and enabling it on this GPU takes effect only after a GPU reset, which gpushare never does (cloud VMs often cannot reset at all); enable MIG mode at node setup (`gpushare mig apply` or `nvidia-smi -mig 1`, then reboot)",
+                        "{name} ({}) has MIG mode disabled, and enabling it on this GPU takes effect only after a GPU reset, which gpushare never does (cloud VMs often cannot reset at all); enable MIG mode at node setup (`gpushare mig apply` or `nvidia-smi -mig 1`, then reboot)",
                         t.model
                     ),
                 ));

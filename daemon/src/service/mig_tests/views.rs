@@ -45,17 +45,25 @@ fn a_pending_mig_mode_is_shown_and_a_later_layout_cancels_it() {
         .unwrap();
     assert!(row.contains("off (enable pending a GPU reset)"), "{row}");
 
-    // Asked again, nothing is set again: the plan says the enable waits for a reset.
-    let again = layout(&f, "on", true).unwrap();
-    assert_eq!(again.gpus[0].set_mig_mode, None, "{again:?}");
-    assert!(
-        again.gpus[0]
-            .note
-            .as_deref()
-            .is_some_and(|n| n.contains("pending a GPU reset")),
-        "{again:?}"
-    );
-    assert!(again.gpus[0].create.is_empty(), "{again:?}");
+    // Asked again, nothing is set again: the plan says the enable waits for a reset, and an
+    // apply creates nothing yet.
+    for dry_run in [true, false] {
+        let again = layout(&f, "on", dry_run).unwrap();
+        assert_eq!(again.gpus[0].set_mig_mode, None, "{again:?}");
+        assert!(
+            again.gpus[0]
+                .note
+                .as_deref()
+                .is_some_and(|n| n.contains("pending a GPU reset")),
+            "{again:?}"
+        );
+        assert_eq!(
+            again.gpus[0].create.len(),
+            usize::from(dry_run),
+            "{again:?}"
+        );
+    }
+    assert!(instances(&f, "gpu-7").is_empty());
 
     // A layout with MIG off cancels the pending enable (the current mode is off already).
     let plan = layout(&f, "off", true).unwrap();
