@@ -493,8 +493,9 @@ pub struct MigGpuPlan {
     #[serde(default)]
     pub note: Option<String>,
     /// Claims holding the GPU when the plan would change it: a plan shows it marked, an
-    /// apply refuses it (`Conflict`) until they are released.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// apply refuses it (`Conflict`) until they are released. Read as empty from daemons
+    /// before this field.
+    #[serde(default)]
     pub held_by: Vec<String>,
 }
 
@@ -618,9 +619,9 @@ pub struct GpuInfo {
     #[serde(default)]
     pub mig_enabled: bool,
     /// MIG mode after the next GPU reset (`nvmlDeviceGetMigMode`'s pending mode): differs
-    /// from `mig_enabled` while a change waits for a reset (Ampere). `None` for GPUs without
-    /// MIG, and from daemons before this field.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// from `mig_enabled` while a change waits for a reset (Ampere). `None` (null) for GPUs
+    /// without MIG, and read as `None` from daemons before this field.
+    #[serde(default)]
     pub mig_pending: Option<bool>,
     /// MIG devices that exist on it now (only when MIG mode is enabled).
     #[serde(default)]

@@ -90,7 +90,7 @@ impl Node {
             .expect("spawning gpushared");
         self.child = Some(child);
         let ready = wait_until(Duration::from_secs(60), || {
-            Client::connect(&self.socket(), Duration::from_secs(2))
+            Client::connect(self.socket(), Duration::from_secs(2))
                 .and_then(|mut c| c.call::<(), HealthInfo>(Method::Health, None))
                 .is_ok_and(|h| h.ready)
         });
@@ -117,7 +117,7 @@ impl Node {
     }
 
     fn client(&self) -> Client {
-        Client::connect(&self.socket(), Duration::from_secs(60)).unwrap()
+        Client::connect(self.socket(), Duration::from_secs(60)).unwrap()
     }
 
     fn prepare(&self, claim: &Value) -> Result<PrepareResult, ClientError> {
@@ -164,12 +164,12 @@ impl Drop for Node {
             return;
         }
         // Release whatever a failed test left, so no MPS daemon outlives the test.
-        if let Ok(claims) = Client::connect(&self.socket(), Duration::from_secs(5))
+        if let Ok(claims) = Client::connect(self.socket(), Duration::from_secs(5))
             .and_then(|mut c| c.call::<(), Vec<ClaimInfo>>(Method::ListClaims, None))
         {
             for c in claims {
                 let _ =
-                    Client::connect(&self.socket(), Duration::from_secs(30)).and_then(|mut cl| {
+                    Client::connect(self.socket(), Duration::from_secs(30)).and_then(|mut cl| {
                         cl.call::<_, Value>(Method::Unprepare, Some(&UidParams { uid: c.uid }))
                     });
             }
