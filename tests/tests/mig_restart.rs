@@ -3,8 +3,9 @@
 //! simulated GPUs keep their MIG instances while gpushared is away, as hardware does; an
 //! instance that vanished meanwhile (a GPU reset, a destroy by hand: the simulated node's
 //! `reset-gpus` switch) is recreated at the claim's placement with the claim's CDI spec and
-//! MPS control daemon following the new MIG device; two claims never hold one slice, and
-//! releasing one never destroys another's.
+//! MPS control daemon following the new MIG device, or, where it cannot be made again (MIG
+//! mode turned off meanwhile), the claim is Degraded with the reason and still releasable; two
+//! claims never hold one slice, and releasing one never destroys another's.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -382,4 +383,68 @@ fn vanished_mig_instances_are_recreated_at_their_placements_with_cdi_and_mps_fol
         !gpushare::sys::pid_alive(mps.control_daemon_pid),
         "MPS control daemon left running"
     );
+}
+
+#[test]
+fn a_slice_that_cannot_be_recreated_leaves_its_claim_degraded_and_releasable() {
+    if setup().is_none() {
+        return;
+    }
+    let mut node = Node::new();
+    node.start();
+    let uid = unique_uid("mig-lost");
+    node.prepare(&mig_claim(&uid, "gpu-2-mig-3g20gb-9-4", None))
+        .unwrap_or_else(|e| panic!("{e}; log:\n{}", node.log()));
+    let gpu_uuid = node.gpu("gpu-2").uuid;
+    node.stop();
+    // While gpushared is away an operator turns MIG mode off on gpu-2 (`nvidia-smi -i 2 -mig
+    // 0`, pending on this A100: written into the simulated hardware's state) and resets it.
+    let state = node.sim_dir().join("mig-state.json");
+    let mut hw: Value = serde_json::from_slice(&fs::read(&state).unwrap()).unwrap();
+    hw["gpus"][&gpu_uuid]["mig_pending"] = json!(false);
+    fs::write(&state, serde_json::to_vec(&hw).unwrap()).unwrap();
+    fs::write(node.sim_dir().join("reset-gpus"), "gpu-2\n").unwrap();
+    node.start();
+
+    let c = node.claim(&uid);
+    assert_eq!(c.state, ClaimState::Degraded);
+    let why = c.last_error.clone().unwrap_or_default();
+    assert!(
+        why.contains("gpu-2-mig-3g20gb-9-4") && why.contains("MIG mode"),
+        "{why}"
+    );
+    let g = node.gpu("gpu-2");
+    assert!(!g.mig_enabled && g.mig_devices.is_empty(), "{g:?}");
+    let status = node.cli(&["status"]);
+    assert!(
+        String::from_utf8_lossy(&status.stdout).contains("degraded:     1"),
+        "{}",
+        String::from_utf8_lossy(&status.stdout)
+    );
+    // New containers are refused with the reason.
+    let e = node
+        .client()
+        .call::<_, Value>(
+            Method::Attach,
+            Some(&gpushare_proto::AttachParams {
+                claim_uid: uid.clone(),
+                container_id: "c1".into(),
+                pid: None,
+                bundle: None,
+            }),
+        )
+        .expect_err("a container attached to a claim without its slice");
+    let body = e.remote().unwrap_or_else(|| panic!("{e}"));
+    assert_eq!(body.code, ErrorCode::NotReady, "{}", body.message);
+    assert!(
+        body.message.contains("gpu-2-mig-3g20gb-9-4"),
+        "{}",
+        body.message
+    );
+    // The release works and leaves nothing.
+    node.unprepare(&uid);
+    assert!(!node
+        .path(&format!("cdi/gpushare.io-claim_{uid}.json"))
+        .exists());
+    assert!(!node.path(&format!("run/claims/{uid}")).exists());
 }
