@@ -163,9 +163,10 @@ impl Service {
     /// is re-adopted as it runs; a dead one is restarted with its limits re-applied and read
     /// back; `PrepareStarted` and `Unpreparing` claims are rolled back; directories, mounts,
     /// MPS control daemons and CDI specs of ours that no claim owns are removed; after a reboot
-    /// (another boot ID) every claim's host setup is redone; last, MIG instances that no
-    /// remaining claim (nor the node's MIG layout record) owns are destroyed. Only then is it
-    /// ready.
+    /// (another boot ID) every claim's host setup is redone; then MIG instances that no
+    /// remaining claim (nor the node's MIG layout record) owns are destroyed, and last each
+    /// prepared claim's MIG slice that vanished meanwhile is recreated at its placement (or
+    /// the claim is `Degraded`). Only then is it ready.
     ///
     /// # Errors
     /// The checkpoint exists but cannot be read or moved aside.
