@@ -478,6 +478,7 @@ fn gpu_info() -> GpuInfo {
         numa_node: Some(0),
         mig_capable: true,
         mig_enabled: true,
+        mig_pending: Some(false),
         mig_devices: vec![mig_device()],
     }
 }
@@ -521,6 +522,7 @@ fn mig_apply_result() -> MigApplyResult {
                 destroy: vec!["gpu-2-mig-7g40gb-0-0".into()],
                 create: vec!["gpu-2-mig-3g20gb-9-0=MIG-a".into()],
                 note: Some("reset".into()),
+                held_by: vec![],
             },
             MigGpuPlan {
                 gpu: "gpu-3".into(),
@@ -528,6 +530,7 @@ fn mig_apply_result() -> MigApplyResult {
                 destroy: vec![],
                 create: vec![],
                 note: None,
+                held_by: vec![UID.into()],
             },
         ],
     }

@@ -492,6 +492,11 @@ pub struct MigGpuPlan {
     /// What is left to do by hand, e.g. a MIG mode change pending a GPU reset.
     #[serde(default)]
     pub note: Option<String>,
+    /// Claims holding the GPU when the plan would change it: a plan shows it marked, an
+    /// apply refuses it (`Conflict`) until they are released. Read as empty from daemons
+    /// before this field.
+    #[serde(default)]
+    pub held_by: Vec<String>,
 }
 
 /// A container tied to a claim by the hook.
@@ -613,6 +618,11 @@ pub struct GpuInfo {
     /// MIG mode is currently enabled.
     #[serde(default)]
     pub mig_enabled: bool,
+    /// MIG mode after the next GPU reset (`nvmlDeviceGetMigMode`'s pending mode): differs
+    /// from `mig_enabled` while a change waits for a reset (Ampere). `None` (null) for GPUs
+    /// without MIG, and read as `None` from daemons before this field.
+    #[serde(default)]
+    pub mig_pending: Option<bool>,
     /// MIG devices that exist on it now (only when MIG mode is enabled).
     #[serde(default)]
     pub mig_devices: Vec<MigDeviceInfo>,

@@ -60,23 +60,30 @@ fn mig_cli_lists_plans_applies_and_refuses_claimed_gpus() {
     assert!(
         String::from_utf8_lossy(&gpus.stdout)
             .lines()
-            .any(|l| l.contains("gpu-2") && l.contains("on (1 devices)") && l.contains("Mig")),
+            .any(|l| l.contains("gpu-2") && l.contains("on (1 device)") && l.contains("Mig")),
         "{}",
         text(&gpus)
     );
 
     let layout = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/examples/mig-layout.yaml");
     let layout = layout.to_str().unwrap();
-    // gpu-2 is held by the claim: plan and apply refuse, nothing changes.
-    for verb in ["plan", "apply"] {
-        let o = cli(&d, &["mig", verb, "-f", layout, "-c", "half-and-half"]);
-        assert!(!o.status.success(), "{verb}: {}", text(&o));
-        assert!(
-            text(&o).contains("Conflict") && text(&o).contains(&uid),
-            "{}",
-            text(&o)
-        );
-    }
+    // gpu-2 is held by the claim: the plan shows it marked, the apply refuses; nothing
+    // changes.
+    let o = cli(&d, &["mig", "plan", "-f", layout, "-c", "half-and-half"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!("gpu-2: held by claim(s) {uid}"))
+            && text(&o).contains("would set MIG mode disabled"),
+        "{}",
+        text(&o)
+    );
+    let o = cli(&d, &["mig", "apply", "-f", layout, "-c", "half-and-half"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("Conflict") && text(&o).contains(&uid),
+        "{}",
+        text(&o)
+    );
     assert_eq!(d.gpus()["gpu-2"].mig_devices.len(), 1);
     let o = cli(&d, &["mig", "apply", "-f", layout, "-c", "no-such-config"]);
     assert!(text(&o).contains("InvalidConfig"), "{}", text(&o));
@@ -96,4 +103,32 @@ fn mig_cli_lists_plans_applies_and_refuses_claimed_gpus() {
     let o = cli(&d, &["mig", "apply", "-f", layout, "-c", "half-and-half"]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("pending a GPU reset"), "{}", text(&o));
+    let gpus = cli(&d, &["gpus"]);
+    assert!(
+        String::from_utf8_lossy(&gpus.stdout)
+            .lines()
+            .any(|l| l.contains("gpu-2 ")
+                && l.contains("on (0 devices; disable pending a GPU reset)")),
+        "{}",
+        text(&gpus)
+    );
+    assert_eq!(d.gpus()["gpu-2"].mig_pending, Some(false));
+
+    // A later layout with MIG on for gpu-2 cancels the pending disable and creates its slices.
+    let o = cli(&d, &["mig", "plan", "-f", layout, "-c", "all-balanced"]);
+    let plan = text(&o);
+    let gpu2 = plan.split("  gpu-2:").nth(1).unwrap_or_default();
+    let gpu2 = gpu2.split("  gpu-3").next().unwrap_or_default();
+    assert!(
+        gpu2.contains("would set MIG mode enabled") && !gpu2.contains("note:"),
+        "{plan}"
+    );
+    let o = cli(&d, &["mig", "apply", "-f", layout, "-c", "all-balanced"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let g = &d.gpus()["gpu-2"];
+    assert_eq!((g.mig_enabled, g.mig_pending), (true, Some(true)));
+    assert_eq!(g.mig_devices.len(), 4, "{g:?}");
+    // The other A100s were off: their enable waits for a reset.
+    let g = &d.gpus()["gpu-3"];
+    assert_eq!((g.mig_enabled, g.mig_pending), (false, Some(true)));
 }

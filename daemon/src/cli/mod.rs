@@ -84,7 +84,8 @@ pub fn strategy_summary(c: &ClaimInfo) -> String {
 }
 
 /// The `gpushare gpus` table, the same for real and simulated nodes. MIG: `-` for a GPU
-/// without MIG, `off`, or `on (<n> devices)`.
+/// without MIG, `off`, or `on (<n> device(s))`, followed by a mode change that waits for a
+/// GPU reset (`off (enable pending a GPU reset)`).
 pub fn gpus_table(gpus: &[GpuInfo]) -> String {
     let mut t = table(&[
         "DEVICE",
@@ -100,11 +101,7 @@ pub fn gpus_table(gpus: &[GpuInfo]) -> String {
         "CLAIMS",
     ]);
     for g in gpus {
-        let mig = match (g.mig_capable, g.mig_enabled) {
-            (false, _) => "-".to_string(),
-            (true, false) => "off".to_string(),
-            (true, true) => format!("on ({} devices)", g.mig_devices.len()),
-        };
+        let mig = mig_column(g);
         t.add_row(vec![
             g.name.clone(),
             g.uuid.clone(),
@@ -120,6 +117,49 @@ pub fn gpus_table(gpus: &[GpuInfo]) -> String {
         ]);
     }
     t.to_string() + "\n"
+}
+
+fn mig_column(g: &GpuInfo) -> String {
+    if !g.mig_capable {
+        return "-".to_string();
+    }
+    let pending = g.mig_pending.filter(|p| *p != g.mig_enabled).map(|p| {
+        format!(
+            "{} pending a GPU reset",
+            if p { "enable" } else { "disable" }
+        )
+    });
+    match (g.mig_enabled, pending) {
+        (false, None) => "off".to_string(),
+        (false, Some(p)) => format!("off ({p})"),
+        (true, p) => {
+            let n = g.mig_devices.len();
+            let devices = format!("{n} device{}", if n == 1 { "" } else { "s" });
+            match p {
+                None => format!("on ({devices})"),
+                Some(p) => format!("on ({devices}; {p})"),
+            }
+        }
+    }
+}
+
+/// The devices a claim's request got: the allocated ones, except that a MIG group names the
+/// MIG device each became (a short-form `sharingMode: mig` claim is allocated `gpu-<minor>`
+/// and gets `gpu-<minor>-mig-…`).
+fn request_devices(c: &ClaimInfo, r: &gpushare_proto::RequestDevices) -> Vec<String> {
+    let got: Vec<String> = c
+        .groups
+        .iter()
+        .filter(|g| !g.mig.is_empty())
+        .flat_map(|g| &g.devices)
+        .filter(|d| d.request == r.request)
+        .map(|d| d.device.clone())
+        .collect();
+    if got.is_empty() {
+        r.devices.clone()
+    } else {
+        got
+    }
 }
 
 /// The `gpushare mig list` table: every MIG instance of every GPU with its owner claim
@@ -160,8 +200,8 @@ pub fn mig_table(gpus: &[GpuInfo]) -> String {
     t.to_string() + "\n"
 }
 
-/// What `gpushare mig plan` / `apply` print: per GPU, the mode change and the MIG devices
-/// destroyed and created.
+/// What `gpushare mig plan` / `apply` print: per GPU, the claims holding it (an apply refuses
+/// it), the mode change and the MIG devices destroyed and created.
 pub fn mig_plan_text(r: &gpushare_proto::MigApplyResult) -> String {
     let mut s = format!(
         "config {}{}\n",
@@ -188,7 +228,15 @@ pub fn mig_plan_text(r: &gpushare_proto::MigApplyResult) -> String {
             s += &format!("  {}: unchanged\n", g.gpu);
             continue;
         }
-        s += &format!("  {}:\n", g.gpu);
+        if g.held_by.is_empty() {
+            s += &format!("  {}:\n", g.gpu);
+        } else {
+            s += &format!(
+                "  {}: held by claim(s) {}: apply refuses it until they are released\n",
+                g.gpu,
+                g.held_by.join(", ")
+            );
+        }
         if let Some(on) = g.set_mig_mode {
             s += &format!(
                 "    {} MIG mode {}\n",
@@ -305,7 +353,11 @@ pub fn claims_table(claims: &[ClaimInfo]) -> String {
         "ATTACHED/REPLICAS",
     ]);
     for c in claims {
-        let devices: Vec<String> = c.requests.iter().flat_map(|r| r.devices.clone()).collect();
+        let devices: Vec<String> = c
+            .requests
+            .iter()
+            .flat_map(|r| request_devices(c, r))
+            .collect();
         let attached = match c.attach_limit {
             Some(l) => format!("{}/{l}", c.attached.len()),
             None => format!("{}/-", c.attached.len()),
@@ -340,11 +392,17 @@ pub fn claim_detail(c: &ClaimInfo) -> String {
     );
     let _ = writeln!(s, "CDI spec:   {}", c.cdi_spec);
     for r in &c.requests {
+        let got = request_devices(c, r);
+        let allocated = if got == r.devices {
+            String::new()
+        } else {
+            format!(" (allocated as {})", r.devices.join(","))
+        };
         let _ = writeln!(
             s,
-            "Request {}: devices {} -> CDI {}",
+            "Request {}: devices {}{allocated} -> CDI {}",
             r.request,
-            r.devices.join(","),
+            got.join(","),
             r.cdi_device_ids.join(",")
         );
     }
@@ -407,13 +465,24 @@ pub fn claim_detail(c: &ClaimInfo) -> String {
                     } else {
                         limit.as_str()
                     };
-                    // The ordinal counts the daemon's CUDA_VISIBLE_DEVICES (sorted UUIDs).
+                    // The ordinal counts the daemon's CUDA_VISIBLE_DEVICES: the group's GPU
+                    // UUIDs (sorted), or its MIG UUIDs on MIG slices.
                     let device = ordinal
                         .parse::<usize>()
                         .ok()
                         .and_then(|i| m.visible_devices.get(i))
-                        .and_then(|uuid| g.devices.iter().find(|d| &d.uuid == uuid))
-                        .map_or("?".to_string(), |d| d.device.clone());
+                        .and_then(|uuid| {
+                            g.mig.iter().find(|x| &x.uuid == uuid).map_or_else(
+                                || {
+                                    g.devices
+                                        .iter()
+                                        .find(|d| &d.uuid == uuid)
+                                        .map(|d| d.device.clone())
+                                },
+                                |x| Some(x.device.clone()),
+                            )
+                        })
+                        .unwrap_or_else(|| "?".to_string());
                     let _ = writeln!(
                         s,
                         "  pinned device memory limit, CUDA device {ordinal} = {device} (read back): {shown}"

@@ -85,6 +85,7 @@ impl Gpu {
             numa_node: self.numa_node,
             mig_capable: self.mig_capable,
             mig_enabled: self.mig_enabled,
+            mig_pending: None,
             mig_devices: self.mig_devices.clone(),
         }
     }

@@ -1,4 +1,8 @@
-//! Simulated GPUs from EC2 node profiles, with real character device nodes.
+//! Simulated GPUs from EC2 node profiles, with real character device nodes. A node built with
+//! [`SimulatedBackend::new`] (as `gpushared --simulate` builds it at every start) keeps its
+//! MIG state in its dev root while gpushared is away, as hardware does ([`state`]).
+
+mod state;
 
 use std::collections::HashMap;
 use std::io;
@@ -49,27 +53,58 @@ pub enum SimFault {
 
 /// A node of simulated GPUs: deterministic UUIDs derived from the node name, settings held in
 /// memory, and real character device nodes (major 195) under `dev_root` so that CDI injection
-/// and runc see real devices.
+/// and runc see real devices. MIG state is kept in `dev_root` too when the node is built with
+/// [`SimulatedBackend::new`] (see the [`state`] module: `mig-state.json`, and the
+/// `reset-gpus` switch that makes MIG instances vanish before the next start).
 #[derive(Debug)]
 pub struct SimulatedBackend {
     profile: String,
+    node: String,
     gpus: Vec<Gpu>,
     dev_root: PathBuf,
     settings: Mutex<HashMap<String, Settings>>,
     faults: Mutex<Vec<SimFault>>,
     make_nodes: bool,
+    /// Where MIG state is kept across restarts (`None`: in memory only).
+    state_file: Option<PathBuf>,
 }
 
 impl SimulatedBackend {
     /// Builds the node for `profile_name` (a catalog name, or a profile file when it contains
     /// `/`: see [`catalog::resolve`]) and `node_name`, creating the device nodes under
-    /// `dev_root` (`nvidia<minor>` and `nvidiactl`).
+    /// `dev_root` (`nvidia<minor>` and `nvidiactl`). Its MIG state (mode, pending mode, GPU
+    /// and compute instances) is what `<dev_root>/mig-state.json` says, after the GPUs that
+    /// `<dev_root>/reset-gpus` names were reset; every MIG change is written there before it
+    /// takes effect.
     ///
     /// # Errors
-    /// An unknown or invalid profile (`InvalidInput`; the message lists the known ones), or the
-    /// device nodes could not be created (mknod needs root).
+    /// An unknown or invalid profile (`InvalidInput`; the message lists the known ones), the
+    /// device nodes could not be created (mknod needs root), an invalid MIG state file or
+    /// reset switch (naming the file), or the MIG state cannot be written.
     pub fn new(profile_name: &str, node_name: &str, dev_root: &Path) -> io::Result<Self> {
-        Self::build(profile_name, node_name, dev_root, true)
+        Self::build(profile_name, node_name, dev_root, true)?.keeping_mig_state()
+    }
+
+    /// Loads the MIG state kept in the dev root, applies the reset switch, and keeps writing
+    /// the state there from now on.
+    fn keeping_mig_state(mut self) -> io::Result<Self> {
+        let path = self.dev_root.join(state::STATE_FILE);
+        let settings = self.settings.get_mut().unwrap_or_else(|p| p.into_inner());
+        state::load(&path, &self.profile, &self.node, settings)?;
+        for uuid in state::take_reset_switch(&self.dev_root, &self.gpus)? {
+            if let Some(s) = settings.get_mut(&uuid).filter(|s| s.model.is_some()) {
+                tracing::warn!(gpu = %uuid, instances = s.instances.len(), "simulated GPU reset while gpushared was away (reset-gpus): its MIG instances are gone");
+                s.reset();
+            }
+        }
+        crate::fsutil::create_dir_if_missing(&self.dev_root, 0o755)?;
+        crate::fsutil::write_atomic(
+            &path,
+            &state::encode(&self.profile, &self.node, settings),
+            0o644,
+        )?;
+        self.state_file = Some(path);
+        Ok(self)
     }
 
     fn build(
@@ -139,11 +174,13 @@ impl SimulatedBackend {
         }
         Ok(SimulatedBackend {
             profile: profile.name.clone(),
+            node: node_name.to_string(),
             gpus,
             dev_root: dev_root.to_path_buf(),
             settings: Mutex::new(settings),
             faults: Mutex::new(Vec::new()),
             make_nodes,
+            state_file: None,
         })
     }
 
@@ -173,6 +210,47 @@ impl SimulatedBackend {
             .map(f)
             .ok_or_else(|| GpuError::NoSuchGpu(uuid.to_string()))
     }
+
+    /// Changes a GPU's MIG state as hardware would: `f` works on a copy, which replaces the
+    /// GPU's state only once it is kept (written to the state file, when there is one); a
+    /// failed `f` or write changes nothing.
+    fn change_mig<T>(
+        &self,
+        uuid: &str,
+        f: impl FnOnce(&mut Settings) -> Result<T, GpuError>,
+    ) -> Result<T, GpuError> {
+        let mut map = self
+            .settings
+            .lock()
+            .map_err(|_| GpuError::Failed("simulated GPU state poisoned".into()))?;
+        let mut next = map
+            .get(uuid)
+            .cloned()
+            .ok_or_else(|| GpuError::NoSuchGpu(uuid.to_string()))?;
+        let out = f(&mut next)?;
+        let old = map.insert(uuid.to_string(), next);
+        if let Some(path) = &self.state_file {
+            let raw = state::encode(&self.profile, &self.node, &map);
+            if let Err(e) = crate::fsutil::write_atomic(path, &raw, 0o644) {
+                if let Some(old) = old {
+                    map.insert(uuid.to_string(), old);
+                }
+                return Err(GpuError::Failed(format!(
+                    "GPU {uuid}: keeping the simulated MIG state in {}: {e}",
+                    path.display()
+                )));
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Settings {
+    /// A GPU reset: a pending MIG mode takes effect and every MIG instance is gone.
+    fn reset(&mut self) {
+        self.mig.current = self.mig.pending;
+        self.instances.clear();
+    }
 }
 
 impl SimulatedBackend {
@@ -198,17 +276,16 @@ impl SimulatedBackend {
     /// # Errors
     /// `Busy` with processes, unknown GPU.
     pub fn reset(&self, uuid: &str) -> Result<(), GpuError> {
-        self.with_settings(uuid, |s| {
+        self.change_mig(uuid, |s| {
             if !s.processes.is_empty() {
                 return Err(GpuError::Busy(format!(
                     "GPU {uuid}: In use by another client ({} processes)",
                     s.processes.len()
                 )));
             }
-            s.mig.current = s.mig.pending;
-            s.instances.clear();
+            s.reset();
             Ok(())
-        })?
+        })
     }
 
     fn take_fault(&self, fault: SimFault) -> bool {
@@ -330,7 +407,7 @@ impl GpuBackend for SimulatedBackend {
     }
 
     fn set_mig_mode(&self, uuid: &str, enabled: bool) -> Result<MigMode, GpuError> {
-        self.with_settings(uuid, |s| {
+        self.change_mig(uuid, |s| {
             let model = s.model.ok_or_else(|| not_mig(uuid))?;
             if s.mig.current == enabled && s.mig.pending == enabled {
                 return Ok(s.mig);
@@ -353,7 +430,7 @@ impl GpuBackend for SimulatedBackend {
                 s.mig.current = enabled;
             }
             Ok(s.mig)
-        })?
+        })
     }
 
     fn compute_processes(&self, uuid: &str) -> Result<Vec<u32>, GpuError> {
@@ -379,7 +456,7 @@ impl GpuBackend for SimulatedBackend {
         profile: GiProfileId,
         start: u32,
     ) -> Result<u32, GpuError> {
-        self.with_settings(uuid, |s| {
+        self.change_mig(uuid, |s| {
             let model = s.model.ok_or_else(|| not_mig(uuid))?;
             if !s.mig.current {
                 return Err(GpuError::Unsupported(format!(
@@ -412,7 +489,7 @@ impl GpuBackend for SimulatedBackend {
                 compute: None,
             });
             Ok(gi_id)
-        })?
+        })
     }
 
     fn create_compute_instance(
@@ -422,7 +499,7 @@ impl GpuBackend for SimulatedBackend {
         profile: CiProfileIndex,
     ) -> Result<ComputeInstance, GpuError> {
         let fail = self.take_fault(SimFault::CreateComputeInstance);
-        self.with_settings(uuid, |s| {
+        self.change_mig(uuid, |s| {
             let model = s.model.ok_or_else(|| not_mig(uuid))?;
             let serial = s.serial;
             let gi = s
@@ -457,11 +534,11 @@ impl GpuBackend for SimulatedBackend {
             gi.compute = Some(ci.clone());
             s.serial += 1;
             Ok(ci)
-        })?
+        })
     }
 
     fn destroy_compute_instance(&self, uuid: &str, gi_id: u32, ci_id: u32) -> Result<(), GpuError> {
-        self.with_settings(uuid, |s| {
+        self.change_mig(uuid, |s| {
             let gi = s
                 .instances
                 .iter_mut()
@@ -478,12 +555,12 @@ impl GpuBackend for SimulatedBackend {
                     "GPU {uuid}: GPU instance {gi_id} has no compute instance {ci_id}"
                 ))),
             }
-        })?
+        })
     }
 
     fn destroy_gpu_instance(&self, uuid: &str, gi_id: u32) -> Result<(), GpuError> {
         let fail = self.take_fault(SimFault::DestroyGpuInstance);
-        self.with_settings(uuid, |s| {
+        self.change_mig(uuid, |s| {
             let i = s
                 .instances
                 .iter()
@@ -503,7 +580,7 @@ impl GpuBackend for SimulatedBackend {
             }
             s.instances.remove(i);
             Ok(())
-        })?
+        })
     }
 
     fn mig_device_nodes(&self, gpu: &Gpu, gi_id: u32, ci_id: u32) -> Vec<DeviceNode> {
@@ -527,6 +604,177 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let err = SimulatedBackend::new("p9.huge", "n", dir.path()).unwrap_err();
         assert!(err.to_string().contains("p4d.24xlarge"), "{err}");
+    }
+
+    fn root() -> bool {
+        let root = nix::unistd::geteuid().is_root();
+        if !root {
+            eprintln!("skipped: mknod needs root");
+        }
+        root
+    }
+
+    fn uuid(b: &SimulatedBackend, name: &str) -> String {
+        b.find(name).unwrap().uuid.clone()
+    }
+
+    #[test]
+    fn mig_state_outlives_the_backend_as_hardware_does() {
+        if !root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let b = SimulatedBackend::new("p5.48xlarge", "node", dir.path()).unwrap();
+        let g = uuid(&b, "gpu-1");
+        b.set_mig_mode(&g, true).unwrap();
+        let gi = b.create_gpu_instance(&g, GiProfileId(9), 4).unwrap();
+        let ci = b
+            .create_compute_instance(&g, gi, CiProfileIndex(2))
+            .unwrap();
+        let half = b.create_gpu_instance(&g, GiProfileId(19), 0).unwrap();
+        let before = b.mig_instances(&g).unwrap();
+        drop(b);
+
+        // gpushared starts again: a new backend over the same node directory.
+        let b = SimulatedBackend::new("p5.48xlarge", "node", dir.path()).unwrap();
+        assert_eq!(
+            b.mig_mode(&g).unwrap(),
+            MigMode {
+                current: true,
+                pending: true
+            }
+        );
+        assert_eq!(b.mig_instances(&g).unwrap(), before);
+        assert!(b.mig_instances(&uuid(&b, "gpu-0")).unwrap().is_empty());
+        // MIG UUIDs keep counting: a new compute instance never repeats one handed out.
+        let ci2 = b
+            .create_compute_instance(&g, half, CiProfileIndex(0))
+            .unwrap();
+        assert_ne!(ci2.uuid, ci.uuid);
+        b.destroy_compute_instance(&g, gi, ci.ci_id).unwrap();
+        b.destroy_gpu_instance(&g, gi).unwrap();
+        let again = b.create_gpu_instance(&g, GiProfileId(9), 4).unwrap();
+        assert_eq!(again, gi, "GI IDs are reused");
+        let ci3 = b
+            .create_compute_instance(&g, again, CiProfileIndex(2))
+            .unwrap();
+        assert!(![&ci.uuid, &ci2.uuid].contains(&&ci3.uuid));
+        // A backend without a node directory of its own keeps nothing.
+        let mem =
+            SimulatedBackend::without_device_nodes("p5.48xlarge", "node", dir.path()).unwrap();
+        assert!(mem.mig_instances(&g).unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_reset_switch_resets_the_gpus_it_names_once() {
+        if !root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let b = SimulatedBackend::new("p4d.24xlarge", "node", dir.path()).unwrap();
+        let (g0, g1) = (uuid(&b, "gpu-0"), uuid(&b, "gpu-1"));
+        for g in [&g0, &g1] {
+            b.set_mig_mode(g, true).unwrap();
+            b.reset(g).unwrap();
+            let gi = b.create_gpu_instance(g, GiProfileId(0), 0).unwrap();
+            b.create_compute_instance(g, gi, CiProfileIndex(4)).unwrap();
+        }
+        // A pending change on gpu-0 (Ampere): it takes effect at the reset.
+        b.destroy_compute_instance(&g0, 0, 0).unwrap();
+        b.destroy_gpu_instance(&g0, 0).unwrap();
+        b.set_mig_mode(&g0, false).unwrap();
+        let gi = b.create_gpu_instance(&g0, GiProfileId(0), 0).unwrap();
+        b.create_compute_instance(&g0, gi, CiProfileIndex(4))
+            .unwrap();
+        drop(b);
+
+        let switch = dir.path().join(state::RESET_SWITCH);
+        std::fs::write(&switch, "gpu-9\n").unwrap();
+        let err = SimulatedBackend::new("p4d.24xlarge", "node", dir.path()).unwrap_err();
+        assert!(err.to_string().contains("gpu-9"), "{err}");
+        assert!(
+            switch.exists(),
+            "a bad switch is left for the operator to fix"
+        );
+
+        std::fs::write(&switch, "# after nvidia-smi --gpu-reset -i 0\ngpu-0\n").unwrap();
+        let b = SimulatedBackend::new("p4d.24xlarge", "node", dir.path()).unwrap();
+        assert!(!switch.exists(), "the switch acts once");
+        assert_eq!(b.mig_mode(&g0).unwrap(), MigMode::default());
+        assert!(b.mig_instances(&g0).unwrap().is_empty());
+        assert_eq!(
+            b.mig_instances(&g1).unwrap().len(),
+            1,
+            "gpu-1 was not reset"
+        );
+        drop(b);
+        let b = SimulatedBackend::new("p4d.24xlarge", "node", dir.path()).unwrap();
+        assert_eq!(b.mig_instances(&g1).unwrap().len(), 1);
+        drop(b);
+        std::fs::write(&switch, "").unwrap();
+        let b = SimulatedBackend::new("p4d.24xlarge", "node", dir.path()).unwrap();
+        assert!(
+            b.mig_instances(&g1).unwrap().is_empty(),
+            "an empty switch resets all"
+        );
+        assert!(b.mig_mode(&g1).unwrap().current, "MIG mode itself stays");
+    }
+
+    #[test]
+    fn a_mig_state_file_is_input() {
+        if !root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let b = SimulatedBackend::new("p5.48xlarge", "node", dir.path()).unwrap();
+        let g = uuid(&b, "gpu-2");
+        b.set_mig_mode(&g, true).unwrap();
+        let gi = b.create_gpu_instance(&g, GiProfileId(9), 0).unwrap();
+        b.create_compute_instance(&g, gi, CiProfileIndex(2))
+            .unwrap();
+        drop(b);
+        let path = dir.path().join(state::STATE_FILE);
+        let good = std::fs::read_to_string(&path).unwrap();
+        for (bad, why) in [
+            ("{not json".to_string(), "key must be a string"),
+            (
+                good.replace("\"placement_start\": 0", "\"placement_start\": 1"),
+                "cannot start",
+            ),
+            (
+                good.replace("\"gi_profile_id\": 9", "\"gi_profile_id\": 3"),
+                "does not exist",
+            ),
+            (
+                good.replace("\"mig_current\": true", "\"mig_current\": false"),
+                "MIG mode off",
+            ),
+            (good.replace("MIG-", "GPU-"), "not a valid one"),
+            (
+                good.replace(&g, "GPU-00000000-0000-0000-0000-000000000000"),
+                "no GPU",
+            ),
+        ] {
+            std::fs::write(&path, &bad).unwrap();
+            let err = SimulatedBackend::new("p5.48xlarge", "node", dir.path()).unwrap_err();
+            let msg = err.to_string();
+            assert!(
+                msg.contains(why) && msg.contains(&path.display().to_string()),
+                "{why}: {msg}"
+            );
+        }
+        // Another simulated node's state is another machine's: this node starts afresh.
+        std::fs::write(
+            &path,
+            good.replace("\"node\": \"node\"", "\"node\": \"other\""),
+        )
+        .unwrap();
+        let b = SimulatedBackend::new("p5.48xlarge", "node", dir.path()).unwrap();
+        assert!(b.mig_instances(&g).unwrap().is_empty());
+        drop(b);
+        assert!(std::fs::read_to_string(&path)
+            .unwrap()
+            .contains("\"node\": \"node\""));
     }
 
     #[test]

@@ -187,6 +187,8 @@ pub struct GpuState {
     pub model: Option<MigModel>,
     /// MIG mode in effect now.
     pub mig_enabled: bool,
+    /// MIG mode after the next GPU reset (equal to `mig_enabled` unless a change is pending).
+    pub mig_pending: bool,
     /// Its GPU instances.
     pub instances: Vec<PlannedInstance>,
     /// Claims holding the GPU (whole or by MIG instances).
@@ -202,12 +204,21 @@ pub struct GpuPlan {
     pub minor: u32,
     /// The model (every planned GPU has one).
     pub model: MigModel,
-    /// MIG mode to set, when it changes.
+    /// The MIG mode the config asks for.
+    pub mig_enabled: bool,
+    /// MIG mode to set, when the pending mode (what the next reset brings) differs from the
+    /// config's; setting the mode in effect cancels a change pending a reset.
     pub set_mig_mode: Option<bool>,
     /// GPU instances to destroy (with their compute instances), by GI ID.
     pub destroy: Vec<PlannedInstance>,
-    /// GPU instances to create, each with its full compute instance, in this order.
+    /// GPU instances to create, each with its full compute instance, in this order (once the
+    /// config's MIG mode is in effect).
     pub create: Vec<(GiProfile, MigPlacement)>,
+    /// What the operator must do: the config's MIG mode takes effect only after a GPU reset
+    /// on this GPU (Ampere), so the instances are created by applying again after it.
+    pub note: Option<String>,
+    /// Claims holding the GPU, when the plan changes it: applying refuses it.
+    pub held_by: Vec<String>,
 }
 
 impl GpuPlan {
@@ -217,15 +228,49 @@ impl GpuPlan {
     }
 }
 
+/// The note of a GPU whose MIG mode stays `enabled` or not until a reset.
+pub fn pending_note(enabled: bool) -> String {
+    format!(
+        "MIG mode {} is pending a GPU reset: reset the GPU or reboot the node, then apply again",
+        if enabled { "enable" } else { "disable" }
+    )
+}
+
+/// Refuses, naming them, plans that would change GPUs claims hold (see [`GpuPlan::held_by`]).
+///
+/// # Errors
+/// [`LayoutError::Refused`] naming each such GPU and its claims.
+pub fn refuse_held(plans: &[GpuPlan]) -> Result<(), LayoutError> {
+    let held: Vec<String> = plans
+        .iter()
+        .filter(|p| !p.held_by.is_empty())
+        .map(|p| {
+            format!(
+                "{} is held by prepared claim(s) {}",
+                p.name,
+                p.held_by.join(", ")
+            )
+        })
+        .collect();
+    if held.is_empty() {
+        return Ok(());
+    }
+    Err(LayoutError::Refused(format!(
+        "{}; release them before changing its MIG layout",
+        held.join("; ")
+    )))
+}
+
 /// Plans config `name` of `cfg` over `gpus`: for every GPU the config selects, the MIG mode
-/// change and the GPU instances to destroy and create. A GPU already as asked is left alone
-/// (a plan with nothing to do). Refuses, changing nothing, when a GPU that would change is
-/// held by a prepared claim (whole or through MIG instances).
+/// change (against the pending mode, so a change waiting for a reset is not asked twice and a
+/// config with the mode in effect cancels it) and the GPU instances to destroy and create. A
+/// GPU already as asked is left alone (a plan with nothing to do). A GPU that would change
+/// while prepared claims hold it (whole or through MIG instances) is planned all the same
+/// with the claims in [`GpuPlan::held_by`]: [`refuse_held`] is what an apply checks.
 ///
 /// # Errors
 /// [`LayoutError::Invalid`] for an unknown config name, a GPU selected twice, a non-MIG GPU
-/// named by index, a profile the GPU does not have or a set that does not fit;
-/// [`LayoutError::Refused`] as above.
+/// named by index, a profile the GPU does not have or a set that does not fit.
 pub fn plan(
     cfg: &MigPartedConfig,
     name: &str,
@@ -296,13 +341,9 @@ pub fn plan(
             continue;
         };
         let Some(model) = g.model else { continue };
-        let p = plan_gpu(g, model, entry)?;
-        if !p.is_noop() && !g.claims.is_empty() {
-            return Err(LayoutError::Refused(format!(
-                "{} is held by prepared claim(s) {}; release them before changing its MIG layout",
-                g.name,
-                g.claims.join(", ")
-            )));
+        let mut p = plan_gpu(g, model, entry)?;
+        if !p.is_noop() {
+            p.held_by.clone_from(&g.claims);
         }
         plans.push(p);
     }
@@ -314,7 +355,7 @@ fn plan_gpu(g: &GpuState, model: MigModel, e: &ConfigEntry) -> Result<GpuPlan, L
     for (profile, count) in e.mig_devices.iter().flatten() {
         let p = model.profile_by_name(profile).ok_or_else(|| {
             LayoutError::Invalid(format!(
-                "{}: no MIG profile {profile:?} on {model:?} (it has {})",
+                "{}: no MIG profile {profile:?} on {model} (it has {})",
                 g.name,
                 model
                     .profiles()
@@ -330,15 +371,27 @@ fn plan_gpu(g: &GpuState, model: MigModel, e: &ConfigEntry) -> Result<GpuPlan, L
         name: g.name.clone(),
         minor: g.minor,
         model,
-        set_mig_mode: (g.mig_enabled != e.mig_enabled).then_some(e.mig_enabled),
+        mig_enabled: e.mig_enabled,
+        set_mig_mode: (g.mig_pending != e.mig_enabled).then_some(e.mig_enabled),
         destroy: Vec::new(),
         create: Vec::new(),
+        note: None,
+        held_by: Vec::new(),
     };
+    // Where a mode change waits for a reset (Ampere), the config's mode is not in effect
+    // after the plan: its instances are made by applying again after the reset.
+    let in_effect = match plan.set_mig_mode {
+        Some(on) if model.reset_free_mode_toggle() => on,
+        _ => g.mig_enabled,
+    };
+    if in_effect != e.mig_enabled {
+        plan.note = Some(pending_note(e.mig_enabled));
+    }
     let mut have: Vec<GiProfileId> = g.instances.iter().map(|i| i.profile).collect();
     let mut want: Vec<GiProfileId> = wanted.iter().map(|p| p.id).collect();
     have.sort();
     want.sort();
-    if plan.set_mig_mode.is_none() && have == want {
+    if plan.set_mig_mode.is_none() && g.mig_enabled == e.mig_enabled && have == want {
         return Ok(plan);
     }
     // Clear and create, as mig-parted does; but with explicit placements.
@@ -346,7 +399,7 @@ fn plan_gpu(g: &GpuState, model: MigModel, e: &ConfigEntry) -> Result<GpuPlan, L
     if e.mig_enabled {
         plan.create = pack(&wanted).ok_or_else(|| {
             LayoutError::Invalid(format!(
-                "{}: {} do not fit together on one {model:?}",
+                "{}: {} do not fit together on one {model}",
                 g.name,
                 wanted.iter().map(|p| p.name).collect::<Vec<_>>().join(", ")
             ))

@@ -230,6 +230,13 @@ const H200: &[Row] = &[
     ("7g.141gb",    0, 4, 7, 8, 144384, 132, 8, 7, 0, 7, 1, 1, STARTS_0),
 ];
 
+/// The model as users know it: the product name NVML reports and `gpushare gpus` shows.
+impl fmt::Display for MigModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.product_name())
+    }
+}
+
 impl MigModel {
     /// Every model, in table order.
     pub const ALL: [MigModel; 4] = [
@@ -253,6 +260,16 @@ impl MigModel {
             Some(MigModel::H200)
         } else {
             None
+        }
+    }
+
+    /// The product name NVML reports for the model (`NVIDIA A100-SXM4-40GB`).
+    pub fn product_name(self) -> &'static str {
+        match self {
+            MigModel::A100Sxm4_40 => "NVIDIA A100-SXM4-40GB",
+            MigModel::A100Sxm4_80 => "NVIDIA A100-SXM4-80GB",
+            MigModel::H100_80 => "NVIDIA H100 80GB HBM3",
+            MigModel::H200 => "NVIDIA H200",
         }
     }
 
@@ -345,7 +362,7 @@ pub fn check_placement(
 ) -> Result<MigPlacement, PlacementError> {
     let p = model.profile_by_id(profile).ok_or_else(|| {
         PlacementError::Invalid(format!(
-            "GPU-instance profile ID {profile} does not exist on {model:?} (it has {})",
+            "GPU-instance profile ID {profile} does not exist on {model} (it has {})",
             model
                 .profiles()
                 .iter()

@@ -146,6 +146,7 @@ fn gpus() -> Vec<GpuState> {
             name: format!("gpu-{minor}"),
             model: Some(MigModel::A100Sxm4_40),
             mig_enabled: minor == 2,
+            mig_pending: minor == 2,
             instances: Vec::new(),
             claims: Vec::new(),
         })
@@ -209,11 +210,22 @@ fn plans_change_only_what_differs_and_refuse_claimed_gpus() {
         .collect();
     assert!(layout::plan(&cfg, "mixed", &now).unwrap()[2].is_noop());
 
-    // A claim on gpu-2: disabling it is refused; gpu-0 and 1 alone would pass.
+    // A claim on gpu-2: the plan of disabling it marks the GPU, and an apply is refused;
+    // gpu-0 and 1 alone would pass.
     now[2].claims = vec!["c1".into()];
-    let e = layout::plan(&cfg, "all-disabled", &now).unwrap_err();
+    let plan = layout::plan(&cfg, "all-disabled", &now).unwrap();
+    assert_eq!(plan[2].held_by, ["c1"]);
+    assert!(plan[0].held_by.is_empty() && plan[1].held_by.is_empty());
+    let e = layout::refuse_held(&plan).unwrap_err();
     assert!(matches!(e, LayoutError::Refused(_)), "{e}");
-    assert!(e.to_string().contains("c1"), "{e}");
+    assert!(
+        e.to_string().contains("gpu-2") && e.to_string().contains("c1"),
+        "{e}"
+    );
+    assert!(layout::refuse_held(&plan[..2]).is_ok());
+    // Unchanged, a held GPU is not marked.
+    let plan = layout::plan(&cfg, "mixed", &now).unwrap();
+    assert!(plan[2].is_noop() && plan[2].held_by.is_empty());
 
     // A filter that matches no GPU selects nothing; an unknown config is named.
     let h100 = FILE.replace("0x20B010DE", "0x233010DE");
@@ -223,6 +235,63 @@ fn plans_change_only_what_differs_and_refuse_claimed_gpus() {
         .unwrap_err()
         .to_string()
         .contains("all-disabled, mixed"));
+}
+
+#[test]
+fn plans_compare_with_the_pending_mode() {
+    let cfg = layout::parse(FILE).unwrap();
+    let mut now = gpus();
+    // gpu-0: an enable waits for a reset; gpu-2: a disable does (both A100).
+    now[0].mig_pending = true;
+    now[2].mig_pending = false;
+    let plan = layout::plan(&cfg, "mixed", &now).unwrap();
+    assert_eq!(
+        plan[0].set_mig_mode,
+        Some(false),
+        "cancels the pending enable"
+    );
+    assert!(plan[0].note.is_none(), "off is in effect already");
+    assert_eq!(
+        plan[2].set_mig_mode,
+        Some(true),
+        "cancels the pending disable"
+    );
+    assert!(plan[2].note.is_none());
+    assert_eq!(plan[2].create.len(), 2);
+    assert!(plan[1].is_noop());
+
+    // Asking for what is pending sets nothing, and says the reset is still to come.
+    let plan = layout::plan(&cfg, "all-disabled", &now).unwrap();
+    assert_eq!(plan[2].set_mig_mode, None);
+    assert!(plan[2]
+        .note
+        .as_deref()
+        .unwrap()
+        .contains("disable is pending a GPU reset"));
+    let on = FILE.replace(
+        "devices: [0, 1]\n      mig-enabled: false",
+        "devices: [0, 1]\n      mig-enabled: true\n      mig-devices: {}",
+    );
+    let plan = layout::plan(&layout::parse(&on).unwrap(), "mixed", &now).unwrap();
+    assert_eq!(plan[0].set_mig_mode, None);
+    assert!(plan[0]
+        .note
+        .as_deref()
+        .unwrap()
+        .contains("enable is pending a GPU reset"));
+    // On gpu-1, nothing pending: enabling on an A100 will wait for a reset, and says so.
+    assert_eq!(plan[1].set_mig_mode, Some(true));
+    assert!(plan[1].note.is_some());
+    // On Hopper the change is in effect at once: no note.
+    for g in &mut now {
+        g.model = Some(MigModel::H100_80);
+    }
+    let h100 = on
+        .replace("3g.20gb", "3g.40gb")
+        .replace("0x20B010DE", "0x233010DE");
+    let plan = layout::plan(&layout::parse(&h100).unwrap(), "mixed", &now).unwrap();
+    assert_eq!(plan[1].set_mig_mode, Some(true));
+    assert!(plan[1].note.is_none(), "{:?}", plan[1]);
 }
 
 #[test]

@@ -15,11 +15,11 @@ use super::{PlanKind, Service};
 use crate::config::{ClaimSpec, MpsSettings};
 use crate::error::ServiceError;
 use crate::fsutil;
-use crate::gpu::{Gpu, GpuBackend, GpuError};
+use crate::gpu::{Gpu, GpuBackend, GpuError, MigMode};
 use crate::mig::layout::{self, GpuState, LayoutError, PlannedInstance};
 use crate::mig::{MigDeviceName, MigModel};
 use crate::placement::Want;
-use crate::strategy::mig::{self as strategy, MigTarget};
+use crate::strategy::mig::{self as strategy, Claimed, MigTarget};
 use crate::strategy::mps::{default_shm_bytes, MpsDirs, MpsLaunch};
 
 /// The claim UID `mig_apply` holds GPUs under while it changes them.
@@ -61,15 +61,15 @@ pub(super) fn sweep_at_start<'a>(
     claims: impl IntoIterator<Item = &'a ClaimInfo>,
 ) {
     let path = layout_path(run_dir);
+    let claimed = Claimed::of(claims);
     if !path.exists() {
-        let owned = strategy::owners(claims);
         let mut record = LayoutFile {
             config: "adopted at start".into(),
             instances: Vec::new(),
         };
         for gpu in backend.gpus() {
             for i in backend.mig_instances(&gpu.uuid).unwrap_or_default() {
-                if owned.contains_key(&(gpu.uuid.clone(), i.gi_id)) {
+                if claimed.owner(&gpu.uuid, &i).is_some() {
                     continue;
                 }
                 tracing::info!(gpu = %gpu.device_name(), gi = i.gi_id, placement = %i.placement, profile = i.profile.0, "adopting a MIG instance found at first start as part of the node's layout");
@@ -84,7 +84,7 @@ pub(super) fn sweep_at_start<'a>(
     }
     let kept: BTreeSet<(String, u32, String)> =
         load_layout(run_dir).instances.into_iter().collect();
-    let swept = strategy::sweep_unowned(backend, claims, &kept);
+    let swept = strategy::sweep_unowned(backend, &claimed, &kept);
     if !swept.is_empty() {
         tracing::warn!(
             count = swept.len(),
@@ -113,6 +113,9 @@ impl Service {
         mps: Option<&MpsSettings>,
         requests: &[String],
     ) -> Result<(Vec<MigTarget>, Option<MpsLaunch>), ServiceError> {
+        // Slices claims record count as taken even where their instance vanished (a GPU reset,
+        // a destroy by hand): they are those claims' until released.
+        let claimed = Claimed::of(self.view.load().claims.values().map(|c| &**c));
         let mut targets = Vec::with_capacity(results.len());
         for &i in results {
             let r = &spec.results[i];
@@ -121,10 +124,10 @@ impl Service {
                 &r.request,
                 &r.device,
                 profile,
+                &claimed,
             )?);
         }
-        let owners = strategy::owners(self.view.load().claims.values().map(|c| &**c));
-        strategy::check(self.backend.as_ref(), &targets, &owners)?;
+        strategy::check(self.backend.as_ref(), &targets, &claimed)?;
         let Some(settings) = mps else {
             return Ok((targets, None));
         };
@@ -199,11 +202,28 @@ impl Service {
         }
     }
 
-    /// Destroys every MIG instance of a claim; returns the first error after trying all.
+    /// Destroys every MIG instance of a claim that is still the one its record names; returns
+    /// the first error after trying all. A compute instance destroyed is struck from the
+    /// claim's record at once, so that a retry after its GPU instance failed to go knows that
+    /// GPU instance by its IDs and placement.
     pub(super) fn destroy_mig(&self, info: &ClaimInfo) -> Result<(), ServiceError> {
         let mut first = None;
         for rec in info.groups.iter().flat_map(|g| &g.mig) {
-            if let Err(e) = strategy::destroy(self.backend.as_ref(), rec) {
+            let forget_compute = || {
+                let mut st = self.state();
+                if let Some(m) = st
+                    .claims
+                    .get_mut(&info.uid)
+                    .into_iter()
+                    .flat_map(|c| c.groups.iter_mut())
+                    .flat_map(|g| g.mig.iter_mut())
+                    .find(|m| *m == rec)
+                {
+                    m.ci_id = None;
+                    m.uuid.clear();
+                }
+            };
+            if let Err(e) = strategy::destroy(self.backend.as_ref(), rec, forget_compute) {
                 tracing::error!(claim = %info.uid, device = %rec.device, error = %e, "destroying MIG device");
                 first.get_or_insert(ServiceError::new(
                     e.code,
@@ -231,11 +251,11 @@ impl Service {
         let name = gpu.device_name();
         let live = self.backend.mig_instances(&gpu.uuid).unwrap_or_default();
         if !live.is_empty() {
-            let owners = strategy::owners(self.view.load().claims.values().map(|c| &**c));
+            let claimed = Claimed::of(self.view.load().claims.values().map(|c| &**c));
             let mut by: Vec<String> = live
                 .iter()
                 .map(|i| {
-                    owners.get(&(gpu.uuid.clone(), i.gi_id)).map_or_else(
+                    claimed.owner(&gpu.uuid, i).map_or_else(
                         || "the node's MIG layout".to_string(),
                         |c| format!("claim {c}"),
                     )
@@ -290,14 +310,15 @@ impl Service {
         Ok(())
     }
 
-    /// Live MIG mode and instances of `gpu`, each with the claim that owns it.
-    pub(super) fn live_mig(&self, gpu: &Gpu) -> Option<(bool, Vec<MigDeviceInfo>)> {
+    /// Live MIG mode (current and pending) and instances of `gpu`, each with the claim that
+    /// owns it.
+    pub(super) fn live_mig(&self, gpu: &Gpu) -> Option<(MigMode, Vec<MigDeviceInfo>)> {
         if !gpu.mig_capable {
             return None;
         }
         let model = MigModel::from_product_name(&gpu.product_name)?;
         let mode = self.backend.mig_mode(&gpu.uuid).ok()?;
-        let owners = strategy::owners(self.view.load().claims.values().map(|c| &**c));
+        let claimed = Claimed::of(self.view.load().claims.values().map(|c| &**c));
         let devices = self
             .backend
             .mig_instances(&gpu.uuid)
@@ -305,24 +326,27 @@ impl Service {
             .into_iter()
             .filter_map(|i| {
                 let p = model.profile_by_id(i.profile)?;
+                let owner = claimed.owner(&gpu.uuid, &i).map(str::to_string);
                 let mut d = p.device_info(
                     i.compute.map(|c| c.uuid).unwrap_or_default(),
                     i.placement.start,
                 );
                 d.gi_id = Some(i.gi_id);
-                d.owner = owners.get(&(gpu.uuid.clone(), i.gi_id)).cloned();
+                d.owner = owner;
                 Some(d)
             })
             .collect();
-        Some((mode.current, devices))
+        Some((mode, devices))
     }
 
     /// Plans (`dry_run`) or applies config `config` of a mig-parted v1 file: per selected GPU,
-    /// sets MIG mode, destroys the instances it has and creates the config's, each GPU
-    /// instance at an explicit placement with one full compute instance. GPUs held by any
-    /// claim are refused and nothing is changed; the GPUs being changed are held meanwhile,
-    /// so no claim is prepared on them half-way. A MIG mode change that stays pending
-    /// (Ampere) is left to a reset by the operator and said so in the GPU's `note`.
+    /// sets MIG mode where the pending mode differs (so a pending change is cancelled by a
+    /// config with the mode in effect), destroys the instances it has and creates the
+    /// config's, each GPU instance at an explicit placement with one full compute instance. A
+    /// plan shows GPUs claims hold with their claims (`held_by`); an apply refuses them and
+    /// changes nothing; the GPUs being changed are held meanwhile, so no claim is prepared on
+    /// them half-way. A MIG mode change that stays pending (Ampere) is left to a reset by the
+    /// operator and said so in the GPU's `note`.
     ///
     /// # Errors
     /// `InvalidConfig` for a bad file, config or profile set; `Conflict` for GPUs held by
@@ -346,7 +370,8 @@ impl Service {
                     .iter()
                     .map(|(prof, pl)| MigDeviceName::format(g.minor, prof, pl.start))
                     .collect(),
-                note: None,
+                note: g.note.clone(),
+                held_by: g.held_by.clone(),
             })
             .collect();
         if p.dry_run {
@@ -356,6 +381,7 @@ impl Service {
                 gpus: out,
             });
         }
+        layout::refuse_held(&plans).map_err(layout_err)?;
         // A change like prepare and unprepare: refused while gpushared stops, and waited for
         // (bounded) by the graceful stop.
         let _busy = self.begin_change()?;
@@ -416,21 +442,23 @@ impl Service {
                         .retain(|(u, id, _)| !(*u == uuid && *id == gi));
                 }
                 if let Some(enable) = g.set_mig_mode {
-                    let mode = self.backend.set_mig_mode(&uuid, enable).map_err(|e| {
+                    self.backend.set_mig_mode(&uuid, enable).map_err(|e| {
                         strategy::gpu_err(&format!("{}: setting MIG mode", g.name), e)
                     })?;
-                    if mode.current != enable {
-                        let note = format!(
-                            "MIG mode {} is pending a GPU reset: reset the GPU or reboot the node, then apply again",
-                            if enable { "enable" } else { "disable" }
-                        );
-                        tracing::warn!(gpu = %g.name, "{note}");
-                        if let Some(o) = slot {
-                            o.note = Some(note);
-                            o.create.clear();
-                        }
-                        continue;
+                }
+                // Set now or earlier, a change may wait for a reset: nothing to create yet.
+                let mode = self
+                    .backend
+                    .mig_mode(&uuid)
+                    .map_err(|e| strategy::gpu_err(&g.name, e))?;
+                if mode.current != g.mig_enabled {
+                    let note = layout::pending_note(g.mig_enabled);
+                    tracing::warn!(gpu = %g.name, "{note}");
+                    if let Some(o) = slot {
+                        o.note = Some(note);
+                        o.create.clear();
                     }
+                    continue;
                 }
                 let mut created = Vec::new();
                 for (prof, pl) in &g.create {
@@ -462,7 +490,7 @@ impl Service {
     /// What the layout planner needs to know of each GPU.
     fn gpu_states(&self) -> Vec<GpuState> {
         let view = self.view.load();
-        let owners = strategy::owners(view.claims.values().map(|c| &**c));
+        let claimed = Claimed::of(view.claims.values().map(|c| &**c));
         self.backend
             .gpus()
             .iter()
@@ -471,7 +499,7 @@ impl Service {
                     .mig_capable
                     .then(|| MigModel::from_product_name(&g.product_name))
                     .flatten();
-                let mig_enabled = self.backend.mig_mode(&g.uuid).is_ok_and(|m| m.current);
+                let mode = self.backend.mig_mode(&g.uuid).unwrap_or_default();
                 let instances = model
                     .map(|m| {
                         self.backend
@@ -485,7 +513,7 @@ impl Service {
                                     .profile_by_id(i.profile)
                                     .map_or_else(|| i.profile.to_string(), |p| p.name.to_string()),
                                 placement: i.placement,
-                                owner: owners.get(&(g.uuid.clone(), i.gi_id)).cloned(),
+                                owner: claimed.owner(&g.uuid, &i).map(str::to_string),
                             })
                             .collect()
                     })
@@ -494,7 +522,8 @@ impl Service {
                     minor: g.minor,
                     name: g.device_name(),
                     model,
-                    mig_enabled,
+                    mig_enabled: mode.current,
+                    mig_pending: mode.pending,
                     instances,
                     claims: view
                         .placement

@@ -777,3 +777,6 @@ fn whole_gpu_claims_on_gpus_in_mig_mode() {
     assert_eq!(e.code, ErrorCode::Conflict, "{e}");
     assert!(e.message.contains("layout"), "{e}");
 }
+
+mod reconcile;
+mod views;

@@ -34,6 +34,7 @@ use gpushare_core::Published;
 
 mod locks;
 mod mig;
+mod mig_recover;
 mod modes;
 mod recover;
 mod view;
@@ -162,9 +163,10 @@ impl Service {
     /// is re-adopted as it runs; a dead one is restarted with its limits re-applied and read
     /// back; `PrepareStarted` and `Unpreparing` claims are rolled back; directories, mounts,
     /// MPS control daemons and CDI specs of ours that no claim owns are removed; after a reboot
-    /// (another boot ID) every claim's host setup is redone; last, MIG instances that no
-    /// remaining claim (nor the node's MIG layout record) owns are destroyed. Only then is it
-    /// ready.
+    /// (another boot ID) every claim's host setup is redone; then MIG instances that no
+    /// remaining claim (nor the node's MIG layout record) owns are destroyed, and last each
+    /// prepared claim's MIG slice that vanished meanwhile is recreated at its placement (or
+    /// the claim is `Degraded`). Only then is it ready.
     ///
     /// # Errors
     /// The checkpoint exists but cannot be read or moved aside.
@@ -1074,12 +1076,20 @@ impl Service {
             )
         })?;
         if claim.state == ClaimState::Degraded {
+            let what = if mig_recover::slice_lost(claim) {
+                "release the claim; it can be prepared again once its MIG slice can be made"
+            } else {
+                "gpushared is restarting its MPS control daemon, retry later"
+            };
             return Err(ServiceError::new(
                 ErrorCode::NotReady,
                 format!(
-                    "claim {} is Degraded ({}); gpushared is restarting its MPS control daemon, retry later",
+                    "claim {} is Degraded ({}); {what}",
                     p.claim_uid,
-                    claim.last_error.as_deref().unwrap_or("MPS control daemon died")
+                    claim
+                        .last_error
+                        .as_deref()
+                        .unwrap_or("MPS control daemon died")
                 ),
             ));
         }
@@ -1231,8 +1241,9 @@ impl Service {
                     ..g.info()
                 };
                 // MIG mode and instances change at runtime: read them live.
-                if let Some((enabled, devices)) = self.live_mig(g) {
-                    info.mig_enabled = enabled;
+                if let Some((mode, devices)) = self.live_mig(g) {
+                    info.mig_enabled = mode.current;
+                    info.mig_pending = Some(mode.pending);
                     info.mig_devices = devices;
                 }
                 info

@@ -262,6 +262,10 @@ impl Service {
             let st = self.state();
             mig::sweep_at_start(self.backend.as_ref(), &self.cfg.run_dir, st.claims.values());
         }
+        // Then the MIG slices of prepared claims that vanished while gpushared was away (a GPU
+        // reset, a destroy by hand): recreated at their placements, or the claim is Degraded
+        // (service/mig_recover.rs).
+        self.reconcile_mig_claims();
         let mut st = self.state();
         st.ready = true;
         tracing::info!(
@@ -379,7 +383,11 @@ impl Service {
         };
         let c = st.claims.get(uid).cloned();
         if let Some(mut c) = c {
-            if outcome.is_ok() && c.state == ClaimState::Degraded && self.all_daemons_run(&c) {
+            if outcome.is_ok()
+                && c.state == ClaimState::Degraded
+                && self.all_daemons_run(&c)
+                && self.mig_intact(&c)
+            {
                 c.state = ClaimState::Prepared;
                 if let Some(x) = st.claims.get_mut(uid) {
                     x.state = ClaimState::Prepared;

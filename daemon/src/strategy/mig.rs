@@ -87,7 +87,8 @@ pub fn model_of(gpu: &Gpu) -> Result<MigModel, ServiceError> {
 /// Resolves one allocated device of a MIG group: a DRA MIG name
 /// (`gpu-2-mig-3g20gb-9-4`, checked against the GPU's profile table and against
 /// `mig_profile` when the claim's short form names one), or a whole GPU (`gpu-2`) with
-/// `mig_profile`, which takes the profile's lowest free placement. Touches nothing.
+/// `mig_profile`, which takes the profile's lowest placement free of live instances and of
+/// the slices `claimed` records. Touches nothing.
 ///
 /// # Errors
 /// `UnknownDevice` for a GPU the node lacks; `InvalidConfig` for a profile that does not
@@ -98,6 +99,7 @@ pub fn resolve(
     request: &str,
     device: &str,
     mig_profile: Option<&str>,
+    claimed: &Claimed,
 ) -> Result<MigTarget, ServiceError> {
     let parsed = MigDeviceName::parse(device);
     let gpu_name = match &parsed {
@@ -175,7 +177,7 @@ pub fn resolve(
                 ));
             };
             let profile = by_name(asked)?;
-            let taken = occupied(backend, &gpu.uuid);
+            let taken = occupied(backend, &gpu.uuid, claimed);
             let start = profile
                 .starts
                 .iter()
@@ -205,8 +207,10 @@ pub fn resolve(
     })
 }
 
-fn occupied(backend: &dyn GpuBackend, uuid: &str) -> Vec<Occupied> {
-    backend
+/// What is taken on a GPU: its live instances and the slices claims record (whose instance
+/// may have vanished: the slice is still the claim's), each once.
+fn occupied(backend: &dyn GpuBackend, uuid: &str, claimed: &Claimed) -> Vec<Occupied> {
+    let mut out: Vec<Occupied> = backend
         .mig_instances(uuid)
         .unwrap_or_default()
         .iter()
@@ -214,12 +218,19 @@ fn occupied(backend: &dyn GpuBackend, uuid: &str) -> Vec<Occupied> {
             profile: i.profile,
             placement: i.placement,
         })
-        .collect()
+        .collect();
+    for o in claimed.occupied(uuid) {
+        if !out.contains(&o) {
+            out.push(o);
+        }
+    }
+    out
 }
 
 /// Checks, touching nothing, that `targets` can be created now: MIG mode is on or can be
-/// turned on without a reset on an idle GPU, and no placement overlaps an existing instance
-/// or another target. `owners` names the claim owning each existing instance, for messages.
+/// turned on without a reset on an idle GPU, and no placement overlaps an existing instance,
+/// a slice a claim records (`claimed`, which also names the holders in messages) or another
+/// target.
 ///
 /// # Errors
 /// `Unsupported` (MIG off on a GPU needing a reset, a change pending), `Conflict` (busy GPU,
@@ -227,7 +238,7 @@ fn occupied(backend: &dyn GpuBackend, uuid: &str) -> Vec<Occupied> {
 pub fn check(
     backend: &dyn GpuBackend,
     targets: &[MigTarget],
-    owners: &BTreeMap<(String, u32), String>,
+    claimed: &Claimed,
 ) -> Result<(), ServiceError> {
     let mut planned: BTreeMap<&str, Vec<Occupied>> = BTreeMap::new();
     for t in targets {
@@ -249,7 +260,7 @@ pub fn check(
                 return Err(err(
                     ErrorCode::Unsupported,
                     format!(
-                        "{name} ({:?}) has MIG mode disabled, and enabling it on this GPU takes effect only after a GPU reset, which gpushare never does (cloud VMs often cannot reset at all); enable MIG mode at node setup (`gpushare mig apply` or `nvidia-smi -mig 1`, then reboot)",
+                        "{name} ({}) has MIG mode disabled, and enabling it on this GPU takes effect only after a GPU reset, which gpushare never does (cloud VMs often cannot reset at all); enable MIG mode at node setup (`gpushare mig apply` or `nvidia-smi -mig 1`, then reboot)",
                         t.model
                     ),
                 ));
@@ -267,17 +278,9 @@ pub fn check(
                 ));
             }
         }
-        let slot = planned.entry(t.gpu_uuid.as_str()).or_insert_with(|| {
-            backend
-                .mig_instances(&t.gpu_uuid)
-                .unwrap_or_default()
-                .iter()
-                .map(|i| Occupied {
-                    profile: i.profile,
-                    placement: i.placement,
-                })
-                .collect()
-        });
+        let slot = planned
+            .entry(t.gpu_uuid.as_str())
+            .or_insert_with(|| occupied(backend, &t.gpu_uuid, claimed));
         match mig::check_placement(t.model, t.profile.id, t.start, slot) {
             Ok(placement) => slot.push(Occupied {
                 profile: t.profile.id,
@@ -287,24 +290,19 @@ pub fn check(
                 return Err(err(ErrorCode::InvalidConfig, format!("{}: {m}", t.device)))
             }
             Err(PlacementError::Taken(m)) => {
-                let holders: BTreeSet<&String> = backend
-                    .mig_instances(&t.gpu_uuid)
-                    .unwrap_or_default()
-                    .iter()
-                    .filter(|i| {
-                        i.placement.overlaps(&mig::MigPlacement {
-                            start: t.start,
-                            size: t.profile.memory_slices,
-                        })
-                    })
-                    .filter_map(|i| owners.get(&(t.gpu_uuid.clone(), i.gi_id)))
-                    .collect();
+                let holders = claimed.holders(
+                    &t.gpu_uuid,
+                    &mig::MigPlacement {
+                        start: t.start,
+                        size: t.profile.memory_slices,
+                    },
+                );
                 let by = if holders.is_empty() {
                     String::new()
                 } else {
                     format!(
                         " (held by claim(s) {})",
-                        holders.into_iter().cloned().collect::<Vec<_>>().join(", ")
+                        holders.into_iter().collect::<Vec<_>>().join(", ")
                     )
                 };
                 return Err(err(ErrorCode::Conflict, format!("{}: {m}{by}", t.device)));
@@ -407,13 +405,21 @@ pub fn create(
     }
 }
 
-/// Destroys a claim's MIG instance: its compute instance, then its GPU instance. Instances
-/// already gone count as destroyed (idempotent), and so does a GPU no longer in MIG mode.
-/// An instance whose IDs now name another MIG device (the driver reuses IDs) is left alone.
+/// Destroys a claim's MIG instance: its compute instance, then its GPU instance; calls
+/// `compute_gone` once the compute instance is gone, so the caller's record can say so (a GPU
+/// instance whose destroy failed is then known by its IDs and placement alone). Only the
+/// instance whose identity matches `rec` ([`is_instance_of`]) is touched: the driver reuses
+/// GPU-instance IDs, so an instance made since at the same ID and placement (by hand, by a
+/// layout) is another's. Instances already gone count as destroyed (idempotent), and so does a
+/// GPU no longer in MIG mode.
 ///
 /// # Errors
 /// As [`gpu_err`] (e.g. `Conflict` while processes use the instance).
-pub fn destroy(backend: &dyn GpuBackend, rec: &MigInstanceInfo) -> Result<(), ServiceError> {
+pub fn destroy(
+    backend: &dyn GpuBackend,
+    rec: &MigInstanceInfo,
+    mut compute_gone: impl FnMut(),
+) -> Result<(), ServiceError> {
     let live = match backend.mig_instances(&rec.gpu_uuid) {
         Ok(v) => v,
         Err(GpuError::Unsupported(_)) => return Ok(()),
@@ -422,17 +428,13 @@ pub fn destroy(backend: &dyn GpuBackend, rec: &MigInstanceInfo) -> Result<(), Se
     let Some(inst) = live.iter().find(|i| i.gi_id == rec.gi_id) else {
         return Ok(());
     };
-    if inst.profile.0 != rec.gi_profile_id || inst.placement.start != rec.placement_start {
-        tracing::warn!(device = %rec.device, gi = rec.gi_id, "GPU instance ID now names another instance; not destroying it");
+    if !is_instance_of(rec, inst) {
+        tracing::warn!(device = %rec.device, gi = rec.gi_id, uuid = %rec.uuid, found = ?inst, "GPU instance ID now names another instance; not destroying it");
         return Ok(());
     }
     if let Some(ci) = &inst.compute {
-        if !rec.uuid.is_empty() && ci.uuid != rec.uuid {
-            tracing::warn!(device = %rec.device, gi = rec.gi_id, "MIG UUID differs from the claim's; not destroying it");
-            return Ok(());
-        }
         match backend.destroy_compute_instance(&rec.gpu_uuid, rec.gi_id, ci.ci_id) {
-            Ok(()) | Err(GpuError::NotFound(_)) => {}
+            Ok(()) | Err(GpuError::NotFound(_)) => compute_gone(),
             Err(e) => {
                 return Err(gpu_err(
                     &format!("{}: destroying compute instance {}", rec.device, ci.ci_id),
@@ -453,19 +455,91 @@ pub fn destroy(backend: &dyn GpuBackend, rec: &MigInstanceInfo) -> Result<(), Se
     }
 }
 
-/// `(GPU UUID, GI ID)` → owning claim UID, over `claims`.
-pub fn owners<'a>(
-    claims: impl IntoIterator<Item = &'a ClaimInfo>,
-) -> BTreeMap<(String, u32), String> {
-    let mut out = BTreeMap::new();
-    for c in claims {
-        for g in &c.groups {
-            for m in &g.mig {
-                out.insert((m.gpu_uuid.clone(), m.gi_id), c.uid.clone());
+/// Whether live instance `inst` is the one `rec` records: the same GPU-instance ID, profile
+/// and placement, and, once the record has its compute instance, the same compute-instance ID
+/// and MIG UUID (a MIG UUID is never handed out twice). A record made before its compute
+/// instance existed (a crash in between) matches its GPU instance whatever it holds now.
+pub fn is_instance_of(rec: &MigInstanceInfo, inst: &MigInstance) -> bool {
+    inst.gi_id == rec.gi_id
+        && inst.profile.0 == rec.gi_profile_id
+        && inst.placement.start == rec.placement_start
+        && inst.placement.size == rec.memory_slices
+        && match (rec.ci_id, &inst.compute) {
+            (None, _) => true,
+            (Some(ci), Some(c)) => c.ci_id == ci && c.uuid == rec.uuid,
+            (Some(_), None) => false,
+        }
+}
+
+/// Whether `inst` is `rec`'s instance, whole: as [`is_instance_of`], with the compute
+/// instance recorded and there.
+pub fn is_whole_instance_of(rec: &MigInstanceInfo, inst: &MigInstance) -> bool {
+    rec.ci_id.is_some() && inst.compute.is_some() && is_instance_of(rec, inst)
+}
+
+/// The MIG slices claims record, by parent GPU UUID, with the claim UID recording each: what
+/// admission counts besides the live instances (a slice whose instance vanished still belongs
+/// to its claim until the claim is released), and what tells whose a live instance is.
+#[derive(Debug, Default, Clone)]
+pub struct Claimed {
+    by_gpu: BTreeMap<String, Vec<(String, MigInstanceInfo)>>,
+}
+
+impl Claimed {
+    /// The slices every claim in `claims` records, whatever the claim's state.
+    pub fn of<'a>(claims: impl IntoIterator<Item = &'a ClaimInfo>) -> Claimed {
+        let mut by_gpu: BTreeMap<String, Vec<(String, MigInstanceInfo)>> = BTreeMap::new();
+        for c in claims {
+            for m in c.groups.iter().flat_map(|g| &g.mig) {
+                by_gpu
+                    .entry(m.gpu_uuid.clone())
+                    .or_default()
+                    .push((c.uid.clone(), m.clone()));
             }
         }
+        Claimed { by_gpu }
     }
-    out
+
+    /// The claim whose record is live instance `inst` of GPU `gpu_uuid` ([`is_instance_of`]).
+    pub fn owner(&self, gpu_uuid: &str, inst: &MigInstance) -> Option<&str> {
+        self.by_gpu
+            .get(gpu_uuid)?
+            .iter()
+            .find(|(_, m)| is_instance_of(m, inst))
+            .map(|(uid, _)| uid.as_str())
+    }
+
+    /// The placements recorded on GPU `gpu_uuid`.
+    pub fn occupied(&self, gpu_uuid: &str) -> Vec<Occupied> {
+        self.by_gpu
+            .get(gpu_uuid)
+            .into_iter()
+            .flatten()
+            .map(|(_, m)| Occupied {
+                profile: mig::GiProfileId(m.gi_profile_id),
+                placement: mig::MigPlacement {
+                    start: m.placement_start,
+                    size: m.memory_slices,
+                },
+            })
+            .collect()
+    }
+
+    /// The claims whose recorded slice on GPU `gpu_uuid` overlaps `placement`.
+    pub fn holders(&self, gpu_uuid: &str, placement: &mig::MigPlacement) -> BTreeSet<String> {
+        self.by_gpu
+            .get(gpu_uuid)
+            .into_iter()
+            .flatten()
+            .filter(|(_, m)| {
+                placement.overlaps(&mig::MigPlacement {
+                    start: m.placement_start,
+                    size: m.memory_slices,
+                })
+            })
+            .map(|(uid, _)| uid.clone())
+            .collect()
+    }
 }
 
 /// One MIG instance destroyed (or not) at startup because no checkpointed claim or applied
@@ -481,15 +555,15 @@ pub struct Swept {
 }
 
 /// At startup, destroys every MIG instance on the node that neither a checkpointed claim
-/// (`claims`) nor the node's recorded layout (`kept`: `(GPU UUID, GI ID, MIG UUID)`; GI IDs
-/// are reused, so the MIG UUID must match too) owns: what a crash between creating an
-/// instance and recording it leaves. Each is logged and returned.
-pub fn sweep_unowned<'a>(
+/// (`claimed`, by identity: [`Claimed::owner`]) nor the node's recorded layout (`kept`:
+/// `(GPU UUID, GI ID, MIG UUID)`; GI IDs are reused, so the MIG UUID must match too) owns:
+/// what a crash between creating an instance and recording it leaves. Each is logged and
+/// returned.
+pub fn sweep_unowned(
     backend: &dyn GpuBackend,
-    claims: impl IntoIterator<Item = &'a ClaimInfo>,
+    claimed: &Claimed,
     kept: &BTreeSet<(String, u32, String)>,
 ) -> Vec<Swept> {
-    let owned = owners(claims);
     let mut out = Vec::new();
     for gpu in backend.gpus() {
         let Ok(instances) = backend.mig_instances(&gpu.uuid) else {
@@ -501,7 +575,7 @@ pub fn sweep_unowned<'a>(
                 .as_ref()
                 .map(|c| c.uuid.clone())
                 .unwrap_or_default();
-            if owned.contains_key(&(gpu.uuid.clone(), inst.gi_id))
+            if claimed.owner(&gpu.uuid, &inst).is_some()
                 || kept.contains(&(gpu.uuid.clone(), inst.gi_id, mig_uuid))
             {
                 continue;

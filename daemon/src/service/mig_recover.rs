@@ -1,0 +1,302 @@
+//! The start-up reconcile of prepared claims' MIG slices: an instance that vanished while
+//! gpushared was away (a GPU reset, an administrator's `nvidia-smi mig -dci` / `-dgi`) is
+//! recreated at the claim's placement, with the claim's CDI spec rewritten (the capability
+//! device nodes follow the new GPU- and compute-instance IDs) and an MPS control daemon on the
+//! slice started again on the new MIG UUID; where that cannot be done the claim is `Degraded`
+//! with the reason, and its slice stays its own (admission counts recorded placements) until
+//! it is released. MIG instances do not survive a GPU reset on hardware, MIG mode does
+//! (`shared/research/mps-mig-nvml.md` §3.5); NVIDIA's DRA driver tracks the MIG UUID to tell
+//! a reused GI ID from its own instance (`shared/research/dra-driver.md` §4.2).
+
+use gpushare_proto::{ClaimInfo, ClaimState, MigInstanceInfo, StrategyInfo};
+
+use super::{now_secs, Service};
+use crate::gpu::GpuError;
+use crate::mig::{GiProfileId, MigPlacement};
+use crate::strategy::mig::{self as strategy, Claimed, MigTarget};
+use crate::strategy::mps::launch_of;
+
+/// Part of a `Degraded` claim's `last_error` when one of its MIG slices is lost: what tells it
+/// from an MPS control daemon's death, which the supervisor restarts.
+const SLICE_LOST: &str = "could not be recreated";
+
+/// What the reconcile found of one recorded slice.
+enum Slice {
+    /// Its instance is there, as recorded.
+    Intact,
+    /// Its instance was gone and is made again: the new record.
+    Recreated(MigInstanceInfo),
+    /// Gone, and why it cannot be made again.
+    Lost(String),
+}
+
+/// Whether a `Degraded` claim is so because a MIG slice of it is lost (not because an MPS
+/// control daemon died, which is restarted with backoff).
+pub(super) fn slice_lost(c: &ClaimInfo) -> bool {
+    c.state == ClaimState::Degraded
+        && c.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains(SLICE_LOST))
+}
+
+impl Service {
+    /// Checks every prepared (or degraded) claim's MIG slices against the GPUs, at start and
+    /// after the sweep of instances no claim owns (so a stray left at a claim's placement is
+    /// gone first): each slice whose instance no longer exists with its recorded identity
+    /// (GI and CI IDs, placement, MIG UUID) is recreated at its placement, else its claim
+    /// becomes `Degraded` naming the slice and why. Claims are done in UID order.
+    pub(super) fn reconcile_mig_claims(&self) {
+        let uids: Vec<String> = self
+            .state()
+            .claims
+            .values()
+            .filter(|c| matches!(c.state, ClaimState::Prepared | ClaimState::Degraded))
+            .filter(|c| c.groups.iter().any(|g| !g.mig.is_empty()))
+            .map(|c| c.uid.clone())
+            .collect();
+        // Nothing is served yet (the start-up reconcile runs before the socket exists): no
+        // claim lock is needed, and none may be taken on the runtime's thread.
+        for uid in uids {
+            self.reconcile_mig_claim(&uid);
+        }
+    }
+
+    fn reconcile_mig_claim(&self, uid: &str) {
+        let Some(info) = self.state().claims.get(uid).cloned() else {
+            return;
+        };
+        let mut lost: Vec<String> = Vec::new();
+        let mut changed_groups: Vec<usize> = Vec::new();
+        for (gi, g) in info.groups.iter().enumerate() {
+            for (ri, rec) in g.mig.iter().enumerate() {
+                match self.check_slice(uid, gi, ri, rec) {
+                    Slice::Intact => {}
+                    Slice::Recreated(new) => {
+                        tracing::warn!(claim = %uid, device = %rec.device, old_uuid = %rec.uuid, uuid = %new.uuid, gi = new.gi_id, "MIG slice vanished while gpushared was away; recreated at its placement");
+                        self.set_slice(uid, gi, ri, &new);
+                        if !changed_groups.contains(&gi) {
+                            changed_groups.push(gi);
+                        }
+                    }
+                    Slice::Lost(why) => {
+                        tracing::error!(claim = %uid, device = %rec.device, reason = %why, "MIG slice vanished while gpushared was away and cannot be recreated; claim Degraded");
+                        lost.push(format!(
+                            "MIG device {} vanished while gpushared was away (a GPU reset, or destroyed by hand) and {SLICE_LOST} at placement {}:{}: {why}",
+                            rec.device, rec.placement_start, rec.memory_slices
+                        ));
+                    }
+                }
+            }
+        }
+        for &gi in &changed_groups {
+            if let Err(why) = self.follow_new_slices(uid, gi) {
+                lost.push(why);
+            }
+        }
+        let Some(after) = self.state().claims.get(uid).cloned() else {
+            return;
+        };
+        if !changed_groups.is_empty() {
+            // Containers started from now on get the new instances' capability device nodes.
+            if let Err(e) = self.write_cdi(uid, &after.groups, &after) {
+                tracing::error!(claim = %uid, error = %e, "rewriting the CDI spec for recreated MIG slices");
+                lost.push(format!("rewriting the CDI spec: {}", e.message));
+            }
+        }
+        {
+            let mut st = self.state();
+            let Some(c) = st.claims.get_mut(uid) else {
+                return;
+            };
+            if !lost.is_empty() {
+                c.state = ClaimState::Degraded;
+                c.last_error = Some(format!(
+                    "at {} s after the epoch: {}",
+                    now_secs(),
+                    lost.join("; ")
+                ));
+            } else if slice_lost(c) && self.dead_mps_daemon(c).is_none() {
+                tracing::info!(claim = %uid, "every MIG slice of the claim is there again; Prepared");
+                c.state = ClaimState::Prepared;
+            }
+            let _ = self.commit(st);
+        }
+        if let Some(c) = self.state().claims.get(uid).cloned() {
+            if c != info {
+                self.write_host_record(&c);
+            }
+        }
+    }
+
+    /// Whether recorded slice `rec` (group `gi`, record `ri` of claim `uid`) is there, and if
+    /// not, makes it again at its placement.
+    fn check_slice(&self, uid: &str, gi: usize, ri: usize, rec: &MigInstanceInfo) -> Slice {
+        let backend = self.backend.as_ref();
+        let gpu_name = format!("gpu-{}", rec.gpu_minor);
+        let live = match backend.mig_instances(&rec.gpu_uuid) {
+            Ok(v) => v,
+            // MIG mode is off: no instance is left.
+            Err(GpuError::Unsupported(_)) => Vec::new(),
+            Err(e) => return Slice::Lost(format!("reading {gpu_name}'s MIG instances: {e}")),
+        };
+        if live.iter().any(|i| strategy::is_whole_instance_of(rec, i)) {
+            return Slice::Intact;
+        }
+        // Ours but half made (a crash between its GPU and compute instance): made again whole.
+        if let Some(half) = live.iter().find(|i| strategy::is_instance_of(rec, i)) {
+            tracing::warn!(claim = %uid, device = %rec.device, gi = half.gi_id, "MIG slice found half made; destroying it to make it again");
+            if let Err(e) = strategy::destroy(backend, rec, || {}) {
+                return Slice::Lost(e.message);
+            }
+        }
+        let placement = MigPlacement {
+            start: rec.placement_start,
+            size: rec.memory_slices,
+        };
+        let others = {
+            let view = self.view.load();
+            Claimed::of(view.claims.values().map(|c| &**c).filter(|c| c.uid != uid))
+        };
+        let live = backend.mig_instances(&rec.gpu_uuid).unwrap_or_default();
+        if let Some(o) = live.iter().find(|i| i.placement.overlaps(&placement)) {
+            let by = others.owner(&rec.gpu_uuid, o).map_or_else(
+                || "no claim: the node's MIG layout".to_string(),
+                |c| format!("claim {c}"),
+            );
+            let profile = backend
+                .find(&rec.gpu_uuid)
+                .and_then(|g| crate::mig::MigModel::from_product_name(&g.product_name))
+                .and_then(|m| m.profile_by_id(o.profile))
+                .map_or_else(|| format!("profile {}", o.profile), |p| p.name.to_string());
+            return Slice::Lost(format!(
+                "{gpu_name}'s memory slices there are taken by the {profile} GPU instance {} at {} ({by})",
+                o.gi_id, o.placement
+            ));
+        }
+        if let Some(c) = others.holders(&rec.gpu_uuid, &placement).into_iter().next() {
+            return Slice::Lost(format!("claim {c} records a slice there"));
+        }
+        let Some(gpu) = backend.find(&rec.gpu_uuid) else {
+            return Slice::Lost(format!("the node has no GPU {}", rec.gpu_uuid));
+        };
+        let model = match strategy::model_of(gpu) {
+            Ok(m) => m,
+            Err(e) => return Slice::Lost(e.message),
+        };
+        let Some(profile) = model.profile_by_id(GiProfileId(rec.gi_profile_id)) else {
+            return Slice::Lost(format!(
+                "{} has no GPU-instance profile {}",
+                gpu.product_name, rec.gi_profile_id
+            ));
+        };
+        let target = MigTarget {
+            request: rec.request.clone(),
+            device: rec.device.clone(),
+            gpu_uuid: rec.gpu_uuid.clone(),
+            gpu_minor: rec.gpu_minor,
+            model,
+            profile,
+            start: rec.placement_start,
+        };
+        // The GPU instance is recorded (and the record kept) the moment it exists: a crash
+        // before its compute instance is recorded finds it half made at the next start.
+        let created = strategy::create(backend, &target, |partial| {
+            self.set_slice(uid, gi, ri, partial);
+            let _ = self.commit(self.state());
+        });
+        match created {
+            Ok(new) => Slice::Recreated(new),
+            Err(e) => {
+                // Back to the old record unless the GPU instance made is still there (its
+                // rollback failed): then the record names it, for the release to destroy.
+                let still = self
+                    .state()
+                    .claims
+                    .get(uid)
+                    .and_then(|c| c.groups.get(gi)?.mig.get(ri).cloned())
+                    .filter(|partial| {
+                        backend
+                            .mig_instances(&rec.gpu_uuid)
+                            .unwrap_or_default()
+                            .iter()
+                            .any(|i| strategy::is_instance_of(partial, i))
+                    });
+                if still.is_none() {
+                    self.set_slice(uid, gi, ri, rec);
+                }
+                Slice::Lost(e.message)
+            }
+        }
+    }
+
+    fn set_slice(&self, uid: &str, gi: usize, ri: usize, rec: &MigInstanceInfo) {
+        let mut st = self.state();
+        if let Some(m) = st
+            .claims
+            .get_mut(uid)
+            .and_then(|c| c.groups.get_mut(gi))
+            .and_then(|g| g.mig.get_mut(ri))
+        {
+            *m = rec.clone();
+        }
+    }
+
+    /// After slices of group `gi` were recreated: an MPS control daemon on them is started
+    /// again on the new MIG UUIDs, in its directories (running containers have them mounted),
+    /// with its limits read back.
+    ///
+    /// # Errors
+    /// Why the daemon could not be started (the claim becomes `Degraded`; the supervisor
+    /// restarts the daemon with backoff).
+    fn follow_new_slices(&self, uid: &str, gi: usize) -> Result<(), String> {
+        let Some(g) = self
+            .state()
+            .claims
+            .get(uid)
+            .and_then(|c| c.groups.get(gi).cloned())
+        else {
+            return Ok(());
+        };
+        let StrategyInfo::Mps(old) = &g.sharing else {
+            return Ok(());
+        };
+        let mut launch = launch_of(old);
+        launch.visible_devices = g.mig.iter().map(|m| m.uuid.clone()).collect();
+        let result = self.mps.restart(&launch);
+        let mut st = self.state();
+        let Some(group) = st.claims.get_mut(uid).and_then(|c| c.groups.get_mut(gi)) else {
+            return Ok(());
+        };
+        match result {
+            Ok(mut new) => {
+                tracing::info!(claim = %uid, old_pid = old.control_daemon_pid, pid = new.control_daemon_pid, "MPS control daemon started again on the recreated MIG slice(s)");
+                new.restarts = old.restarts;
+                group.sharing = StrategyInfo::Mps(new);
+                drop(st);
+                self.wake_supervisor();
+                Ok(())
+            }
+            Err(e) => {
+                // The record follows the new slices, so that the supervisor's restart uses them.
+                if let StrategyInfo::Mps(m) = &mut group.sharing {
+                    m.visible_devices = launch.visible_devices;
+                }
+                Err(format!(
+                    "starting the MPS control daemon on the recreated MIG slice(s) failed: {e}"
+                ))
+            }
+        }
+    }
+
+    /// Whether every MIG slice `c` records is there as recorded (what lets a restarted MPS
+    /// control daemon make a `Degraded` claim `Prepared` again).
+    pub(super) fn mig_intact(&self, c: &ClaimInfo) -> bool {
+        c.groups.iter().flat_map(|g| &g.mig).all(|rec| {
+            self.backend
+                .mig_instances(&rec.gpu_uuid)
+                .unwrap_or_default()
+                .iter()
+                .any(|i| strategy::is_whole_instance_of(rec, i))
+        })
+    }
+}

@@ -1,0 +1,432 @@
+//! MIG slices across gpushared restarts and behind its back: the simulated node keeps its MIG
+//! state while gpushared is away, as hardware does; a slice that vanished (a GPU reset, an
+//! administrator's destroy) is recreated at the claim's placement or the claim is Degraded;
+//! a slice a claim records is never granted to another claim; a release destroys only the
+//! instance whose identity matches the claim's record (GPU-instance IDs are reused).
+
+use std::path::{Path, PathBuf};
+
+use super::*;
+use crate::gpu::MigInstance;
+use crate::mig::{CiProfileIndex, GiProfileId};
+
+/// The p4d.24xlarge whose gpu-2 is in MIG mode (`daemon/examples/profiles`).
+fn p4d_mig2() -> String {
+    format!(
+        "{}/examples/profiles/p4d.24xlarge-mig2.toml",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+/// A node that gpushared starts on again and again: every start builds its simulated GPUs
+/// afresh over the node's directory, as `gpushared --simulate` does.
+struct Node {
+    dir: tempfile::TempDir,
+    profile: String,
+    cfg: ServiceConfig,
+    host: FakeHost,
+}
+
+impl Node {
+    /// `None` (after a note) without root: the simulated node makes real device nodes.
+    fn new(profile: &str) -> Option<Node> {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: the simulated node's device nodes need root (mknod)");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = ServiceConfig::for_tests(dir.path(), NODE);
+        Some(Node {
+            dir,
+            profile: profile.to_string(),
+            cfg,
+            host: FakeHost::default(),
+        })
+    }
+
+    fn dev(&self) -> PathBuf {
+        self.dir.path().join("dev")
+    }
+
+    /// The node's GPUs as a new start of gpushared finds them.
+    fn gpus(&self) -> Arc<SimulatedBackend> {
+        Arc::new(SimulatedBackend::new(&self.profile, NODE, &self.dev()).unwrap())
+    }
+
+    /// gpushared starts (again): new simulated GPUs over the node's directory, a new service.
+    fn start(&self) -> (Arc<SimulatedBackend>, Service) {
+        let backend = self.gpus();
+        let service = start(&self.cfg, &self.host, &backend);
+        (backend, service)
+    }
+
+    /// The simulated node's switch: these GPUs are reset before gpushared's next start.
+    fn reset_before_next_start(&self, gpus: &str) {
+        std::fs::create_dir_all(self.dev()).unwrap();
+        std::fs::write(self.dev().join("reset-gpus"), gpus).unwrap();
+    }
+}
+
+fn gpu_uuid(b: &SimulatedBackend, name: &str) -> String {
+    b.find(name).unwrap().uuid.clone()
+}
+
+fn live(b: &SimulatedBackend, gpu: &str) -> Vec<MigInstance> {
+    b.mig_instances(&gpu_uuid(b, gpu)).unwrap()
+}
+
+fn slice(s: &Service, uid: &str) -> MigInstanceInfo {
+    s.get_claim(uid).unwrap().groups[0].mig[0].clone()
+}
+
+/// The `/dev/nvidia-caps/…` paths in a claim's CDI spec.
+fn cap_paths(cfg: &ServiceConfig, uid: &str) -> Vec<String> {
+    let spec: Value =
+        serde_json::from_slice(&std::fs::read(cdi::spec_path(&cfg.cdi_dir, uid)).unwrap()).unwrap();
+    spec["devices"][0]["containerEdits"]["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["path"].as_str().unwrap().to_string())
+        .filter(|p| p.starts_with("/dev/nvidia-caps/"))
+        .collect()
+}
+
+fn caps_of(minor: u32, m: &MigInstanceInfo) -> Vec<String> {
+    vec![
+        format!(
+            "/dev/nvidia-caps/nvidia-cap{}",
+            crate::gpu::mig_cap_minor(minor, m.gi_id, None)
+        ),
+        format!(
+            "/dev/nvidia-caps/nvidia-cap{}",
+            crate::gpu::mig_cap_minor(minor, m.gi_id, m.ci_id)
+        ),
+    ]
+}
+
+/// An administrator's `nvidia-smi mig -dci` and `-dgi` of every instance at `start`.
+fn destroy_by_hand(b: &SimulatedBackend, gpu: &str, start: u32) {
+    let uuid = gpu_uuid(b, gpu);
+    for i in live(b, gpu)
+        .into_iter()
+        .filter(|i| i.placement.start == start)
+    {
+        if let Some(ci) = i.compute {
+            b.destroy_compute_instance(&uuid, i.gi_id, ci.ci_id)
+                .unwrap();
+        }
+        b.destroy_gpu_instance(&uuid, i.gi_id).unwrap();
+    }
+}
+
+use gpushare_proto::MigInstanceInfo;
+
+#[test]
+fn a_restart_keeps_the_slice_and_never_grants_it_to_a_second_claim() {
+    // Hopper: a prepare turns MIG mode on itself, so a GPU that lost its state looks free.
+    let Some(node) = Node::new("p5.48xlarge") else {
+        return;
+    };
+    let (b1, s1) = node.start();
+    s1.prepare(&claim("first", &["gpu-1-mig-3g40gb-9-4"], None))
+        .unwrap();
+    let before = slice(&s1, "first");
+    drop(s1);
+
+    let (b2, s2) = node.start();
+    let now = live(&b2, "gpu-1");
+    assert_eq!(now.len(), 1, "the instance outlives gpushared: {now:?}");
+    assert_eq!(
+        (
+            now[0].gi_id,
+            now[0].compute.as_ref().map(|c| c.uuid.clone())
+        ),
+        (before.gi_id, Some(before.uuid.clone()))
+    );
+    let second = s2.prepare(&claim("second", &["gpu-1-mig-3g40gb-9-4"], None));
+    assert_eq!(
+        second.as_ref().err().map(|e| e.code),
+        Some(ErrorCode::Conflict),
+        "one slice granted to two claims: {second:?}"
+    );
+    assert_eq!(s2.get_claim("first").unwrap().state, ClaimState::Prepared);
+    assert_eq!(slice(&s2, "first"), before, "nothing recreated");
+    s2.unprepare("first").unwrap();
+    assert!(live(&b2, "gpu-1").is_empty());
+    drop(b1);
+}
+
+#[test]
+fn a_slice_whose_instance_vanished_under_a_running_daemon_is_not_granted_again() {
+    let f = fixture("p4d.24xlarge", &[2]);
+    f.service
+        .prepare(&claim("holder", &["gpu-2-mig-3g20gb-9-4"], None))
+        .unwrap();
+    destroy_by_hand(&f.backend, "gpu-2", 4);
+    assert!(instances(&f, "gpu-2").is_empty());
+
+    // The holder's record still counts: the same slice, or one overlapping it, is refused.
+    for (uid, dev) in [
+        ("taker", "gpu-2-mig-3g20gb-9-4"),
+        ("overlap", "gpu-2-mig-1g5gb-19-5"),
+    ] {
+        let e = f.service.prepare(&claim(uid, &[dev], None)).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Conflict, "{dev}: {e}");
+        assert!(e.message.contains("holder"), "{e}");
+        assert_clean(&f, uid);
+    }
+    // The short form takes the placement nobody records.
+    f.service
+        .prepare(&claim("short", &["gpu-2"], Some(short_mig("3g.20gb"))))
+        .unwrap();
+    assert_eq!(
+        f.service.get_claim("short").unwrap().groups[0].devices[0].device,
+        "gpu-2-mig-3g20gb-9-0"
+    );
+    assert_eq!(
+        code(
+            f.service
+                .prepare(&claim("short2", &["gpu-2"], Some(short_mig("3g.20gb"))))
+        ),
+        ErrorCode::Conflict
+    );
+    // Released, the slice can be had again.
+    f.service.unprepare("holder").unwrap();
+    f.service
+        .prepare(&claim("taker", &["gpu-2-mig-3g20gb-9-4"], None))
+        .unwrap();
+    f.service.unprepare("taker").unwrap();
+    f.service.unprepare("short").unwrap();
+    assert!(instances(&f, "gpu-2").is_empty());
+}
+
+#[test]
+fn a_release_destroys_only_the_instance_whose_identity_matches_the_record() {
+    let f = fixture("p4d.24xlarge", &[2]);
+    let uuid = uuid_of(&f, "gpu-2");
+    f.service
+        .prepare(&claim("mine", &["gpu-2-mig-3g20gb-9-4"], None))
+        .unwrap();
+    let mine = slice(&f.service, "mine");
+
+    // Destroyed by hand and a GPU instance made again at the same placement: the driver
+    // reuses the GI ID, and the new one has no compute instance yet (an operator half-way).
+    destroy_by_hand(&f.backend, "gpu-2", 4);
+    let gi = f
+        .backend
+        .create_gpu_instance(&uuid, GiProfileId(9), 4)
+        .unwrap();
+    assert_eq!(gi, mine.gi_id, "GI IDs are reused");
+    f.service.unprepare("mine").unwrap();
+    assert_eq!(instances(&f, "gpu-2").len(), 1, "not the claim's: kept");
+
+    // With a compute instance (a new MIG UUID) too: kept.
+    f.backend
+        .create_compute_instance(&uuid, gi, CiProfileIndex(2))
+        .unwrap();
+    f.service
+        .prepare(&claim("again", &["gpu-2-mig-3g20gb-9-0"], None))
+        .unwrap();
+    let again = slice(&f.service, "again");
+    destroy_by_hand(&f.backend, "gpu-2", 0);
+    let gi0 = f
+        .backend
+        .create_gpu_instance(&uuid, GiProfileId(9), 0)
+        .unwrap();
+    assert_eq!(gi0, again.gi_id);
+    let ci = f
+        .backend
+        .create_compute_instance(&uuid, gi0, CiProfileIndex(2))
+        .unwrap();
+    assert_ne!(ci.uuid, again.uuid);
+    f.service.unprepare("again").unwrap();
+    assert_eq!(instances(&f, "gpu-2").len(), 2, "neither is a claim's");
+}
+
+#[test]
+fn vanished_slices_are_recreated_at_their_placements_with_cdi_and_mps_following() {
+    let Some(node) = Node::new(&p4d_mig2()) else {
+        return;
+    };
+    let (_b1, s1) = node.start();
+    // Prepared in this order the slice at 0 gets GPU instance 1 and the one at 4 gets 2; the
+    // reconcile goes by claim UID, so after the reset the IDs swap.
+    let mps = json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 40}}});
+    s1.prepare(&claim("b-low", &["gpu-2-mig-3g20gb-9-0"], Some(mps)))
+        .unwrap();
+    s1.prepare(&claim("a-high", &["gpu-2-mig-3g20gb-9-4"], None))
+        .unwrap();
+    let (old_low, old_high) = (slice(&s1, "b-low"), slice(&s1, "a-high"));
+    assert_eq!((old_low.gi_id, old_high.gi_id), (1, 2));
+    assert_eq!(cap_paths(&node.cfg, "a-high"), caps_of(2, &old_high));
+    let StrategyInfo::Mps(old_mps) = s1.get_claim("b-low").unwrap().groups[0].sharing.clone()
+    else {
+        panic!("not MPS")
+    };
+    drop(s1);
+
+    node.reset_before_next_start("gpu-2\n");
+    let (b2, s2) = node.start();
+    assert!(
+        !node.dev().join("reset-gpus").exists(),
+        "the switch acts once"
+    );
+    let now = live(&b2, "gpu-2");
+    assert_eq!(now.len(), 2, "{now:?}");
+    for (uid, old, start) in [("a-high", &old_high, 4), ("b-low", &old_low, 0)] {
+        let c = s2.get_claim(uid).unwrap();
+        assert_eq!(c.state, ClaimState::Prepared, "{uid}: {:?}", c.last_error);
+        let new = slice(&s2, uid);
+        assert_eq!(
+            (new.placement_start, new.device.as_str()),
+            (start, old.device.as_str())
+        );
+        assert_ne!(
+            new.uuid, old.uuid,
+            "{uid}: a new instance has a new MIG UUID"
+        );
+        let inst = now.iter().find(|i| i.placement.start == start).unwrap();
+        assert_eq!(inst.gi_id, new.gi_id);
+        assert_eq!(inst.compute.as_ref().unwrap().uuid, new.uuid);
+        assert_eq!(
+            cap_paths(&node.cfg, uid),
+            caps_of(2, &new),
+            "{uid}: CDI spec"
+        );
+    }
+    assert_eq!(slice(&s2, "a-high").gi_id, 1);
+    assert_eq!(slice(&s2, "b-low").gi_id, 2);
+    // The slice's MPS control daemon runs on the new MIG device, with its limits.
+    let c = s2.get_claim("b-low").unwrap();
+    let StrategyInfo::Mps(m) = &c.groups[0].sharing else {
+        panic!("not MPS")
+    };
+    let new_uuid = slice(&s2, "b-low").uuid;
+    assert_eq!(m.visible_devices, vec![new_uuid.clone()]);
+    assert_ne!(m.control_daemon_pid, old_mps.control_daemon_pid);
+    {
+        let st = node.host.state();
+        let d = &st.daemons[Path::new(&m.pipe_dir)];
+        assert!(d.alive);
+        assert_eq!(d.env["CUDA_VISIBLE_DEVICES"], new_uuid);
+    }
+    assert_eq!(m.active_thread_percentage, "40.0");
+    // The host record (what a lost checkpoint is rebuilt from) has the new instance too.
+    let record: ClaimInfo = serde_json::from_slice(
+        &std::fs::read(node.cfg.run_dir.join("claims/a-high/claim.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(record.groups[0].mig[0], slice(&s2, "a-high"));
+
+    // Another start finds them as they are: nothing recreated.
+    drop(s2);
+    let (b3, s3) = node.start();
+    assert_eq!(slice(&s3, "a-high"), c_slice(&b3, "a-high", &s3));
+    s3.unprepare("a-high").unwrap();
+    s3.unprepare("b-low").unwrap();
+    assert!(live(&b3, "gpu-2").is_empty());
+}
+
+/// The claim's recorded slice, checked to be the live one.
+fn c_slice(b: &SimulatedBackend, uid: &str, s: &Service) -> MigInstanceInfo {
+    let rec = slice(s, uid);
+    let inst = live(b, "gpu-2")
+        .into_iter()
+        .find(|i| i.gi_id == rec.gi_id)
+        .unwrap();
+    assert_eq!(inst.compute.unwrap().uuid, rec.uuid);
+    rec
+}
+
+#[test]
+fn a_slice_that_cannot_be_recreated_leaves_the_claim_degraded_with_the_reason() {
+    let Some(node) = Node::new(&p4d_mig2()) else {
+        return;
+    };
+    let (b1, s1) = node.start();
+    s1.prepare(&claim("held", &["gpu-2-mig-3g20gb-9-4"], None))
+        .unwrap();
+    drop(s1);
+    // While gpushared is away an operator destroys the slice, turns MIG mode off (pending
+    // on this A100) and resets the GPU.
+    destroy_by_hand(&b1, "gpu-2", 4);
+    b1.set_mig_mode(&gpu_uuid(&b1, "gpu-2"), false).unwrap();
+    node.reset_before_next_start("gpu-2\n");
+    let (b2, s2) = node.start();
+    assert!(!b2.mig_mode(&gpu_uuid(&b2, "gpu-2")).unwrap().current);
+    let c = s2.get_claim("held").unwrap();
+    assert_eq!(c.state, ClaimState::Degraded);
+    let why = c.last_error.clone().unwrap();
+    assert!(
+        why.contains("gpu-2-mig-3g20gb-9-4") && why.contains("MIG mode"),
+        "{why}"
+    );
+    assert_eq!(s2.health().degraded_claims, 1);
+    // New containers are refused with the reason; the release still works.
+    let e = s2
+        .attach(&AttachParams {
+            claim_uid: "held".into(),
+            container_id: "c1".into(),
+            pid: None,
+            bundle: None,
+        })
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotReady);
+    assert!(e.message.contains("gpu-2-mig-3g20gb-9-4"), "{e}");
+    assert!(!e.message.contains("MPS control daemon"), "{e}");
+    s2.unprepare("held").unwrap();
+}
+
+#[test]
+fn a_slice_whose_placement_was_taken_while_away_leaves_the_claim_degraded() {
+    let Some(node) = Node::new(&p4d_mig2()) else {
+        return;
+    };
+    let (_b1, s1) = node.start();
+    s1.prepare(&claim("held", &["gpu-2-mig-3g20gb-9-4"], None))
+        .unwrap();
+    drop(s1);
+    // A reboot: the GPU is reset, a layout tool (mig-parted at boot) creates a 1g.5gb at
+    // memory slice 5, and gpushared's run directory (a tmpfs) starts empty of its layout
+    // record, so the first start adopts what it finds as the node's layout.
+    node.reset_before_next_start("gpu-2\n");
+    let b2 = node.gpus();
+    let uuid = gpu_uuid(&b2, "gpu-2");
+    let gi = b2.create_gpu_instance(&uuid, GiProfileId(19), 5).unwrap();
+    b2.create_compute_instance(&uuid, gi, CiProfileIndex(0))
+        .unwrap();
+    std::fs::remove_file(node.cfg.run_dir.join("mig-layout.json")).unwrap();
+    let mps = MpsControl::new(
+        "/usr/bin/nvidia-cuda-mps-control".into(),
+        node.host.ops(),
+        Duration::from_millis(200),
+    );
+    let s2 = Service::with_boot_id(
+        node.cfg.clone(),
+        Arc::clone(&b2) as Arc<dyn GpuBackend>,
+        mps,
+        "another-boot".into(),
+    )
+    .unwrap();
+    let c = s2.get_claim("held").unwrap();
+    assert_eq!(c.state, ClaimState::Degraded);
+    let why = c.last_error.unwrap();
+    assert!(why.contains("1g.5gb") && why.contains("5:1"), "{why}");
+    assert_eq!(live(&b2, "gpu-2").len(), 1, "the layout's instance is kept");
+    // The claim's placement is still its own: nobody else gets it.
+    assert_eq!(
+        code(s2.prepare(&claim("taker", &["gpu-2-mig-3g20gb-9-4"], None))),
+        ErrorCode::Conflict
+    );
+    s2.prepare(&claim("other", &["gpu-2-mig-3g20gb-9-0"], None))
+        .unwrap();
+    s2.unprepare("held").unwrap();
+    assert_eq!(
+        live(&b2, "gpu-2").len(),
+        2,
+        "the layout's instance is not the claim's"
+    );
+    s2.unprepare("other").unwrap();
+}
