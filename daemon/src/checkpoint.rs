@@ -271,7 +271,10 @@ mod tests {
         f.save(&loaded.checkpoint).unwrap();
         let again = f.load().unwrap();
         assert_eq!(again.checkpoint, Checkpoint::default());
-        assert!(!again.missing, "an empty checkpoint on disk is not a missing one");
+        assert!(
+            !again.missing,
+            "an empty checkpoint on disk is not a missing one"
+        );
     }
 
     #[test]
@@ -394,7 +397,10 @@ mod tests {
             assert!(why.contains(what), "{what}: {why}");
             assert!(!loaded.missing);
             assert!(fs::symlink_metadata(&p).is_err(), "{what} moved away");
-            assert!(fs::symlink_metadata(&aside).is_ok(), "{what} kept as evidence");
+            assert!(
+                fs::symlink_metadata(&aside).is_ok(),
+                "{what} kept as evidence"
+            );
             // The next load finds nothing there: a fresh start, not the same refusal again.
             assert!(f.load().unwrap().missing, "{what}");
         }

@@ -35,6 +35,7 @@ use gpushare_core::Published;
 mod locks;
 mod mig;
 mod modes;
+mod persisted;
 mod recover;
 mod view;
 use locks::ClaimLocks;

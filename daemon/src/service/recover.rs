@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use gpushare_proto::{ClaimInfo, ClaimState, ErrorCode, StrategyInfo};
 
+use super::persisted::{self, Quarantine, HOST_RECORD, MAX_HOST_RECORD_BYTES};
 use super::{mig, now_secs, reapply_gpu_settings, wants_of, Service};
 use crate::checkpoint::Loaded;
 use crate::error::ServiceError;
@@ -18,10 +19,8 @@ use crate::strategy::mps::{launch_of, Liveness, MpsDirs};
 /// Where Linux tells the current boot's ID (a new one at every boot).
 pub const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
 
-/// File name of the copy of a claim's record kept in its run directory
-/// (`<run-dir>/claims/<uid>/claim.json`): what the daemon rebuilds claims from when the
-/// checkpoint was corrupt.
-const HOST_RECORD: &str = "claim.json";
+/// Largest CDI spec file read when looking for orphans of ours, in bytes (ours are a few KiB).
+const MAX_SPEC_BYTES: u64 = 4 << 20;
 
 /// First delay before restarting a dead MPS control daemon; doubled after each failure.
 const RESTART_BASE: Duration = Duration::from_millis(500);
@@ -139,8 +138,8 @@ impl Service {
         Ok(())
     }
 
-    /// Writes `<run-dir>/claims/<uid>/claim.json`, the copy a corrupt checkpoint is rebuilt
-    /// from, unless it already holds exactly this record: a restart re-checks every claim,
+    /// Writes `<run-dir>/claims/<uid>/claim.json`, the copy a missing or corrupt checkpoint is
+    /// rebuilt from, unless it already holds exactly this record: a restart re-checks every claim,
     /// and a durable rewrite per claim made restart-to-ready grow by ~0.6 ms per claim
     /// (BENCHMARKS.md, "Recovery"). A failure is logged only: the checkpoint stays the record.
     pub(super) fn write_host_record(&self, info: &ClaimInfo) {
@@ -148,7 +147,9 @@ impl Service {
         let result = fsutil::create_dir_if_missing(&dir, 0o755).and_then(|()| {
             let bytes = serde_json::to_vec(info).map_err(std::io::Error::other)?;
             let path = dir.join(HOST_RECORD);
-            if fs::read(&path).is_ok_and(|on_disk| on_disk == bytes) {
+            if fsutil::read_own_file(&path, MAX_HOST_RECORD_BYTES)
+                .is_ok_and(|on_disk| on_disk == bytes)
+            {
                 return Ok(());
             }
             fsutil::write_atomic(&path, &bytes, 0o600)
@@ -158,33 +159,70 @@ impl Service {
         }
     }
 
-    /// Claims rebuilt from the host records in the run directory (after a corrupt checkpoint).
-    fn host_records(&self) -> BTreeMap<String, ClaimInfo> {
-        let mut out = BTreeMap::new();
-        let Ok(entries) = fs::read_dir(self.cfg.run_dir.join("claims")) else {
-            return out;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path().join(HOST_RECORD);
-            let Ok(bytes) = fs::read(&path) else { continue };
-            match serde_json::from_slice::<ClaimInfo>(&bytes) {
-                Ok(info) if entry.file_name().to_str() == Some(info.uid.as_str()) => {
-                    tracing::warn!(claim = %info.uid, "rebuilt the claim from its host record");
-                    out.insert(info.uid.clone(), info);
+    /// The claims to reconcile: the checkpoint's entries that pass [`persisted::check_record`],
+    /// and the host record of every claim the checkpoint does not hold (all of them when it
+    /// was missing or corrupt): a claim with a valid host record is never taken for no claim's.
+    /// A host record older than its claim's tombstone is of a claim released since: its release
+    /// is finished (as `Unpreparing`). Refused records are kept in the quarantine.
+    fn claims_to_reconcile(&self, loaded: &mut Loaded) -> BTreeMap<String, ClaimInfo> {
+        let quarantine = Quarantine::beside(&self.cfg.checkpoint);
+        let cp = &mut loaded.checkpoint;
+        let mut claims = BTreeMap::new();
+        for (key, mut info) in std::mem::take(&mut cp.claims) {
+            match persisted::check_record(&info, &key, &self.cfg.run_dir) {
+                Ok(()) => {
+                    persisted::normalize(&mut info, &self.cfg.cdi_dir);
+                    claims.insert(key, info);
                 }
-                Ok(_) | Err(_) => {
-                    tracing::warn!(path = %path.display(), "ignoring an unreadable host record")
+                Err(why) => {
+                    let bytes = serde_json::to_vec(&info).ok();
+                    quarantine.keep(
+                        "checkpoint-claim",
+                        &self.cfg.checkpoint,
+                        &key,
+                        bytes.as_deref(),
+                        &why,
+                    );
                 }
             }
         }
-        out
+        cp.tombstones
+            .retain(|uid, _| crate::config::validate_claim_uid(uid).is_ok());
+        let rebuilt =
+            persisted::host_records(&self.cfg.run_dir, &self.cfg.cdi_dir, &quarantine, |uid| {
+                claims.contains_key(uid)
+            });
+        if loaded.missing {
+            tracing::warn!(
+                path = %self.cfg.checkpoint.display(),
+                host_records = rebuilt.len(),
+                "no checkpoint found; rebuilding the claims from their host records (a missing checkpoint is not a node without claims)"
+            );
+        } else if loaded.quarantined.is_none() && !rebuilt.is_empty() {
+            tracing::warn!(
+                claims = ?rebuilt.keys().collect::<Vec<_>>(),
+                "the checkpoint lacks claims that have host records; rebuilding them from those"
+            );
+        }
+        for (uid, mut info) in rebuilt {
+            if let Some(t) = cp
+                .tombstones
+                .get(&uid)
+                .filter(|t| t.generation > info.generation)
+            {
+                tracing::warn!(claim = %uid, released_generation = t.generation, record_generation = info.generation, "the host record is of a claim released since; finishing its release");
+                info.state = ClaimState::Unpreparing;
+            }
+            claims.insert(uid, info);
+        }
+        claims
     }
 
     /// The start-up reconcile (see [`Service::with_boot_id`]).
-    pub(super) fn reconcile(&self, loaded: Loaded, boot_id: String) {
+    pub(super) fn reconcile(&self, mut loaded: Loaded, boot_id: String) {
+        let claims = self.claims_to_reconcile(&mut loaded);
         let cp = loaded.checkpoint;
         let rebooted = !cp.boot_id.is_empty() && !boot_id.is_empty() && cp.boot_id != boot_id;
-        let mut claims = cp.claims;
         {
             let mut st = self.state();
             st.boot_id = boot_id;
@@ -194,9 +232,6 @@ impl Service {
                 tracing::error!(moved_to = %aside.display(), reason = %why, "checkpoint was corrupt; moved aside, rebuilding the claims from their host records");
                 st.quarantined = Some(format!("moved to {}: {why}", aside.display()));
             }
-        }
-        if loaded.quarantined.is_some() {
-            claims = self.host_records();
         }
         if rebooted {
             tracing::warn!("the host was rebooted since the checkpoint was written; redoing every claim's host setup");
@@ -302,7 +337,8 @@ impl Service {
         }
         let info = self.state().claims.get(uid).cloned();
         if let Some(info) = info {
-            if !Path::new(&info.cdi_spec).exists() {
+            // Ours is a regular file: anything else there (a link, a fifo) is replaced.
+            if !fs::symlink_metadata(&info.cdi_spec).is_ok_and(|m| m.is_file()) {
                 tracing::warn!(claim = %uid, "CDI spec missing; writing it again");
                 if let Err(e) = self.write_cdi(uid, &info.groups, &info) {
                     tracing::error!(claim = %uid, error = %e, "rewriting the CDI spec");
@@ -474,8 +510,11 @@ impl Service {
                 .strip_prefix("gpushare.io-claim_")
                 .and_then(|r| r.strip_suffix(".json"))
             {
+                // Read as input: a regular file only, not through a link, bounded; a fifo
+                // opened for a blocking read would hold up the start for ever.
                 !owned_claims.iter().any(|c| c == uid)
-                    && fs::read_to_string(&path).is_ok_and(|text| text.contains(&socket))
+                    && fsutil::read_own_file(&path, MAX_SPEC_BYTES)
+                        .is_ok_and(|text| String::from_utf8_lossy(&text).contains(&socket))
             } else {
                 false
             };
@@ -496,6 +535,9 @@ impl Service {
         owned_claims: &[String],
         owned_groups: &[PathBuf],
     ) {
+        // Nothing is followed: a link (or any other non-directory) where a claim or MPS group
+        // directory should be is removed as the link it is, never read or stopped through.
+        let real_dir = |e: &fs::DirEntry| e.file_type().is_ok_and(|t| t.is_dir());
         if let Ok(entries) = fs::read_dir(claims_dir) {
             for entry in entries.flatten() {
                 let dir = entry.path();
@@ -503,12 +545,26 @@ impl Service {
                     .file_name()
                     .to_str()
                     .is_some_and(|n| owned_claims.iter().any(|c| c == n));
+                if !real_dir(&entry) {
+                    tracing::warn!(path = %dir.display(), owned, "removing what is not a directory where a claim directory should be");
+                    if let Err(e) = fsutil::remove_file_if_exists(&dir) {
+                        tracing::error!(path = %dir.display(), error = %e, "removing it");
+                    }
+                    continue;
+                }
                 let Ok(groups) = fs::read_dir(&dir) else {
                     continue;
                 };
                 for g in groups.flatten() {
                     let root = g.path();
                     let is_group = g.file_name().to_string_lossy().starts_with("mps-");
+                    if is_group && !real_dir(&g) {
+                        tracing::warn!(path = %root.display(), "removing what is not a directory where an MPS group directory should be");
+                        if let Err(e) = fsutil::remove_file_if_exists(&root) {
+                            tracing::error!(path = %root.display(), error = %e, "removing it");
+                        }
+                        continue;
+                    }
                     if is_group && !owned_groups.contains(&root) {
                         tracing::warn!(path = %root.display(), "stopping an MPS control daemon and removing directories no claim owns");
                         if let Err(e) = self.mps.stop(&MpsDirs::from_pipe(&root.join("pipe")), None)

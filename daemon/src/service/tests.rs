@@ -453,14 +453,12 @@ fn one_claim_is_prepared_once_and_a_slow_claim_holds_up_nobody_else() {
 #[test]
 fn a_leftover_daemon_on_the_claims_pipe_directory_is_replaced() {
     let f = fixture();
+    // A daemon holds the pipe directory the claim's group will use, unknown to the service
+    // (a checkpoint and host record both lost; a crash in the middle of a start).
+    let dirs = MpsDirs::for_group(&f.cfg.run_dir.join("claims/o1"), &[gpu(&f, "gpu-2").uuid]);
+    let old = 777_777;
+    fake_process(&f, dirs.pipe.to_str().unwrap(), old);
     f.service
-        .prepare(&claim("o1", &["gpu-2"], Some(mps(50))))
-        .unwrap();
-    let old = f.host.state().daemons.values().next().unwrap().pid;
-    // The checkpoint is lost (say, quarantined): the daemon runs on, unknown to the service.
-    std::fs::remove_file(&f.cfg.checkpoint).unwrap();
-    let again = restart(&f, fresh_backend());
-    again
         .prepare(&claim("o1", &["gpu-2"], Some(mps(50))))
         .unwrap();
     let st = f.host.state();
@@ -873,4 +871,5 @@ fn concurrent_changes_all_reach_the_checkpoint() {
     assert_eq!(attached, [5, 5, 5, 5, 5, 5, 5, 3]);
 }
 
+mod persisted;
 mod recover;
