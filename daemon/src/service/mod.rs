@@ -32,6 +32,7 @@ use crate::strategy::mps::{default_shm_bytes, Liveness, MpsControl, MpsDirs, Mps
 use crate::sys::{read_cgroup, Processes};
 use gpushare_core::Published;
 
+mod asked;
 mod locks;
 mod mig;
 mod modes;
@@ -299,6 +300,9 @@ impl Service {
         // Containers still running on a claim that is prepared afresh keep their slots.
         let mut carried: Vec<Attachment> = Vec::new();
         if let Some(existing) = existing {
+            if matches!(existing.state, ClaimState::Prepared | ClaimState::Degraded) {
+                asked::refuse_changed(&spec, &existing)?;
+            }
             if existing.state == ClaimState::Prepared && self.dead_mps_daemon(&existing).is_none() {
                 // The kubelet is about to hand these CDI IDs to the runtime: they must resolve.
                 if !Path::new(&existing.cdi_spec).exists() {
