@@ -41,6 +41,40 @@ fn not_running(old: &gpushare_proto::MpsInfo) -> String {
     )
 }
 
+/// Most threads the start-up reconcile runs claims (and orphan MPS daemons) on at once. A
+/// node has at most a few dozen MPS control daemons (one per GPU, or per MIG slice), so all
+/// of them are stopped or restarted at once and the reconcile takes about as long as its
+/// slowest claim, whose every step is bounded by the MPS timeout, however many there are.
+const RECONCILE_THREADS: usize = 64;
+
+/// Runs `work` on every item, on up to [`RECONCILE_THREADS`] threads at once (inline for a
+/// single item, or when no thread can be started), and returns when all are done.
+fn in_parallel<T: Sync>(items: &[T], work: impl Fn(&T) + Sync) {
+    if items.len() <= 1 {
+        items.iter().for_each(&work);
+        return;
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let run = || loop {
+        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let Some(item) = items.get(i) else { return };
+        work(item);
+    };
+    std::thread::scope(|s| {
+        for n in 0..items.len().min(RECONCILE_THREADS) {
+            let spawned = std::thread::Builder::new()
+                .name(format!("reconcile-{n}"))
+                .spawn_scoped(s, run);
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "cannot start another reconcile thread; going on with those running");
+                break;
+            }
+        }
+        // Whatever no thread took (none could be started) is done here.
+        run();
+    });
+}
+
 /// Joins the cause of a restart and why the restart failed, in `last_error`.
 const RESTART_FAILED: &str = "; restarting the MPS control daemon failed";
 
@@ -276,17 +310,19 @@ impl Service {
             })
             .collect();
         self.kill_stray_mps_processes(&self.cfg.run_dir.join("claims"), &live_groups);
-        for (uid, state) in uids {
-            match state {
-                ClaimState::PrepareStarted | ClaimState::Unpreparing => {
-                    tracing::warn!(claim = %uid, ?state, "rolling back a claim a crash left half-done");
-                    if let Some(e) = self.teardown(&uid, None) {
-                        tracing::error!(claim = %uid, error = %e, "rolling back; the next unprepare or prepare of the claim retries");
-                    }
+        // All claims at once: each claim's rollback or re-adoption waits on its own MPS
+        // control daemons (a `quit` that is not taken waits out the MPS timeout before the
+        // kill), so one after another a start that cannot re-adopt them (say, after the MPS
+        // control program changed) took that wait once per claim.
+        in_parallel(&uids, |(uid, state)| match state {
+            ClaimState::PrepareStarted | ClaimState::Unpreparing => {
+                tracing::warn!(claim = %uid, ?state, "rolling back a claim a crash left half-done");
+                if let Some(e) = self.teardown(uid, None) {
+                    tracing::error!(claim = %uid, error = %e, "rolling back; the next unprepare or prepare of the claim retries");
                 }
-                ClaimState::Prepared | ClaimState::Degraded => self.revive(&uid, rebooted),
             }
-        }
+            ClaimState::Prepared | ClaimState::Degraded => self.revive(uid, rebooted),
+        });
         self.remove_orphans();
         // After the rollbacks, so that only what the remaining claims asked is applied.
         reapply_gpu_settings(self.backend.as_ref(), &self.state().placement);
@@ -538,47 +574,55 @@ impl Service {
         // Nothing is followed: a link (or any other non-directory) where a claim or MPS group
         // directory should be is removed as the link it is, never read or stopped through.
         let real_dir = |e: &fs::DirEntry| e.file_type().is_ok_and(|t| t.is_dir());
+        let not_a_dir = |path: &Path, what: &str| {
+            tracing::warn!(path = %path.display(), "removing what is not a directory where {what} should be");
+            if let Err(e) = fsutil::remove_file_if_exists(path) {
+                tracing::error!(path = %path.display(), error = %e, "removing it");
+            }
+        };
+        let mut orphan_groups: Vec<PathBuf> = Vec::new();
+        let mut orphan_dirs: Vec<PathBuf> = Vec::new();
         if let Ok(entries) = fs::read_dir(claims_dir) {
             for entry in entries.flatten() {
                 let dir = entry.path();
+                if !real_dir(&entry) {
+                    not_a_dir(&dir, "a claim directory");
+                    continue;
+                }
                 let owned = entry
                     .file_name()
                     .to_str()
                     .is_some_and(|n| owned_claims.iter().any(|c| c == n));
-                if !real_dir(&entry) {
-                    tracing::warn!(path = %dir.display(), owned, "removing what is not a directory where a claim directory should be");
-                    if let Err(e) = fsutil::remove_file_if_exists(&dir) {
-                        tracing::error!(path = %dir.display(), error = %e, "removing it");
-                    }
-                    continue;
-                }
                 let Ok(groups) = fs::read_dir(&dir) else {
                     continue;
                 };
                 for g in groups.flatten() {
                     let root = g.path();
-                    let is_group = g.file_name().to_string_lossy().starts_with("mps-");
-                    if is_group && !real_dir(&g) {
-                        tracing::warn!(path = %root.display(), "removing what is not a directory where an MPS group directory should be");
-                        if let Err(e) = fsutil::remove_file_if_exists(&root) {
-                            tracing::error!(path = %root.display(), error = %e, "removing it");
-                        }
+                    if !g.file_name().to_string_lossy().starts_with("mps-") {
                         continue;
                     }
-                    if is_group && !owned_groups.contains(&root) {
-                        tracing::warn!(path = %root.display(), "stopping an MPS control daemon and removing directories no claim owns");
-                        if let Err(e) = self.mps.stop(&MpsDirs::from_pipe(&root.join("pipe")), None)
-                        {
-                            tracing::error!(path = %root.display(), error = %e, "removing an orphan MPS group");
-                        }
+                    if !real_dir(&g) {
+                        not_a_dir(&root, "an MPS group directory");
+                    } else if !owned_groups.contains(&root) {
+                        orphan_groups.push(root);
                     }
                 }
                 if !owned {
-                    tracing::warn!(path = %dir.display(), "removing a claim directory no claim owns");
-                    if let Err(e) = fsutil::remove_dir_all_if_exists(&dir) {
-                        tracing::error!(path = %dir.display(), error = %e, "removing an orphan claim directory");
-                    }
+                    orphan_dirs.push(dir);
                 }
+            }
+        }
+        // Each stop may wait out the MPS timeout: all at once.
+        in_parallel(&orphan_groups, |root| {
+            tracing::warn!(path = %root.display(), "stopping an MPS control daemon and removing directories no claim owns");
+            if let Err(e) = self.mps.stop(&MpsDirs::from_pipe(&root.join("pipe")), None) {
+                tracing::error!(path = %root.display(), error = %e, "removing an orphan MPS group");
+            }
+        });
+        for dir in orphan_dirs {
+            tracing::warn!(path = %dir.display(), "removing a claim directory no claim owns");
+            if let Err(e) = fsutil::remove_dir_all_if_exists(&dir) {
+                tracing::error!(path = %dir.display(), error = %e, "removing an orphan claim directory");
             }
         }
     }
@@ -605,11 +649,12 @@ impl Service {
             if round == 0 {
                 // First the polite way: `quit` to each daemon that holds its directory.
                 let pipes: BTreeSet<&PathBuf> = strays.iter().map(|(_, p)| p).collect();
-                for pipe in pipes {
+                let pipes: Vec<&PathBuf> = pipes.into_iter().collect();
+                in_parallel(&pipes, |pipe| {
                     if let Err(e) = self.mps.stop(&MpsDirs::from_pipe(pipe), None) {
                         tracing::error!(pipe = %pipe.display(), error = %e, "stopping a stray MPS control daemon");
                     }
-                }
+                });
                 continue;
             }
             for (pid, pipe) in &strays {
@@ -624,7 +669,7 @@ impl Service {
             {
                 std::thread::sleep(Duration::from_millis(10));
             }
-            for (_, pipe) in &strays {
+            in_parallel(&strays, |(_, pipe)| {
                 // Its directory may have been created after the directory sweep.
                 if let Some(root) = pipe.parent().filter(|r| r.starts_with(claims_dir)) {
                     let dirs = MpsDirs::from_pipe(pipe);
@@ -632,7 +677,7 @@ impl Service {
                         tracing::error!(path = %root.display(), error = %e, "removing a stray MPS group");
                     }
                 }
-            }
+            });
         }
         tracing::error!(
             rounds = ROUNDS,
