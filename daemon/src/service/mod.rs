@@ -107,6 +107,9 @@ pub struct Service {
     in_flight: (Mutex<usize>, Condvar),
     /// Wakes the supervisor when the set of MPS control daemons changes.
     supervisor_wake: Mutex<Option<std::os::unix::net::UnixStream>>,
+    /// Held while a claim's host record is written, and while a release removes the claim's
+    /// directory: see `write_host_record`.
+    host_record_writes: Mutex<()>,
 }
 
 /// The plan for one device group, before anything is applied.
@@ -206,6 +209,7 @@ impl Service {
             changes: ClaimLocks::default(),
             in_flight: (Mutex::new(0), Condvar::new()),
             supervisor_wake: Mutex::new(None),
+            host_record_writes: Mutex::new(()),
         };
         service.reconcile(loaded, boot_id);
         Ok(service)
@@ -416,7 +420,7 @@ impl Service {
                     return Err(e);
                 }
                 if let Some(c) = &prepared {
-                    self.write_host_record(c);
+                    self.write_host_record(&c.uid);
                 }
                 crate::crash::point("prepare.completed_saved");
                 self.wake_supervisor();
@@ -938,7 +942,16 @@ impl Service {
             );
         }
         crate::crash::point("unprepare.cdi_removed");
-        if let Err(e) = fsutil::remove_dir_all_if_exists(&self.claim_dir(uid)) {
+        // No host record of the claim is being written meanwhile (one that began before saw
+        // the claim Prepared and is removed with the directory; one after sees Unpreparing).
+        let removed = {
+            let _writes = self
+                .host_record_writes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            fsutil::remove_dir_all_if_exists(&self.claim_dir(uid))
+        };
+        if let Err(e) = removed {
             note(
                 &mut errors,
                 ServiceError::internal(format!("removing {}: {e}", self.claim_dir(uid).display())),
@@ -1120,6 +1133,7 @@ impl Service {
                 }
             }
             self.commit(st)?;
+            self.write_host_record(&p.claim_uid);
             return Ok(updated);
         }
         // A container whose init process is gone and whose poststop hook never ran (runtime
@@ -1170,6 +1184,7 @@ impl Service {
             }
             return Err(e);
         }
+        self.write_host_record(&p.claim_uid);
         tracing::info!(claim = %p.claim_uid, container = %p.container_id, pid = ?p.pid, "container attached");
         Ok(attachment)
     }
@@ -1189,6 +1204,7 @@ impl Service {
         let detached = claim.attached.len() != before;
         if detached {
             self.commit(st)?;
+            self.write_host_record(&p.claim_uid);
             tracing::info!(claim = %p.claim_uid, container = %p.container_id, "container detached");
         }
         Ok(DetachResult { detached })

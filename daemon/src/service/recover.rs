@@ -176,10 +176,31 @@ impl Service {
     /// rebuilt from, unless it already holds exactly this record: a restart re-checks every claim,
     /// and a durable rewrite per claim made restart-to-ready grow by ~0.6 ms per claim
     /// (BENCHMARKS.md, "Recovery"). A failure is logged only: the checkpoint stays the record.
-    pub(super) fn write_host_record(&self, info: &ClaimInfo) {
+    /// Attachments are in it too (written at every attach and detach; the run directory is a
+    /// tmpfs, where this costs no disk flush), so a rebuilt claim keeps its containers' slots.
+    ///
+    /// What is written is the claim as the registry holds it when the write begins, under one
+    /// lock for all host-record writes, so that of two changes written at once the later one
+    /// is what stays on disk. Only a `Prepared` or `Degraded`
+    /// claim has one: a release under way (`Unpreparing`, set before its directory goes) is
+    /// never written back.
+    pub(super) fn write_host_record(&self, uid: &str) {
+        let _writes = self
+            .host_record_writes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let Some(info) = self
+            .state()
+            .claims
+            .get(uid)
+            .filter(|c| matches!(c.state, ClaimState::Prepared | ClaimState::Degraded))
+            .cloned()
+        else {
+            return;
+        };
         let dir = self.claim_dir(&info.uid);
         let result = fsutil::create_dir_if_missing(&dir, 0o755).and_then(|()| {
-            let bytes = serde_json::to_vec(info).map_err(std::io::Error::other)?;
+            let bytes = serde_json::to_vec(&info).map_err(std::io::Error::other)?;
             let path = dir.join(HOST_RECORD);
             if fsutil::read_own_file(&path, MAX_HOST_RECORD_BYTES)
                 .is_ok_and(|on_disk| on_disk == bytes)
@@ -380,7 +401,7 @@ impl Service {
                     tracing::error!(claim = %uid, error = %e, "rewriting the CDI spec");
                 }
             }
-            self.write_host_record(&info);
+            self.write_host_record(uid);
         }
     }
 
@@ -458,7 +479,7 @@ impl Service {
                 }
             }
             let _ = self.commit(guard);
-            self.write_host_record(&c);
+            self.write_host_record(uid);
         }
         self.wake_supervisor();
         outcome

@@ -455,3 +455,32 @@ fn what_is_not_a_regular_file_in_the_cdi_directory_is_never_read_or_followed() {
     assert!(elsewhere.exists());
     assert!(Path::new(&again.get_claim("ok").unwrap().cdi_spec).exists());
 }
+
+#[test]
+fn attachments_survive_a_missing_checkpoint() {
+    let f = fixture();
+    let short = json!({"sharingMode": "time-slicing", "replicas": 2});
+    f.service
+        .prepare(&claim("att", &["gpu-1"], Some(short)))
+        .unwrap();
+    fake_process(&f, "/proc-4242", 4242);
+    let a = |id: &str, pid| AttachParams {
+        claim_uid: "att".into(),
+        container_id: id.into(),
+        pid: Some(pid),
+        bundle: None,
+    };
+    f.service.attach(&a("c1", 4242)).unwrap();
+    f.service.attach(&a("c2", 4242)).unwrap();
+    f.service
+        .detach(&DetachParams {
+            claim_uid: "att".into(),
+            container_id: "c2".into(),
+        })
+        .unwrap();
+    std::fs::remove_file(&f.cfg.checkpoint).unwrap();
+    let again = restart(&f, fresh_backend());
+    let c = again.get_claim("att").unwrap();
+    let ids: Vec<&str> = c.attached.iter().map(|a| a.container_id.as_str()).collect();
+    assert_eq!(ids, ["c1"], "the running container keeps its slot");
+}
