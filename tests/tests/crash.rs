@@ -1228,6 +1228,9 @@ fn the_hook_refuses_a_container_on_a_degraded_claim_with_the_reason_until_it_rec
     node.unprepare(&uid).unwrap();
 }
 
+/// A way the checkpoint goes missing, done to a stopped node.
+type Loss = fn(&Node);
+
 /// Whether something is mounted exactly on `path` (from this process's mountinfo).
 fn mounted(path: &str) -> bool {
     fs::read_to_string("/proc/self/mountinfo")
@@ -1252,7 +1255,7 @@ fn a_missing_checkpoint_or_state_directory_loses_no_claim() {
     let spec = node.cdi_dir.join(format!("gpushare.io-claim_{m}.json"));
     // Each way the checkpoint goes missing, or stops being a file: an operator's `rm`, a lost
     // volume (the whole state directory), something else at its path.
-    let losses: [(&str, fn(&Node)); 4] = [
+    let losses: [(&str, Loss); 4] = [
         ("checkpoint removed", |n| {
             fs::remove_file(n.checkpoint()).unwrap()
         }),
