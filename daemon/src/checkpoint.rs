@@ -120,12 +120,22 @@ pub fn prune_tombstones(tombstones: &mut BTreeMap<String, Tombstone>, now: u64) 
     }
 }
 
+/// Largest checkpoint file read, in bytes: far above what 1,000 claims and the most
+/// tombstones take (a few MiB), far below what would hurt to hold in memory. A larger file is
+/// not one this daemon wrote: it is quarantined like a corrupt one.
+pub const MAX_CHECKPOINT_BYTES: u64 = 64 << 20;
+
 /// What loading found.
 #[derive(Debug)]
 pub struct Loaded {
     /// The checkpoint (empty when there was none or it was corrupt).
     pub checkpoint: Checkpoint,
-    /// Where a corrupt checkpoint was moved, and why it was refused.
+    /// No checkpoint was there at all (a new or changed state directory, a lost volume, an
+    /// operator's `rm`). That is not a node without claims: the reconcile rebuilds the claims
+    /// from their host records, as after a corrupt checkpoint.
+    pub missing: bool,
+    /// Where a corrupt checkpoint (or whatever stood at its path) was moved, and why it was
+    /// refused.
     pub quarantined: Option<(PathBuf, String)>,
 }
 
@@ -146,55 +156,70 @@ impl CheckpointFile {
         &self.path
     }
 
-    /// Loads the checkpoint; a missing file is an empty checkpoint, a corrupt one (not JSON,
-    /// truncated, wrong shape, or empty) is moved to `<path>.corrupt-<unix seconds>` and
-    /// reported in [`Loaded::quarantined`]. Temporary files of interrupted writes are removed.
+    /// Loads the checkpoint. A missing file is an empty checkpoint with [`Loaded::missing`]
+    /// set. Anything else that is not a checkpoint this daemon wrote is moved to
+    /// `<path>.corrupt-<unix seconds>` and reported in [`Loaded::quarantined`]: a file that is
+    /// not JSON, truncated, of the wrong shape, empty, larger than [`MAX_CHECKPOINT_BYTES`] or
+    /// unreadable, and a path that is not a regular file at all (a directory, a symbolic link,
+    /// which is never followed, a fifo, which is never opened for a blocking read, a socket, a
+    /// device node), so that no such thing fails every start. Temporary files of interrupted
+    /// writes are removed.
     ///
     /// # Errors
-    /// The file exists but cannot be read, or a corrupt one cannot be moved aside.
+    /// What stands at the path cannot be moved aside.
     pub fn load(&self) -> io::Result<Loaded> {
         self.remove_stale_temporaries();
-        let bytes = match fs::read(&self.path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+        let refused = match fsutil::read_own_file(&self.path, MAX_CHECKPOINT_BYTES) {
+            Ok(bytes) => match serde_json::from_slice::<Checkpoint>(&bytes) {
+                Ok(checkpoint) => {
+                    return Ok(Loaded {
+                        checkpoint,
+                        missing: false,
+                        quarantined: None,
+                    })
+                }
+                Err(e) => e.to_string(),
+            },
+            Err(fsutil::ReadRefusal::Missing) => {
                 return Ok(Loaded {
                     checkpoint: Checkpoint::default(),
+                    missing: true,
                     quarantined: None,
                 })
             }
-            Err(e) => return Err(e),
+            Err(why) => why.to_string(),
         };
-        match serde_json::from_slice::<Checkpoint>(&bytes) {
-            Ok(checkpoint) => Ok(Loaded {
-                checkpoint,
-                quarantined: None,
-            }),
-            Err(e) => {
-                let secs = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map(|d| d.as_secs())
-                    .unwrap_or(0);
-                let name = self
-                    .path
-                    .file_name()
-                    .map_or_else(|| "checkpoint.json".into(), |n| n.to_string_lossy());
-                // Two corrupt files within one second (a crash loop elsewhere) must not
-                // overwrite the first one's evidence.
-                let mut aside = self.path.with_file_name(format!("{name}.corrupt-{secs}"));
-                let mut n = 1;
-                while aside.exists() {
-                    aside = self
-                        .path
-                        .with_file_name(format!("{name}.corrupt-{secs}.{n}"));
-                    n += 1;
-                }
-                fs::rename(&self.path, &aside)?;
-                Ok(Loaded {
-                    checkpoint: Checkpoint::default(),
-                    quarantined: Some((aside, e.to_string())),
-                })
-            }
+        let aside = self.move_aside()?;
+        Ok(Loaded {
+            checkpoint: Checkpoint::default(),
+            missing: false,
+            quarantined: Some((aside, refused)),
+        })
+    }
+
+    /// Moves whatever stands at the path (a file, a directory, a link itself) to
+    /// `<path>.corrupt-<unix seconds>[.<n>]` and returns where.
+    fn move_aside(&self) -> io::Result<PathBuf> {
+        let secs = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let name = self
+            .path
+            .file_name()
+            .map_or_else(|| "checkpoint.json".into(), |n| n.to_string_lossy());
+        // Two corrupt files within one second (a crash loop elsewhere) must not overwrite the
+        // first one's evidence.
+        let mut aside = self.path.with_file_name(format!("{name}.corrupt-{secs}"));
+        let mut n = 1;
+        while fs::symlink_metadata(&aside).is_ok() {
+            aside = self
+                .path
+                .with_file_name(format!("{name}.corrupt-{secs}.{n}"));
+            n += 1;
         }
+        fs::rename(&self.path, &aside)?;
+        Ok(aside)
     }
 
     /// Writes `checkpoint` atomically (mode 0600).
@@ -242,8 +267,14 @@ mod tests {
         let f = CheckpointFile::new(dir.path().join("state/checkpoint.json"));
         let loaded = f.load().unwrap();
         assert!(loaded.checkpoint.claims.is_empty());
+        assert!(loaded.missing && loaded.quarantined.is_none());
         f.save(&loaded.checkpoint).unwrap();
-        assert_eq!(f.load().unwrap().checkpoint, Checkpoint::default());
+        let again = f.load().unwrap();
+        assert_eq!(again.checkpoint, Checkpoint::default());
+        assert!(
+            !again.missing,
+            "an empty checkpoint on disk is not a missing one"
+        );
     }
 
     #[test]
@@ -339,5 +370,51 @@ mod tests {
             .starts_with("checkpoint.json.corrupt-"));
         assert!(why.contains("EOF"), "{why}");
         assert!(loaded.checkpoint.claims.is_empty());
+    }
+
+    #[test]
+    fn a_path_that_is_not_a_regular_file_is_quarantined_not_an_error() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("checkpoint.json");
+        let f = CheckpointFile::new(p.clone());
+        let good = dir.path().join("elsewhere.json");
+        fs::write(&good, r#"{"version": 2, "claims": {}}"#).unwrap();
+        let plant: [(&str, &dyn Fn()); 4] = [
+            ("a directory", &|| fs::create_dir(&p).unwrap()),
+            ("a symbolic link", &|| symlink(&good, &p).unwrap()),
+            ("a fifo", &|| {
+                nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap()
+            }),
+            ("a socket", &|| {
+                std::os::unix::net::UnixListener::bind(&p).unwrap();
+            }),
+        ];
+        for (what, make) in plant {
+            make();
+            let loaded = f.load().unwrap();
+            let (aside, why) = loaded.quarantined.expect(what);
+            assert!(why.contains(what), "{what}: {why}");
+            assert!(!loaded.missing);
+            assert!(fs::symlink_metadata(&p).is_err(), "{what} moved away");
+            assert!(
+                fs::symlink_metadata(&aside).is_ok(),
+                "{what} kept as evidence"
+            );
+            // The next load finds nothing there: a fresh start, not the same refusal again.
+            assert!(f.load().unwrap().missing, "{what}");
+        }
+        assert!(good.exists(), "a link's target is never touched");
+    }
+
+    #[test]
+    fn a_huge_file_is_quarantined_without_being_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("checkpoint.json");
+        let file = fs::File::create(&p).unwrap();
+        // Sparse: no disk is used for it.
+        file.set_len(MAX_CHECKPOINT_BYTES + 1).unwrap();
+        let (_, why) = CheckpointFile::new(p).load().unwrap().quarantined.unwrap();
+        assert!(why.contains("larger than"), "{why}");
     }
 }

@@ -276,6 +276,99 @@ pub fn remove_dir_all_if_exists(path: &Path) -> io::Result<()> {
     }
 }
 
+/// Why [`read_own_file`] refused what it found.
+#[derive(Debug)]
+pub enum ReadRefusal {
+    /// Nothing is there.
+    Missing,
+    /// Something other than a regular file is there (a directory, a symbolic link, a fifo,
+    /// a socket, a device node): named in words.
+    NotAFile(&'static str),
+    /// A regular file larger than the limit, with its size in bytes.
+    TooLarge(u64),
+    /// It could not be opened or read.
+    Io(io::Error),
+}
+
+impl std::fmt::Display for ReadRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadRefusal::Missing => f.write_str("it does not exist"),
+            ReadRefusal::NotAFile(what) => write!(f, "it is {what}, not a regular file"),
+            ReadRefusal::TooLarge(n) => write!(f, "it is {n} bytes long, larger than any we write"),
+            ReadRefusal::Io(e) => write!(f, "reading it: {e}"),
+        }
+    }
+}
+
+/// What kind of thing `t` is, in words, when it is not a regular file.
+fn not_a_file(t: fs::FileType) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_file() {
+        None
+    } else if t.is_dir() {
+        Some("a directory")
+    } else if t.is_symlink() {
+        Some("a symbolic link")
+    } else if t.is_fifo() {
+        Some("a fifo")
+    } else if t.is_socket() {
+        Some("a socket")
+    } else if t.is_char_device() || t.is_block_device() {
+        Some("a device node")
+    } else {
+        Some("not a file")
+    }
+}
+
+/// Reads a file this daemon wrote itself (the checkpoint, a claim's host record, a CDI spec)
+/// as the input it is: only a regular file, never through a symbolic link, at most
+/// `max_bytes` long. The type is looked at before opening (opening a fifo would block, a
+/// device node may act), and checked again on the handle (opened `O_NOFOLLOW | O_NONBLOCK`),
+/// so a swap in between is refused too.
+///
+/// # Errors
+/// [`ReadRefusal`]: missing, not a regular file, too large, or an I/O error.
+pub fn read_own_file(path: &Path, max_bytes: u64) -> Result<Vec<u8>, ReadRefusal> {
+    use std::io::Read;
+    let meta = match fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(ReadRefusal::Missing),
+        Err(e) => return Err(ReadRefusal::Io(e)),
+    };
+    if let Some(what) = not_a_file(meta.file_type()) {
+        return Err(ReadRefusal::NotAFile(what));
+    }
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(ReadRefusal::Missing),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(ReadRefusal::NotAFile("a symbolic link"))
+        }
+        Err(e) => return Err(ReadRefusal::Io(e)),
+    };
+    let meta = file.metadata().map_err(ReadRefusal::Io)?;
+    if let Some(what) = not_a_file(meta.file_type()) {
+        return Err(ReadRefusal::NotAFile(what));
+    }
+    if meta.len() > max_bytes {
+        return Err(ReadRefusal::TooLarge(meta.len()));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    // Bounded even if it grows while being read.
+    file.take(max_bytes + 1)
+        .read_to_end(&mut bytes)
+        .map_err(ReadRefusal::Io)?;
+    if bytes.len() as u64 > max_bytes {
+        return Err(ReadRefusal::TooLarge(bytes.len() as u64));
+    }
+    Ok(bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -433,5 +526,36 @@ mod tests {
         assert_eq!(temporary_writer("spec.json", "spec.json"), None);
         write_atomic(&path, b"x", 0o644).unwrap();
         assert!(fs::read_dir(dir.path()).unwrap().count() == 1);
+    }
+
+    #[test]
+    fn read_own_file_takes_only_a_bounded_regular_file_and_never_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f.json");
+        fs::write(&file, b"{}").unwrap();
+        assert_eq!(read_own_file(&file, 2).unwrap(), b"{}");
+        assert!(matches!(
+            read_own_file(&file, 1),
+            Err(ReadRefusal::TooLarge(2))
+        ));
+        assert!(matches!(
+            read_own_file(&dir.path().join("none"), 9),
+            Err(ReadRefusal::Missing)
+        ));
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert!(matches!(
+            read_own_file(&link, 9),
+            Err(ReadRefusal::NotAFile("a symbolic link"))
+        ));
+        assert!(matches!(
+            read_own_file(dir.path(), 9),
+            Err(ReadRefusal::NotAFile("a directory"))
+        ));
+        // A fifo with no writer: opening it for reading would block forever.
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let refusal = read_own_file(&fifo, 9).unwrap_err();
+        assert!(refusal.to_string().contains("a fifo"), "{refusal}");
     }
 }

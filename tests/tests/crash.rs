@@ -1227,3 +1227,180 @@ fn the_hook_refuses_a_container_on_a_degraded_claim_with_the_reason_until_it_rec
     node.check(&mut counts);
     node.unprepare(&uid).unwrap();
 }
+
+/// A way the checkpoint goes missing, done to a stopped node.
+type Loss = fn(&Node);
+
+/// Whether something is mounted exactly on `path` (from this process's mountinfo).
+fn mounted(path: &str) -> bool {
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|m| m == path)
+}
+
+#[test]
+fn a_missing_checkpoint_or_state_directory_loses_no_claim() {
+    if !need(is_root(), "root") {
+        return;
+    }
+    let mut node = Node::new(mps_program());
+    node.start();
+    let pid = std::process::id();
+    let (m, t) = (format!("mc-mps-{pid}"), format!("mc-ts-{pid}"));
+    node.prepare(&mps_claim(&m, 2, 30)).unwrap();
+    node.prepare(&ts_claim(&t, 3)).unwrap();
+    let before = mps_groups(&node.claim(&m).unwrap())[0].clone();
+    let spec = node.cdi_dir.join(format!("gpushare.io-claim_{m}.json"));
+    // Each way the checkpoint goes missing, or stops being a file: an operator's `rm`, a lost
+    // volume (the whole state directory), something else at its path.
+    let losses: [(&str, Loss); 4] = [
+        ("checkpoint removed", |n| {
+            fs::remove_file(n.checkpoint()).unwrap()
+        }),
+        ("state directory removed", |n| {
+            fs::remove_dir_all(&n.state_dir).unwrap()
+        }),
+        ("a directory at the checkpoint's path", |n| {
+            fs::remove_file(n.checkpoint()).unwrap();
+            fs::create_dir(n.checkpoint()).unwrap();
+        }),
+        ("a fifo at the checkpoint's path", |n| {
+            fs::remove_file(n.checkpoint()).unwrap();
+            nix::unistd::mkfifo(
+                &n.checkpoint(),
+                nix::sys::stat::Mode::from_bits_truncate(0o600),
+            )
+            .unwrap();
+        }),
+    ];
+    let mut counts = Counts::new();
+    for (what, lose) in losses {
+        node.kill9();
+        lose(&node);
+        node.start();
+        let c = node
+            .claim(&m)
+            .unwrap_or_else(|e| panic!("{what}: {e}; log:\n{}", node.log()));
+        assert_eq!(c.state, ClaimState::Prepared, "{what}");
+        let now = mps_groups(&c)[0].clone();
+        assert_eq!(
+            (now.control_daemon_pid, now.control_daemon_start_time),
+            (before.control_daemon_pid, before.control_daemon_start_time),
+            "{what}: the GPU job's MPS control daemon is the same process"
+        );
+        assert_eq!(now.restarts, 0, "{what}");
+        assert!(spec.exists(), "{what}: CDI spec kept");
+        assert!(mounted(&before.shm_dir), "{what}: shm tmpfs kept");
+        assert_eq!(
+            node.claim(&t).unwrap().state,
+            ClaimState::Prepared,
+            "{what}"
+        );
+        // Every invariant: the fresh checkpoint holds both claims, nothing orphaned, the
+        // time-slice interval and compute mode as the claims ask.
+        node.check(&mut counts);
+    }
+    let log = node.log();
+    assert!(log.contains("no checkpoint found"), "logged");
+    assert!(
+        log.contains("checkpoint was corrupt"),
+        "the wrong types quarantined"
+    );
+    let aside = read_names(&node.state_dir);
+    assert_eq!(
+        aside
+            .iter()
+            .filter(|n| n.starts_with("checkpoint.json.corrupt-"))
+            .count(),
+        2,
+        "{aside:?}"
+    );
+    node.unprepare(&m).unwrap();
+    node.unprepare(&t).unwrap();
+    node.check(&mut counts);
+    print_counts("missing checkpoint and state directory", &counts);
+}
+
+#[test]
+fn a_restart_that_cannot_readopt_mps_daemons_stops_and_restarts_them_all_at_once() {
+    if !need(is_root(), "root") {
+        return;
+    }
+    const CLAIMS: u32 = 8;
+    // --mps-timeout of the Node: the bound each stop waits for a `quit` not taken.
+    const TIMEOUT: Duration = Duration::from_secs(5);
+    let real = mps_program();
+    let mut node = Node::new(real.clone());
+    node.start();
+    let pid = std::process::id();
+    let uids: Vec<String> = (0..CLAIMS).map(|i| format!("ra-{i}-{pid}")).collect();
+    for (i, uid) in uids.iter().enumerate() {
+        node.prepare(&mps_claim(uid, i as u32, 10 + i as u32))
+            .unwrap();
+    }
+    let old: Vec<i32> = uids
+        .iter()
+        .map(|u| mps_groups(&node.claim(u).unwrap())[0].control_daemon_pid)
+        .collect();
+    node.kill9();
+    // The MPS control program changed under the running daemons: this one talks only to
+    // daemons it started itself, so none of the old ones can be re-adopted, or asked to quit.
+    let marks = node.dir.path().join("started-by-the-new-program");
+    fs::create_dir(&marks).unwrap();
+    let changed = node.dir.path().join("changed-mps-control");
+    fs::write(
+        &changed,
+        format!(
+            "#!/bin/sh\n\
+             mark={marks}/$(printf %s \"$CUDA_MPS_PIPE_DIRECTORY\" | /usr/bin/md5sum | /usr/bin/cut -d' ' -f1)\n\
+             if [ \"$1\" = -d ]; then : > \"$mark\"; exec {real} \"$@\"; fi\n\
+             if [ -e \"$mark\" ]; then exec {real} \"$@\"; fi\n\
+             /bin/cat > /dev/null; echo 'cannot reach an MPS control daemon started by another program' >&2; exit 1\n",
+            marks = marks.display(),
+            real = real.display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(
+        &changed,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    node.mps_control = changed;
+    let started = Instant::now();
+    node.start();
+    let took = started.elapsed();
+    eprintln!(
+        "{CLAIMS} MPS daemons that could not be re-adopted stopped and started again; ready in {took:?}"
+    );
+    // One after another, each stop alone waits out the timeout for its quit: 8 × 5 s.
+    let sequential = TIMEOUT * CLAIMS;
+    assert!(
+        took < sequential / 2,
+        "ready after {took:?}: at least {sequential:?} is what one stop after another takes; log:\n{}",
+        node.log()
+    );
+    for (uid, old) in uids.iter().zip(&old) {
+        let c = node.claim(uid).unwrap();
+        assert_eq!(c.state, ClaimState::Prepared, "{c:?}");
+        let m = &mps_groups(&c)[0];
+        assert_ne!(m.control_daemon_pid, *old, "{uid}: started again");
+        assert!(
+            !gpushare::sys::pid_alive(*old),
+            "{uid}: the old daemon is gone"
+        );
+        assert_eq!(c.restarts, 1, "{uid}");
+    }
+    assert_eq!(
+        node.log().matches("cannot be re-adopted").count(),
+        CLAIMS as usize
+    );
+    let mut counts = Counts::new();
+    node.check(&mut counts);
+    for uid in &uids {
+        node.unprepare(uid).unwrap();
+    }
+    node.check(&mut counts);
+}

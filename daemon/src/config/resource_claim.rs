@@ -356,7 +356,7 @@ fn allocation_devices<'a>(root: Obj<'a>, who: &str) -> Result<Obj<'a>, ConfigErr
 
 /// A request name as Kubernetes allows it: a DNS label, or `<request>/<subrequest>` for a
 /// prioritized-list alternative. Names end up in CDI device names, so nothing else may pass.
-fn is_request_name(name: &str) -> bool {
+pub(crate) fn is_request_name(name: &str) -> bool {
     let label = |l: &str| {
         (1..=63).contains(&l.len())
             && l.bytes()

@@ -32,10 +32,12 @@ use crate::strategy::mps::{default_shm_bytes, Liveness, MpsControl, MpsDirs, Mps
 use crate::sys::{read_cgroup, Processes};
 use gpushare_core::Published;
 
+mod asked;
 mod locks;
 mod mig;
 mod mig_recover;
 mod modes;
+mod persisted;
 mod recover;
 mod view;
 use locks::ClaimLocks;
@@ -106,6 +108,9 @@ pub struct Service {
     in_flight: (Mutex<usize>, Condvar),
     /// Wakes the supervisor when the set of MPS control daemons changes.
     supervisor_wake: Mutex<Option<std::os::unix::net::UnixStream>>,
+    /// Held while a claim's host record is written, and while a release removes the claim's
+    /// directory: see `write_host_record`.
+    host_record_writes: Mutex<()>,
 }
 
 /// The plan for one device group, before anything is applied.
@@ -206,6 +211,7 @@ impl Service {
             changes: ClaimLocks::default(),
             in_flight: (Mutex::new(0), Condvar::new()),
             supervisor_wake: Mutex::new(None),
+            host_record_writes: Mutex::new(()),
         };
         service.reconcile(loaded, boot_id);
         Ok(service)
@@ -300,6 +306,9 @@ impl Service {
         // Containers still running on a claim that is prepared afresh keep their slots.
         let mut carried: Vec<Attachment> = Vec::new();
         if let Some(existing) = existing {
+            if matches!(existing.state, ClaimState::Prepared | ClaimState::Degraded) {
+                asked::refuse_changed(&spec, &existing)?;
+            }
             if existing.state == ClaimState::Prepared && self.dead_mps_daemon(&existing).is_none() {
                 // The kubelet is about to hand these CDI IDs to the runtime: they must resolve.
                 if !Path::new(&existing.cdi_spec).exists() {
@@ -413,7 +422,7 @@ impl Service {
                     return Err(e);
                 }
                 if let Some(c) = &prepared {
-                    self.write_host_record(c);
+                    self.write_host_record(&c.uid);
                 }
                 crate::crash::point("prepare.completed_saved");
                 self.wake_supervisor();
@@ -935,7 +944,16 @@ impl Service {
             );
         }
         crate::crash::point("unprepare.cdi_removed");
-        if let Err(e) = fsutil::remove_dir_all_if_exists(&self.claim_dir(uid)) {
+        // No host record of the claim is being written meanwhile (one that began before saw
+        // the claim Prepared and is removed with the directory; one after sees Unpreparing).
+        let removed = {
+            let _writes = self
+                .host_record_writes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            fsutil::remove_dir_all_if_exists(&self.claim_dir(uid))
+        };
+        if let Err(e) = removed {
             note(
                 &mut errors,
                 ServiceError::internal(format!("removing {}: {e}", self.claim_dir(uid).display())),
@@ -1125,6 +1143,7 @@ impl Service {
                 }
             }
             self.commit(st)?;
+            self.write_host_record(&p.claim_uid);
             return Ok(updated);
         }
         // A container whose init process is gone and whose poststop hook never ran (runtime
@@ -1175,6 +1194,7 @@ impl Service {
             }
             return Err(e);
         }
+        self.write_host_record(&p.claim_uid);
         tracing::info!(claim = %p.claim_uid, container = %p.container_id, pid = ?p.pid, "container attached");
         Ok(attachment)
     }
@@ -1194,6 +1214,7 @@ impl Service {
         let detached = claim.attached.len() != before;
         if detached {
             self.commit(st)?;
+            self.write_host_record(&p.claim_uid);
             tracing::info!(claim = %p.claim_uid, container = %p.container_id, "container detached");
         }
         Ok(DetachResult { detached })

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use gpushare_proto::{ClaimInfo, ClaimState, ErrorCode, StrategyInfo};
 
+use super::persisted::{self, Quarantine, HOST_RECORD, MAX_HOST_RECORD_BYTES};
 use super::{mig, now_secs, reapply_gpu_settings, wants_of, Service};
 use crate::checkpoint::Loaded;
 use crate::error::ServiceError;
@@ -18,10 +19,8 @@ use crate::strategy::mps::{launch_of, Liveness, MpsDirs};
 /// Where Linux tells the current boot's ID (a new one at every boot).
 pub const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
 
-/// File name of the copy of a claim's record kept in its run directory
-/// (`<run-dir>/claims/<uid>/claim.json`): what the daemon rebuilds claims from when the
-/// checkpoint was corrupt.
-const HOST_RECORD: &str = "claim.json";
+/// Largest CDI spec file read when looking for orphans of ours, in bytes (ours are a few KiB).
+const MAX_SPEC_BYTES: u64 = 4 << 20;
 
 /// First delay before restarting a dead MPS control daemon; doubled after each failure.
 const RESTART_BASE: Duration = Duration::from_millis(500);
@@ -40,6 +39,40 @@ fn not_running(old: &gpushare_proto::MpsInfo) -> String {
         old.control_daemon_pid,
         old.pipe_dir
     )
+}
+
+/// Most threads the start-up reconcile runs claims (and orphan MPS daemons) on at once. A
+/// node has at most a few dozen MPS control daemons (one per GPU, or per MIG slice), so all
+/// of them are stopped or restarted at once and the reconcile takes about as long as its
+/// slowest claim, whose every step is bounded by the MPS timeout, however many there are.
+const RECONCILE_THREADS: usize = 64;
+
+/// Runs `work` on every item, on up to [`RECONCILE_THREADS`] threads at once (inline for a
+/// single item, or when no thread can be started), and returns when all are done.
+fn in_parallel<T: Sync>(items: &[T], work: impl Fn(&T) + Sync) {
+    if items.len() <= 1 {
+        items.iter().for_each(&work);
+        return;
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let run = || loop {
+        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let Some(item) = items.get(i) else { return };
+        work(item);
+    };
+    std::thread::scope(|s| {
+        for n in 0..items.len().min(RECONCILE_THREADS) {
+            let spawned = std::thread::Builder::new()
+                .name(format!("reconcile-{n}"))
+                .spawn_scoped(s, run);
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "cannot start another reconcile thread; going on with those running");
+                break;
+            }
+        }
+        // Whatever no thread took (none could be started) is done here.
+        run();
+    });
 }
 
 /// Joins the cause of a restart and why the restart failed, in `last_error`.
@@ -139,16 +172,39 @@ impl Service {
         Ok(())
     }
 
-    /// Writes `<run-dir>/claims/<uid>/claim.json`, the copy a corrupt checkpoint is rebuilt
-    /// from, unless it already holds exactly this record: a restart re-checks every claim,
+    /// Writes `<run-dir>/claims/<uid>/claim.json`, the copy a missing or corrupt checkpoint is
+    /// rebuilt from, unless it already holds exactly this record: a restart re-checks every claim,
     /// and a durable rewrite per claim made restart-to-ready grow by ~0.6 ms per claim
     /// (BENCHMARKS.md, "Recovery"). A failure is logged only: the checkpoint stays the record.
-    pub(super) fn write_host_record(&self, info: &ClaimInfo) {
+    /// Attachments are in it too (written at every attach and detach; the run directory is a
+    /// tmpfs, where this costs no disk flush), so a rebuilt claim keeps its containers' slots.
+    ///
+    /// What is written is the claim as the registry holds it when the write begins, under one
+    /// lock for all host-record writes, so that of two changes written at once the later one
+    /// is what stays on disk. Only a `Prepared` or `Degraded`
+    /// claim has one: a release under way (`Unpreparing`, set before its directory goes) is
+    /// never written back.
+    pub(super) fn write_host_record(&self, uid: &str) {
+        let _writes = self
+            .host_record_writes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let Some(info) = self
+            .state()
+            .claims
+            .get(uid)
+            .filter(|c| matches!(c.state, ClaimState::Prepared | ClaimState::Degraded))
+            .cloned()
+        else {
+            return;
+        };
         let dir = self.claim_dir(&info.uid);
         let result = fsutil::create_dir_if_missing(&dir, 0o755).and_then(|()| {
-            let bytes = serde_json::to_vec(info).map_err(std::io::Error::other)?;
+            let bytes = serde_json::to_vec(&info).map_err(std::io::Error::other)?;
             let path = dir.join(HOST_RECORD);
-            if fs::read(&path).is_ok_and(|on_disk| on_disk == bytes) {
+            if fsutil::read_own_file(&path, MAX_HOST_RECORD_BYTES)
+                .is_ok_and(|on_disk| on_disk == bytes)
+            {
                 return Ok(());
             }
             fsutil::write_atomic(&path, &bytes, 0o600)
@@ -158,33 +214,70 @@ impl Service {
         }
     }
 
-    /// Claims rebuilt from the host records in the run directory (after a corrupt checkpoint).
-    fn host_records(&self) -> BTreeMap<String, ClaimInfo> {
-        let mut out = BTreeMap::new();
-        let Ok(entries) = fs::read_dir(self.cfg.run_dir.join("claims")) else {
-            return out;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path().join(HOST_RECORD);
-            let Ok(bytes) = fs::read(&path) else { continue };
-            match serde_json::from_slice::<ClaimInfo>(&bytes) {
-                Ok(info) if entry.file_name().to_str() == Some(info.uid.as_str()) => {
-                    tracing::warn!(claim = %info.uid, "rebuilt the claim from its host record");
-                    out.insert(info.uid.clone(), info);
+    /// The claims to reconcile: the checkpoint's entries that pass [`persisted::check_record`],
+    /// and the host record of every claim the checkpoint does not hold (all of them when it
+    /// was missing or corrupt): a claim with a valid host record is never taken for no claim's.
+    /// A host record older than its claim's tombstone is of a claim released since: its release
+    /// is finished (as `Unpreparing`). Refused records are kept in the quarantine.
+    fn claims_to_reconcile(&self, loaded: &mut Loaded) -> BTreeMap<String, ClaimInfo> {
+        let quarantine = Quarantine::beside(&self.cfg.checkpoint);
+        let cp = &mut loaded.checkpoint;
+        let mut claims = BTreeMap::new();
+        for (key, mut info) in std::mem::take(&mut cp.claims) {
+            match persisted::check_record(&info, &key, &self.cfg.run_dir) {
+                Ok(()) => {
+                    persisted::normalize(&mut info, &self.cfg.cdi_dir);
+                    claims.insert(key, info);
                 }
-                Ok(_) | Err(_) => {
-                    tracing::warn!(path = %path.display(), "ignoring an unreadable host record")
+                Err(why) => {
+                    let bytes = serde_json::to_vec(&info).ok();
+                    quarantine.keep(
+                        "checkpoint-claim",
+                        &self.cfg.checkpoint,
+                        &key,
+                        bytes.as_deref(),
+                        &why,
+                    );
                 }
             }
         }
-        out
+        cp.tombstones
+            .retain(|uid, _| crate::config::validate_claim_uid(uid).is_ok());
+        let rebuilt =
+            persisted::host_records(&self.cfg.run_dir, &self.cfg.cdi_dir, &quarantine, |uid| {
+                claims.contains_key(uid)
+            });
+        if loaded.missing {
+            tracing::warn!(
+                path = %self.cfg.checkpoint.display(),
+                host_records = rebuilt.len(),
+                "no checkpoint found; rebuilding the claims from their host records (a missing checkpoint is not a node without claims)"
+            );
+        } else if loaded.quarantined.is_none() && !rebuilt.is_empty() {
+            tracing::warn!(
+                claims = ?rebuilt.keys().collect::<Vec<_>>(),
+                "the checkpoint lacks claims that have host records; rebuilding them from those"
+            );
+        }
+        for (uid, mut info) in rebuilt {
+            if let Some(t) = cp
+                .tombstones
+                .get(&uid)
+                .filter(|t| t.generation > info.generation)
+            {
+                tracing::warn!(claim = %uid, released_generation = t.generation, record_generation = info.generation, "the host record is of a claim released since; finishing its release");
+                info.state = ClaimState::Unpreparing;
+            }
+            claims.insert(uid, info);
+        }
+        claims
     }
 
     /// The start-up reconcile (see [`Service::with_boot_id`]).
-    pub(super) fn reconcile(&self, loaded: Loaded, boot_id: String) {
+    pub(super) fn reconcile(&self, mut loaded: Loaded, boot_id: String) {
+        let claims = self.claims_to_reconcile(&mut loaded);
         let cp = loaded.checkpoint;
         let rebooted = !cp.boot_id.is_empty() && !boot_id.is_empty() && cp.boot_id != boot_id;
-        let mut claims = cp.claims;
         {
             let mut st = self.state();
             st.boot_id = boot_id;
@@ -194,9 +287,6 @@ impl Service {
                 tracing::error!(moved_to = %aside.display(), reason = %why, "checkpoint was corrupt; moved aside, rebuilding the claims from their host records");
                 st.quarantined = Some(format!("moved to {}: {why}", aside.display()));
             }
-        }
-        if loaded.quarantined.is_some() {
-            claims = self.host_records();
         }
         if rebooted {
             tracing::warn!("the host was rebooted since the checkpoint was written; redoing every claim's host setup");
@@ -241,17 +331,19 @@ impl Service {
             })
             .collect();
         self.kill_stray_mps_processes(&self.cfg.run_dir.join("claims"), &live_groups);
-        for (uid, state) in uids {
-            match state {
-                ClaimState::PrepareStarted | ClaimState::Unpreparing => {
-                    tracing::warn!(claim = %uid, ?state, "rolling back a claim a crash left half-done");
-                    if let Some(e) = self.teardown(&uid, None) {
-                        tracing::error!(claim = %uid, error = %e, "rolling back; the next unprepare or prepare of the claim retries");
-                    }
+        // All claims at once: each claim's rollback or re-adoption waits on its own MPS
+        // control daemons (a `quit` that is not taken waits out the MPS timeout before the
+        // kill), so one after another a start that cannot re-adopt them (say, after the MPS
+        // control program changed) took that wait once per claim.
+        in_parallel(&uids, |(uid, state)| match state {
+            ClaimState::PrepareStarted | ClaimState::Unpreparing => {
+                tracing::warn!(claim = %uid, ?state, "rolling back a claim a crash left half-done");
+                if let Some(e) = self.teardown(uid, None) {
+                    tracing::error!(claim = %uid, error = %e, "rolling back; the next unprepare or prepare of the claim retries");
                 }
-                ClaimState::Prepared | ClaimState::Degraded => self.revive(&uid, rebooted),
             }
-        }
+            ClaimState::Prepared | ClaimState::Degraded => self.revive(uid, rebooted),
+        });
         self.remove_orphans();
         // After the rollbacks, so that only what the remaining claims asked is applied.
         reapply_gpu_settings(self.backend.as_ref(), &self.state().placement);
@@ -306,13 +398,14 @@ impl Service {
         }
         let info = self.state().claims.get(uid).cloned();
         if let Some(info) = info {
-            if !Path::new(&info.cdi_spec).exists() {
+            // Ours is a regular file: anything else there (a link, a fifo) is replaced.
+            if !fs::symlink_metadata(&info.cdi_spec).is_ok_and(|m| m.is_file()) {
                 tracing::warn!(claim = %uid, "CDI spec missing; writing it again");
                 if let Err(e) = self.write_cdi(uid, &info.groups, &info) {
                     tracing::error!(claim = %uid, error = %e, "rewriting the CDI spec");
                 }
             }
-            self.write_host_record(&info);
+            self.write_host_record(uid);
         }
     }
 
@@ -394,7 +487,7 @@ impl Service {
                 }
             }
             let _ = self.commit(guard);
-            self.write_host_record(&c);
+            self.write_host_record(uid);
         }
         self.wake_supervisor();
         outcome
@@ -482,8 +575,11 @@ impl Service {
                 .strip_prefix("gpushare.io-claim_")
                 .and_then(|r| r.strip_suffix(".json"))
             {
+                // Read as input: a regular file only, not through a link, bounded; a fifo
+                // opened for a blocking read would hold up the start for ever.
                 !owned_claims.iter().any(|c| c == uid)
-                    && fs::read_to_string(&path).is_ok_and(|text| text.contains(&socket))
+                    && fsutil::read_own_file(&path, MAX_SPEC_BYTES)
+                        .is_ok_and(|text| String::from_utf8_lossy(&text).contains(&socket))
             } else {
                 false
             };
@@ -504,9 +600,24 @@ impl Service {
         owned_claims: &[String],
         owned_groups: &[PathBuf],
     ) {
+        // Nothing is followed: a link (or any other non-directory) where a claim or MPS group
+        // directory should be is removed as the link it is, never read or stopped through.
+        let real_dir = |e: &fs::DirEntry| e.file_type().is_ok_and(|t| t.is_dir());
+        let not_a_dir = |path: &Path, what: &str| {
+            tracing::warn!(path = %path.display(), "removing what is not a directory where {what} should be");
+            if let Err(e) = fsutil::remove_file_if_exists(path) {
+                tracing::error!(path = %path.display(), error = %e, "removing it");
+            }
+        };
+        let mut orphan_groups: Vec<PathBuf> = Vec::new();
+        let mut orphan_dirs: Vec<PathBuf> = Vec::new();
         if let Ok(entries) = fs::read_dir(claims_dir) {
             for entry in entries.flatten() {
                 let dir = entry.path();
+                if !real_dir(&entry) {
+                    not_a_dir(&dir, "a claim directory");
+                    continue;
+                }
                 let owned = entry
                     .file_name()
                     .to_str()
@@ -516,21 +627,31 @@ impl Service {
                 };
                 for g in groups.flatten() {
                     let root = g.path();
-                    let is_group = g.file_name().to_string_lossy().starts_with("mps-");
-                    if is_group && !owned_groups.contains(&root) {
-                        tracing::warn!(path = %root.display(), "stopping an MPS control daemon and removing directories no claim owns");
-                        if let Err(e) = self.mps.stop(&MpsDirs::from_pipe(&root.join("pipe")), None)
-                        {
-                            tracing::error!(path = %root.display(), error = %e, "removing an orphan MPS group");
-                        }
+                    if !g.file_name().to_string_lossy().starts_with("mps-") {
+                        continue;
+                    }
+                    if !real_dir(&g) {
+                        not_a_dir(&root, "an MPS group directory");
+                    } else if !owned_groups.contains(&root) {
+                        orphan_groups.push(root);
                     }
                 }
                 if !owned {
-                    tracing::warn!(path = %dir.display(), "removing a claim directory no claim owns");
-                    if let Err(e) = fsutil::remove_dir_all_if_exists(&dir) {
-                        tracing::error!(path = %dir.display(), error = %e, "removing an orphan claim directory");
-                    }
+                    orphan_dirs.push(dir);
                 }
+            }
+        }
+        // Each stop may wait out the MPS timeout: all at once.
+        in_parallel(&orphan_groups, |root| {
+            tracing::warn!(path = %root.display(), "stopping an MPS control daemon and removing directories no claim owns");
+            if let Err(e) = self.mps.stop(&MpsDirs::from_pipe(&root.join("pipe")), None) {
+                tracing::error!(path = %root.display(), error = %e, "removing an orphan MPS group");
+            }
+        });
+        for dir in orphan_dirs {
+            tracing::warn!(path = %dir.display(), "removing a claim directory no claim owns");
+            if let Err(e) = fsutil::remove_dir_all_if_exists(&dir) {
+                tracing::error!(path = %dir.display(), error = %e, "removing an orphan claim directory");
             }
         }
     }
@@ -557,11 +678,12 @@ impl Service {
             if round == 0 {
                 // First the polite way: `quit` to each daemon that holds its directory.
                 let pipes: BTreeSet<&PathBuf> = strays.iter().map(|(_, p)| p).collect();
-                for pipe in pipes {
+                let pipes: Vec<&PathBuf> = pipes.into_iter().collect();
+                in_parallel(&pipes, |pipe| {
                     if let Err(e) = self.mps.stop(&MpsDirs::from_pipe(pipe), None) {
                         tracing::error!(pipe = %pipe.display(), error = %e, "stopping a stray MPS control daemon");
                     }
-                }
+                });
                 continue;
             }
             for (pid, pipe) in &strays {
@@ -576,7 +698,7 @@ impl Service {
             {
                 std::thread::sleep(Duration::from_millis(10));
             }
-            for (_, pipe) in &strays {
+            in_parallel(&strays, |(_, pipe)| {
                 // Its directory may have been created after the directory sweep.
                 if let Some(root) = pipe.parent().filter(|r| r.starts_with(claims_dir)) {
                     let dirs = MpsDirs::from_pipe(pipe);
@@ -584,7 +706,7 @@ impl Service {
                         tracing::error!(path = %root.display(), error = %e, "removing a stray MPS group");
                     }
                 }
-            }
+            });
         }
         tracing::error!(
             rounds = ROUNDS,

@@ -453,14 +453,12 @@ fn one_claim_is_prepared_once_and_a_slow_claim_holds_up_nobody_else() {
 #[test]
 fn a_leftover_daemon_on_the_claims_pipe_directory_is_replaced() {
     let f = fixture();
+    // A daemon holds the pipe directory the claim's group will use, unknown to the service
+    // (a checkpoint and host record both lost; a crash in the middle of a start).
+    let dirs = MpsDirs::for_group(&f.cfg.run_dir.join("claims/o1"), &[gpu(&f, "gpu-2").uuid]);
+    let old = 777_777;
+    fake_process(&f, dirs.pipe.to_str().unwrap(), old);
     f.service
-        .prepare(&claim("o1", &["gpu-2"], Some(mps(50))))
-        .unwrap();
-    let old = f.host.state().daemons.values().next().unwrap().pid;
-    // The checkpoint is lost (say, quarantined): the daemon runs on, unknown to the service.
-    std::fs::remove_file(&f.cfg.checkpoint).unwrap();
-    let again = restart(&f, fresh_backend());
-    again
         .prepare(&claim("o1", &["gpu-2"], Some(mps(50))))
         .unwrap();
     let st = f.host.state();
@@ -873,4 +871,150 @@ fn concurrent_changes_all_reach_the_checkpoint() {
     assert_eq!(attached, [5, 5, 5, 5, 5, 5, 5, 3]);
 }
 
+mod persisted;
 mod recover;
+
+mod same_claim {
+    //! A claim's allocation does not change under it: a prepare of a prepared UID that asks
+    //! for other devices or another configuration is a `Conflict` naming both.
+
+    use super::*;
+
+    fn short(params: Value) -> Option<Value> {
+        Some(params)
+    }
+
+    fn starts(f: &Fixture) -> usize {
+        f.host
+            .state()
+            .calls
+            .iter()
+            .filter(|c| c.contains(" -d"))
+            .count()
+    }
+
+    /// Prepares `first`, then asks `second` of the same UID: the answer is a `Conflict` that
+    /// names both, and the claim is exactly as it was.
+    fn assert_conflict(first: Value, second: Value, needles: &[&str]) {
+        let f = fixture();
+        f.service.prepare(&first).unwrap();
+        let before = f.service.get_claim("same").unwrap();
+        let started = starts(&f);
+        let err = f.service.prepare(&second).unwrap_err();
+        assert_eq!(err.code, ErrorCode::Conflict, "{}", err.message);
+        for n in needles {
+            assert!(err.message.contains(n), "{n:?} not in: {}", err.message);
+        }
+        assert!(
+            err.message.contains("prepared with") && err.message.contains("this prepare asks"),
+            "{}",
+            err.message
+        );
+        assert_eq!(f.service.get_claim("same").unwrap(), before, "unchanged");
+        assert_eq!(starts(&f), started, "nothing started");
+        // The first allocation is still what a retry of it gets.
+        let again = f.service.prepare(&first).unwrap();
+        assert!(again.already_prepared);
+        assert_eq!(again.requests, before.requests);
+    }
+
+    #[test]
+    fn other_devices_are_a_conflict_naming_both() {
+        assert_conflict(
+            claim("same", &["gpu-1"], Some(mps(50))),
+            claim("same", &["gpu-2"], Some(mps(50))),
+            &["gpu-1", "gpu-2"],
+        );
+        assert_conflict(
+            claim("same", &["gpu-1"], None),
+            claim("same", &["gpu-1", "gpu-2"], None),
+            &["gpu-1", "gpu-2"],
+        );
+    }
+
+    #[test]
+    fn another_configuration_is_a_conflict_naming_both() {
+        assert_conflict(
+            claim("same", &["gpu-1"], Some(mps(50))),
+            claim("same", &["gpu-1"], Some(mps(30))),
+            &["active thread percentage 50", "active thread percentage 30"],
+        );
+        assert_conflict(
+            claim("same", &["gpu-4", "gpu-5"], Some(mps_two_gpus(30))),
+            claim(
+                "same",
+                &["gpu-4", "gpu-5"],
+                Some(
+                    json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                    "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 30,
+                    "defaultPinnedDeviceMemoryLimit": "8Gi"}}}),
+                ),
+            ),
+            &["20480 MiB", "8192 MiB"],
+        );
+        assert_conflict(
+            claim("same", &["gpu-1"], Some(mps(50))),
+            claim(
+                "same",
+                &["gpu-1"],
+                Some(
+                    json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                    "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}),
+                ),
+            ),
+            &["MPS", "time-slicing Long"],
+        );
+        assert_conflict(
+            claim("same", &["gpu-1"], None),
+            claim(
+                "same",
+                &["gpu-1"],
+                short(json!({"sharingMode": "time-slicing", "timeSlice": "short", "replicas": 2})),
+            ),
+            &["exclusive", "time-slicing Short", "replicas 2"],
+        );
+        assert_conflict(
+            claim(
+                "same",
+                &["gpu-1"],
+                short(json!({"sharingMode": "time-slicing", "timeSlice": "short", "replicas": 2})),
+            ),
+            claim(
+                "same",
+                &["gpu-1"],
+                short(json!({"sharingMode": "time-slicing", "timeSlice": "short", "replicas": 3})),
+            ),
+            &["replicas 2", "replicas 3"],
+        );
+    }
+
+    #[test]
+    fn an_identical_retry_is_already_prepared_even_with_a_newer_object_version() {
+        let f = fixture();
+        let mut first = claim("same", &["gpu-4", "gpu-5"], Some(mps_two_gpus(30)));
+        first["metadata"]["resourceVersion"] = json!("10");
+        f.service.prepare(&first).unwrap();
+        let mut retry = first.clone();
+        retry["metadata"]["resourceVersion"] = json!("11");
+        let r = f.service.prepare(&retry).unwrap();
+        assert!(r.already_prepared);
+    }
+
+    #[test]
+    fn a_degraded_claim_asked_for_another_allocation_is_a_conflict_and_not_restarted() {
+        let f = fixture();
+        f.service
+            .prepare(&claim("same", &["gpu-1"], Some(mps(50))))
+            .unwrap();
+        for d in f.host.state().daemons.values_mut() {
+            d.alive = false;
+        }
+        let started = starts(&f);
+        let err = f
+            .service
+            .prepare(&claim("same", &["gpu-2"], Some(mps(50))))
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::Conflict, "{}", err.message);
+        assert_eq!(starts(&f), started, "its daemon is not restarted for it");
+    }
+}

@@ -38,6 +38,14 @@ pub(crate) struct FakeState {
     pub fail_proc: bool,
     /// Every program run takes this long (a slow or stuck control daemon).
     pub delay: Option<std::time::Duration>,
+    /// A rendezvous: runs whose stdin contains this text wait until this many of them are in
+    /// flight at once (then every such run passes at once), or 2 s at most. What work runs in
+    /// parallel meets here; work done one after another never does.
+    pub gate: Option<(String, usize)>,
+    /// Most runs seen waiting at the gate at once.
+    pub gate_peak: usize,
+    gate_waiting: usize,
+    gate_open: bool,
 }
 
 /// The fake host; clone it to keep a handle for assertions.
@@ -72,8 +80,33 @@ fn pinned_display(value: &str) -> String {
     crate::strategy::mps::pinned_limit_display((mib > 0).then_some(mib))
 }
 
+impl FakeHost {
+    fn pass_gate(&self, spec: &CommandSpec) {
+        let Some((text, n)) = self.state().gate.clone() else {
+            return;
+        };
+        if !String::from_utf8_lossy(&spec.stdin).contains(&text) {
+            return;
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        {
+            let mut st = self.state();
+            st.gate_waiting += 1;
+            st.gate_peak = st.gate_peak.max(st.gate_waiting);
+            if st.gate_waiting >= n {
+                st.gate_open = true;
+            }
+        }
+        while !self.state().gate_open && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        self.state().gate_waiting -= 1;
+    }
+}
+
 impl CommandRunner for FakeHost {
     fn run(&self, spec: &CommandSpec) -> io::Result<CommandOutput> {
+        self.pass_gate(spec);
         let delay = self.state().delay;
         if let Some(d) = delay {
             std::thread::sleep(d);

@@ -234,8 +234,9 @@ impl Mounter for HostMounter {
             return Ok(());
         }
         // Detach: a container that still has the tmpfs mounted keeps its copy alive, and the
-        // host path is freed at once.
-        umount2(target, MntFlags::MNT_DETACH).map_err(io::Error::from)
+        // host path is freed at once. Never through a link: a planted one where a claim's shm
+        // directory should be would have us unmount whatever it points at.
+        umount2(target, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW).map_err(io::Error::from)
     }
 
     fn is_mounted(&self, target: &Path) -> io::Result<bool> {
@@ -338,5 +339,25 @@ mod tests {
         assert!(mountinfo_has(text, Path::new("/mnt/with space")));
         assert!(mountinfo_has(text, Path::new("/run/x")));
         assert!(!mountinfo_has(text, Path::new("/run")));
+    }
+
+    #[test]
+    fn unmount_never_follows_a_link_to_another_mount() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root to mount");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        let link = dir.path().join("link");
+        std::fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        HostMounter.mount_tmpfs(&real, 1 << 20).unwrap();
+        // What a planted link where a claim's shm directory should be would ask.
+        let result = HostMounter.unmount(&link);
+        let still = HostMounter.is_mounted(&real).unwrap();
+        let _ = umount2(&real, MntFlags::MNT_DETACH);
+        assert!(still, "the link's target was unmounted ({result:?})");
+        assert!(result.is_err(), "refused, not pretended done");
     }
 }

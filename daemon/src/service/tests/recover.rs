@@ -636,3 +636,94 @@ fn a_restart_rewrites_only_host_records_that_changed() {
         serde_json::from_slice(&std::fs::read(record("dies")).unwrap()).unwrap();
     assert_eq!(on_disk, again.get_claim("dies").unwrap());
 }
+
+/// Makes every MPS claim's recorded daemon one that cannot be re-adopted (the recorded start
+/// time is not the running process's) and that ignores `quit`, so that stopping it waits out
+/// the whole quit bound before it is killed.
+fn unadoptable(f: &Fixture) {
+    let file = CheckpointFile::new(f.cfg.checkpoint.clone());
+    let mut cp = file.load().unwrap().checkpoint;
+    for c in cp.claims.values_mut() {
+        for g in &mut c.groups {
+            if let StrategyInfo::Mps(m) = &mut g.sharing {
+                m.control_daemon_start_time += 1;
+            }
+        }
+    }
+    file.save(&cp).unwrap();
+    // The host records say the same (they are what a lost checkpoint is rebuilt from).
+    for c in cp.claims.values() {
+        let path = f.cfg.run_dir.join("claims").join(&c.uid).join("claim.json");
+        std::fs::write(path, serde_json::to_vec(c).unwrap()).unwrap();
+    }
+    f.host.state().ignore_quit = true;
+}
+
+#[test]
+fn the_start_up_reconcile_stops_and_restarts_mps_daemons_all_at_once() {
+    let f = fixture();
+    for i in 0..8 {
+        f.service
+            .prepare(&claim(
+                &format!("par{i}"),
+                &[&format!("gpu-{i}")],
+                Some(mps(20 + i)),
+            ))
+            .unwrap();
+    }
+    let old: Vec<i32> = (0..8)
+        .map(|i| mps_of(&f.service.get_claim(&format!("par{i}")).unwrap()).control_daemon_pid)
+        .collect();
+    unadoptable(&f);
+    // Every daemon's stop sends `quit` and waits for it: all eight must be under way at once.
+    f.host.state().gate = Some(("quit".into(), 8));
+    let again = restart(&f, fresh_backend());
+    assert_eq!(
+        f.host.state().gate_peak,
+        8,
+        "the eight stops ran at once, not one after another"
+    );
+    for i in 0..8u32 {
+        let c = again.get_claim(&format!("par{i}")).unwrap();
+        assert_eq!(c.state, ClaimState::Prepared, "{c:?}");
+        let m = mps_of(&c);
+        assert_ne!(m.control_daemon_pid, old[i as usize]);
+        assert_eq!(m.active_thread_percentage, format!("{}.0", 20 + i));
+        assert_eq!(c.restarts, 1);
+    }
+    let st = f.host.state();
+    for pid in &old {
+        assert!(st.killed.contains(pid), "{pid} killed after ignoring quit");
+    }
+}
+
+#[test]
+fn the_start_up_sweep_stops_orphan_mps_daemons_all_at_once() {
+    let f = fixture();
+    for i in 0..6 {
+        f.service
+            .prepare(&claim(
+                &format!("orph{i}"),
+                &[&format!("gpu-{i}")],
+                Some(mps(50)),
+            ))
+            .unwrap();
+    }
+    // The claims are forgotten by the checkpoint and their host records lost: every daemon
+    // is an orphan now.
+    for i in 0..6 {
+        std::fs::remove_file(f.cfg.run_dir.join(format!("claims/orph{i}/claim.json"))).unwrap();
+    }
+    let file = CheckpointFile::new(f.cfg.checkpoint.clone());
+    let mut cp = file.load().unwrap().checkpoint;
+    cp.claims.clear();
+    file.save(&cp).unwrap();
+    f.host.state().ignore_quit = true;
+    f.host.state().gate = Some(("quit".into(), 6));
+    let again = restart(&f, fresh_backend());
+    assert_eq!(f.host.state().gate_peak, 6, "the six stops ran at once");
+    assert!(again.list_claims().is_empty());
+    let st = f.host.state();
+    assert!(st.daemons.values().all(|d| !d.alive));
+    assert!(st.mounts.is_empty(), "{:?}", st.mounts);
+}

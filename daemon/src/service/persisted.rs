@@ -1,0 +1,345 @@
+//! Claim records read back from disk are input: the checkpoint's entries and the host records
+//! (`<run-dir>/claims/<uid>/claim.json`) are checked as a request's would be before any path
+//! is built from them, and a record that fails is moved to the state directory's quarantine
+//! alone, so that the other claims go on and nothing outside the run, state and CDI
+//! directories is ever touched because a file said so.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use gpushare_proto::{ClaimInfo, StrategyInfo};
+
+use super::now_secs;
+use crate::config;
+use crate::fsutil;
+
+/// File name of the copy of a claim's record kept in its run directory
+/// (`<run-dir>/claims/<uid>/claim.json`): what the claims are rebuilt from when the checkpoint
+/// is missing or corrupt, or lacks them.
+pub(super) const HOST_RECORD: &str = "claim.json";
+
+/// Largest host record read, in bytes. A record is a few KiB (a claim with many containers
+/// attached some tens); anything larger is not one this daemon wrote.
+pub(super) const MAX_HOST_RECORD_BYTES: u64 = 4 << 20;
+
+/// Directory under the state directory where refused records are kept as evidence.
+pub(super) const QUARANTINE_DIR: &str = "quarantine";
+
+/// Most files kept in the quarantine directory (the oldest go first), so that a node whose
+/// records keep being refused cannot fill its disk with evidence.
+const MAX_QUARANTINED: usize = 256;
+
+/// Longest device, request or UUID string taken from a record.
+const MAX_NAME_BYTES: usize = 256;
+
+/// Checks a claim record read back from disk, as it is keyed there (`key`: its checkpoint
+/// entry's key or its host record's directory name), against what a request would be allowed
+/// to make: the UID as `metadata.uid` is validated; request names as Kubernetes allows them;
+/// device names and UUIDs of safe characters; each MPS control daemon's directories exactly
+/// `<run-dir>/claims/<uid>/mps-<5 hex digits>/{pipe,log,shm}` and its visible devices among
+/// the group's; attachments of this claim with positive pids; CDI device IDs exactly the
+/// claim's own. The CDI spec path is derived from the UID, never taken from the record:
+/// [`normalize`] sets it.
+///
+/// # Errors
+/// What is wrong, in one line naming the field.
+pub(super) fn check_record(info: &ClaimInfo, key: &str, run_dir: &Path) -> Result<(), String> {
+    if info.uid != key {
+        return Err(format!(
+            "it is filed under {key:?} but names claim {:?}",
+            info.uid
+        ));
+    }
+    config::validate_claim_uid(&info.uid).map_err(|e| e.message)?;
+    let uid = &info.uid;
+    let claim_dir = run_dir.join("claims").join(uid);
+    let single = info.requests.len() == 1;
+    let mut names: Vec<&str> = Vec::with_capacity(info.requests.len());
+    for r in &info.requests {
+        if !config::is_request_name(&r.request) {
+            return Err(format!("request name {:?} is not a valid one", r.request));
+        }
+        if names.contains(&r.request.as_str()) {
+            return Err(format!("request {:?} is listed twice", r.request));
+        }
+        names.push(&r.request);
+        let own = crate::cdi::qualified_name(&crate::cdi::device_name(uid, &r.request, single));
+        let ids = r
+            .cdi_device_ids
+            .iter()
+            .chain(r.per_device.iter().flat_map(|d| d.cdi_device_ids.iter()));
+        if let Some(id) = ids.into_iter().find(|id| **id != own) {
+            return Err(format!(
+                "request {}: CDI device ID {id:?} is not the claim's own ({own})",
+                r.request
+            ));
+        }
+        for d in r
+            .devices
+            .iter()
+            .chain(r.per_device.iter().map(|d| &d.device))
+        {
+            safe_name("device name", d)?;
+        }
+    }
+    for g in &info.groups {
+        if let Some(r) = g.requests.iter().find(|r| !names.contains(&r.as_str())) {
+            return Err(format!(
+                "a device group names request {r:?}, which the claim has not"
+            ));
+        }
+        for d in &g.devices {
+            safe_name("device name", &d.device)?;
+            safe_name("GPU UUID", &d.uuid)?;
+            if !names.contains(&d.request.as_str()) {
+                return Err(format!(
+                    "device {} names request {:?}, which the claim has not",
+                    d.device, d.request
+                ));
+            }
+        }
+        for m in &g.mig {
+            safe_name("MIG device name", &m.device)?;
+            safe_name("GPU UUID", &m.gpu_uuid)?;
+            if !m.uuid.is_empty() {
+                safe_name("MIG UUID", &m.uuid)?;
+            }
+        }
+        if let StrategyInfo::Mps(m) = &g.sharing {
+            check_mps_dirs(&claim_dir, m)?;
+            let known = |v: &String| {
+                g.devices.iter().any(|d| &d.uuid == v) || g.mig.iter().any(|x| &x.uuid == v)
+            };
+            if let Some(v) = m.visible_devices.iter().find(|v| !known(v)) {
+                return Err(format!(
+                    "MPS control daemon's visible device {v:?} is none of its group's devices"
+                ));
+            }
+            if m.control_daemon_pid < 0 {
+                return Err(format!(
+                    "MPS control daemon pid {} is not a process id",
+                    m.control_daemon_pid
+                ));
+            }
+            if let Some(p) = m
+                .requested
+                .active_thread_percentage
+                .filter(|p| !(1..=100).contains(p))
+            {
+                return Err(format!("active thread percentage {p} is outside 1 to 100"));
+            }
+        }
+    }
+    for a in &info.attached {
+        if a.claim_uid != *uid {
+            return Err(format!(
+                "attachment of container {:?} names claim {:?}",
+                a.container_id, a.claim_uid
+            ));
+        }
+        if let Some(pid) = a.pid.filter(|p| *p <= 0) {
+            return Err(format!(
+                "attachment of container {:?} has pid {pid}",
+                a.container_id
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Sets what a record holds that is derived from its UID and this daemon's configuration,
+/// rather than trusting it: the CDI spec path (`<cdi-dir>/gpushare.io-claim_<uid>.json`; a
+/// changed CDI directory moves it). Returns whether anything changed.
+pub(super) fn normalize(info: &mut ClaimInfo, cdi_dir: &Path) -> bool {
+    let spec = crate::cdi::spec_path(cdi_dir, &info.uid)
+        .display()
+        .to_string();
+    if info.cdi_spec == spec {
+        return false;
+    }
+    tracing::warn!(claim = %info.uid, recorded = %info.cdi_spec, now = %spec, "the recorded CDI spec path is not this daemon's; using its own");
+    info.cdi_spec = spec;
+    true
+}
+
+/// A device name or UUID from a record: 1 to 256 ASCII letters, digits, `-`, `_`, `.`, `:`.
+fn safe_name(what: &str, s: &str) -> Result<(), String> {
+    let ok = !s.is_empty()
+        && s.len() <= MAX_NAME_BYTES
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{what} {s:?} is not a valid one"))
+    }
+}
+
+/// The MPS directories a record names must be exactly the ones this daemon makes for the
+/// claim: `<claim-dir>/mps-<5 hex digits>/{pipe,log,shm}`.
+fn check_mps_dirs(claim_dir: &Path, m: &gpushare_proto::MpsInfo) -> Result<(), String> {
+    let pipe = Path::new(&m.pipe_dir);
+    let root = pipe.parent().unwrap_or(pipe);
+    let group_ok = root.parent() == Some(claim_dir)
+        && root
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("mps-"))
+            .is_some_and(|h| h.len() == 5 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+    let exact = |p: &str, leaf: &str| Path::new(p) == root.join(leaf);
+    if !group_ok
+        || !exact(&m.pipe_dir, "pipe")
+        || !exact(&m.log_dir, "log")
+        || !exact(&m.shm_dir, "shm")
+    {
+        return Err(format!(
+            "MPS directories {:?}, {:?}, {:?} are not this claim's ({}/mps-<hash>/pipe, log, shm)",
+            m.pipe_dir,
+            m.log_dir,
+            m.shm_dir,
+            claim_dir.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Where refused records are kept, and how many went there this start.
+#[derive(Debug)]
+pub(super) struct Quarantine {
+    dir: PathBuf,
+}
+
+/// Distinguishes quarantine files written within one second.
+static QUARANTINED: AtomicU64 = AtomicU64::new(0);
+
+impl Quarantine {
+    /// The quarantine beside the checkpoint (`<state-dir>/quarantine`).
+    pub(super) fn beside(checkpoint: &Path) -> Quarantine {
+        Quarantine {
+            dir: checkpoint
+                .parent()
+                .unwrap_or(Path::new("."))
+                .join(QUARANTINE_DIR),
+        }
+    }
+
+    /// Logs why a record was refused and keeps it as
+    /// `<state-dir>/quarantine/<source>-<unix seconds>-<pid>-<n>.json`: a JSON object with
+    /// where it was read (`from`), under which key or directory (`filed_under`), why it was
+    /// refused (`reason`) and the record itself (`record`: as read, or its bytes as text when
+    /// they are not JSON; absent when nothing could be read). Never fails: evidence that
+    /// cannot be written is only logged.
+    pub(super) fn keep(
+        &self,
+        source: &str,
+        origin: &Path,
+        filed_under: &str,
+        bytes: Option<&[u8]>,
+        why: &str,
+    ) {
+        let record = bytes.map(|b| {
+            serde_json::from_slice::<serde_json::Value>(b)
+                .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(b).into()))
+        });
+        let evidence = serde_json::json!({
+            "from": origin.display().to_string(),
+            "filed_under": filed_under,
+            "reason": why,
+            "record": record,
+        });
+        let n = QUARANTINED.fetch_add(1, Ordering::Relaxed);
+        let path = self.dir.join(format!(
+            "{source}-{}-{}-{n}.json",
+            now_secs(),
+            std::process::id()
+        ));
+        let kept = serde_json::to_vec_pretty(&evidence)
+            .map_err(std::io::Error::other)
+            .and_then(|text| {
+                fsutil::create_dir_if_missing(&self.dir, 0o700)?;
+                fsutil::write_atomic(&path, &text, 0o600)
+            });
+        match kept {
+            Ok(()) => {
+                tracing::error!(record = %origin.display(), filed_under, reason = %why, kept_at = %path.display(), "refused a claim record read back from disk and kept it in quarantine; the claim is not re-adopted from it");
+                self.prune();
+            }
+            Err(e) => {
+                tracing::error!(record = %origin.display(), filed_under, reason = %why, error = %e, "refused a claim record read back from disk (keeping a copy failed); the claim is not re-adopted from it");
+            }
+        }
+    }
+
+    /// Removes the oldest quarantine files beyond [`MAX_QUARANTINED`] (ours by location: the
+    /// directory holds nothing else).
+    fn prune(&self) {
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        let mut files: Vec<(std::time::SystemTime, PathBuf)> = entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+            .collect();
+        if files.len() <= MAX_QUARANTINED {
+            return;
+        }
+        files.sort();
+        let excess = files.len() - MAX_QUARANTINED;
+        for (_, p) in files.into_iter().take(excess) {
+            let _ = fsutil::remove_file_if_exists(&p);
+        }
+    }
+}
+
+/// Claims rebuilt from the host records in `<run-dir>/claims/`, except those `skip` says are
+/// known already; every record read as input ([`fsutil::read_own_file`]: a regular file, not
+/// through a link, bounded) and checked ([`check_record`]). Refused records go to
+/// `quarantine`.
+pub(super) fn host_records(
+    run_dir: &Path,
+    cdi_dir: &Path,
+    quarantine: &Quarantine,
+    skip: impl Fn(&str) -> bool,
+) -> BTreeMap<String, ClaimInfo> {
+    let mut out = BTreeMap::new();
+    let Ok(entries) = fs::read_dir(run_dir.join("claims")) else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if skip(&name) {
+            continue;
+        }
+        // A link or a file where a claim directory should be is nobody's claim (the sweep
+        // removes the link itself); nothing is read through it.
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let path = entry.path().join(HOST_RECORD);
+        let bytes = match fsutil::read_own_file(&path, MAX_HOST_RECORD_BYTES) {
+            Ok(b) => b,
+            // A claim directory without a record: a prepare a crash interrupted before it
+            // was ready (the kubelet retries it), swept as no claim's.
+            Err(fsutil::ReadRefusal::Missing) => continue,
+            Err(why) => {
+                quarantine.keep("host-record", &path, &name, None, &why.to_string());
+                continue;
+            }
+        };
+        let checked = serde_json::from_slice::<ClaimInfo>(&bytes)
+            .map_err(|e| format!("not a claim record: {e}"))
+            .and_then(|info| check_record(&info, &name, run_dir).map(|()| info));
+        match checked {
+            Ok(mut info) => {
+                normalize(&mut info, cdi_dir);
+                tracing::warn!(claim = %info.uid, state = ?info.state, "rebuilt the claim from its host record");
+                out.insert(info.uid.clone(), info);
+            }
+            Err(why) => quarantine.keep("host-record", &path, &name, Some(&bytes), &why),
+        }
+    }
+    out
+}
