@@ -220,7 +220,10 @@ mod tests {
             limit: 50.0,
             unit: "ms".into(),
         };
-        assert_eq!(over.verdict(true), "over by 20.0% (smoke run: informational)");
+        assert_eq!(
+            over.verdict(true),
+            "over by 20.0% (smoke run: informational)"
+        );
         assert_eq!(within.verdict(true), "within (smoke run: informational)");
         let text = Report {
             targets: vec![over, within],

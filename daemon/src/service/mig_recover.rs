@@ -121,10 +121,10 @@ impl Service {
             }
             let _ = self.commit(st);
         }
-        if let Some(c) = self.state().claims.get(uid).cloned() {
-            if c != info {
-                self.write_host_record(&c);
-            }
+        // The registry lock is dropped before the write: `write_host_record` takes it again.
+        let now = self.state().claims.get(uid).cloned();
+        if now.is_some_and(|c| c != info) {
+            self.write_host_record(uid);
         }
     }
 
