@@ -29,7 +29,7 @@ use crate::gpu::{Gpu, GpuBackend};
 use crate::placement::{Hold, Placement, Want};
 use crate::strategy::mig::MigTarget;
 use crate::strategy::mps::{default_shm_bytes, Liveness, MpsControl, MpsDirs, MpsLaunch};
-use crate::sys::{read_cgroup, Processes};
+use crate::sys::{read_cgroup, DeviceFiles, Processes};
 use gpushare_core::Published;
 
 mod locks;
@@ -91,6 +91,8 @@ pub struct Service {
     backend: Arc<dyn GpuBackend>,
     mps: MpsControl,
     processes: Arc<dyn Processes>,
+    /// Host device nodes, for the check that a claim's spec names only nodes that exist.
+    devices: Arc<dyn DeviceFiles>,
     checkpoint: CheckpointFile,
     state: Mutex<State>,
     /// The registry as readers see it, republished after every change of `state`.
@@ -195,6 +197,7 @@ impl Service {
             ctx,
             backend,
             processes: Arc::clone(&mps.ops().processes),
+            devices: Arc::clone(&mps.ops().devices),
             mps,
             checkpoint,
             state: Mutex::new(State::default()),
@@ -304,6 +307,9 @@ impl Service {
                     tracing::warn!(claim = %spec.uid, path = %existing.cdi_spec, "CDI spec of a prepared claim is missing; writing it again");
                     self.write_cdi(&spec.uid, &existing.groups, &existing)?;
                 }
+                // …and every device node they name must still be there: a GPU's node removed
+                // since (a driver reload, an administrator) would fail the container's start.
+                self.check_prepared_nodes(&existing)?;
                 return Ok(PrepareResult {
                     uid: existing.uid,
                     requests: existing.requests,
@@ -846,6 +852,8 @@ impl Service {
             devices.push((name, edits));
         }
         let cdi_spec = cdi::build_spec(devices);
+        self.check_nodes(cdi_spec.devices.iter().map(|d| &d.container_edits))
+            .map_err(|problems| ServiceError::internal(format!("claim {uid}: {problems}")))?;
         cdi::write_spec(&self.cfg.cdi_dir, uid, &cdi_spec).map_err(|e| {
             ServiceError::internal(format!(
                 "writing CDI spec for claim {uid} into {}: {e}",
@@ -853,6 +861,48 @@ impl Service {
             ))
         })?;
         Ok(())
+    }
+
+    /// Checks that every device node `edits` name exists on the host as the device the driver
+    /// gives it (see [`crate::gpu::nodes`]); `Err` is one line naming every node that does not.
+    fn check_nodes<'a>(
+        &self,
+        edits: impl IntoIterator<Item = &'a ContainerEdits>,
+    ) -> Result<(), String> {
+        let nodes: Vec<cdi::DeviceNode> = edits
+            .into_iter()
+            .flat_map(|e| e.device_nodes.iter().cloned())
+            .collect();
+        crate::gpu::nodes::check_device_nodes(
+            &nodes,
+            self.devices.as_ref(),
+            &self.backend.device_majors(),
+        )
+        .map_err(|problems| {
+            let list: Vec<String> = problems.iter().map(ToString::to_string).collect();
+            format!(
+                "{}; containers cannot be given a device node the host lacks (the NVIDIA driver creates them: nvidia-modprobe, or nvidia-ctk system create-device-nodes --control-devices --load-kernel-modules)",
+                list.join("; ")
+            )
+        })
+    }
+
+    /// The device-node check for a claim found prepared: its spec on disk, as the runtime will
+    /// read it. `NotReady` (the claim is left as it is) names what is missing.
+    fn check_prepared_nodes(&self, claim: &ClaimInfo) -> Result<(), ServiceError> {
+        let spec = gpushare_cdi::load_spec_file(Path::new(&claim.cdi_spec)).map_err(|e| {
+            ServiceError::new(
+                ErrorCode::NotReady,
+                format!("claim {}: its CDI spec {}: {e}", claim.uid, claim.cdi_spec),
+            )
+        })?;
+        self.check_nodes(spec.devices.iter().map(|d| &d.container_edits))
+            .map_err(|problems| {
+                ServiceError::new(
+                    ErrorCode::NotReady,
+                    format!("claim {} is prepared but not usable: {problems}", claim.uid),
+                )
+            })
     }
 
     /// Admits a claim to its GPUs through their mode words, all or nothing, before it is

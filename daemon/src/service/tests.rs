@@ -873,4 +873,5 @@ fn concurrent_changes_all_reach_the_checkpoint() {
     assert_eq!(attached, [5, 5, 5, 5, 5, 5, 5, 3]);
 }
 
+mod nodes;
 mod recover;
