@@ -571,6 +571,9 @@ impl Service {
                 Sharing::Mps { settings, replicas } => {
                     cap(*replicas);
                     let uuids: Vec<String> = devices.iter().map(|d| d.uuid.clone()).collect();
+                    for &i in &group.results {
+                        self.check_mps_support(gpus[i], settings)?;
+                    }
                     let pinned = settings.resolve_pinned_limits(&uuids).map_err(|e| {
                         ServiceError::new(
                             e.code,
@@ -601,6 +604,11 @@ impl Service {
                     })
                 }
                 Sharing::Mig { profile, mps } => {
+                    if let Some(settings) = mps {
+                        for &i in &group.results {
+                            self.check_mps_support(gpus[i], settings)?;
+                        }
+                    }
                     let (targets, mps) = self.plan_mig(
                         spec,
                         &group.results,
@@ -628,6 +636,19 @@ impl Service {
             });
         }
         Ok((plans, limit))
+    }
+
+    /// Refuses (`Unsupported`) an MPS group on a GPU whose MPS cannot keep the claim's
+    /// settings (see [`crate::strategy::mps_support`]).
+    fn check_mps_support(
+        &self,
+        gpu: &Gpu,
+        settings: &config::MpsSettings,
+    ) -> Result<(), ServiceError> {
+        let pinned = settings.default_pinned_limit_mib.is_some()
+            || !settings.per_device_pinned_limit_mib.is_empty();
+        crate::strategy::mps_support::check(gpu, pinned)
+            .map_err(|m| ServiceError::new(ErrorCode::Unsupported, m))
     }
 
     fn group_info(&self, plan: &GroupPlan, started: Option<MpsInfo>) -> GroupInfo {

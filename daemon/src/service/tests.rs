@@ -873,5 +873,6 @@ fn concurrent_changes_all_reach_the_checkpoint() {
     assert_eq!(attached, [5, 5, 5, 5, 5, 5, 5, 3]);
 }
 
+mod mps_capability;
 mod nodes;
 mod recover;
