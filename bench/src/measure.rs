@@ -165,7 +165,8 @@ impl Ctx {
         let device = prepared
             .requests
             .first()
-            .and_then(|r| r.cdi_device_ids.first())
+            // The claim's own device (the last; the driver's device comes first).
+            .and_then(|r| r.cdi_device_ids.last())
             .context("prepare returned no CDI device")?
             .clone();
         progress("hook");

@@ -129,17 +129,13 @@ impl Registry {
 
     /// Rescans every directory, replacing specs, devices and errors.
     pub fn refresh(&mut self) {
-        let mut specs: Vec<LoadedSpec> = Vec::new();
-        let mut devices: BTreeMap<String, (usize, usize)> = BTreeMap::new();
-        let mut conflicts: BTreeSet<String> = BTreeSet::new();
-        let mut errors: BTreeMap<PathBuf, Vec<RegistryError>> = BTreeMap::new();
-
+        let mut scan = Scan::default();
         for (priority, dir) in self.dirs.iter().enumerate() {
             let files = match spec_files(dir) {
                 Ok(files) => files,
                 Err(source) if source.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(source) => {
-                    errors
+                    scan.errors
                         .entry(dir.clone())
                         .or_default()
                         .push(RegistryError::Dir {
@@ -150,53 +146,25 @@ impl Registry {
                 }
             };
             for path in files {
-                let spec = match load_spec_file(&path) {
-                    Ok(spec) => spec,
-                    Err(source) => {
-                        errors
-                            .entry(path.clone())
-                            .or_default()
-                            .push(RegistryError::Load {
-                                path: path.clone(),
-                                source,
-                            });
-                        continue;
-                    }
-                };
-                let spec_index = specs.len();
-                for (dev_index, device) in spec.devices.iter().enumerate() {
-                    let qualified = qualified_name(&spec.kind, &device.name);
-                    if let Some(&(other, _)) = devices.get(&qualified) {
-                        let other_spec = &specs[other];
-                        if other_spec.priority == priority {
-                            for at in [&other_spec.path, &path] {
-                                errors.entry(at.clone()).or_default().push(
-                                    RegistryError::Conflict {
-                                        device: qualified.clone(),
-                                        first: other_spec.path.clone(),
-                                        second: path.clone(),
-                                    },
-                                );
-                            }
-                            conflicts.insert(qualified);
-                            continue;
-                        }
-                    }
-                    devices.insert(qualified, (spec_index, dev_index));
-                }
-                specs.push(LoadedSpec {
-                    spec,
-                    path,
-                    priority,
-                });
+                scan.add_file(path, priority);
             }
         }
-        for name in &conflicts {
-            devices.remove(name);
+        scan.finish(self);
+    }
+
+    /// A registry of exactly these spec files, all of one priority (as files of one spec
+    /// directory are), read in the order given: what a runtime scanning their directory
+    /// would see of them, for checking that some devices resolve without reading every other
+    /// spec of the directory. [`Registry::refresh`] on it finds nothing (it has no
+    /// directories).
+    pub fn load_files<P: AsRef<Path>>(files: &[P]) -> Registry {
+        let mut registry = Registry::default();
+        let mut scan = Scan::default();
+        for path in files {
+            scan.add_file(path.as_ref().to_path_buf(), 0);
         }
-        self.specs = specs;
-        self.devices = devices;
-        self.errors = errors;
+        scan.finish(&mut registry);
+        registry
     }
 
     /// Every loaded spec, in scan order.
@@ -269,6 +237,70 @@ impl Registry {
         apply_edits_with(&mut edited, &edits, host)?;
         *config = edited;
         Ok(())
+    }
+}
+
+/// A scan under way: specs, devices and errors as files are added in priority order.
+#[derive(Default)]
+struct Scan {
+    specs: Vec<LoadedSpec>,
+    /// Qualified name → (index in `specs`, index in that spec's devices).
+    devices: BTreeMap<String, (usize, usize)>,
+    conflicts: BTreeSet<String>,
+    errors: BTreeMap<PathBuf, Vec<RegistryError>>,
+}
+
+impl Scan {
+    fn add_file(&mut self, path: PathBuf, priority: usize) {
+        let spec = match load_spec_file(&path) {
+            Ok(spec) => spec,
+            Err(source) => {
+                self.errors
+                    .entry(path.clone())
+                    .or_default()
+                    .push(RegistryError::Load {
+                        path: path.clone(),
+                        source,
+                    });
+                return;
+            }
+        };
+        let spec_index = self.specs.len();
+        for (dev_index, device) in spec.devices.iter().enumerate() {
+            let qualified = qualified_name(&spec.kind, &device.name);
+            if let Some(&(other, _)) = self.devices.get(&qualified) {
+                let other_spec = &self.specs[other];
+                if other_spec.priority == priority {
+                    for at in [&other_spec.path, &path] {
+                        self.errors
+                            .entry(at.clone())
+                            .or_default()
+                            .push(RegistryError::Conflict {
+                                device: qualified.clone(),
+                                first: other_spec.path.clone(),
+                                second: path.clone(),
+                            });
+                    }
+                    self.conflicts.insert(qualified);
+                    continue;
+                }
+            }
+            self.devices.insert(qualified, (spec_index, dev_index));
+        }
+        self.specs.push(LoadedSpec {
+            spec,
+            path,
+            priority,
+        });
+    }
+
+    fn finish(mut self, registry: &mut Registry) {
+        for name in &self.conflicts {
+            self.devices.remove(name);
+        }
+        registry.specs = self.specs;
+        registry.devices = self.devices;
+        registry.errors = self.errors;
     }
 }
 
@@ -542,5 +574,120 @@ mod tests {
         let file = write(root.path(), "plain", "x");
         let reg = Registry::load(&[&file]);
         assert!(matches!(reg.errors()[&file][0], RegistryError::Dir { .. }));
+    }
+
+    #[test]
+    fn load_files_reads_just_those_files_at_one_priority() {
+        let root = tempfile::tempdir().unwrap();
+        let d = root.path();
+        let a = write(d, "a.json", &spec_json("ex.com/a", &[("x", "A=1")], None));
+        let b = write(d, "b.json", &spec_json("ex.com/b", &[("y", "B=1")], None));
+        write(d, "c.json", &spec_json("ex.com/c", &[("z", "C=1")], None));
+        let twin = write(
+            d,
+            "twin.json",
+            &spec_json("ex.com/a", &[("x", "A=2")], None),
+        );
+        let reg = Registry::load_files(&[&a, &b]);
+        assert_eq!(reg.device_names(), vec!["ex.com/a=x", "ex.com/b=y"]);
+        assert!(reg.errors().is_empty());
+        // Two of them defining one device conflict as in one directory.
+        let reg = Registry::load_files(&[&a, &twin]);
+        assert!(reg.device_names().is_empty());
+        assert_eq!(reg.errors().len(), 2);
+        let missing = d.join("missing.json");
+        let reg = Registry::load_files(&[&missing]);
+        assert!(matches!(
+            reg.errors()[&missing][0],
+            RegistryError::Load { .. }
+        ));
+    }
+
+    /// What gpushare relies on when a container gets a driver device (NVIDIA's toolkit spec)
+    /// and then a claim device naming the same container paths: edits are merged in request
+    /// order, a later mount at a destination replaces the earlier one, a later env key
+    /// replaces the earlier value, and a device node named by both ends up once.
+    #[test]
+    fn the_later_device_wins_where_two_specs_name_one_container_path() {
+        let root = tempfile::tempdir().unwrap();
+        let d = root.path();
+        let driver = write(
+            d,
+            "driver.json",
+            r#"{"cdiVersion":"0.5.0","kind":"ex.com/gpu",
+                "containerEdits":{"env":["NVIDIA_VISIBLE_DEVICES=void","CUDA_MPS_PIPE_DIRECTORY=/host-mps"],
+                  "deviceNodes":[{"path":"/dev/null"}],
+                  "mounts":[{"hostPath":"/host/tmp/nvidia-mps","containerPath":"/tmp/nvidia-mps","options":["rbind"]},
+                            {"hostPath":"/host/lib/libcuda.so.1","containerPath":"/usr/lib64/libcuda.so.1","options":["ro","rbind"]}]},
+                "devices":[{"name":"GPU-1","containerEdits":{"deviceNodes":[{"path":"/dev/zero"}]}}]}"#,
+        );
+        let claim = write(
+            d,
+            "claim.json",
+            r#"{"cdiVersion":"0.5.0","kind":"ex.com/claim",
+                "devices":[{"name":"c","containerEdits":{"env":["NVIDIA_VISIBLE_DEVICES=void","CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"],
+                  "deviceNodes":[{"path":"/dev/zero"},{"path":"/dev/null"}],
+                  "mounts":[{"hostPath":"/claim/pipe","containerPath":"/tmp/nvidia-mps","type":"bind","options":["rbind"]}]}}]}"#,
+        );
+        let reg = Registry::load_files(&[&driver, &claim]);
+        let base =
+            json!({"process": {"env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all"]}, "mounts": []});
+
+        let mut config = base.clone();
+        reg.inject(&mut config, &["ex.com/gpu=GPU-1", "ex.com/claim=c"])
+            .unwrap();
+        let mounts = config["mounts"].as_array().unwrap();
+        let at = |dest: &str| -> Vec<String> {
+            mounts
+                .iter()
+                .filter(|m| m["destination"] == dest)
+                .map(|m| m["source"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(at("/tmp/nvidia-mps"), vec!["/claim/pipe"]);
+        assert_eq!(
+            at("/usr/lib64/libcuda.so.1"),
+            vec!["/host/lib/libcuda.so.1"]
+        );
+        let env: Vec<&str> = config["process"]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_str().unwrap())
+            .collect();
+        assert_eq!(
+            env,
+            vec![
+                "PATH=/bin",
+                "NVIDIA_VISIBLE_DEVICES=void",
+                "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"
+            ]
+        );
+        let devices = config["linux"]["devices"].as_array().unwrap();
+        let paths: Vec<&str> = devices
+            .iter()
+            .map(|d| d["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            paths,
+            vec!["/dev/zero", "/dev/null"],
+            "each node once, as last named"
+        );
+        // The cgroup allows the same node twice: a repeated grant of the same access.
+        let rules = config["linux"]["resources"]["devices"].as_array().unwrap();
+        assert_eq!(rules.len(), 4);
+
+        // The order is what decides: the claim device first lets the driver's mount win.
+        let mut reversed = base;
+        reg.inject(&mut reversed, &["ex.com/claim=c", "ex.com/gpu=GPU-1"])
+            .unwrap();
+        let sources: Vec<&str> = reversed["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["destination"] == "/tmp/nvidia-mps")
+            .map(|m| m["source"].as_str().unwrap())
+            .collect();
+        assert_eq!(sources, vec!["/host/tmp/nvidia-mps"]);
     }
 }

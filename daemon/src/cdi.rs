@@ -18,6 +18,20 @@ use gpushare_proto::CDI_KIND;
 /// NVIDIA's tools use when `CUDA_MPS_PIPE_DIRECTORY` is unset, and what we set it to.
 pub const MPS_PIPE_IN_CONTAINER: &str = "/tmp/nvidia-mps";
 
+/// Set by every claim device: NVIDIA's runtime (the default runtime of EKS AL2023 NVIDIA
+/// nodes) then injects no GPU of its own, whatever `NVIDIA_VISIBLE_DEVICES` the image sets
+/// (`all` in NVIDIA's CUDA images), so a container sees only its claim's GPUs. NVIDIA's own
+/// generated specs set it for the same reason.
+pub const NO_RUNTIME_GPUS: &str = "NVIDIA_VISIBLE_DEVICES=void";
+
+/// The edits every claim device carries whatever its strategy: [`NO_RUNTIME_GPUS`].
+pub fn claim_env_edits() -> ContainerEdits {
+    ContainerEdits {
+        env: vec![NO_RUNTIME_GPUS.to_string()],
+        ..ContainerEdits::default()
+    }
+}
+
 /// Where the hooks in our specs point.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HookConfig {

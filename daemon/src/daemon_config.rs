@@ -64,10 +64,58 @@ pub struct DaemonConfig {
     pub hook: HookSettings,
     /// GPU backend and GPU-wide settings.
     pub gpus: GpusConfig,
+    /// The NVIDIA driver's user-space in claims' containers (the driver's CDI spec).
+    pub cdi: CdiConfig,
     /// The Prometheus metrics endpoint.
     pub metrics: MetricsConfig,
     /// Logging.
     pub log: LogConfig,
+}
+
+/// Where claims' containers get the NVIDIA driver's user-space (`[cdi] driver_spec`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DriverSpecMode {
+    /// gpushared runs NVIDIA's `nvidia-ctk cdi generate` (the simulated generator under
+    /// `--simulate`) into its CDI directory, and every prepared device gets the driver's CDI
+    /// device before the claim's.
+    #[default]
+    Toolkit,
+    /// No driver spec: claims' containers get only the claim's device nodes, MPS edits and
+    /// hooks; their images must bring a user-space matching the host's kernel module.
+    None,
+}
+
+/// `[cdi]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CdiConfig {
+    /// `toolkit` (default) or `none`.
+    pub driver_spec: DriverSpecMode,
+    /// The driver's root filesystem, passed to `nvidia-ctk cdi generate --driver-root`: `/`
+    /// for a driver installed on the host (EKS AL2023 NVIDIA AMIs), the driver container's
+    /// root where the GPU Operator runs it (`/run/nvidia/driver`).
+    pub driver_root: PathBuf,
+    /// `nvidia-ctk` to run; empty means the first of [`crate::driver_spec::NVIDIA_CTK_DIRS`]
+    /// that has it. With `--simulate`, naming one runs it instead of the simulated generator.
+    pub nvidia_ctk: PathBuf,
+    /// The CDI kind (`vendor/class`) of the generated spec: our own, so that it never
+    /// collides with the toolkit's `nvidia.com/gpu` spec in the same directory.
+    pub driver_kind: String,
+    /// Seconds one generation may take before it is killed and counts as failed.
+    pub generate_timeout_seconds: u64,
+}
+
+impl Default for CdiConfig {
+    fn default() -> Self {
+        CdiConfig {
+            driver_spec: DriverSpecMode::Toolkit,
+            driver_root: PathBuf::from("/"),
+            nvidia_ctk: PathBuf::new(),
+            driver_kind: crate::driver_spec::DEFAULT_KIND.to_string(),
+            generate_timeout_seconds: 60,
+        }
+    }
 }
 
 /// `[metrics]`.
@@ -191,6 +239,10 @@ pub struct GpusConfig {
     pub simulate: String,
     /// Where simulated GPU device nodes are created; empty means `<run_dir>/simulated-dev`.
     pub sim_dev_root: PathBuf,
+    /// The simulated driver root (fake driver libraries, `nvidia-smi`, firmware) the
+    /// simulated generator writes and its spec mounts; empty means
+    /// `<run_dir>/simulated-driver`.
+    pub sim_driver_root: PathBuf,
     /// Whether gpushare sets compute mode (EXCLUSIVE_PROCESS under MPS claims, DEFAULT after
     /// the last); `false` leaves it to the host's administrators.
     pub manage_compute_mode: bool,
@@ -208,6 +260,7 @@ impl Default for GpusConfig {
         GpusConfig {
             simulate: String::new(),
             sim_dev_root: PathBuf::new(),
+            sim_driver_root: PathBuf::new(),
             manage_compute_mode: true,
             manage_time_slice: true,
             nvidia_smi: PathBuf::new(),
@@ -364,6 +417,26 @@ impl DaemonConfig {
                 "must be at least 1".into(),
             ));
         }
+        if self.cdi.generate_timeout_seconds == 0 {
+            return Err(invalid(
+                "cdi.generate_timeout_seconds",
+                "must be at least 1".into(),
+            ));
+        }
+        if self.cdi.driver_root.as_os_str().is_empty() || !self.cdi.driver_root.is_absolute() {
+            return Err(invalid(
+                "cdi.driver_root",
+                format!("{:?} is not an absolute path", self.cdi.driver_root),
+            ));
+        }
+        crate::driver_spec::split_kind(&self.cdi.driver_kind)
+            .map_err(|m| invalid("cdi.driver_kind", m))?;
+        if self.cdi.driver_kind == gpushare_proto::CDI_KIND {
+            return Err(invalid(
+                "cdi.driver_kind",
+                format!("{:?} is the kind of claims' specs", self.cdi.driver_kind),
+            ));
+        }
         if self.hook.timeout_seconds == 0 {
             return Err(invalid("hook.timeout_seconds", "must be at least 1".into()));
         }
@@ -502,6 +575,39 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("lvl"), "{e}");
+    }
+
+    #[test]
+    fn cdi_section() {
+        let cfg = DaemonConfig::parse(
+            "[cdi]\ndriver_spec = \"none\"\ndriver_root = \"/run/nvidia/driver\"\n",
+            Path::new("x"),
+        )
+        .unwrap();
+        assert_eq!(cfg.cdi.driver_spec, DriverSpecMode::None);
+        assert_eq!(cfg.cdi.driver_root, PathBuf::from("/run/nvidia/driver"));
+        assert_eq!(
+            DaemonConfig::default().cdi.driver_spec,
+            DriverSpecMode::Toolkit
+        );
+        for (text, key) in [
+            ("[cdi]\ndriver_spec = \"nvidia\"\n", "driver_spec"),
+            ("[cdi]\ndriver_root = \"relative\"\n", "cdi.driver_root"),
+            ("[cdi]\ndriver_kind = \"gpushare.io\"\n", "cdi.driver_kind"),
+            (
+                "[cdi]\ndriver_kind = \"gpushare.io/claim\"\n",
+                "cdi.driver_kind",
+            ),
+            (
+                "[cdi]\ngenerate_timeout_seconds = 0\n",
+                "cdi.generate_timeout_seconds",
+            ),
+        ] {
+            let e = DaemonConfig::parse(text, Path::new("x"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{text}: {e}");
+        }
     }
 
     #[test]

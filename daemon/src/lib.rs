@@ -9,6 +9,7 @@
 //! | [`daemon_config`] | `gpushared`'s own config file (`/etc/gpushare/config.toml`) | pure |
 //! | [`placement`] | which claims hold which GPU, and the conflict rules | pure |
 //! | [`cdi`] | CDI spec building (and the atomic writer) | pure + file |
+//! | [`driver_spec`] | the NVIDIA driver's CDI spec from NVIDIA's toolkit (`nvidia-ctk cdi generate`, or its simulation) | leaf + file |
 //! | [`mig`] | MIG profiles, placements, DRA device names, mig-parted layouts | pure |
 //! | [`gpu`] | GPU backends behind one trait: NVML, simulated node profiles, `nvidia-smi` | leaf |
 //! | [`sys`] | process spawning and mounting behind narrow traits | leaf |
@@ -29,6 +30,7 @@ pub mod cli;
 pub mod config;
 pub mod crash;
 pub mod daemon_config;
+pub mod driver_spec;
 pub mod error;
 pub mod fsutil;
 pub mod gpu;

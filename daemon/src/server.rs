@@ -630,6 +630,7 @@ mod tests {
                 timeout_secs: 1,
             },
             shm_bytes: Some(1),
+            driver_spec: None,
         };
         let backend = Arc::new(
             SimulatedBackend::without_device_nodes("g5.xlarge", "n", Path::new("/d")).unwrap(),

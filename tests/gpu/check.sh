@@ -10,15 +10,19 @@
 # prepares an MPS claim at 100 % active threads and measures a compute-bound kernel, prepares
 # one at 25 % with a 2 GiB pinned device memory limit, runs two CUDA clients on it (shown by
 # the control daemon's get_server_list and ps), measures the same kernel, tries an allocation
-# beyond the limit, then releases everything and checks that nothing is left and no GPU
-# setting changed. Ends with a short table.
+# beyond the limit, starts a container on an MPS claim's CDI device IDs (the driver's device
+# from NVIDIA's toolkit spec, then the claim's) through gpushare-runtime and runc and runs a
+# CUDA client in it (where the host has runc and the NVIDIA Container Toolkit; else that step
+# is skipped with its reason), then releases everything and checks that nothing is left and
+# no GPU setting changed. Ends with a short table.
 #
 # Exit status: 0 every check passed; 1 a check failed; 2 no GPU on this host (nothing was
 # run); 3 a prerequisite is missing (root, PyTorch with CUDA, nvidia-cuda-mps-control, the
 # gpushare binaries).
 #
 # Environment: GPUSHARE_BIN_DIR (gpushared, gpushare; default target/release or target/debug
-# of this checkout, built with cargo when neither has them), GPUSHARE_CHECK_PYTHON (default
+# of this checkout, built with cargo when neither has them; gpushare-runtime there too for the
+# container step), GPUSHARE_CHECK_PYTHON (default
 # python3), GPUSHARE_CHECK_KEEP=1 keeps the work directory, GPUSHARE_CHECK_LIMIT (seconds,
 # default 450) bounds the whole run.
 
@@ -66,13 +70,21 @@ fi
 if [[ -z $BIN ]]; then
     command -v cargo >/dev/null 2>&1 || die_prereq "no gpushared/gpushare binaries and no cargo to build them (set GPUSHARE_BIN_DIR)"
     say "building gpushare (release)"
-    (cd "$REPO" && timeout 300 cargo build --release --locked -p gpushare -p gpushare-mps-control >&2) \
+    (cd "$REPO" && timeout 300 cargo build --release --locked -p gpushare -p gpushare-mps-control -p gpushare-runtime >&2) \
         || die_prereq "cargo build failed"
     BIN="$REPO/target/release"
 fi
 MPS_CONTROL=$(command -v nvidia-cuda-mps-control || true)
 if [[ -z $MPS_CONTROL ]]; then
     MPS_CONTROL="$BIN/gpushare-mps-control"  # --simulate on a host without NVIDIA's program
+fi
+
+# The driver's CDI spec comes from NVIDIA's toolkit (nvidia-ctk cdi generate); without it
+# gpushared would refuse every claim, so the check then runs with [cdi] driver_spec = "none"
+# and skips the container step, saying why.
+TOOLKIT=""
+if [[ $MODE == sim ]] || command -v nvidia-ctk >/dev/null 2>&1; then
+    TOOLKIT=yes
 fi
 
 # A short path: MPS and gpushared sockets live below it (108-byte limit).
@@ -145,6 +157,8 @@ settings() {
     echo "manage_compute_mode = false"
     echo "manage_time_slice = false"
     [[ $MODE == sim ]] && echo "simulate = \"$PROFILE\""
+    echo "[cdi]"
+    if [[ -n $TOOLKIT ]]; then echo "driver_spec = \"toolkit\""; else echo "driver_spec = \"none\""; fi
 } >"$WORK/config.toml"
 "$BIN/gpushared" --config "$WORK/config.toml" </dev/null 2>"$WORK/gpushared.log" &
 DAEMON_PID=$!
@@ -357,12 +371,112 @@ else
     release gsck-25 || fail "release of the 25 % claim"
 fi
 
-# 5. Nothing left, nothing changed.
+# 5. A container on an MPS claim's CDI device IDs, as the kubelet hands them to the runtime:
+# the driver's device (NVIDIA's toolkit spec: libcuda.so, nvidia-smi, its hooks) first, the
+# claim's last; applied by gpushare-runtime (the path containerd 1.6 takes) before runc. Its
+# CUDA client is the host's python3 with ctypes on the driver's libcuda.so.1: it must find
+# exactly the claim's GPU and allocate on it through the claim's MPS server, even though the
+# container asks for NVIDIA_VISIBLE_DEVICES=all. On a simulated node the container runs and
+# its view is checked, but there is no CUDA to call.
+ROW_CTR="container on an MPS claim's CDI IDs runs a CUDA client"
+container_skip=""
+if [[ -z $TOOLKIT ]]; then
+    container_skip="no NVIDIA Container Toolkit (nvidia-ctk) for the driver's CDI spec"
+elif ! command -v runc >/dev/null 2>&1; then
+    container_skip="no container runtime (runc) on this host"
+elif [[ ! -x $BIN/gpushare-runtime ]]; then
+    container_skip="no $BIN/gpushare-runtime (cargo build -p gpushare-runtime)"
+fi
+if [[ -n $container_skip ]]; then
+    row "$ROW_CTR" "skipped ($container_skip)"
+elif ! claim gsck-ctr 50; then
+    fail "$ROW_CTR" "the claim was refused: see $WORK/gpushared.log"
+else
+    CTR="$WORK/ctr"
+    ROOT="$CTR/rootfs"
+    mkdir -p "$ROOT"/{etc,tmp,proc,dev,sys}
+    PYBIN=$(readlink -f "$("$PY" -c 'import sys; print(sys.executable)')")
+    STDLIB=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
+    CTYPES=$("$PY" -c 'import _ctypes; print(_ctypes.__file__)')
+    put() { mkdir -p "$ROOT$(dirname "$1")" && cp -L "$1" "$ROOT$1"; }
+    put "$PYBIN"
+    for lib in $(ldd "$PYBIN" "$CTYPES" 2>/dev/null | grep -o '/[^ ]*' | sort -u); do put "$lib"; done
+    IDS=$(json '",".join(d["requests"][0]["cdi_device_ids"])' <"$WORK/gsck-ctr.info")
+    MINOR=$(json 'd["groups"][0]["devices"][0]["minor"]' <"$WORK/gsck-ctr.info")
+    cat >"$CTR/client.py" <<'EOF'
+import ctypes, json, os, sys
+out = {"visible": os.environ.get("NVIDIA_VISIBLE_DEVICES"),
+       "pipe": os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
+       "control": os.path.exists("/tmp/nvidia-mps/control"),
+       "gpus": sorted(n for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit())}
+libdir = os.environ.get("NVIDIA_CTK_LIBCUDA_DIR", "")
+found = [p for p in (os.path.join(libdir, "libcuda.so.1"),) if libdir and os.path.exists(p)]
+out["libcuda"] = found[0] if found else "libcuda.so.1"
+if sys.argv[1] == "real":
+    cuda = ctypes.CDLL(out["libcuda"])
+    count, dev, ctx, ptr = ctypes.c_int(), ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+    out["cuInit"] = cuda.cuInit(0)
+    out["cuDeviceGetCount"] = cuda.cuDeviceGetCount(ctypes.byref(count))
+    out["devices"] = count.value
+    cuda.cuDeviceGet(ctypes.byref(dev), 0)
+    out["cuCtxCreate"] = cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev)
+    out["cuMemAlloc"] = cuda.cuMemAlloc_v2(ctypes.byref(ptr), 64 << 20)
+print(json.dumps(out))
+EOF
+    put "$CTR/client.py"
+    (cd "$CTR" && timeout 30 runc spec) >/dev/null 2>&1
+    "$PY" - "$CTR/config.json" "$PYBIN" "$CTR/client.py" "$MODE" "$IDS" "$STDLIB" <<'EOF'
+import json, sys
+path, py, client, mode, ids, stdlib = sys.argv[1:]
+with open(path) as f:
+    c = json.load(f)
+c["process"]["terminal"] = False
+c["process"]["args"] = [py, client, mode]
+c["process"]["env"] += ["GPUSHARE_VISIBLE_DEVICES=" + ids, "NVIDIA_VISIBLE_DEVICES=all"]
+c["root"] = {"path": "rootfs", "readonly": False}
+c["mounts"].append({"destination": stdlib, "type": "bind", "source": stdlib, "options": ["rbind", "ro"]})
+with open(path, "w") as f:
+    json.dump(c, f)
+EOF
+    cat >"$CTR/runtime.toml" <<EOF
+runtimes = ["runc"]
+spec_dirs = ["$WORK/cdi"]
+log_file = "$CTR/runtime.log"
+log_level = "debug"
+EOF
+    GPUSHARE_RUNTIME_CONFIG="$CTR/runtime.toml" timeout 120 "$BIN/gpushare-runtime" \
+        --root "$CTR/state" run --bundle "$CTR" "gsck-ctr-$$" >"$CTR/out" 2>"$CTR/err" </dev/null
+    tail -n 1 "$CTR/out" >"$CTR/result.json"
+    VERDICT=$("$PY" - "$MODE" "nvidia$MINOR" "$CTR/result.json" <<'EOF' 2>/dev/null
+import json, sys
+mode, gpu, path = sys.argv[1:]
+with open(path) as f:
+    d = json.load(f)
+ok = (d["visible"] == "void" and d["pipe"] == "/tmp/nvidia-mps" and d["control"]
+      and d["gpus"] == [gpu] and d["libcuda"].startswith("/"))
+if mode == "real":
+    ok = ok and d["cuInit"] == 0 and d["devices"] == 1 and d["cuCtxCreate"] == 0 and d["cuMemAlloc"] == 0
+print("ok" if ok else "bad")
+EOF
+)
+    if [[ $VERDICT == ok && $MODE == real ]]; then
+        pass "$ROW_CTR" "the driver's libcuda.so.1, only /dev/nvidia$MINOR, the claim's MPS pipe, NVIDIA_VISIBLE_DEVICES=void; cuInit, 1 device, a context and 64 MiB"
+    elif [[ $VERDICT == ok ]]; then
+        pass "$ROW_CTR" "simulated: the driver's libcuda.so.1, only /dev/nvidia$MINOR, the claim's MPS pipe, NVIDIA_VISIBLE_DEVICES=void; no CUDA to call"
+    else
+        fail "$ROW_CTR" "the container said: $(cat "$CTR/result.json") $(tail -n 2 "$CTR/err" | tr '\n' ' ')"
+    fi
+    release gsck-ctr || fail "release of the container's claim"
+fi
+
+# 6. Nothing left, nothing changed.
 AFTER=$(settings)
 kill -TERM "$DAEMON_PID" 2>/dev/null
 timeout 20 tail --pid="$DAEMON_PID" -f /dev/null
 DAEMON_PID=""
-LEFT=$(ls -A "$WORK/run/claims" "$WORK/cdi" 2>/dev/null | grep -v ':$' | grep -c . || true)
+# The node's driver spec (gpushare.io-gpu.json) is not a claim's: it stays, as on a node.
+LEFT=$(ls -A "$WORK/run/claims" "$WORK/cdi" 2>/dev/null | grep -v ':$' | grep -v '^gpushare.io-gpu.json$' | grep -c . || true)
+
 if [[ $BEFORE == "$AFTER" && $LEFT == 0 ]]; then
     pass "released; nothing left; GPU settings as found" "$(wc -l <<<"$AFTER") GPU(s) compared"
 else

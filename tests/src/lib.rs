@@ -16,6 +16,8 @@ use gpushare_proto::{
 };
 use serde_json::Value;
 
+pub mod driver_view;
+
 /// Node name of the cases in `shared/cases` (the `pool` of their allocations).
 pub const NODE: &str = "ip-10-0-1-23.us-west-2.compute.internal";
 
@@ -146,6 +148,9 @@ pub struct Daemon {
     pub checkpoint: PathBuf,
     /// MPS control program in use.
     pub mps_control: PathBuf,
+    /// The CDI directory is not the daemon's own (e.g. podman's `/var/run/cdi`): the driver
+    /// spec it generated there is removed when it stops, as nothing else will.
+    shared_cdi: bool,
     child: Child,
 }
 
@@ -232,6 +237,7 @@ impl Daemon {
             .spawn()
             .expect("spawning gpushared");
         let d = Daemon {
+            shared_cdi: opts.cdi_dir.is_some(),
             socket,
             cdi_dir,
             run_dir,
@@ -250,6 +256,11 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(20));
         }
         d
+    }
+
+    /// The driver's CDI spec the daemon generates (`[cdi]` defaults: the simulated toolkit's).
+    pub fn driver_spec(&self) -> PathBuf {
+        self.cdi_dir.join("gpushare.io-gpu.json")
     }
 
     /// The daemon's pid.
@@ -372,6 +383,9 @@ impl Drop for Daemon {
             nix::sys::signal::Signal::SIGTERM,
         );
         let _ = self.child.wait();
+        if self.shared_cdi {
+            let _ = fs::remove_file(self.driver_spec());
+        }
     }
 }
 

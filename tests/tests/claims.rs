@@ -132,9 +132,13 @@ fn valid_cases(program: &Path) {
         .prepare(&load_claim(&claims.join("seed-mps.yaml")))
         .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
     let uid = r.uid.clone();
+    // The driver's device of the GPU (the simulated toolkit's spec), then the claim's.
     assert_eq!(
         r.requests[0].cdi_device_ids,
-        vec![format!("gpushare.io/claim={uid}")]
+        vec![
+            format!("gpushare.io/gpu={}", uuid_of(&d, "gpu-0")),
+            format!("gpushare.io/claim={uid}")
+        ]
     );
     let c = d.claim(&uid).unwrap();
     let m = &mps_groups(&c)[0];
@@ -144,7 +148,13 @@ fn valid_cases(program: &Path) {
         .push(m.control_daemon_pid);
     let spec = cdi_spec(&d, &uid);
     let edits = &spec["devices"][0]["containerEdits"];
-    assert_eq!(edits["env"][0], "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps");
+    assert_eq!(
+        edits["env"],
+        serde_json::json!([
+            "NVIDIA_VISIBLE_DEVICES=void",
+            "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"
+        ])
+    );
     let mounts: Vec<(String, String)> = edits["mounts"]
         .as_array()
         .unwrap()
@@ -263,11 +273,17 @@ fn valid_cases(program: &Path) {
     assert_eq!(r.requests.len(), 2);
     assert_eq!(
         r.requests[0].cdi_device_ids,
-        vec![format!("gpushare.io/claim={mixed}-ts-gpu")]
+        vec![
+            format!("gpushare.io/gpu={}", uuid_of(&d, "gpu-6")),
+            format!("gpushare.io/claim={mixed}-ts-gpu")
+        ]
     );
     assert_eq!(
         r.requests[1].cdi_device_ids,
-        vec![format!("gpushare.io/claim={mixed}-mps-gpu")]
+        vec![
+            format!("gpushare.io/gpu={}", uuid_of(&d, "gpu-7")),
+            format!("gpushare.io/claim={mixed}-mps-gpu")
+        ]
     );
     assert_eq!(d.gpus()["gpu-6"].time_slice, TimeSliceInterval::Short);
     let c = d.claim(&mixed).unwrap();
@@ -283,9 +299,10 @@ fn valid_cases(program: &Path) {
         .iter()
         .find(|x| x["name"] == format!("{mixed}-ts-gpu"))
         .unwrap();
-    assert!(
-        ts_dev["containerEdits"].get("env").is_none(),
-        "the time-sliced request gets no MPS env"
+    assert_eq!(
+        ts_dev["containerEdits"]["env"],
+        serde_json::json!(["NVIDIA_VISIBLE_DEVICES=void"]),
+        "the time-sliced request gets no MPS env, only what hides other GPUs"
     );
 
     // seed-mig-3g20gb.yaml: gpu-2 gets one 3g.20gb GPU instance (profile 9) at placement
@@ -392,10 +409,15 @@ fn invalid_cases(program: &Path) {
             d.assert_nothing_left(uid, &[]);
         }
     }
-    // Nothing at all: no claim, no CDI file, no run directory entry, no MPS daemon.
+    // Nothing at all: no claim, no claim's CDI file (the node's driver spec, generated at
+    // start, is all there is), no run directory entry, no MPS daemon.
     let claims: Vec<ClaimInfo> = d.client().call(Method::ListClaims, None::<&()>).unwrap();
     assert!(claims.is_empty());
-    assert_eq!(fs::read_dir(&d.cdi_dir).map(|r| r.count()).unwrap_or(0), 0);
+    let specs: Vec<String> = fs::read_dir(&d.cdi_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(specs, vec!["gpushare.io-gpu.json"]);
     assert_eq!(
         fs::read_dir(d.run_dir.join("claims"))
             .map(|r| r.count())

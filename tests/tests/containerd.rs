@@ -1142,3 +1142,73 @@ fn packaged_runtime_config_documents_every_key() {
         );
     }
 }
+
+/// The done-when of the driver's user-space, through containerd 1.6 (no CDI of its own) and
+/// `gpushare-runtime`: the container on an MPS claim, asking for both of the claim's CDI IDs
+/// (the driver's device, then the claim's) and for `NVIDIA_VISIBLE_DEVICES=all`, sees the
+/// driver's files at the generated spec's paths, the claim's pipe dir at `/tmp/nvidia-mps`
+/// although a node-wide one existed when the spec was generated, and only the claim's GPU.
+#[test]
+fn ctr_container_gets_the_drivers_files_its_claims_pipe_and_no_other_gpu() {
+    use gpushare_e2e::driver_view::*;
+    let Some(_cases) = prerequisites() else {
+        return;
+    };
+    let _serial = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let root = driver_root_with_host_mps(tmp.path());
+    let d = Daemon::start_with_config(
+        DaemonOptions {
+            mps_control: bin("gpushare-mps-control"),
+            cdi_dir: None,
+            run_dir: None,
+        },
+        &sim_root_config(&root),
+    );
+    let uid = unique_uid("ctrd-drv");
+    let claim = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"uid": uid, "name": "drv", "namespace": "default"},
+        "status": {"allocation": {"devices": {
+            "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-6"}],
+            "config": [{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com",
+              "parameters": {"sharingMode": "mps", "mpsActiveThreadPercentage": 50}}}]}}}});
+    let r = d
+        .prepare(&claim)
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    let ids = r.requests[0].cdi_device_ids.clone();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert!(ids[0].starts_with("gpushare.io/gpu=GPU-"), "{ids:?}");
+    let files = driver_files(&d.driver_spec());
+
+    let archive = busybox_image(tmp.path(), &[]);
+    let c = Containerd::start(ContainerdOptions::default());
+    c.import(&archive);
+    let config = runtime_config(tmp.path(), "runtime", &["runc"], &[&d.cdi_dir]);
+    let runtime = runtime_wrapper(tmp.path(), "gpushare-runtime.sh", &config);
+    let id = format!("gs-ctrd-drv-{}", std::process::id());
+    let out = output_within(
+        c.run(
+            &runtime,
+            &id,
+            &[
+                "NVIDIA_VISIBLE_DEVICES=all".to_string(),
+                format!("GPUSHARE_VISIBLE_DEVICES={}", ids.join(",")),
+            ],
+            &[],
+        )
+        .args(["/bin/sh", "-c", &view_script(&files)])
+        .stdin(Stdio::null()),
+        CTR_LIMIT,
+    );
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "ctr run: {stdout}\n{}\ngpushare-runtime log:\n{}",
+        text(&out.stderr),
+        fs::read_to_string(tmp.path().join("runtime.log")).unwrap_or_default()
+    );
+    check_view(&stdout, &files, "nvidia6");
+    stop_clean(c);
+    d.unprepare(&uid);
+    d.assert_nothing_left(&uid, &[]);
+}

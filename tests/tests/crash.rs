@@ -330,7 +330,13 @@ impl Node {
         assert_eq!(mounts, shm_dirs, "mounts are the claims' shm tmpfs");
         *counts.entry("no orphan mount").or_default() += 1;
 
-        let specs = read_names(&self.cdi_dir);
+        // The node's driver spec (generated at start) is not a claim's.
+        let mut specs = read_names(&self.cdi_dir);
+        assert!(
+            specs.remove("gpushare.io-gpu.json"),
+            "the driver's CDI spec is in {}",
+            self.cdi_dir.display()
+        );
         let want: BTreeSet<String> = uids
             .iter()
             .map(|u| format!("gpushare.io-claim_{u}.json"))

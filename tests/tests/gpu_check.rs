@@ -72,5 +72,21 @@ fn the_daemon_part_passes_on_a_simulated_node_and_leaves_nothing() {
     ] {
         assert!(stdout.contains(line), "{line:?} missing:\n{stdout}");
     }
+    // The container step runs on a simulated node too (no CUDA to call), or says why not.
+    let container = stdout
+        .lines()
+        .find(|l| l.starts_with("container on an MPS claim's CDI IDs runs a CUDA client"))
+        .unwrap_or_else(|| panic!("no container step:\n{stdout}"));
+    if which("runc").is_some() {
+        assert!(
+            container.contains("ok (simulated: the driver's libcuda.so.1, only /dev/nvidia0, the claim's MPS pipe, NVIDIA_VISIBLE_DEVICES=void"),
+            "{container}"
+        );
+    } else {
+        assert!(
+            container.contains("skipped (no container runtime (runc)"),
+            "{container}"
+        );
+    }
     assert!(!stdout.contains("FAILED"), "{stdout}");
 }

@@ -11,7 +11,10 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use gpushare::cdi::HookConfig;
 use gpushare::daemon_config::{
-    parse_mode, DaemonConfig, GpusConfig, DEFAULT_CONFIG, DEFAULT_CONFIG_PATH,
+    parse_mode, DaemonConfig, DriverSpecMode, GpusConfig, DEFAULT_CONFIG, DEFAULT_CONFIG_PATH,
+};
+use gpushare::driver_spec::{
+    nvidia_ctk::NvidiaCtk, sim::SimulatedToolkit, DriverSpecs, SpecGenerator,
 };
 use gpushare::gpu::nvml::NvmlLib;
 use gpushare::gpu::timeslice::NvidiaSmi;
@@ -328,6 +331,47 @@ fn gpu_backend(gpus: &GpusConfig, node_name: &str, run_dir: &Path) -> Result<Arc
     )))
 }
 
+/// The driver's CDI spec (`[cdi]`): NVIDIA's `nvidia-ctk cdi generate` on a real node; on a
+/// simulated one the simulated generator over the simulated GPUs and driver root, unless
+/// `[cdi] nvidia_ctk` names a program to run instead. `None` for `driver_spec = "none"`.
+fn driver_specs(
+    settings: &DaemonConfig,
+    backend: &Arc<dyn GpuBackend>,
+    run_dir: &Path,
+    cdi_dir: &Path,
+) -> Result<Option<Arc<DriverSpecs>>> {
+    if settings.cdi.driver_spec == DriverSpecMode::None {
+        tracing::info!(
+            "[cdi] driver_spec = \"none\": claims' containers get no driver files from gpushare"
+        );
+        return Ok(None);
+    }
+    let generator: Arc<dyn SpecGenerator> =
+        if !settings.gpus.simulate.is_empty() && settings.cdi.nvidia_ctk.as_os_str().is_empty() {
+            let root = if settings.gpus.sim_driver_root.as_os_str().is_empty() {
+                run_dir.join("simulated-driver")
+            } else {
+                absolute(&settings.gpus.sim_driver_root)?
+            };
+            Arc::new(SimulatedToolkit::new(Arc::clone(backend), &root))
+        } else {
+            Arc::new(NvidiaCtk::new(
+                &settings.cdi.nvidia_ctk,
+                &settings.cdi.driver_root,
+                Arc::new(HostRunner),
+                Duration::from_secs(settings.cdi.generate_timeout_seconds),
+            ))
+        };
+    let specs = DriverSpecs::new(
+        generator,
+        &settings.cdi.driver_kind,
+        cdi_dir,
+        &run_dir.join("driver-spec"),
+    )
+    .map_err(anyhow::Error::msg)?;
+    Ok(Some(Arc::new(specs)))
+}
+
 fn main() -> std::process::ExitCode {
     match start() {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -403,6 +447,7 @@ fn restart_only_changes(old: &DaemonConfig, new: &DaemonConfig) -> Vec<&'static 
     check("[socket]", old.socket != new.socket);
     check("[mps]", old.mps != new.mps);
     check("[hook]", old.hook != new.hook);
+    check("[cdi]", old.cdi != new.cdi);
     check("[gpus]", old.gpus != new.gpus);
     check(
         "metrics.allow_non_loopback",
@@ -518,6 +563,8 @@ async fn run(
     let _instance = lock_instance(&state_dir, "state")?;
     let _run = lock_instance(&run_dir, "run")?;
     let backend = gpu_backend(&settings.gpus, &node_name, &run_dir)?;
+    let cdi_dir = real_dir("CDI directory", &settings.paths.cdi_dir, 0o755)?;
+    let driver_spec = driver_specs(&settings, &backend, &run_dir, &cdi_dir)?;
 
     let mps_program = if settings.mps.control.as_os_str().is_empty() {
         default_mps_control()?
@@ -550,7 +597,7 @@ async fn run(
         node_name: node_name.clone(),
         drivers: settings.node.drivers.clone(),
         run_dir,
-        cdi_dir: real_dir("CDI directory", &settings.paths.cdi_dir, 0o755)?,
+        cdi_dir,
         checkpoint: state_dir.join("checkpoint.json"),
         hook: HookConfig {
             path: hook_path,
@@ -558,6 +605,7 @@ async fn run(
             timeout_secs: settings.hook.timeout_seconds,
         },
         shm_bytes: (settings.mps.shm_size_mib > 0).then_some(settings.mps.shm_size_mib << 20),
+        driver_spec,
     };
     let boot_id_file = args
         .boot_id_file

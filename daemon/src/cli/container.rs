@@ -88,6 +88,17 @@ fn copy_with_libs(file: &Path, root: &Path) -> io::Result<()> {
 /// not crun (crun refuses hybrid cgroup layouts), fixed rlimits (raising them is not permitted
 /// in every sandbox) and no network (nothing to set up).
 pub fn podman_run(device: &str, rootfs: &Path, script: &str) -> Command {
+    podman_run_devices(&[device], &[], rootfs, script)
+}
+
+/// As [`podman_run`], with CDI devices `devices` in this order (podman applies them in the
+/// order given, as the CDI library merges them) and `env` (`K=V`) set as an image would.
+pub fn podman_run_devices<S: AsRef<str>>(
+    devices: &[S],
+    env: &[&str],
+    rootfs: &Path,
+    script: &str,
+) -> Command {
     let mut cmd = Command::new("podman");
     cmd.args(["run", "--rm", "--runtime", "runc"])
         .args([
@@ -96,7 +107,14 @@ pub fn podman_run(device: &str, rootfs: &Path, script: &str) -> Command {
             "--ulimit",
             "nproc=1024:1024",
         ])
-        .args(["--network", "none", "--device", device, "--rootfs"])
+        .args(["--network", "none"]);
+    for e in env {
+        cmd.args(["--env", e]);
+    }
+    for d in devices {
+        cmd.args(["--device", d.as_ref()]);
+    }
+    cmd.arg("--rootfs")
         .arg(rootfs)
         .args(["/bin/sh", "-c", script]);
     cmd

@@ -23,6 +23,11 @@ use crate::sys::pid_alive;
 /// Node name of the sample claims' allocations.
 pub const DEMO_NODE: &str = "ip-10-0-1-23.us-west-2.compute.internal";
 
+/// The CDI kind of the demo's (simulated) driver spec: not the default `gpushare.io/gpu`, so
+/// that the demo, whose specs go to `/var/run/cdi` for podman, never replaces the driver spec
+/// of a gpushared that serves this host.
+pub const DEMO_DRIVER_KIND: &str = "gpushare.io/demo-gpu";
+
 /// The sample claims: real-shaped ResourceClaim objects as our users write them.
 const CLAIMS: &[(&str, &str)] = &[
     (
@@ -84,11 +89,13 @@ fn which(name: &str) -> Option<PathBuf> {
     })
 }
 
-/// The demo's daemon; stopped (after releasing what is left) on drop.
+/// The demo's daemon; stopped (after releasing what is left) on drop, its driver spec
+/// removed.
 struct DemoDaemon {
     child: Child,
     socket: PathBuf,
     log: PathBuf,
+    driver_spec: PathBuf,
 }
 
 impl DemoDaemon {
@@ -119,6 +126,8 @@ impl Drop for DemoDaemon {
             nix::sys::signal::Signal::SIGTERM,
         );
         let _ = self.child.wait();
+        // A real node keeps its driver spec across restarts; the demo's is simulated.
+        let _ = fs::remove_file(&self.driver_spec);
     }
 }
 
@@ -178,9 +187,22 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         &profile,
         include_str!("../../examples/profiles/p4d.24xlarge-mig2.toml"),
     )?;
+    // A config of our own: the host's /etc/gpushare/config.toml is not the demo's.
+    let config = tmp.path().join("config.toml");
+    fs::write(
+        &config,
+        format!("[cdi]\ndriver_spec = \"toolkit\"\ndriver_kind = \"{DEMO_DRIVER_KIND}\"\n"),
+    )?;
+    let driver_spec = {
+        let (vendor, class) =
+            crate::driver_spec::split_kind(DEMO_DRIVER_KIND).map_err(anyhow::Error::msg)?;
+        cdi_dir.join(format!("{vendor}-{class}.json"))
+    };
     let mut cmd = Command::new(&gpushared);
     // The node's own gpushared may serve the default metrics port.
-    cmd.arg("--no-metrics")
+    cmd.arg("--config")
+        .arg(&config)
+        .arg("--no-metrics")
         .arg("--simulate")
         .arg(&profile)
         .args(["--node-name", DEMO_NODE, "--shm-size-mib", "64"])
@@ -204,6 +226,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
             .with_context(|| format!("starting {}", gpushared.display()))?,
         socket: socket.clone(),
         log: log.clone(),
+        driver_spec: driver_spec.clone(),
     };
     let deadline = Instant::now() + Duration::from_secs(20);
     while Client::connect(&socket, Duration::from_secs(2)).is_err() {
@@ -221,6 +244,10 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         "gpushared runs on a simulated p4d.24xlarge with MIG mode on gpu-2 (node {DEMO_NODE}, {} GPUs), MPS control program {}",
         health.gpus, health.mps_control
     ));
+    println!(
+        "  the driver's CDI spec (what NVIDIA's nvidia-ctk cdi generate writes, simulated): {}",
+        driver_spec.display()
+    );
 
     step("Preparing the sample ResourceClaims");
     let mut prepared: Vec<String> = Vec::new();
@@ -323,6 +350,12 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         mps_pids.len()
     );
     drop(daemon);
+    if driver_spec.exists() {
+        bail!(
+            "left behind: the demo's driver spec {}",
+            driver_spec.display()
+        );
+    }
     println!("\nDemo complete.");
     Ok(())
 }
@@ -343,26 +376,44 @@ fn container_step(
         step("No /bin/busybox (package busybox-static): skipping the container step");
         return Ok(());
     }
-    let device = claim
+    // Every CDI device of the request, in order: the driver's device of its GPU first, the
+    // claim's device last.
+    let devices = claim
         .requests
         .first()
-        .and_then(|r| r.cdi_device_ids.first())
-        .context("claim has no CDI device")?
-        .clone();
+        .map(|r| r.cdi_device_ids.clone())
+        .filter(|ids| !ids.is_empty())
+        .context("claim has no CDI device")?;
+    let pipe_dir = claim
+        .groups
+        .iter()
+        .find_map(|g| match &g.sharing {
+            StrategyInfo::Mps(m) => Some(m.pipe_dir.clone()),
+            _ => None,
+        })
+        .context("the MPS claim has no pipe directory")?;
     let ui = PathBuf::from(mps_control);
     let root = container::busybox_rootfs(tmp, std::slice::from_ref(&ui))?;
     let script = format!(
-        "echo \"  CUDA_MPS_PIPE_DIRECTORY=$CUDA_MPS_PIPE_DIRECTORY\"; echo \"  pipe dir: $(ls /tmp/nvidia-mps | tr '\\n' ' ')\"; \
+        "echo \"  driver libraries: $(ls /usr/lib64/libcuda.so* /usr/lib64/libnvidia-ml.so* | tr '\\n' ' ')\"; \
+         echo \"  nvidia-smi: $(nvidia-smi)\"; \
+         echo \"  GPUs: $(ls /dev | grep -E '^nvidia[0-9]+$' | tr '\\n' ' ')(NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES)\"; \
+         echo \"  CUDA_MPS_PIPE_DIRECTORY=$CUDA_MPS_PIPE_DIRECTORY, the claim's pipe dir {pipe_dir}: $(ls /tmp/nvidia-mps | tr '\\n' ' ')\"; \
          echo \"  /dev/shm: $(grep ' /dev/shm ' /proc/self/mountinfo | cut -d' ' -f9-)\"; \
          echo \"  get_default_active_thread_percentage -> $(echo get_default_active_thread_percentage | {})\"; sleep 2",
         ui.display()
     );
+    let shown = devices
+        .iter()
+        .map(|d| format!("--device {d}"))
+        .collect::<Vec<_>>()
+        .join(" ");
     let mut child = match engine {
         Engine::Podman => {
             step(&format!(
-                "podman run --device {device} (podman reads our CDI spec)"
+                "podman run {shown} (podman reads the driver's and the claim's CDI specs)"
             ));
-            container::podman_run(&device, &root, &script)
+            container::podman_run_devices(&devices, &[], &root, &script)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
@@ -370,18 +421,14 @@ fn container_step(
         }
         _ => {
             step(&format!(
-                "runc run with the CDI edits of {device} in config.json"
+                "runc run with the CDI edits of {} in config.json",
+                devices.join(", ")
             ));
             let bundle = root.parent().context("bundle dir")?.to_path_buf();
-            let spec: crate::cdi::Spec =
-                serde_json::from_slice(&fs::read(crate::cdi::spec_path(cdi_dir, &claim.uid))?)?;
-            let name = device.rsplit('=').next().unwrap_or_default();
-            let dev = spec
-                .devices
-                .iter()
-                .find(|d| d.name == name)
-                .context("device in CDI spec")?;
-            container::runc_config(&bundle, &script, &dev.container_edits)?;
+            let edits = gpushare_cdi::Registry::load(&[cdi_dir])
+                .resolve(&devices)
+                .context("resolving the claim's CDI devices")?;
+            container::runc_config(&bundle, &script, &edits)?;
             Command::new("runc")
                 .arg("--root")
                 .arg(tmp.join("runc"))

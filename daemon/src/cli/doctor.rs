@@ -1,7 +1,8 @@
 //! `gpushare doctor`: what is wrong with this node's gpushare setup, one line per check with
 //! a fix hint.
 //!
-//! Checks: the config file, NVML and the driver version, the MPS control program, the
+//! Checks: the config file, NVML and the driver version, the MPS control program, NVIDIA's
+//! container toolkit for the driver's CDI spec (`[cdi] driver_spec`), the
 //! containerd config (CDI enabled or the `gpushare` runtime configured), `nodeadm` and our
 //! drop-in, the CDI spec directories (valid specs, no device defined twice), the daemon's
 //! socket, the checkpoint, and the compute mode of GPUs shared with MPS. Files are read where
@@ -196,6 +197,7 @@ pub fn run(paths: &DoctorPaths, simulate: Option<&str>, host: &dyn DoctorHost) -
         simulate.or_else(|| (!cfg.gpus.simulate.is_empty()).then_some(cfg.gpus.simulate.as_str()));
     checks.push(check_driver(simulate, host));
     checks.push(check_mps_control(&cfg, host));
+    checks.push(check_driver_spec(&cfg, simulate, host));
     checks.push(check_containerd(&paths.containerd_config));
     checks.push(check_nodeadm(&paths.nodeadm_dir, host));
     checks.push(check_cdi(&paths.static_cdi_dir, &cfg.paths.cdi_dir));
@@ -264,6 +266,58 @@ fn check_driver(simulate: Option<&str>, host: &dyn DoctorHost) -> Check {
             Status::Fail,
             e,
             "install the NVIDIA driver and its NVML library (EKS: use the AL2023 NVIDIA AMI); nvidia-smi must work",
+        ),
+    }
+}
+
+/// `[cdi] driver_spec = "toolkit"` needs NVIDIA's `nvidia-ctk` (nvidia-container-toolkit):
+/// without it gpushared refuses every claim; and the spec it generates at start should be in
+/// the CDI directory.
+fn check_driver_spec(cfg: &DaemonConfig, simulate: Option<&str>, host: &dyn DoctorHost) -> Check {
+    use crate::daemon_config::DriverSpecMode;
+    if cfg.cdi.driver_spec == DriverSpecMode::None {
+        return check(
+            "driver-spec",
+            Status::Ok,
+            "[cdi] driver_spec = \"none\": claims' containers get no driver files from gpushare; their images must bring a user-space that matches the host's driver".into(),
+            "",
+        );
+    }
+    let spec = match crate::driver_spec::split_kind(&cfg.cdi.driver_kind) {
+        Ok((vendor, class)) => cfg.paths.cdi_dir.join(format!("{vendor}-{class}.json")),
+        Err(e) => return check("driver-spec", Status::Fail, e, "fix [cdi] driver_kind"),
+    };
+    let generator = if simulate.is_some() && cfg.cdi.nvidia_ctk.as_os_str().is_empty() {
+        "the simulated toolkit".to_string()
+    } else {
+        match crate::driver_spec::nvidia_ctk::find(&cfg.cdi.nvidia_ctk, |p| host.executable(p)) {
+            Ok(p) => p.display().to_string(),
+            Err(e) => {
+                return check(
+                    "driver-spec",
+                    Status::Fail,
+                    format!("NVIDIA Container Toolkit not found: {e}; gpushared refuses every claim without it"),
+                    "install nvidia-container-toolkit (EKS AL2023 NVIDIA AMIs ship it: dnf install nvidia-container-toolkit; the GPU Operator installs it in /usr/local/nvidia/toolkit), or set [cdi] driver_spec = \"none\" if your images bring the driver's user-space",
+                )
+            }
+        }
+    };
+    match gpushare_cdi::load_spec_file(&spec) {
+        Ok(s) => check(
+            "driver-spec",
+            Status::Ok,
+            format!(
+                "{generator}; {} has {} devices",
+                spec.display(),
+                s.devices.len()
+            ),
+            "",
+        ),
+        Err(e) => check(
+            "driver-spec",
+            Status::Warn,
+            format!("{generator}; {}: {e}", spec.display()),
+            "gpushared generates it at start and after MIG changes: journalctl -u gpushared says why it did not",
         ),
     }
 }
@@ -850,9 +904,14 @@ mod tests {
             "apiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\nspec: {}\n",
         )
         .unwrap();
+        std::fs::write(
+            n.dir.path().join("run-cdi/gpushare.io-gpu.json"),
+            r#"{"cdiVersion":"0.3.0","kind":"gpushare.io/gpu","devices":[{"name":"GPU-0","containerEdits":{"env":["A=1"]}}]}"#,
+        )
+        .unwrap();
         let host = FakeHost {
             driver: Some("570.133.20".into()),
-            programs: vec!["nvidia-cuda-mps-control", "nodeadm"],
+            programs: vec!["nvidia-cuda-mps-control", "nodeadm", "nvidia-ctk"],
             daemon: Some(healthy(vec![gpu(
                 GpuSharing::Mps,
                 ComputeMode::ExclusiveProcess,
@@ -882,6 +941,7 @@ mod tests {
         for name in [
             "nvml",
             "mps-control",
+            "driver-spec",
             "containerd",
             "nodeadm",
             "compute-mode",
@@ -897,6 +957,44 @@ mod tests {
         for line in r.text().lines().filter(|l| l.starts_with("FAIL")) {
             assert!(line.contains(" -> "), "{line}");
         }
+    }
+
+    #[test]
+    fn the_driver_spec_check_says_what_to_install() {
+        let n = node(CDI_ON);
+        let r = run(&n.paths, None, &FakeHost::default());
+        let c = get(&r, "driver-spec");
+        assert_eq!(c.status, Status::Fail, "{}", r.text());
+        assert!(
+            c.detail.contains("nvidia-ctk is in none of /usr/bin"),
+            "{c:?}"
+        );
+        assert!(c.hint.contains("install nvidia-container-toolkit"), "{c:?}");
+        // Installed but the spec not (yet) generated: a warning pointing at the journal.
+        let host = FakeHost {
+            programs: vec!["nvidia-ctk"],
+            ..FakeHost::default()
+        };
+        let c = get(&run(&n.paths, None, &host), "driver-spec").clone();
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert!(c.detail.starts_with("/usr/bin/nvidia-ctk"), "{c:?}");
+        // Simulated nodes use the simulated toolkit; "none" is a knowing choice.
+        let c = get(
+            &run(&n.paths, Some("g5.xlarge"), &FakeHost::default()),
+            "driver-spec",
+        )
+        .clone();
+        assert!(c.detail.starts_with("the simulated toolkit"), "{c:?}");
+        std::fs::write(
+            &n.paths.config,
+            format!(
+                "[paths]\nstate_dir = \"{}\"\n[cdi]\ndriver_spec = \"none\"\n",
+                n.dir.path().join("state").display()
+            ),
+        )
+        .unwrap();
+        let c = get(&run(&n.paths, None, &FakeHost::default()), "driver-spec").clone();
+        assert_eq!(c.status, Status::Ok, "{c:?}");
     }
 
     #[test]

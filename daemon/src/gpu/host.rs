@@ -13,8 +13,18 @@ use super::nvml::NvmlDevices;
 use super::timeslice::NvidiaSmi;
 use super::{DeviceNode, Gpu, GpuBackend, GpuError};
 
-/// Device nodes every CUDA container needs, when the host has them.
-const CONTROL_NODES: &[&str] = &["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"];
+/// Device nodes every CUDA container needs: named in every claim's spec whether or not the
+/// host has them, so that a missing one refuses the claim with its path (the driver creates
+/// `nvidia-uvm` only once its module is loaded: `nvidia-modprobe -u -c=0`, or the toolkit's
+/// `nvidia-ctk system create-device-nodes --control-devices --load-kernel-modules`).
+const CONTROL_NODES: &[&str] = &["nvidiactl", "nvidia-uvm"];
+
+/// Device nodes named only when the host has them: `nvidia-uvm-tools` serves profilers, not
+/// CUDA itself.
+const OPTIONAL_CONTROL_NODES: &[&str] = &["nvidia-uvm-tools"];
+
+/// The kernel's table of device majors, where `nvidia-uvm` and `nvidia-caps` get theirs.
+const PROC_DEVICES: &str = "/proc/devices";
 
 /// The driver's table of MIG capability minors (`gpu0/gi1/access 12`, one per line).
 const MIG_MINORS: &str = "/proc/driver/nvidia-caps/mig-minors";
@@ -105,16 +115,29 @@ impl GpuBackend for HostBackend {
     }
 
     fn control_device_nodes(&self) -> Vec<DeviceNode> {
-        CONTROL_NODES
-            .iter()
-            .map(|n| DeviceNode {
-                path: Path::new("/dev").join(n),
-                host_path: self.dev_root.join(n),
-            })
-            // nvidia-uvm appears only once the module is loaded; a spec naming a missing node
-            // would fail every container start.
-            .filter(|n| n.host_path.exists())
-            .collect()
+        let node = |n: &&str| DeviceNode {
+            path: Path::new("/dev").join(n),
+            host_path: self.dev_root.join(n),
+        };
+        let mut nodes: Vec<DeviceNode> = CONTROL_NODES.iter().map(node).collect();
+        for n in OPTIONAL_CONTROL_NODES.iter().map(node) {
+            if n.host_path.exists() {
+                nodes.push(n);
+            } else {
+                tracing::debug!(path = %n.host_path.display(), "optional device node absent; not given to containers");
+            }
+        }
+        nodes
+    }
+
+    fn device_majors(&self) -> super::nodes::DriverMajors {
+        match std::fs::read_to_string(PROC_DEVICES) {
+            Ok(text) => super::nodes::DriverMajors::parse_proc_devices(&text),
+            Err(e) => {
+                tracing::warn!(path = PROC_DEVICES, error = %e, "cannot read device majors; checking only the minors of nvidia-uvm and nvidia-caps nodes");
+                super::nodes::DriverMajors::default()
+            }
+        }
     }
 
     fn compute_mode(&self, uuid: &str) -> Result<ComputeMode, GpuError> {
@@ -331,6 +354,42 @@ mod tests {
             Path::new("/nonexistent-dev"),
         );
         (b, nvml, smi)
+    }
+
+    #[test]
+    fn required_control_nodes_are_named_even_when_missing() {
+        // /nonexistent-dev has none of them: the spec must still name nvidiactl and
+        // nvidia-uvm (so the check before ready refuses the claim with their paths), and
+        // leaves out only the optional nvidia-uvm-tools.
+        let (b, _, _) = backend();
+        let nodes: Vec<String> = b
+            .control_device_nodes()
+            .iter()
+            .map(|n| format!("{} {}", n.path.display(), n.host_path.display()))
+            .collect();
+        assert_eq!(
+            nodes,
+            vec![
+                "/dev/nvidiactl /nonexistent-dev/nvidiactl",
+                "/dev/nvidia-uvm /nonexistent-dev/nvidia-uvm"
+            ]
+        );
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("nvidia-uvm-tools"), "").unwrap();
+        let b = HostBackend::new(
+            FakeNvml::new(),
+            NvidiaSmi::new(
+                "nvidia-smi".into(),
+                Arc::new(Smi::default()),
+                Duration::from_secs(5),
+            ),
+            dir.path(),
+        );
+        assert_eq!(
+            b.control_device_nodes().len(),
+            3,
+            "present optional nodes are named"
+        );
     }
 
     #[test]

@@ -45,6 +45,10 @@ impl GpuBackend for ManagedSettings {
         self.inner.gpus()
     }
 
+    fn device_majors(&self) -> super::nodes::DriverMajors {
+        self.inner.device_majors()
+    }
+
     fn mig_mode(&self, uuid: &str) -> Result<super::MigMode, GpuError> {
         self.inner.mig_mode(uuid)
     }

@@ -7,6 +7,7 @@
 pub mod catalog;
 mod host;
 mod managed;
+pub mod nodes;
 pub mod nvml;
 pub mod resource_slice;
 mod sim;
@@ -15,7 +16,7 @@ pub mod timeslice;
 pub use catalog::{NodeProfile, ProfileError};
 pub use host::HostBackend;
 pub use managed::ManagedSettings;
-pub use sim::{SimFault, SimulatedBackend};
+pub use sim::{SimFault, SimulatedBackend, NVIDIA_CAPS_MAJOR};
 
 use std::path::PathBuf;
 
@@ -182,8 +183,17 @@ pub trait GpuBackend: Send + Sync + std::fmt::Debug {
     /// Device nodes giving a container this GPU.
     fn gpu_device_nodes(&self, gpu: &Gpu) -> Vec<DeviceNode>;
 
-    /// Device nodes every GPU container needs (`/dev/nvidiactl`, …).
+    /// Device nodes every GPU container needs (`/dev/nvidiactl`, …). A node the driver must
+    /// have is listed even when it is missing on the host, so that the check before a claim
+    /// is ready names it instead of a spec silently lacking it.
     fn control_device_nodes(&self) -> Vec<DeviceNode>;
+
+    /// The character-device majors the driver's modules registered (`/proc/devices`), which
+    /// the device-node check expects of `nvidia-uvm` and `nvidia-caps` nodes; empty where
+    /// unknown (then only their minors are checked).
+    fn device_majors(&self) -> nodes::DriverMajors {
+        nodes::DriverMajors::default()
+    }
 
     /// Current compute mode.
     ///

@@ -384,6 +384,10 @@ impl GpuBackend for SimulatedBackend {
         }]
     }
 
+    fn device_majors(&self) -> super::nodes::DriverMajors {
+        super::nodes::DriverMajors::default().with("nvidia-caps", NVIDIA_CAPS_MAJOR)
+    }
+
     fn compute_mode(&self, uuid: &str) -> Result<ComputeMode, GpuError> {
         self.with_settings(uuid, |s| s.compute_mode)
     }

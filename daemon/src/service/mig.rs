@@ -396,6 +396,10 @@ impl Service {
         self.admit(LAYOUT_HOLDER, &holds)?;
         let result = self.apply_layout(&p.config, &changing, &mut out);
         self.modes.release(self.backend.as_ref(), &holds);
+        if !changing.is_empty() {
+            // Even a layout that failed half-way changed MIG devices.
+            self.regenerate_driver_spec("after mig apply");
+        }
         result?;
         Ok(MigApplyResult {
             config: p.config.clone(),

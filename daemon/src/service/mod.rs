@@ -29,7 +29,7 @@ use crate::gpu::{Gpu, GpuBackend};
 use crate::placement::{Hold, Placement, Want};
 use crate::strategy::mig::MigTarget;
 use crate::strategy::mps::{default_shm_bytes, Liveness, MpsControl, MpsDirs, MpsLaunch};
-use crate::sys::{read_cgroup, Processes};
+use crate::sys::{read_cgroup, DeviceFiles, Processes};
 use gpushare_core::Published;
 
 mod asked;
@@ -62,6 +62,9 @@ pub struct ServiceConfig {
     pub hook: HookConfig,
     /// Size of each MPS claim's shm tmpfs in bytes (default: half the host's memory).
     pub shm_bytes: Option<u64>,
+    /// The NVIDIA driver's CDI spec, whose device for each GPU every prepared device gets
+    /// before the claim's; `None` for `[cdi] driver_spec = "none"`.
+    pub driver_spec: Option<Arc<crate::driver_spec::DriverSpecs>>,
 }
 
 #[derive(Debug, Default)]
@@ -94,6 +97,8 @@ pub struct Service {
     backend: Arc<dyn GpuBackend>,
     mps: MpsControl,
     processes: Arc<dyn Processes>,
+    /// Host device nodes, for the check that a claim's spec names only nodes that exist.
+    devices: Arc<dyn DeviceFiles>,
     checkpoint: CheckpointFile,
     state: Mutex<State>,
     /// The registry as readers see it, republished after every change of `state`.
@@ -202,6 +207,7 @@ impl Service {
             ctx,
             backend,
             processes: Arc::clone(&mps.ops().processes),
+            devices: Arc::clone(&mps.ops().devices),
             mps,
             checkpoint,
             state: Mutex::new(State::default()),
@@ -214,6 +220,9 @@ impl Service {
             host_record_writes: Mutex::new(()),
         };
         service.reconcile(loaded, boot_id);
+        // The driver's spec of this node as it is now: after the reconcile, which may have
+        // destroyed or recreated MIG devices.
+        service.regenerate_driver_spec("at start");
         Ok(service)
     }
 
@@ -310,14 +319,30 @@ impl Service {
                 asked::refuse_changed(&spec, &existing)?;
             }
             if existing.state == ClaimState::Prepared && self.dead_mps_daemon(&existing).is_none() {
-                // The kubelet is about to hand these CDI IDs to the runtime: they must resolve.
+                // The kubelet is about to hand these CDI IDs to the runtime: they must resolve
+                // (the driver's spec written again if it is gone)…
+                let not_ready = |m: String| {
+                    ServiceError::new(
+                        ErrorCode::NotReady,
+                        format!("claim {} is prepared but not usable: {m}", spec.uid),
+                    )
+                };
+                let requests = self
+                    .prepared_requests(&spec.uid, &existing.groups, &existing.requests)
+                    .map_err(|e| not_ready(e.to_string()))?;
                 if !Path::new(&existing.cdi_spec).exists() {
                     tracing::warn!(claim = %spec.uid, path = %existing.cdi_spec, "CDI spec of a prepared claim is missing; writing it again");
                     self.write_cdi(&spec.uid, &existing.groups, &existing)?;
                 }
+                // …and every device node they name must still be there: a GPU's node removed
+                // since (a driver reload, an administrator) would fail the container's start.
+                self.verify_cdi(&spec.uid, &requests).map_err(not_ready)?;
+                if requests != existing.requests {
+                    self.record_requests(&spec.uid, &requests)?;
+                }
                 return Ok(PrepareResult {
                     uid: existing.uid,
-                    requests: existing.requests,
+                    requests,
                     already_prepared: true,
                 });
             }
@@ -359,6 +384,9 @@ impl Service {
             }
         }
         let (plans, attach_limit) = self.plan(&spec)?;
+        // Before anything changes: a node without the toolkit, or whose toolkit spec lacks a
+        // GPU of the claim, refuses it here (MIG devices are checked once they exist).
+        self.check_driver_devices(&spec.uid, &plans)?;
         let requests = self.request_devices(&spec);
         let info = ClaimInfo {
             uid: spec.uid.clone(),
@@ -403,10 +431,11 @@ impl Service {
         tracing::info!(claim = %spec.uid, namespace = %spec.namespace, name = %spec.name, "preparing claim");
 
         match self.apply(&spec, &plans, &info) {
-            Ok(groups) => {
+            Ok((groups, requests)) => {
                 let mut st = self.state();
                 if let Some(c) = st.claims.get_mut(&spec.uid) {
                     c.groups = groups;
+                    c.requests = requests.clone();
                     c.state = ClaimState::Prepared;
                     c.attached = carried;
                 }
@@ -576,6 +605,9 @@ impl Service {
                 Sharing::Mps { settings, replicas } => {
                     cap(*replicas);
                     let uuids: Vec<String> = devices.iter().map(|d| d.uuid.clone()).collect();
+                    for &i in &group.results {
+                        self.check_mps_support(gpus[i], settings)?;
+                    }
                     let pinned = settings.resolve_pinned_limits(&uuids).map_err(|e| {
                         ServiceError::new(
                             e.code,
@@ -606,6 +638,11 @@ impl Service {
                     })
                 }
                 Sharing::Mig { profile, mps } => {
+                    if let Some(settings) = mps {
+                        for &i in &group.results {
+                            self.check_mps_support(gpus[i], settings)?;
+                        }
+                    }
                     let (targets, mps) = self.plan_mig(
                         spec,
                         &group.results,
@@ -633,6 +670,19 @@ impl Service {
             });
         }
         Ok((plans, limit))
+    }
+
+    /// Refuses (`Unsupported`) an MPS group on a GPU whose MPS cannot keep the claim's
+    /// settings (see [`crate::strategy::mps_support`]).
+    fn check_mps_support(
+        &self,
+        gpu: &Gpu,
+        settings: &config::MpsSettings,
+    ) -> Result<(), ServiceError> {
+        let pinned = settings.default_pinned_limit_mib.is_some()
+            || !settings.per_device_pinned_limit_mib.is_empty();
+        crate::strategy::mps_support::check(gpu, pinned)
+            .map_err(|m| ServiceError::new(ErrorCode::Unsupported, m))
     }
 
     fn group_info(&self, plan: &GroupPlan, started: Option<MpsInfo>) -> GroupInfo {
@@ -714,7 +764,7 @@ impl Service {
         spec: &ClaimSpec,
         plans: &[GroupPlan],
         info: &ClaimInfo,
-    ) -> Result<Vec<GroupInfo>, ServiceError> {
+    ) -> Result<(Vec<GroupInfo>, Vec<RequestDevices>), ServiceError> {
         let mut groups = Vec::with_capacity(plans.len());
         for plan in plans {
             if !matches!(plan.kind, PlanKind::Mig { .. }) {
@@ -811,9 +861,17 @@ impl Service {
             };
             groups.push(self.group_info(plan, started));
         }
+        // The driver's device of each device (a MIG device just made makes the spec
+        // generate again), then the claim's own spec, then the check that the runtime will
+        // resolve every ID and find every device node they name.
+        let requests = self
+            .prepared_requests(&spec.uid, &groups, &info.requests)
+            .map_err(|e| driver_spec_error(&spec.uid, e))?;
         self.write_cdi(&spec.uid, &groups, info)?;
         crate::crash::point("prepare.cdi_written");
-        Ok(groups)
+        self.verify_cdi(&spec.uid, &requests)
+            .map_err(|m| ServiceError::internal(format!("claim {}: {m}", spec.uid)))?;
+        Ok((groups, requests))
     }
 
     fn write_cdi(
@@ -824,7 +882,7 @@ impl Service {
     ) -> Result<(), ServiceError> {
         let mut devices = Vec::new();
         for req in &info.requests {
-            let mut edits = ContainerEdits::default();
+            let mut edits = cdi::claim_env_edits();
             for node in self.backend.control_device_nodes() {
                 cdi::merge(&mut edits, node_edit(&node));
             }
@@ -857,6 +915,8 @@ impl Service {
             devices.push((name, edits));
         }
         let cdi_spec = cdi::build_spec(devices);
+        self.check_nodes(cdi_spec.devices.iter().map(|d| &d.container_edits))
+            .map_err(|problems| ServiceError::internal(format!("claim {uid}: {problems}")))?;
         cdi::write_spec(&self.cfg.cdi_dir, uid, &cdi_spec).map_err(|e| {
             ServiceError::internal(format!(
                 "writing CDI spec for claim {uid} into {}: {e}",
@@ -864,6 +924,179 @@ impl Service {
             ))
         })?;
         Ok(())
+    }
+
+    /// Checks that every device node `edits` name exists on the host as the device the driver
+    /// gives it (see [`crate::gpu::nodes`]); `Err` is one line naming every node that does not.
+    fn check_nodes<'a>(
+        &self,
+        edits: impl IntoIterator<Item = &'a ContainerEdits>,
+    ) -> Result<(), String> {
+        let nodes: Vec<cdi::DeviceNode> = edits
+            .into_iter()
+            .flat_map(|e| e.device_nodes.iter().cloned())
+            .collect();
+        crate::gpu::nodes::check_device_nodes(
+            &nodes,
+            self.devices.as_ref(),
+            &self.backend.device_majors(),
+        )
+        .map_err(|problems| {
+            let list: Vec<String> = problems.iter().map(ToString::to_string).collect();
+            format!(
+                "{}; containers cannot be given a device node the host lacks (the NVIDIA driver creates them: nvidia-modprobe, or nvidia-ctk system create-device-nodes --control-devices --load-kernel-modules)",
+                list.join("; ")
+            )
+        })
+    }
+
+    /// Checks, against the claim's spec and the driver's as the runtime will read them, that
+    /// every CDI device ID of `requests` resolves and every device node they name exists
+    /// (see [`Service::check_nodes`]). `Err` is one line saying what is wrong.
+    fn verify_cdi(&self, uid: &str, requests: &[RequestDevices]) -> Result<(), String> {
+        let mut files = Vec::new();
+        if let Some(d) = &self.cfg.driver_spec {
+            files.push(d.spec_path());
+        }
+        files.push(cdi::spec_path(&self.cfg.cdi_dir, uid));
+        let registry = gpushare_cdi::Registry::load_files(&files);
+        if let Some(e) = registry.errors().values().flatten().next() {
+            return Err(e.to_string());
+        }
+        for x in requests {
+            let edits = registry
+                .resolve(&x.cdi_device_ids)
+                .map_err(|e| format!("request {}: {e}", x.request))?;
+            self.check_nodes([&edits])?;
+        }
+        Ok(())
+    }
+
+    /// The CDI device IDs of each prepared device of `requests`: the driver spec's device of
+    /// its GPU (`GPU-<uuid>`) or MIG device (`MIG-<uuid>`, from the group's MIG records, in
+    /// allocation order) first, when there is a driver spec, and on the request's last device
+    /// the claim's device; `cdi_device_ids` is the same, flattened.
+    ///
+    /// # Errors
+    /// The driver spec cannot be had, or lacks a device.
+    fn prepared_requests(
+        &self,
+        uid: &str,
+        groups: &[GroupInfo],
+        requests: &[RequestDevices],
+    ) -> Result<Vec<RequestDevices>, crate::driver_spec::DriverSpecError> {
+        let single = requests.len() == 1;
+        let mut out = requests.to_vec();
+        for x in &mut out {
+            // Records of daemons older than per_device have only the device names.
+            if x.per_device.is_empty() {
+                x.per_device = x
+                    .devices
+                    .iter()
+                    .map(|d| PreparedDevice {
+                        device: d.clone(),
+                        pool: self.cfg.node_name.clone(),
+                        cdi_device_ids: Vec::new(),
+                    })
+                    .collect();
+            }
+            for d in &mut x.per_device {
+                d.cdi_device_ids.clear();
+            }
+        }
+        if let Some(driver) = &self.cfg.driver_spec {
+            let mut wanted: Vec<(String, String)> = Vec::new();
+            let mut slots: Vec<(usize, usize)> = Vec::new();
+            for (ri, x) in out.iter().enumerate() {
+                let migs: Vec<&gpushare_proto::MigInstanceInfo> = groups
+                    .iter()
+                    .flat_map(|g| &g.mig)
+                    .filter(|m| m.request == x.request)
+                    .collect();
+                for (di, d) in x.per_device.iter().enumerate() {
+                    let device = if migs.is_empty() {
+                        self.backend
+                            .find(&d.device)
+                            .map(|g| (g.device_name(), g.uuid.clone()))
+                    } else {
+                        migs.get(di)
+                            .filter(|m| !m.uuid.is_empty())
+                            .map(|m| (m.device.clone(), m.uuid.clone()))
+                    };
+                    let device = device.ok_or_else(|| {
+                        crate::driver_spec::DriverSpecError::Failed(format!(
+                            "no GPU or MIG device of this node is device {} of request {}",
+                            d.device, x.request
+                        ))
+                    })?;
+                    wanted.push(device);
+                    slots.push((ri, di));
+                }
+            }
+            let ids = driver.device_ids(&wanted)?;
+            for ((ri, di), id) in slots.into_iter().zip(ids) {
+                out[ri].per_device[di].cdi_device_ids.push(id);
+            }
+        }
+        for x in &mut out {
+            let claim_device = cdi::qualified_name(&cdi::device_name(uid, &x.request, single));
+            // The claim device serves the whole request: on its last device only.
+            if let Some(last) = x.per_device.last_mut() {
+                last.cdi_device_ids.push(claim_device);
+            }
+            x.cdi_device_ids = x
+                .per_device
+                .iter()
+                .flat_map(|d| d.cdi_device_ids.iter().cloned())
+                .collect();
+        }
+        Ok(out)
+    }
+
+    /// Refuses, before anything is changed, a claim whose whole GPUs the driver's spec has
+    /// no device for, or any claim on a node without the toolkit.
+    fn check_driver_devices(&self, uid: &str, plans: &[GroupPlan]) -> Result<(), ServiceError> {
+        let Some(driver) = &self.cfg.driver_spec else {
+            return Ok(());
+        };
+        let mut wanted: Vec<(String, String)> = Vec::new();
+        for p in plans {
+            if matches!(p.kind, PlanKind::Mig { .. }) {
+                continue;
+            }
+            for d in &p.devices {
+                if let Some(gpu) = self.backend.find(&d.uuid) {
+                    wanted.push((gpu.device_name(), gpu.uuid.clone()));
+                }
+            }
+        }
+        if wanted.is_empty() {
+            // A MIG-only claim still needs the toolkit.
+            driver.current().map(|_| ())
+        } else {
+            driver.device_ids(&wanted).map(|_| ())
+        }
+        .map_err(|e| driver_spec_error(uid, e))
+    }
+
+    /// Generates the driver's CDI spec again (after a MIG change, at start); a failure is
+    /// logged, and claims that need the spec are refused until it works.
+    pub(crate) fn regenerate_driver_spec(&self, when: &str) {
+        if let Some(d) = &self.cfg.driver_spec {
+            if let Err(e) = d.refresh() {
+                tracing::error!(error = %e, generator = %d.generator(), when, "cannot generate the NVIDIA driver's CDI spec; claims that need it are refused until it can be");
+            }
+        }
+    }
+
+    /// Records `requests` as a prepared claim's CDI device IDs (they changed under it: its MIG
+    /// device was made again with a new UUID).
+    fn record_requests(&self, uid: &str, requests: &[RequestDevices]) -> Result<(), ServiceError> {
+        let mut st = self.state();
+        if let Some(c) = st.claims.get_mut(uid) {
+            c.requests = requests.to_vec();
+        }
+        self.commit(st)
     }
 
     /// Admits a claim to its GPUs through their mode words, all or nothing, before it is
@@ -936,6 +1169,9 @@ impl Service {
         // MIG instances go after the MPS control daemons that ran on them.
         if let Err(e) = self.destroy_mig(&info) {
             note(&mut errors, e);
+        }
+        if info.groups.iter().any(|g| !g.mig.is_empty()) {
+            self.regenerate_driver_spec("after destroying a claim's MIG devices");
         }
         if let Err(e) = fsutil::remove_file_if_exists(&cdi::spec_path(&self.cfg.cdi_dir, uid)) {
             note(
@@ -1354,6 +1590,16 @@ fn wants_of(info: &ClaimInfo) -> Vec<(String, String, Want)> {
     out
 }
 
+/// A driver-spec failure as a prepare's answer: `Unsupported` on a node without the toolkit,
+/// `Internal` otherwise; one line.
+fn driver_spec_error(uid: &str, e: crate::driver_spec::DriverSpecError) -> ServiceError {
+    let code = match e {
+        crate::driver_spec::DriverSpecError::NotInstalled(_) => ErrorCode::Unsupported,
+        _ => ErrorCode::Internal,
+    };
+    ServiceError::new(code, format!("claim {uid}: {e}"))
+}
+
 fn node_edit(node: &crate::gpu::DeviceNode) -> ContainerEdits {
     ContainerEdits {
         device_nodes: vec![cdi::device_node(&node.path, &node.host_path)],
@@ -1378,6 +1624,7 @@ impl ServiceConfig {
                 timeout_secs: 10,
             },
             shm_bytes: Some(1 << 20),
+            driver_spec: None,
         }
     }
 }

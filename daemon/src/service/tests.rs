@@ -871,6 +871,9 @@ fn concurrent_changes_all_reach_the_checkpoint() {
     assert_eq!(attached, [5, 5, 5, 5, 5, 5, 5, 3]);
 }
 
+mod driver;
+mod mps_capability;
+mod nodes;
 mod persisted;
 mod recover;
 

@@ -3,3 +3,4 @@
 
 pub mod mig;
 pub mod mps;
+pub mod mps_support;

@@ -7,7 +7,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{CommandOutput, CommandRunner, CommandSpec, HostOps, Mounter, Processes};
+use super::{
+    CommandOutput, CommandRunner, CommandSpec, DeviceFiles, HostOps, Mounter, NodeStat, Processes,
+};
 
 #[derive(Debug, Clone)]
 pub(crate) struct FakeDaemon {
@@ -46,6 +48,12 @@ pub(crate) struct FakeState {
     pub gate_peak: usize,
     gate_waiting: usize,
     gate_open: bool,
+    /// Host device nodes that do not exist. Every other path is a character device with the
+    /// number the NVIDIA driver gives a node of its name (see `gpu::nodes`), unless
+    /// `node_stats` says otherwise.
+    pub missing_nodes: BTreeSet<PathBuf>,
+    /// Host paths answering with this kind and number instead.
+    pub node_stats: BTreeMap<PathBuf, NodeStat>,
 }
 
 /// The fake host; clone it to keep a handle for assertions.
@@ -58,6 +66,7 @@ impl FakeHost {
             runner: Arc::new(self.clone()),
             mounter: Arc::new(self.clone()),
             processes: Arc::new(self.clone()),
+            devices: Arc::new(self.clone()),
         }
     }
 
@@ -240,5 +249,23 @@ impl Processes for FakeHost {
     fn start_time(&self, pid: i32) -> Option<u64> {
         // A fake pid is never reused, so its number stands for its start time.
         self.alive(pid).then_some(pid as u64 * 100)
+    }
+}
+
+impl DeviceFiles for FakeHost {
+    fn stat(&self, path: &Path) -> io::Result<NodeStat> {
+        let st = self.state();
+        if st.missing_nodes.contains(path) {
+            return Err(io::Error::from(io::ErrorKind::NotFound));
+        }
+        if let Some(s) = st.node_stats.get(path) {
+            return Ok(*s);
+        }
+        // The simulated backend's dynamic major for MIG capability nodes.
+        let majors = crate::gpu::nodes::DriverMajors::default()
+            .with("nvidia-caps", crate::gpu::NVIDIA_CAPS_MAJOR);
+        let (major, minor) = crate::gpu::nodes::expected_number(path, &majors)
+            .map_or((1, 3), |(major, minor)| (major.unwrap_or(0), minor));
+        Ok(NodeStat::char_device(major, minor))
     }
 }

@@ -1,6 +1,7 @@
-//! The leaf: every process spawn, mount and `/proc` read the daemon makes goes through the
+//! The leaf: every process spawn, mount, `/proc` read and device-node `lstat` the daemon makes goes through the
 //! narrow traits here, so everything above runs unchanged against the recording fakes in tests.
 
+mod devices;
 #[cfg(test)]
 pub(crate) mod fake;
 mod host;
@@ -8,6 +9,7 @@ mod peer;
 mod pidfd;
 mod proc;
 
+pub use devices::{DeviceFiles, HostDeviceFiles, NodeKind, NodeStat};
 pub use host::{reap_orphans, HostMounter, HostProcesses, HostRunner};
 pub use peer::peer_groups;
 pub use pidfd::{wait_readable, PidFd};
@@ -144,6 +146,8 @@ pub struct HostOps {
     pub mounter: Arc<dyn Mounter>,
     /// Other processes.
     pub processes: Arc<dyn Processes>,
+    /// Device nodes (the check that a claim's CDI spec names only nodes that exist).
+    pub devices: Arc<dyn DeviceFiles>,
 }
 
 impl HostOps {
@@ -153,6 +157,7 @@ impl HostOps {
             runner: Arc::new(HostRunner),
             mounter: Arc::new(HostMounter),
             processes: Arc::new(HostProcesses),
+            devices: Arc::new(HostDeviceFiles),
         }
     }
 }

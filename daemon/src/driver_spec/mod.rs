@@ -1,0 +1,320 @@
+//! The NVIDIA driver's user-space for claims' containers, from NVIDIA's own toolkit.
+//!
+//! A CUDA container needs the host driver's libraries (`libcuda.so`, `libnvidia-ml.so`, …),
+//! binaries (`nvidia-smi`), firmware and the toolkit's hooks (`create-symlinks`,
+//! `update-ldcache`, …), all matching the host's kernel module. NVIDIA's Container Toolkit
+//! knows them: `nvidia-ctk cdi generate` writes a CDI spec with one device per GPU and MIG
+//! device and those files as common edits (research `toolkit-cdi-oci.md` §5). gpushared runs
+//! it itself ([`nvidia_ctk`]), under a kind of its own ([`DEFAULT_KIND`], `gpushare.io/gpu`,
+//! devices named by GPU UUID and `MIG-<uuid>`), into its CDI directory: at start and after
+//! every MIG change it makes, because the toolkit's `nvidia-cdi-refresh` does not react to
+//! those (NVIDIA/nvidia-container-toolkit#1828), and under a kind that never collides with the
+//! `nvidia.com/gpu` spec that service keeps in `/var/run/cdi`. Every prepared device then gets
+//! this spec's device for its GPU before the claim's device ([`DriverSpecs::device_ids`]).
+//!
+//! Before installing the spec gpushared removes what must not reach a claim's containers: a
+//! mount of the host's `/tmp/nvidia-mps`, which the generator adds when a node-wide MPS
+//! control daemon ran at generation time (`internal/discover/ipc.go`), and which would give
+//! every claim, MPS or not, the node's MPS daemon ([`strip_host_mps`]).
+//!
+//! Generation is behind the narrow [`SpecGenerator`] trait: [`nvidia_ctk::NvidiaCtk`] runs the
+//! real program; [`sim::SimulatedToolkit`] writes a spec of the same layout for a simulated
+//! driver root, so that `--simulate` nodes, the demo and the tests run the same path as a
+//! real node.
+
+pub mod nvidia_ctk;
+pub mod sim;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use gpushare_cdi::Spec;
+
+/// The kind of the generated spec unless `[cdi] driver_kind` says otherwise.
+pub const DEFAULT_KIND: &str = "gpushare.io/gpu";
+
+/// Where NVIDIA's MPS clients and the generator's IPC discovery look for a node-wide MPS
+/// control daemon's pipe directory.
+pub const HOST_MPS_PIPE: &str = "/tmp/nvidia-mps";
+
+/// Where `nvidia-ctk` is looked for when `[cdi] nvidia_ctk` is empty: the RPM's and the
+/// Debian package's `/usr/bin`, a hand install's `/usr/local/bin`, and the GPU Operator's
+/// toolkit container's host directory.
+pub const NVIDIA_CTK_DIRS: &[&str] = &[
+    "/usr/bin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/usr/local/nvidia/toolkit",
+];
+
+/// Splits a CDI kind `vendor/class` into its parts, checked as CDI names them.
+///
+/// # Errors
+/// Not `vendor/class`, or a part that is not a valid CDI vendor or class name.
+pub fn split_kind(kind: &str) -> Result<(&str, &str), String> {
+    let (vendor, class) = kind
+        .split_once('/')
+        .ok_or_else(|| format!("{kind:?} is not vendor/class"))?;
+    gpushare_cdi::validate_vendor_name(vendor).map_err(|e| format!("{kind:?}: {e}"))?;
+    gpushare_cdi::validate_class_name(class).map_err(|e| format!("{kind:?}: {e}"))?;
+    Ok((vendor, class))
+}
+
+/// Why a generator wrote no spec.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GenerateError {
+    /// The toolkit is not installed; the message says where it was looked for.
+    #[error("{0}")]
+    NotInstalled(String),
+    /// It ran and failed, or ran past its time (the message has its output).
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Writes the driver's CDI spec: the leaf that NVIDIA's `nvidia-ctk` is behind.
+pub trait SpecGenerator: Send + Sync + std::fmt::Debug {
+    /// What generates, for logs and errors, e.g. `nvidia-ctk /usr/bin/nvidia-ctk (driver root /)`.
+    fn describe(&self) -> String;
+
+    /// Writes, as JSON, to `output` a CDI spec of kind `vendor/class` with a device per GPU
+    /// named by its UUID and per MIG device named `MIG-<uuid>`, and the driver's files as
+    /// common container edits. Bounded in time.
+    ///
+    /// # Errors
+    /// [`GenerateError::NotInstalled`] when there is no generator on this node,
+    /// [`GenerateError::Failed`] when it failed or ran too long.
+    fn generate(&self, vendor: &str, class: &str, output: &Path) -> Result<(), GenerateError>;
+}
+
+/// Why the driver's spec cannot give a claim its devices.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DriverSpecError {
+    /// No toolkit on this node.
+    #[error("NVIDIA Container Toolkit not found ({0}): install nvidia-container-toolkit (it gives containers the driver's libraries), or set [cdi] driver_spec = \"none\" if the images bring their own")]
+    NotInstalled(String),
+    /// Generating, reading or installing the spec failed.
+    #[error("{0}")]
+    Failed(String),
+    /// The spec has no device for these GPUs.
+    #[error("{} not in the NVIDIA driver's CDI spec {spec} (generated by {generator}; it has {known})", missing.join(", "))]
+    Missing {
+        /// Each missing GPU, as `gpu-3 (GPU-…)`.
+        missing: Vec<String>,
+        /// The spec file.
+        spec: String,
+        /// What generated it.
+        generator: String,
+        /// The device names it has.
+        known: String,
+    },
+}
+
+/// Removes every mount of the host's `/tmp/nvidia-mps` (at that container path) from the
+/// spec's and its devices' edits; returns how many there were.
+pub fn strip_host_mps(spec: &mut Spec) -> usize {
+    let mut removed = 0;
+    let mut strip = |edits: &mut gpushare_cdi::ContainerEdits| {
+        let before = edits.mounts.len();
+        edits.mounts.retain(|m| {
+            Path::new(&m.container_path) != Path::new(HOST_MPS_PIPE)
+                && Path::new(&m.host_path) != Path::new(HOST_MPS_PIPE)
+        });
+        removed += before - edits.mounts.len();
+    };
+    strip(&mut spec.container_edits);
+    for d in &mut spec.devices {
+        strip(&mut d.container_edits);
+    }
+    removed
+}
+
+/// The driver's CDI spec of this node: generated, cleaned, validated and installed as
+/// `<cdi_dir>/<vendor>-<class>.json`; the last good one kept in memory.
+#[derive(Debug)]
+pub struct DriverSpecs {
+    generator: Arc<dyn SpecGenerator>,
+    vendor: String,
+    class: String,
+    cdi_dir: PathBuf,
+    staging: PathBuf,
+    /// The installed spec; `None` until a generation succeeded. Held across a generation, so
+    /// generations never overlap.
+    current: Mutex<Option<Spec>>,
+}
+
+impl DriverSpecs {
+    /// Specs of `kind` (checked by [`split_kind`]) from `generator`, installed in `cdi_dir`;
+    /// the generator writes into `staging` (a directory of ours, created when needed).
+    ///
+    /// # Errors
+    /// `kind` is not a valid `vendor/class`.
+    pub fn new(
+        generator: Arc<dyn SpecGenerator>,
+        kind: &str,
+        cdi_dir: &Path,
+        staging: &Path,
+    ) -> Result<DriverSpecs, String> {
+        let (vendor, class) = split_kind(kind)?;
+        Ok(DriverSpecs {
+            generator,
+            vendor: vendor.to_string(),
+            class: class.to_string(),
+            cdi_dir: cdi_dir.to_path_buf(),
+            staging: staging.to_path_buf(),
+            current: Mutex::new(None),
+        })
+    }
+
+    /// `vendor/class`.
+    pub fn kind(&self) -> String {
+        format!("{}/{}", self.vendor, self.class)
+    }
+
+    /// The installed spec file, `<cdi_dir>/<vendor>-<class>.json` (the reference library's
+    /// name for a static spec of that kind).
+    pub fn spec_path(&self) -> PathBuf {
+        self.cdi_dir
+            .join(format!("{}-{}.json", self.vendor, self.class))
+    }
+
+    /// What generates it.
+    pub fn generator(&self) -> String {
+        self.generator.describe()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<Spec>> {
+        self.current.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Generates the spec now and installs it: what gpushared does at start and after every
+    /// MIG change. Bounded by the generator's timeout; one generation at a time.
+    ///
+    /// # Errors
+    /// Not installed, the generator failed, its spec is invalid or of another kind, or it
+    /// cannot be written. The previously installed spec stays in place then.
+    pub fn refresh(&self) -> Result<Spec, DriverSpecError> {
+        let mut current = self.lock();
+        let spec = self.generate()?;
+        *current = Some(spec.clone());
+        Ok(spec)
+    }
+
+    /// The installed spec, generated first when there is none yet (the toolkit installed
+    /// after gpushared started) or its file is gone.
+    ///
+    /// # Errors
+    /// As [`DriverSpecs::refresh`].
+    pub fn current(&self) -> Result<Spec, DriverSpecError> {
+        let mut current = self.lock();
+        if let Some(spec) = current.as_ref() {
+            if self.spec_path().is_file() {
+                return Ok(spec.clone());
+            }
+            tracing::warn!(path = %self.spec_path().display(), "the driver's CDI spec is gone; generating it again");
+        }
+        let spec = self.generate()?;
+        *current = Some(spec.clone());
+        Ok(spec)
+    }
+
+    /// The qualified CDI device IDs of `devices` (`(label, name)`: a GPU's `gpu-3` and its
+    /// `GPU-…` UUID, or a MIG device's name and its `MIG-…` UUID), in order. A device the
+    /// installed spec lacks makes it generate once more (the spec may predate the device).
+    ///
+    /// # Errors
+    /// [`DriverSpecError::Missing`] naming every device still missing, or as
+    /// [`DriverSpecs::current`].
+    pub fn device_ids(&self, devices: &[(String, String)]) -> Result<Vec<String>, DriverSpecError> {
+        let mut spec = self.current()?;
+        if !missing(&spec, devices).is_empty() {
+            spec = self.refresh()?;
+        }
+        let absent = missing(&spec, devices);
+        if !absent.is_empty() {
+            let mut known: Vec<&str> = spec.devices.iter().map(|d| d.name.as_str()).collect();
+            known.sort_unstable();
+            return Err(DriverSpecError::Missing {
+                missing: absent,
+                spec: self.spec_path().display().to_string(),
+                generator: self.generator.describe(),
+                known: if known.is_empty() {
+                    "no devices".into()
+                } else {
+                    known.join(", ")
+                },
+            });
+        }
+        Ok(devices
+            .iter()
+            .map(|(_, name)| gpushare_cdi::qualified_name(&self.kind(), name))
+            .collect())
+    }
+
+    fn generate(&self) -> Result<Spec, DriverSpecError> {
+        crate::fsutil::create_dir_if_missing(&self.staging, 0o700).map_err(|e| {
+            DriverSpecError::Failed(format!("creating {}: {e}", self.staging.display()))
+        })?;
+        let out = self.staging.join("generated.json");
+        crate::fsutil::remove_file_if_exists(&out)
+            .map_err(|e| DriverSpecError::Failed(format!("removing {}: {e}", out.display())))?;
+        let generated = self.generator.generate(&self.vendor, &self.class, &out);
+        let loaded = generated
+            .map_err(|e| match e {
+                GenerateError::NotInstalled(m) => DriverSpecError::NotInstalled(m),
+                GenerateError::Failed(m) => DriverSpecError::Failed(m),
+            })
+            .and_then(|()| {
+                gpushare_cdi::load_spec_file(&out).map_err(|e| {
+                    DriverSpecError::Failed(format!(
+                        "the driver's CDI spec that {} wrote is not valid: {e}",
+                        self.generator.describe()
+                    ))
+                })
+            });
+        let _ = std::fs::remove_file(&out);
+        let mut spec = loaded?;
+        if spec.kind != self.kind() {
+            return Err(DriverSpecError::Failed(format!(
+                "{} wrote a spec of kind {:?}, not {:?}",
+                self.generator.describe(),
+                spec.kind,
+                self.kind()
+            )));
+        }
+        let removed = strip_host_mps(&mut spec);
+        if removed > 0 {
+            tracing::warn!(mounts = removed, path = HOST_MPS_PIPE, "removed the host's MPS pipe directory from the driver's CDI spec: a node-wide MPS control daemon ran at generation time, and claims' containers must not reach it");
+        }
+        // Removing mounts never raises the version needed; the lowest that fits keeps older
+        // readers (podman 4.3 reads up to 0.5.0) able to read it.
+        spec.cdi_version = gpushare_cdi::minimum_version(&spec).to_string();
+        gpushare_cdi::validate_spec(&spec).map_err(|e| {
+            DriverSpecError::Failed(format!("the driver's CDI spec is not valid: {e}"))
+        })?;
+        crate::fsutil::create_dir_if_missing(&self.cdi_dir, 0o755).map_err(|e| {
+            DriverSpecError::Failed(format!("creating {}: {e}", self.cdi_dir.display()))
+        })?;
+        let mut bytes = serde_json::to_vec_pretty(&spec)
+            .map_err(|e| DriverSpecError::Failed(format!("encoding the driver's CDI spec: {e}")))?;
+        bytes.push(b'\n');
+        crate::fsutil::write_atomic(&self.spec_path(), &bytes, 0o644).map_err(|e| {
+            DriverSpecError::Failed(format!("writing {}: {e}", self.spec_path().display()))
+        })?;
+        tracing::info!(path = %self.spec_path().display(), devices = spec.devices.len(), generator = %self.generator.describe(), "driver's CDI spec generated");
+        Ok(spec)
+    }
+}
+
+/// The labels of `devices` whose name `spec` has no device for.
+fn missing(spec: &Spec, devices: &[(String, String)]) -> Vec<String> {
+    let names: BTreeSet<&str> = spec.devices.iter().map(|d| d.name.as_str()).collect();
+    devices
+        .iter()
+        .filter(|(_, name)| !names.contains(name.as_str()))
+        .map(|(label, name)| format!("{label} ({name})"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

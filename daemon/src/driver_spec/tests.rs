@@ -1,0 +1,271 @@
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::*;
+use crate::gpu::{GpuBackend, SimulatedBackend};
+
+/// A generator that writes `text` (its kind replaced by what is asked), counting runs.
+#[derive(Debug)]
+struct Canned {
+    text: Mutex<Result<String, GenerateError>>,
+    runs: AtomicUsize,
+}
+
+impl Canned {
+    fn new(r: Result<String, GenerateError>) -> Arc<Canned> {
+        Arc::new(Canned {
+            text: Mutex::new(r),
+            runs: AtomicUsize::new(0),
+        })
+    }
+}
+
+impl SpecGenerator for Canned {
+    fn describe(&self) -> String {
+        "canned".into()
+    }
+    fn generate(&self, _vendor: &str, _class: &str, output: &Path) -> Result<(), GenerateError> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        let text = self.text.lock().unwrap().clone()?;
+        std::fs::write(output, text).unwrap();
+        Ok(())
+    }
+}
+
+fn gpu_spec(kind: &str, names: &[&str]) -> String {
+    let devices: Vec<String> = names
+        .iter()
+        .map(|n| {
+            format!(
+                r#"{{"name":"{n}","containerEdits":{{"deviceNodes":[{{"path":"/dev/nvidia0"}}]}}}}"#
+            )
+        })
+        .collect();
+    format!(
+        r#"{{"cdiVersion":"0.5.0","kind":"{kind}","containerEdits":{{"env":["NVIDIA_VISIBLE_DEVICES=void"],
+           "mounts":[{{"hostPath":"/tmp/nvidia-mps","containerPath":"/tmp/nvidia-mps","options":["rbind"]}},
+                     {{"hostPath":"/usr/lib64/libcuda.so.570.172.08","containerPath":"/usr/lib64/libcuda.so.570.172.08","options":["ro","rbind"]}}]}},
+           "devices":[{}]}}"#,
+        devices.join(",")
+    )
+}
+
+fn specs(dir: &Path, generator: Arc<dyn SpecGenerator>) -> DriverSpecs {
+    DriverSpecs::new(
+        generator,
+        DEFAULT_KIND,
+        &dir.join("cdi"),
+        &dir.join("run/driver-spec"),
+    )
+    .unwrap()
+}
+
+#[test]
+fn kinds_are_vendor_slash_class() {
+    assert_eq!(
+        split_kind("gpushare.io/gpu").unwrap(),
+        ("gpushare.io", "gpu")
+    );
+    assert!(split_kind("gpushare.io").is_err());
+    assert!(split_kind("gpushare.io/").is_err());
+    assert!(split_kind("/gpu").is_err());
+    assert!(split_kind("gp u/gpu").is_err());
+}
+
+#[test]
+fn the_hosts_mps_pipe_is_removed_wherever_it_is_mounted() {
+    let mut spec = gpushare_cdi::parse_spec(
+        gpu_spec(DEFAULT_KIND, &["GPU-1"]).as_bytes(),
+        gpushare_cdi::SpecFormat::Json,
+    )
+    .unwrap();
+    spec.devices[0].container_edits.mounts.push(Mount {
+        host_path: "/elsewhere".into(),
+        container_path: "/tmp/nvidia-mps/".into(),
+        mount_type: String::new(),
+        options: vec![],
+    });
+    assert_eq!(strip_host_mps(&mut spec), 2);
+    assert_eq!(spec.container_edits.mounts.len(), 1);
+    assert!(spec.devices[0].container_edits.mounts.is_empty());
+    assert_eq!(strip_host_mps(&mut spec), 0);
+}
+use gpushare_cdi::Mount;
+
+#[test]
+fn a_generated_spec_is_cleaned_validated_and_installed_atomically() {
+    let dir = tempfile::tempdir().unwrap();
+    let canned = Canned::new(Ok(gpu_spec(DEFAULT_KIND, &["GPU-1", "MIG-2"])));
+    let d = specs(dir.path(), canned.clone());
+    let spec = d.refresh().unwrap();
+    assert_eq!(d.spec_path(), dir.path().join("cdi/gpushare.io-gpu.json"));
+    let on_disk = gpushare_cdi::load_spec_file(&d.spec_path()).unwrap();
+    assert_eq!(on_disk, spec);
+    assert!(
+        on_disk
+            .container_edits
+            .mounts
+            .iter()
+            .all(|m| m.container_path != "/tmp/nvidia-mps"),
+        "the host's MPS pipe never reaches a claim: {on_disk:?}"
+    );
+    assert_eq!(on_disk.container_edits.mounts.len(), 1);
+    assert!(!dir.path().join("run/driver-spec/generated.json").exists());
+    assert_eq!(
+        d.device_ids(&[
+            ("gpu-0".into(), "GPU-1".into()),
+            ("m".into(), "MIG-2".into())
+        ])
+        .unwrap(),
+        vec!["gpushare.io/gpu=GPU-1", "gpushare.io/gpu=MIG-2"]
+    );
+    assert_eq!(
+        canned.runs.load(Ordering::SeqCst),
+        1,
+        "no generation needed"
+    );
+}
+
+#[test]
+fn a_missing_device_is_generated_for_once_then_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let canned = Canned::new(Ok(gpu_spec(DEFAULT_KIND, &["GPU-1"])));
+    let d = specs(dir.path(), canned.clone());
+    d.refresh().unwrap();
+    let e = d
+        .device_ids(&[("gpu-3".into(), "GPU-3".into())])
+        .unwrap_err();
+    assert_eq!(
+        canned.runs.load(Ordering::SeqCst),
+        2,
+        "once more, then refused"
+    );
+    let text = e.to_string();
+    assert!(
+        text.contains("gpu-3 (GPU-3) not in the NVIDIA driver's CDI spec")
+            && text.contains("gpushare.io-gpu.json")
+            && text.contains("it has GPU-1"),
+        "{text}"
+    );
+    // The next generation has it (say the spec was older than a MIG device).
+    *canned.text.lock().unwrap() = Ok(gpu_spec(DEFAULT_KIND, &["GPU-1", "GPU-3"]));
+    assert_eq!(
+        d.device_ids(&[("gpu-3".into(), "GPU-3".into())]).unwrap(),
+        vec!["gpushare.io/gpu=GPU-3"]
+    );
+}
+
+#[test]
+fn no_toolkit_a_failure_and_a_wrong_kind_keep_the_installed_spec() {
+    let dir = tempfile::tempdir().unwrap();
+    let canned = Canned::new(Err(GenerateError::NotInstalled(
+        "nvidia-ctk is in none of /usr/bin".into(),
+    )));
+    let d = specs(dir.path(), canned.clone());
+    let e = d.current().unwrap_err();
+    assert!(matches!(e, DriverSpecError::NotInstalled(_)));
+    let line = e.to_string();
+    assert!(
+        line.contains("NVIDIA Container Toolkit not found")
+            && line.contains("install nvidia-container-toolkit")
+            && line.contains("driver_spec = \"none\"")
+            && !line.contains('\n'),
+        "{line}"
+    );
+    assert!(!d.spec_path().exists());
+    *canned.text.lock().unwrap() = Ok(gpu_spec(DEFAULT_KIND, &["GPU-1"]));
+    d.current().unwrap();
+    let good = std::fs::read(d.spec_path()).unwrap();
+    for bad in [
+        Ok(gpu_spec("nvidia.com/gpu", &["GPU-1"])),
+        Ok("{not json".to_string()),
+        Err(GenerateError::Failed("exit 1".into())),
+    ] {
+        *canned.text.lock().unwrap() = bad;
+        assert!(d.refresh().is_err());
+        assert_eq!(
+            std::fs::read(d.spec_path()).unwrap(),
+            good,
+            "left as it was"
+        );
+    }
+    // A deleted spec file is generated again when next needed.
+    std::fs::remove_file(d.spec_path()).unwrap();
+    *canned.text.lock().unwrap() = Ok(gpu_spec(DEFAULT_KIND, &["GPU-1"]));
+    d.current().unwrap();
+    assert!(d.spec_path().is_file());
+}
+
+#[test]
+fn the_simulated_toolkit_writes_the_toolkits_layout_for_a_simulated_driver_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend: Arc<dyn GpuBackend> = Arc::new(
+        SimulatedBackend::without_device_nodes("p4d.24xlarge", "n", &dir.path().join("dev"))
+            .unwrap(),
+    );
+    let root = dir.path().join("driver");
+    // A node-wide MPS daemon's pipe directory at generation time.
+    std::fs::create_dir_all(root.join("tmp/nvidia-mps")).unwrap();
+    let sim = Arc::new(sim::SimulatedToolkit::new(backend.clone(), &root));
+    let raw = dir.path().join("raw.json");
+    sim.generate("gpushare.io", "gpu", &raw).unwrap();
+    let generated = gpushare_cdi::load_spec_file(&raw).unwrap();
+    assert!(
+        generated
+            .container_edits
+            .mounts
+            .iter()
+            .any(|m| m.container_path == "/tmp/nvidia-mps"),
+        "the generator mounts it, as NVIDIA's does"
+    );
+    let d = specs(dir.path(), sim);
+    let spec = d.refresh().unwrap();
+    let v = &backend.gpus()[0].driver_version;
+    let mounts: Vec<(&str, &str)> = spec
+        .container_edits
+        .mounts
+        .iter()
+        .map(|m| (m.container_path.as_str(), m.host_path.as_str()))
+        .collect();
+    for rel in [
+        format!("usr/lib64/libcuda.so.{v}"),
+        "usr/lib64/libcuda.so.1".to_string(),
+        format!("usr/lib64/libnvidia-ml.so.{v}"),
+        "usr/bin/nvidia-smi".to_string(),
+        format!("lib/firmware/nvidia/{v}/gsp_ga10x.bin"),
+    ] {
+        let host = root.join(&rel);
+        assert!(host.exists(), "{}", host.display());
+        assert!(
+            mounts.contains(&(
+                format!("/{rel}").as_str(),
+                host.display().to_string().as_str()
+            )),
+            "{rel} in {mounts:?}"
+        );
+    }
+    assert!(mounts.iter().all(|(c, _)| *c != "/tmp/nvidia-mps"));
+    assert_eq!(
+        std::fs::read_link(root.join("usr/lib64/libcuda.so.1")).unwrap(),
+        PathBuf::from(format!("libcuda.so.{v}"))
+    );
+    assert!(
+        spec.container_edits.hooks.is_empty(),
+        "no nvidia-cdi-hook here"
+    );
+    assert!(spec
+        .container_edits
+        .env
+        .contains(&"NVIDIA_VISIBLE_DEVICES=void".to_string()));
+    assert_eq!(spec.container_edits.device_nodes[0].path, "/dev/nvidiactl");
+    let gpu3 = &backend.gpus()[3];
+    let dev = spec.devices.iter().find(|d| d.name == gpu3.uuid).unwrap();
+    assert_eq!(dev.container_edits.device_nodes[0].path, "/dev/nvidia3");
+    assert_eq!(
+        dev.container_edits.device_nodes[0].host_path,
+        dir.path().join("dev/nvidia3").display().to_string()
+    );
+    assert_eq!(spec.devices.len(), 9, "8 GPUs and all");
+    assert_eq!(spec.cdi_version, "0.5.0", "podman 4.3 reads it");
+    // Generating again over the same root changes nothing.
+    assert_eq!(d.refresh().unwrap(), spec);
+}
