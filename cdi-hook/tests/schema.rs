@@ -611,6 +611,7 @@ fn _exhaustive_error_code(code: ErrorCode) {
         | ErrorCode::LimitReached
         | ErrorCode::PermissionDenied
         | ErrorCode::Stale
+        | ErrorCode::Busy
         | ErrorCode::Internal => {}
     }
 }

@@ -149,8 +149,19 @@ pub struct SocketConfig {
     pub group: String,
     /// Uids besides 0 allowed to call changing methods (prepare, unprepare, attach, detach).
     pub changing_uids: Vec<u32>,
-    /// Most connections served at once; one more is answered "retry later" and closed.
+    /// Most connections served at once; one more is answered `Busy` ("retry later") and
+    /// closed.
     pub max_connections: usize,
+    /// Of `max_connections`, how many only root and `changing_uids` may take: readers
+    /// holding connections never lock out the kubelet plugin's prepare or the hook's attach.
+    /// Less than `max_connections`.
+    pub reserved_connections: usize,
+    /// Most connections one uid that is neither root nor in `changing_uids` (a member of
+    /// `group`, say) may hold at once; one more is answered `Busy` and closed. At least 1.
+    pub max_connections_per_uid: usize,
+    /// Seconds a new connection may take to send its first complete request line before it
+    /// is closed (then `idle_timeout_seconds` applies). At least 1.
+    pub first_request_timeout_seconds: u64,
     /// Seconds a connection may take to send a complete request line before it is closed.
     pub idle_timeout_seconds: u64,
     /// Seconds a client waits for one request's work before it is answered `Internal` (the
@@ -243,6 +254,9 @@ impl Default for SocketConfig {
             group: "root".to_string(),
             changing_uids: Vec::new(),
             max_connections: 256,
+            reserved_connections: 64,
+            max_connections_per_uid: 16,
+            first_request_timeout_seconds: 5,
             idle_timeout_seconds: 60,
             request_timeout_seconds: 120,
         }
@@ -343,6 +357,14 @@ impl DaemonConfig {
         for (key, v) in [
             ("socket.max_connections", self.socket.max_connections as u64),
             (
+                "socket.max_connections_per_uid",
+                self.socket.max_connections_per_uid as u64,
+            ),
+            (
+                "socket.first_request_timeout_seconds",
+                self.socket.first_request_timeout_seconds,
+            ),
+            (
                 "socket.idle_timeout_seconds",
                 self.socket.idle_timeout_seconds,
             ),
@@ -354,6 +376,15 @@ impl DaemonConfig {
             if v == 0 {
                 return Err(invalid(key, "must be at least 1".into()));
             }
+        }
+        if self.socket.reserved_connections >= self.socket.max_connections {
+            return Err(invalid(
+                "socket.reserved_connections",
+                format!(
+                    "{} leaves no connection to readers: must be less than socket.max_connections ({})",
+                    self.socket.reserved_connections, self.socket.max_connections
+                ),
+            ));
         }
         if self.mps.timeout_seconds == 0 {
             return Err(invalid("mps.timeout_seconds", "must be at least 1".into()));
@@ -431,6 +462,36 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("socket.max_connections"), "{e}");
+        for (text, key) in [
+            ("max_connections = 8\n", "socket.reserved_connections"),
+            (
+                "max_connections = 64\nreserved_connections = 64\n",
+                "socket.reserved_connections",
+            ),
+            ("max_connections_per_uid = 0\n", "socket.max_connections_per_uid"),
+            (
+                "first_request_timeout_seconds = 0\n",
+                "socket.first_request_timeout_seconds",
+            ),
+        ] {
+            let e = DaemonConfig::parse(&format!("[socket]\n{text}"), Path::new("x"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{text}: {e}");
+        }
+        let cfg = DaemonConfig::parse(
+            "[socket]\nmax_connections = 8\nreserved_connections = 2\nmax_connections_per_uid = 3\nfirst_request_timeout_seconds = 2\n",
+            Path::new("x"),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                cfg.socket.reserved_connections,
+                cfg.socket.max_connections_per_uid,
+                cfg.socket.first_request_timeout_seconds
+            ),
+            (2, 3, 2)
+        );
         let e = DaemonConfig::parse("[socket]\ngroup = \"\"\n", Path::new("x"))
             .unwrap_err()
             .to_string();

@@ -145,6 +145,11 @@ pub enum ErrorCode {
     /// A `prepare` older than a release of the same claim (a late kubelet retry): refused,
     /// nothing changed; the claim stays released.
     Stale,
+    /// The daemon has no connection slot for this peer now: all of them are in use, or the
+    /// share of peers that are neither root nor in `changing_uids`, or this uid's own share
+    /// (the message says which and names the config key). Sent with `id` 0 before the request
+    /// is read, then the connection is closed; nothing was done. Retry later.
+    Busy,
     /// Anything else; the message says what failed on the host.
     Internal,
 }
@@ -164,6 +169,7 @@ impl ErrorCode {
             ErrorCode::LimitReached => "LimitReached",
             ErrorCode::PermissionDenied => "PermissionDenied",
             ErrorCode::Stale => "Stale",
+            ErrorCode::Busy => "Busy",
             ErrorCode::Internal => "Internal",
         }
     }

@@ -250,6 +250,10 @@ fn run(args: Args) -> Result<()> {
                     "{e} (this user may not use the socket: root may, and members of the group set by [socket] group in gpushared's config may read)"
                 )
             }
+            gpushare_proto::ClientError::NotASocket { .. } => anyhow::anyhow!(
+                "{e} (--socket names gpushared's socket file, by default {})",
+                gpushare_proto::DEFAULT_SOCKET
+            ),
             _ => anyhow::anyhow!("{e} (is gpushared running? --socket names another socket)"),
         })?;
     let none = None::<&()>;
