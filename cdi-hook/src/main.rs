@@ -75,7 +75,11 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Some(Hook::Unsupported(args)) => unsupported(args.first()),
-        None => unsupported(None),
+        None => {
+            // No CDI spec runs the hook without a hook name: someone is trying it by hand.
+            eprintln!("{}", report::no_hook_line());
+            ExitCode::from(2)
+        }
     }
 }
 

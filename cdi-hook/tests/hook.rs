@@ -557,12 +557,11 @@ fn detach_without_a_container_id_warns_and_asks_nothing() {
 #[test]
 fn unknown_or_missing_hooks_are_ignored() {
     let daemon = FakeDaemon::start(Reply::Ok(Value::Null));
-    let cases: [(&[&str], &str); 3] = [
+    let cases: [(&[&str], &str); 2] = [
         (
             &["update-ldcache", "--folder", "/usr/lib64"],
             "update-ldcache",
         ),
-        (&[], ""),
         (&["--debug", "attach", "--claim", CLAIM], "--debug"),
     ];
     for (args, name) in cases {
@@ -573,6 +572,20 @@ fn unknown_or_missing_hooks_are_ignored() {
             format!("gpushare-cdi-hook: unsupported hook \"{name}\", ignoring")
         );
     }
+    assert_eq!(daemon.finish().connections, 0);
+}
+
+#[test]
+fn no_arguments_at_all_is_a_usage_error() {
+    // No CDI spec runs the hook without a hook name: this is someone trying it by hand.
+    let daemon = FakeDaemon::start(Reply::Ok(Value::Null));
+    let run = run_hook(&[], Stdin::Bytes(b""));
+    assert_eq!(run.status.code(), Some(2), "{run:?}");
+    let line = run.only_line();
+    assert!(
+        line.starts_with("gpushare-cdi-hook: no hook given; usage: gpushare-cdi-hook attach|detach --claim <UID>"),
+        "{line}"
+    );
     assert_eq!(daemon.finish().connections, 0);
 }
 

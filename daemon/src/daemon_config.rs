@@ -312,6 +312,41 @@ pub fn check_metrics_address(m: &MetricsConfig) -> Result<std::net::SocketAddr, 
     Ok(addr)
 }
 
+/// Checks how the run, state and CDI directories (resolved, real paths) sit together.
+/// The run and state directories may be one directory (a hand-run daemon in one place): the
+/// run directory's files (`claims/`, `mig-layout.json`, `simulated-dev/`) and the state
+/// directory's (`checkpoint.json`) do not collide, and the single-instance lock is taken once.
+///
+/// # Errors
+/// One line naming the directories and why they cannot be so: the CDI directory is the run or
+/// state directory (container runtimes read every `.json` and `.yaml` file in a CDI directory
+/// as a spec, and gpushared's own files would break them), or the state or CDI directory lies
+/// in the run directory's `claims/` (whose entries no claim owns are removed at start).
+pub fn check_layout(run: &Path, state: &Path, cdi: &Path) -> Result<(), String> {
+    for (dir, which) in [(run, "run directory"), (state, "state directory")] {
+        if cdi == dir {
+            return Err(format!(
+                "the CDI directory {} is also the {which}: container runtimes read every .json and .yaml file in a CDI directory as a CDI spec, and gpushared's own files there (checkpoint.json, mig-layout.json) would break them; give --cdi-dir (paths.cdi_dir) a directory of its own",
+                cdi.display()
+            ));
+        }
+    }
+    let claims = run.join("claims");
+    for (dir, which, flag) in [
+        (state, "state directory", "--state-dir (paths.state_dir)"),
+        (cdi, "CDI directory", "--cdi-dir (paths.cdi_dir)"),
+    ] {
+        if dir.starts_with(&claims) {
+            return Err(format!(
+                "the {which} {} lies in {}, where gpushared removes at start what no claim owns; move {flag} out of it",
+                dir.display(),
+                claims.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl DaemonConfig {
     /// Parses the file's text; `path` only names it in errors.
     ///
@@ -468,7 +503,10 @@ mod tests {
                 "max_connections = 64\nreserved_connections = 64\n",
                 "socket.reserved_connections",
             ),
-            ("max_connections_per_uid = 0\n", "socket.max_connections_per_uid"),
+            (
+                "max_connections_per_uid = 0\n",
+                "socket.max_connections_per_uid",
+            ),
             (
                 "first_request_timeout_seconds = 0\n",
                 "socket.first_request_timeout_seconds",
@@ -563,6 +601,34 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("lvl"), "{e}");
+    }
+
+    #[test]
+    fn run_and_state_may_share_a_directory_the_cdi_directory_may_not() {
+        let p = Path::new;
+        check_layout(p("/run/gpushare"), p("/var/lib/gpushare"), p("/run/cdi")).unwrap();
+        check_layout(p("/tmp/gs"), p("/tmp/gs"), p("/tmp/gs/cdi")).unwrap();
+        // Beside claims/ is fine; in it is not.
+        check_layout(p("/tmp/gs"), p("/tmp/gs/state"), p("/tmp/gs/claimsx")).unwrap();
+        let e = check_layout(p("/tmp/gs"), p("/tmp/x"), p("/tmp/x")).unwrap_err();
+        assert!(
+            e.starts_with(
+                "the CDI directory /tmp/x is also the state directory: container runtimes"
+            ),
+            "{e}"
+        );
+        let e = check_layout(p("/tmp/x"), p("/tmp/s"), p("/tmp/x")).unwrap_err();
+        assert!(e.contains("is also the run directory"), "{e}");
+        let e = check_layout(p("/tmp/gs"), p("/tmp/gs/claims/s"), p("/tmp/c")).unwrap_err();
+        assert!(
+            e.contains("the state directory /tmp/gs/claims/s lies in /tmp/gs/claims"),
+            "{e}"
+        );
+        let e = check_layout(p("/tmp/gs"), p("/tmp/s"), p("/tmp/gs/claims")).unwrap_err();
+        assert!(
+            e.contains("the CDI directory /tmp/gs/claims lies in"),
+            "{e}"
+        );
     }
 
     #[test]

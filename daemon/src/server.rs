@@ -569,12 +569,30 @@ pub async fn handle(
     }
 }
 
+/// Checks a claim UID given as the request parameter `field`, naming that parameter (the
+/// service's own check names `metadata.uid`, which only a prepare's claim has).
+fn claim_uid_param<'a>(method: Method, field: &str, uid: &'a str) -> Result<&'a str, ServiceError> {
+    match crate::config::claim_uid_problem(uid) {
+        None => Ok(uid),
+        Some(why) => Err(ServiceError::new(
+            ErrorCode::InvalidRequest,
+            format!("params of {method}: {field}: {uid:?} is not a valid claim UID: it {why}"),
+        )),
+    }
+}
+
 /// Runs one request on the service (blocking).
 fn dispatch(service: &Service, method: Method, p: Option<Value>) -> Result<Value, ServiceError> {
     match method {
         Method::Prepare => to_value(service.prepare(&params::<PrepareParams>(method, p)?.claim)?),
-        Method::Unprepare => to_value(service.unprepare(&params::<UidParams>(method, p)?.uid)?),
-        Method::GetClaim => to_value(service.get_claim(&params::<UidParams>(method, p)?.uid)?),
+        Method::Unprepare => {
+            let p = params::<UidParams>(method, p)?;
+            to_value(service.unprepare(claim_uid_param(method, "uid", &p.uid)?)?)
+        }
+        Method::GetClaim => {
+            let p = params::<UidParams>(method, p)?;
+            to_value(service.get_claim(claim_uid_param(method, "uid", &p.uid)?)?)
+        }
         Method::ListClaims => {
             no_params(method, &p)?;
             to_value(service.list_claims())
@@ -583,8 +601,16 @@ fn dispatch(service: &Service, method: Method, p: Option<Value>) -> Result<Value
             no_params(method, &p)?;
             to_value(service.list_gpus())
         }
-        Method::Attach => to_value(service.attach(&params::<AttachParams>(method, p)?)?),
-        Method::Detach => to_value(service.detach(&params::<DetachParams>(method, p)?)?),
+        Method::Attach => {
+            let p = params::<AttachParams>(method, p)?;
+            claim_uid_param(method, "claim_uid", &p.claim_uid)?;
+            to_value(service.attach(&p)?)
+        }
+        Method::Detach => {
+            let p = params::<DetachParams>(method, p)?;
+            claim_uid_param(method, "claim_uid", &p.claim_uid)?;
+            to_value(service.detach(&p)?)
+        }
         Method::Health => {
             no_params(method, &p)?;
             to_value(service.health())
@@ -750,6 +776,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_bad_uid_parameter_is_named_as_the_parameter() {
+        let (_dir, socket) = start(8, IDLE_TIMEOUT).await;
+        let mut s = UnixStream::connect(&socket).await.unwrap();
+        for (id, line) in [
+            r#"{"version":1,"id":1,"method":"get_claim","params":{"uid":"not/a/uid"}}"#,
+            r#"{"version":1,"id":2,"method":"unprepare","params":{"uid":"not/a/uid"}}"#,
+            r#"{"version":1,"id":3,"method":"detach","params":{"claim_uid":"not/a/uid","container_id":"c"}}"#,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let r = call(&mut s, line).await;
+            let e = r.error.unwrap();
+            assert_eq!(e.code, ErrorCode::InvalidRequest, "{line}");
+            assert!(
+                e.message.contains(r#""not/a/uid" is not a valid claim UID: it contains '/'"#),
+                "{}",
+                e.message
+            );
+            assert!(!e.message.contains("metadata.uid"), "{}", e.message);
+            assert_eq!(r.id, id as u64 + 1);
+        }
+    }
+
+    #[tokio::test]
     async fn connections_past_the_cap_are_refused_and_idle_ones_closed() {
         let (_dir, socket) = start(2, Duration::from_millis(300)).await;
         let _a = UnixStream::connect(&socket).await.unwrap();
@@ -780,7 +831,10 @@ mod tests {
         // Half a line, then silence: closed at the first-request deadline, not after the
         // 60 s idle timeout.
         let mut silent = UnixStream::connect(&socket).await.unwrap();
-        silent.write_all(br#"{"version":1,"id":1,"meth"#).await.unwrap();
+        silent
+            .write_all(br#"{"version":1,"id":1,"meth"#)
+            .await
+            .unwrap();
         let mut rest = String::new();
         let closed =
             tokio::time::timeout(Duration::from_secs(10), silent.read_to_string(&mut rest)).await;
@@ -799,10 +853,7 @@ mod tests {
     #[test]
     fn root_and_changing_uids_are_privileged_holders() {
         let cfg = policy(2000, &[1500]);
-        assert_eq!(
-            holder_of(&cfg, Some(&peer(0, 0, &[]))),
-            Holder::Privileged
-        );
+        assert_eq!(holder_of(&cfg, Some(&peer(0, 0, &[]))), Holder::Privileged);
         assert_eq!(
             holder_of(&cfg, Some(&peer(1500, 1500, &[]))),
             Holder::Privileged

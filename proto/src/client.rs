@@ -302,7 +302,8 @@ mod tests {
         let mut client = Client::connect(&path, Duration::from_secs(10)).unwrap();
         let err = client.call_value(Method::Health, None::<&()>).unwrap_err();
         assert!(
-            err.to_string().contains("response id 9 does not match request id 1"),
+            err.to_string()
+                .contains("response id 9 does not match request id 1"),
             "{err}"
         );
         server.join().unwrap();
@@ -346,7 +347,11 @@ mod tests {
         let file = dir.path().join("f");
         std::fs::write(&file, "").unwrap();
         let err = Client::connect(&file, Duration::from_secs(1)).unwrap_err();
-        assert!(err.to_string().ends_with("it is a regular file, not a socket"), "{err}");
+        assert!(
+            err.to_string()
+                .ends_with("it is a regular file, not a socket"),
+            "{err}"
+        );
         // A missing path stays a connection error with the system's reason.
         let err = Client::connect(dir.path().join("none"), Duration::from_secs(1)).unwrap_err();
         assert!(matches!(err, ClientError::Connect { .. }), "{err}");

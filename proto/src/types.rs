@@ -362,7 +362,9 @@ pub struct MpsInfo {
     pub active_thread_percentage: String,
     /// `get_default_device_pinned_mem_limit <ordinal>` as read back, keyed by the CUDA ordinal
     /// inside the daemon written in decimal (`"0"`, `"1"`; string keys because JSON object keys
-    /// are strings), valued `"8G"`, `"800M"`, or `""` when no limit is set.
+    /// are strings), valued `"8G"` or `"800M"`. Only devices with a limit are listed (each
+    /// other device is read back too, and must show none); `{}` for a claim without limits.
+    /// Records written before this rule may hold `""` for a device without a limit.
     pub pinned_device_memory_limits: BTreeMap<String, String>,
     /// Start time of the control daemon's process, in clock ticks after boot (field 22 of
     /// `/proc/<pid>/stat`): with the pid it names the process, so a recycled pid is never taken

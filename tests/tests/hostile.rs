@@ -914,7 +914,10 @@ fn readers_holding_connections_cannot_starve_root_or_the_hook() {
         let most: usize = line.split(' ').nth(2).unwrap().parse().unwrap();
         assert!(most <= 16, "{line}");
     }
-    for bound in ["socket.max_connections_per_uid", "socket.reserved_connections"] {
+    for bound in [
+        "socket.max_connections_per_uid",
+        "socket.reserved_connections",
+    ] {
         assert!(done.iter().any(|l| l.contains(bound)), "{bound}: {done:?}");
     }
     d.unprepare(uid);

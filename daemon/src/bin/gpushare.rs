@@ -173,7 +173,23 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// A claim UID given on the command line, checked before anything is asked: the daemon's
+/// refusal would name `metadata.uid`, which the user never typed.
+fn claim_uid_arg(uid: &str) -> Result<()> {
+    match gpushare::config::claim_uid_problem(uid) {
+        None => Ok(()),
+        Some(why) => anyhow::bail!("{uid:?} is not a valid claim UID: it {why}"),
+    }
+}
+
 fn run(args: Args) -> Result<()> {
+    // Before any command runs: only `gpus` has this output, and a silent fallback (or YAML
+    // under another name) would hide the mistake.
+    if args.output == Some(Output::ResourceSlice) && !matches!(args.command, Command::Gpus) {
+        anyhow::bail!(
+            "-o resourceslice applies to `gpushare gpus` only; use -o table, json or yaml here"
+        );
+    }
     match &args.command {
         Command::Doctor {
             simulate,
@@ -221,9 +237,6 @@ fn run(args: Args) -> Result<()> {
         return cli::demo::run(demo);
     }
     let output = args.output.unwrap_or(Output::Table);
-    if output == Output::ResourceSlice && !matches!(args.command, Command::Gpus) {
-        anyhow::bail!("-o resourceslice applies to `gpushare gpus` only");
-    }
     if let Command::Profiles { profile } = &args.command {
         return profiles(profile.as_deref(), output);
     }
@@ -235,7 +248,11 @@ fn run(args: Args) -> Result<()> {
     // connect (the socket is 0660 root:root), and "permission denied" would hide why.
     match &args.command {
         Command::Prepare { .. } => require_root("prepare")?,
-        Command::Unprepare { .. } => require_root("unprepare")?,
+        Command::Unprepare { uid } => {
+            require_root("unprepare")?;
+            claim_uid_arg(uid)?;
+        }
+        Command::Claim { uid } => claim_uid_arg(uid)?,
         Command::Mig {
             command: MigCommand::Apply { .. },
         } => require_root("mig apply")?,
