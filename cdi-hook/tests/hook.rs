@@ -617,3 +617,18 @@ fn version_is_printed() {
         format!("gpushare-cdi-hook {}", env!("CARGO_PKG_VERSION"))
     );
 }
+
+#[test]
+fn the_man_page_is_generated_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = run_hook(
+        &["--generate-man", dir.path().to_str().unwrap()],
+        Stdin::Bytes(b""),
+    );
+    assert!(run.status.success(), "{run:?}");
+    let page = std::fs::read_to_string(dir.path().join("gpushare-cdi-hook.8")).unwrap();
+    assert!(page.contains(".TH gpushare-cdi-hook 8"), "{page}");
+    for hook in ["attach", "detach"] {
+        assert!(page.contains(hook), "{hook}: {page}");
+    }
+}
