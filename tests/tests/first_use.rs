@@ -335,3 +335,92 @@ fn resourceslice_output_is_refused_by_every_command_but_gpus() {
         assert!(out.stdout.is_empty(), "{args:?} printed {:?}", out.stdout);
     }
 }
+
+#[test]
+fn doctor_checks_a_hand_run_daemon_on_its_own_directories() {
+    let Some(cases) = setup() else {
+        return;
+    };
+    let base = tmp_base("gsx-");
+    let p = base.path();
+    let (run, state, cdi) = (p.join("run"), p.join("state"), p.join("cdi"));
+    let daemon = serve(p, gpushared(p, &run, &state, &cdi));
+    let uid = unique_uid("doctor-dirs");
+    let claim = with_uid(&load_claim(&cases.join("claims/seed-mps.yaml")), &uid);
+    let _: gpushare_proto::PrepareResult = client(p)
+        .call(Method::Prepare, Some(&PrepareParams { claim }))
+        .unwrap();
+    // An empty config file: the doctor knows only what the command line tells it.
+    let config = p.join("doctor.toml");
+    fs::write(&config, "").unwrap();
+    let doctor = |dirs: bool| {
+        let mut cmd = Command::new(bin("gpushare"));
+        cmd.arg("--socket")
+            .arg(p.join("s.sock"))
+            .args([
+                "-o",
+                "json",
+                "doctor",
+                "--simulate",
+                "p4d.24xlarge",
+                "--config",
+            ])
+            .arg(&config);
+        if dirs {
+            cmd.arg("--state-dir")
+                .arg(&state)
+                .arg("--run-dir")
+                .arg(&run)
+                .arg("--cdi-dir")
+                .arg(&cdi);
+        }
+        let out = cmd.output().unwrap();
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", stderr_of(&out)));
+        report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["name"].as_str().unwrap().to_string(),
+                    (
+                        c["status"].as_str().unwrap().to_string(),
+                        c["detail"].as_str().unwrap().to_string(),
+                    ),
+                )
+            })
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    // Without the directories: the daemon is found on other ones, and said so.
+    let checks = doctor(false);
+    assert_eq!(checks["paths"].0, "fail", "{checks:?}");
+    assert!(
+        checks["paths"]
+            .1
+            .contains("no gpushared runs on state directory /var/lib/gpushare")
+            || checks["paths"].1.contains("/var/lib/gpushare"),
+        "{checks:?}"
+    );
+    // With them: what the daemon uses passes, the emulator included (simulated GPUs).
+    let checks = doctor(true);
+    for name in [
+        "paths",
+        "checkpoint",
+        "claims",
+        "socket",
+        "mps-control",
+        "cdi-specs",
+    ] {
+        assert_eq!(checks[name].0, "ok", "{name}: {checks:?}");
+    }
+    assert!(
+        checks["mps-control"].1.contains("gpushare-mps-control"),
+        "{checks:?}"
+    );
+    let r: gpushare_proto::UnprepareResult = client(p)
+        .call(Method::Unprepare, Some(&UidParams { uid }))
+        .unwrap();
+    assert!(r.released);
+    stop(p, daemon);
+}

@@ -62,8 +62,10 @@ enum Command {
     },
     /// Run the whole job on a simulated p4d.24xlarge in a temporary directory and clean up.
     Demo(cli::demo::DemoArgs),
-    /// Check this node's setup (driver, MPS, containerd, nodeadm, CDI specs, socket,
-    /// checkpoint, compute modes): one line per check with a fix hint; exits 1 when any fails.
+    /// Check this node's setup (driver, MPS, containerd, nodeadm, CDI specs, socket, the
+    /// daemon's directories, checkpoint, degraded claims, compute modes): one line per check
+    /// with a fix hint; exits 1 when any fails. For a gpushared started by hand, give the same
+    /// --socket, --state-dir, --run-dir and --cdi-dir.
     Doctor {
         /// Check against simulated GPUs of this node profile (as gpushared --simulate) instead
         /// of NVML.
@@ -79,6 +81,16 @@ enum Command {
             default_value = "/etc/containerd/config.toml"
         )]
         containerd_config: PathBuf,
+        /// gpushared's state directory, when it was started with --state-dir
+        /// [default: paths.state_dir of the config file].
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
+        /// gpushared's run directory, when it was started with --run-dir [paths.run_dir].
+        #[arg(long, value_name = "DIR")]
+        run_dir: Option<PathBuf>,
+        /// gpushared's CDI directory, when it was started with --cdi-dir [paths.cdi_dir].
+        #[arg(long, value_name = "DIR")]
+        cdi_dir: Option<PathBuf>,
     },
     /// Print a shell completion script (bash, zsh, fish, elvish or powershell).
     Completion {
@@ -195,6 +207,9 @@ fn run(args: Args) -> Result<()> {
             simulate,
             config,
             containerd_config,
+            state_dir,
+            run_dir,
+            cdi_dir,
         } => {
             let paths = cli::doctor::DoctorPaths {
                 config: config
@@ -203,6 +218,9 @@ fn run(args: Args) -> Result<()> {
                 config_required: config.is_some(),
                 containerd_config: containerd_config.clone(),
                 socket: args.socket.clone(),
+                state_dir: state_dir.clone(),
+                run_dir: run_dir.clone(),
+                cdi_dir: cdi_dir.clone(),
                 ..cli::doctor::DoctorPaths::default()
             };
             let host = cli::doctor::RealHost {

@@ -170,17 +170,10 @@ fn find_in_path(name: &str) -> Option<PathBuf> {
 }
 
 fn default_mps_control() -> Result<PathBuf> {
-    if let Some(p) = find_in_path("nvidia-cuda-mps-control") {
-        return Ok(p);
-    }
-    let emu = beside_exe("gpushare-mps-control")?;
-    if emu.is_file() {
-        return Ok(emu);
-    }
-    bail!(
-        "no MPS control program: nvidia-cuda-mps-control is not in PATH and {} does not exist; pass --mps-control",
-        emu.display()
-    )
+    let exe = std::env::current_exe().context("finding gpushared's own path")?;
+    let dir = exe.parent().unwrap_or(Path::new("/"));
+    gpushare::mps_program::default_program(find_in_path, dir, Path::is_file)
+        .map_err(|e| anyhow::anyhow!("{e}; pass --mps-control"))
 }
 
 /// Holds `<dir>/gpushared.lock` (the directory exists: see [`real_dir`]) for the daemon's
