@@ -53,11 +53,13 @@ done
 # cross-built binary cannot run here: then the host's build of the same sources is used).
 gen="$out"
 if [ ${#target[@]} -gt 0 ] && [ "$profile" != dev ]; then
-  cargo build --locked --profile "$profile" --bin gpushared --bin gpushare >&2
+  cargo build --locked --profile "$profile" $(printf -- '--bin %s ' "${bins[@]}") >&2
   gen="$target_dir/$dir"
 fi
 "$gen/gpushare" generate-man "$stage/man1"
 "$gen/gpushared" --generate-man "$stage/man8"
+"$gen/gpushare-cdi-hook" --generate-man "$stage/man8"
+"$gen/gpushare-runtime" --generate-man "$stage/man8"
 gzip -9n "$stage"/man1/*.1 "$stage"/man8/*.8
 "$gen/gpushare" completion bash >"$stage/completions/gpushare.bash"
 "$gen/gpushare" completion zsh >"$stage/completions/_gpushare"

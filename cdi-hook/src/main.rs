@@ -15,8 +15,28 @@ use gpushare_cdi_hook::report;
 #[derive(Debug, Parser)]
 #[command(name = "gpushare-cdi-hook", version)]
 struct Cli {
+    /// Write the man page gpushare-cdi-hook.8 into this directory and exit (for packaging).
+    #[arg(long, value_name = "DIR", hide = true)]
+    generate_man: Option<PathBuf>,
     #[command(subcommand)]
     hook: Option<Hook>,
+}
+
+/// Writes `gpushare-cdi-hook.8` into `dir`, generated from the clap definition.
+fn generate_man(dir: &std::path::Path) -> ExitCode {
+    let mut out = Vec::new();
+    let path = dir.join("gpushare-cdi-hook.8");
+    let written = clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
+        .section("8")
+        .render(&mut out)
+        .and_then(|()| std::fs::write(&path, out));
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{}: writing {}: {e}", report::PROGRAM, path.display());
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -60,6 +80,9 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(err) => return usage_error(&err, argv.get(1)),
     };
+    if let Some(dir) = &cli.generate_man {
+        return generate_man(dir);
+    }
     match cli.hook {
         Some(Hook::Attach(args)) => match hook::attach(&args.into(), io::stdin()) {
             Ok(()) => ExitCode::SUCCESS,
@@ -75,7 +98,11 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Some(Hook::Unsupported(args)) => unsupported(args.first()),
-        None => unsupported(None),
+        None => {
+            // No CDI spec runs the hook without a hook name: someone is trying it by hand.
+            eprintln!("{}", report::no_hook_line());
+            ExitCode::from(2)
+        }
     }
 }
 

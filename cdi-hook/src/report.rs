@@ -148,6 +148,14 @@ pub fn unsupported_line(hook: Option<&OsStr>) -> String {
     format!("{PROGRAM}: unsupported hook {name:?}, ignoring")
 }
 
+/// The stderr line for a run without any argument (exit status 2): what the hook is for and
+/// how the container runtime calls it.
+pub fn no_hook_line() -> String {
+    format!(
+        "{PROGRAM}: no hook given; usage: {PROGRAM} attach|detach --claim <UID> [--socket <PATH>] [--timeout <SECS>], with the OCI state on stdin (the container runtime runs it from a claim's CDI spec; --help says more)"
+    )
+}
+
 /// The stderr line for bad arguments to a known hook: clap's error without its `error: ` prefix,
 /// tips and usage, which do not fit the runtime's one-line error.
 pub fn usage_line(hook: &str, warning: bool, rendered: &str) -> String {

@@ -557,12 +557,11 @@ fn detach_without_a_container_id_warns_and_asks_nothing() {
 #[test]
 fn unknown_or_missing_hooks_are_ignored() {
     let daemon = FakeDaemon::start(Reply::Ok(Value::Null));
-    let cases: [(&[&str], &str); 3] = [
+    let cases: [(&[&str], &str); 2] = [
         (
             &["update-ldcache", "--folder", "/usr/lib64"],
             "update-ldcache",
         ),
-        (&[], ""),
         (&["--debug", "attach", "--claim", CLAIM], "--debug"),
     ];
     for (args, name) in cases {
@@ -573,6 +572,20 @@ fn unknown_or_missing_hooks_are_ignored() {
             format!("gpushare-cdi-hook: unsupported hook \"{name}\", ignoring")
         );
     }
+    assert_eq!(daemon.finish().connections, 0);
+}
+
+#[test]
+fn no_arguments_at_all_is_a_usage_error() {
+    // No CDI spec runs the hook without a hook name: this is someone trying it by hand.
+    let daemon = FakeDaemon::start(Reply::Ok(Value::Null));
+    let run = run_hook(&[], Stdin::Bytes(b""));
+    assert_eq!(run.status.code(), Some(2), "{run:?}");
+    let line = run.only_line();
+    assert!(
+        line.starts_with("gpushare-cdi-hook: no hook given; usage: gpushare-cdi-hook attach|detach --claim <UID>"),
+        "{line}"
+    );
     assert_eq!(daemon.finish().connections, 0);
 }
 
@@ -603,4 +616,19 @@ fn version_is_printed() {
         run.stdout.trim(),
         format!("gpushare-cdi-hook {}", env!("CARGO_PKG_VERSION"))
     );
+}
+
+#[test]
+fn the_man_page_is_generated_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = run_hook(
+        &["--generate-man", dir.path().to_str().unwrap()],
+        Stdin::Bytes(b""),
+    );
+    assert!(run.status.success(), "{run:?}");
+    let page = std::fs::read_to_string(dir.path().join("gpushare-cdi-hook.8")).unwrap();
+    assert!(page.contains(".TH gpushare-cdi-hook 8"), "{page}");
+    for hook in ["attach", "detach"] {
+        assert!(page.contains(hook), "{hook}: {page}");
+    }
 }

@@ -562,7 +562,7 @@ fn claim_object() -> Value {
 
 /// Every variant of every enum, listed by hand. The matches in `_exhaustive_*` fail to compile
 /// when a variant is added, which is the reminder to list it here and in the schema.
-const ERROR_CODES: [ErrorCode; 12] = [
+const ERROR_CODES: [ErrorCode; 13] = [
     ErrorCode::InvalidConfig,
     ErrorCode::InvalidRequest,
     ErrorCode::WrongNode,
@@ -574,6 +574,7 @@ const ERROR_CODES: [ErrorCode; 12] = [
     ErrorCode::LimitReached,
     ErrorCode::PermissionDenied,
     ErrorCode::Stale,
+    ErrorCode::Busy,
     ErrorCode::Internal,
 ];
 const CLAIM_STATES: [ClaimState; 4] = [
@@ -614,6 +615,7 @@ fn _exhaustive_error_code(code: ErrorCode) {
         | ErrorCode::LimitReached
         | ErrorCode::PermissionDenied
         | ErrorCode::Stale
+        | ErrorCode::Busy
         | ErrorCode::Internal => {}
     }
 }

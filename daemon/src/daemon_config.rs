@@ -197,8 +197,19 @@ pub struct SocketConfig {
     pub group: String,
     /// Uids besides 0 allowed to call changing methods (prepare, unprepare, attach, detach).
     pub changing_uids: Vec<u32>,
-    /// Most connections served at once; one more is answered "retry later" and closed.
+    /// Most connections served at once; one more is answered `Busy` ("retry later") and
+    /// closed.
     pub max_connections: usize,
+    /// Of `max_connections`, how many only root and `changing_uids` may take: readers
+    /// holding connections never lock out the kubelet plugin's prepare or the hook's attach.
+    /// Less than `max_connections`.
+    pub reserved_connections: usize,
+    /// Most connections one uid that is neither root nor in `changing_uids` (a member of
+    /// `group`, say) may hold at once; one more is answered `Busy` and closed. At least 1.
+    pub max_connections_per_uid: usize,
+    /// Seconds a new connection may take to send its first complete request line before it
+    /// is closed (then `idle_timeout_seconds` applies). At least 1.
+    pub first_request_timeout_seconds: u64,
     /// Seconds a connection may take to send a complete request line before it is closed.
     pub idle_timeout_seconds: u64,
     /// Seconds a client waits for one request's work before it is answered `Internal` (the
@@ -296,6 +307,9 @@ impl Default for SocketConfig {
             group: "root".to_string(),
             changing_uids: Vec::new(),
             max_connections: 256,
+            reserved_connections: 64,
+            max_connections_per_uid: 16,
+            first_request_timeout_seconds: 5,
             idle_timeout_seconds: 60,
             request_timeout_seconds: 120,
         }
@@ -351,6 +365,41 @@ pub fn check_metrics_address(m: &MetricsConfig) -> Result<std::net::SocketAddr, 
     Ok(addr)
 }
 
+/// Checks how the run, state and CDI directories (resolved, real paths) sit together.
+/// The run and state directories may be one directory (a hand-run daemon in one place): the
+/// run directory's files (`claims/`, `mig-layout.json`, `simulated-dev/`) and the state
+/// directory's (`checkpoint.json`) do not collide, and the single-instance lock is taken once.
+///
+/// # Errors
+/// One line naming the directories and why they cannot be so: the CDI directory is the run or
+/// state directory (container runtimes read every `.json` and `.yaml` file in a CDI directory
+/// as a spec, and gpushared's own files would break them), or the state or CDI directory lies
+/// in the run directory's `claims/` (whose entries no claim owns are removed at start).
+pub fn check_layout(run: &Path, state: &Path, cdi: &Path) -> Result<(), String> {
+    for (dir, which) in [(run, "run directory"), (state, "state directory")] {
+        if cdi == dir {
+            return Err(format!(
+                "the CDI directory {} is also the {which}: container runtimes read every .json and .yaml file in a CDI directory as a CDI spec, and gpushared's own files there (checkpoint.json, mig-layout.json) would break them; give --cdi-dir (paths.cdi_dir) a directory of its own",
+                cdi.display()
+            ));
+        }
+    }
+    let claims = run.join("claims");
+    for (dir, which, flag) in [
+        (state, "state directory", "--state-dir (paths.state_dir)"),
+        (cdi, "CDI directory", "--cdi-dir (paths.cdi_dir)"),
+    ] {
+        if dir.starts_with(&claims) {
+            return Err(format!(
+                "the {which} {} lies in {}, where gpushared removes at start what no claim owns; move {flag} out of it",
+                dir.display(),
+                claims.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl DaemonConfig {
     /// Parses the file's text; `path` only names it in errors.
     ///
@@ -396,6 +445,14 @@ impl DaemonConfig {
         for (key, v) in [
             ("socket.max_connections", self.socket.max_connections as u64),
             (
+                "socket.max_connections_per_uid",
+                self.socket.max_connections_per_uid as u64,
+            ),
+            (
+                "socket.first_request_timeout_seconds",
+                self.socket.first_request_timeout_seconds,
+            ),
+            (
                 "socket.idle_timeout_seconds",
                 self.socket.idle_timeout_seconds,
             ),
@@ -407,6 +464,15 @@ impl DaemonConfig {
             if v == 0 {
                 return Err(invalid(key, "must be at least 1".into()));
             }
+        }
+        if self.socket.reserved_connections >= self.socket.max_connections {
+            return Err(invalid(
+                "socket.reserved_connections",
+                format!(
+                    "{} leaves no connection to readers: must be less than socket.max_connections ({})",
+                    self.socket.reserved_connections, self.socket.max_connections
+                ),
+            ));
         }
         if self.mps.timeout_seconds == 0 {
             return Err(invalid("mps.timeout_seconds", "must be at least 1".into()));
@@ -504,6 +570,39 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("socket.max_connections"), "{e}");
+        for (text, key) in [
+            ("max_connections = 8\n", "socket.reserved_connections"),
+            (
+                "max_connections = 64\nreserved_connections = 64\n",
+                "socket.reserved_connections",
+            ),
+            (
+                "max_connections_per_uid = 0\n",
+                "socket.max_connections_per_uid",
+            ),
+            (
+                "first_request_timeout_seconds = 0\n",
+                "socket.first_request_timeout_seconds",
+            ),
+        ] {
+            let e = DaemonConfig::parse(&format!("[socket]\n{text}"), Path::new("x"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{text}: {e}");
+        }
+        let cfg = DaemonConfig::parse(
+            "[socket]\nmax_connections = 8\nreserved_connections = 2\nmax_connections_per_uid = 3\nfirst_request_timeout_seconds = 2\n",
+            Path::new("x"),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                cfg.socket.reserved_connections,
+                cfg.socket.max_connections_per_uid,
+                cfg.socket.first_request_timeout_seconds
+            ),
+            (2, 3, 2)
+        );
         let e = DaemonConfig::parse("[socket]\ngroup = \"\"\n", Path::new("x"))
             .unwrap_err()
             .to_string();
@@ -608,6 +707,34 @@ mod tests {
                 .to_string();
             assert!(e.contains(key), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn run_and_state_may_share_a_directory_the_cdi_directory_may_not() {
+        let p = Path::new;
+        check_layout(p("/run/gpushare"), p("/var/lib/gpushare"), p("/run/cdi")).unwrap();
+        check_layout(p("/tmp/gs"), p("/tmp/gs"), p("/tmp/gs/cdi")).unwrap();
+        // Beside claims/ is fine; in it is not.
+        check_layout(p("/tmp/gs"), p("/tmp/gs/state"), p("/tmp/gs/claimsx")).unwrap();
+        let e = check_layout(p("/tmp/gs"), p("/tmp/x"), p("/tmp/x")).unwrap_err();
+        assert!(
+            e.starts_with(
+                "the CDI directory /tmp/x is also the state directory: container runtimes"
+            ),
+            "{e}"
+        );
+        let e = check_layout(p("/tmp/x"), p("/tmp/s"), p("/tmp/x")).unwrap_err();
+        assert!(e.contains("is also the run directory"), "{e}");
+        let e = check_layout(p("/tmp/gs"), p("/tmp/gs/claims/s"), p("/tmp/c")).unwrap_err();
+        assert!(
+            e.contains("the state directory /tmp/gs/claims/s lies in /tmp/gs/claims"),
+            "{e}"
+        );
+        let e = check_layout(p("/tmp/gs"), p("/tmp/s"), p("/tmp/gs/claims")).unwrap_err();
+        assert!(
+            e.contains("the CDI directory /tmp/gs/claims lies in"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! | [`gpu`] | GPU backends behind one trait: NVML, simulated node profiles, `nvidia-smi` | leaf |
 //! | [`sys`] | process spawning and mounting behind narrow traits | leaf |
 //! | [`strategy`] | sharing strategies: MPS control daemons, MIG slices | effects |
+//! | [`mps_program`] | which MPS control program an empty `[mps] control` means | pure |
 //! | [`supervise`] | watching MPS control daemons (pidfd) so dead ones are restarted | effects |
 //! | [`crash`] | named crash points for the fault-injection suite (debug builds only) | test support |
 //! | [`privileges`] | the capabilities `gpushared` keeps, and dropping the rest | leaf |
@@ -36,6 +37,7 @@ pub mod fsutil;
 pub mod gpu;
 pub mod metrics;
 pub mod mig;
+pub mod mps_program;
 pub mod notify;
 pub mod placement;
 pub mod privileges;

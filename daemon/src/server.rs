@@ -5,9 +5,12 @@
 //! against the peer's SO_PEERCRED credentials ([`authorize`]): changing methods need uid 0 or a
 //! uid in `changing_uids`; reading methods also admit members of the socket's group; anyone
 //! else gets `PermissionDenied` (logged once per uid). Input is bounded: line length
-//! ([`MAX_REQUEST_BYTES`]), JSON nesting ([`MAX_JSON_DEPTH`]), connections, idle time and the
-//! time one request may take; a connection that breaks a bound is answered and closed, and
-//! nothing else is affected.
+//! ([`MAX_REQUEST_BYTES`]), JSON nesting ([`MAX_JSON_DEPTH`]), connections (with slots kept
+//! for privileged peers and a share per unprivileged uid: [`slots`]), the time to the first
+//! request line, idle time and the time one request may take; a connection that breaks a
+//! bound is answered and closed, and nothing else is affected.
+
+pub mod slots;
 
 use std::collections::HashSet;
 use std::fs::{self, Permissions};
@@ -26,17 +29,29 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::Semaphore;
 
 use crate::error::ServiceError;
 use crate::service::Service;
 
 /// Longest request line accepted: a ResourceClaim is at most 1.5 MiB (etcd's object limit),
 /// plus the envelope.
-pub const MAX_REQUEST_BYTES: usize = 2 * 1024 * 1024;
+pub use gpushare_proto::MAX_REQUEST_BYTES;
+
+use slots::{Holder, SlotLimits, Slots};
 
 /// Default for [`ServerConfig::max_connections`].
 pub const MAX_CONNECTIONS: usize = 256;
+
+/// Default for [`ServerConfig::reserved_connections`]: a quarter of [`MAX_CONNECTIONS`].
+pub const RESERVED_CONNECTIONS: usize = 64;
+
+/// Default for [`ServerConfig::max_connections_per_uid`]: more than any reading tool opens
+/// (the CLI and `doctor` use one), far fewer than the slots readers share.
+pub const MAX_CONNECTIONS_PER_UID: usize = 16;
+
+/// Default for [`ServerConfig::first_request_timeout`]: every client of ours sends its first
+/// request right after connecting; 5 s leaves room for a loaded node.
+pub const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Default for [`ServerConfig::idle_timeout`].
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -66,9 +81,17 @@ pub struct ServerConfig {
     pub group: u32,
     /// Uids besides 0 allowed to call changing methods (and reading ones).
     pub changing_uids: Vec<u32>,
-    /// Most connections served at once; one more is told so and closed, which keeps a flood
-    /// of idle clients from exhausting the daemon's file descriptors.
+    /// Most connections served at once; one more is answered `Busy` and closed, which keeps
+    /// a flood of idle clients from exhausting the daemon's file descriptors.
     pub max_connections: usize,
+    /// Of `max_connections`, how many only root and `changing_uids` may take, so that
+    /// readers holding connections never lock out the kubelet plugin or the hook.
+    pub reserved_connections: usize,
+    /// Most connections one uid that is neither root nor in `changing_uids` may hold at once.
+    pub max_connections_per_uid: usize,
+    /// How long a new connection may take to send its first complete request line (at most
+    /// `idle_timeout`).
+    pub first_request_timeout: Duration,
     /// How long a connection may sit without sending a complete request line.
     pub idle_timeout: Duration,
     /// Where request latencies and errors are recorded for `/metrics` (none: not recorded).
@@ -232,8 +255,13 @@ pub async fn serve(
     service: Arc<Service>,
     cfg: Arc<ServerConfig>,
 ) -> io::Result<()> {
-    let slots = Arc::new(Semaphore::new(cfg.max_connections));
+    let slots = Slots::new(SlotLimits {
+        total: cfg.max_connections,
+        reserved: cfg.reserved_connections,
+        per_uid: cfg.max_connections_per_uid,
+    });
     let denied = Arc::new(DeniedPeers::default());
+    let busy = DeniedPeers::default();
     let mut backoff = Duration::from_millis(100);
     loop {
         let stream = match listener.accept().await {
@@ -248,28 +276,54 @@ pub async fn serve(
             }
         };
         backoff = Duration::from_millis(100);
-        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
-            tokio::spawn(refuse_busy(stream, cfg.max_connections));
-            continue;
+        // The kernel recorded the credentials at connect: reading them does not wait on
+        // the peer, so a slow or hostile client cannot stall the accept loop here.
+        let peer = Peer::of(&stream);
+        let holder = holder_of(&cfg, peer.as_ref());
+        let slot = match slots.admit(holder) {
+            Ok(slot) => slot,
+            Err(refusal) => {
+                let uid = peer.as_ref().map_or(u32::MAX, |p| p.uid);
+                if busy.first(uid) {
+                    let (open, unprivileged) = slots.in_use();
+                    tracing::warn!(
+                        peer_uid = peer.as_ref().map(|p| p.uid),
+                        peer_pid = peer.as_ref().and_then(|p| p.pid),
+                        open,
+                        unprivileged,
+                        reason = %refusal,
+                        "refused a connection: no slot for it (logged once per uid)"
+                    );
+                }
+                tokio::spawn(refuse_busy(stream, refusal.to_string()));
+                continue;
+            }
         };
         let service = Arc::clone(&service);
         let cfg = Arc::clone(&cfg);
         let denied = Arc::clone(&denied);
         tokio::spawn(async move {
-            if let Err(e) = connection(stream, service, &cfg, &denied).await {
+            if let Err(e) = connection(stream, peer, service, &cfg, &denied).await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
-            drop(permit);
+            drop(slot);
         });
     }
 }
 
-async fn refuse_busy(mut stream: UnixStream, max: usize) {
-    let response = error_response(
-        0,
-        ErrorCode::Internal,
-        format!("gpushared is serving {max} connections already; retry later"),
-    );
+/// Which slots a peer may take: root and `changing_uids` any, everyone else (readers,
+/// strangers, unknown credentials) the shared ones, within their uid's share.
+fn holder_of(cfg: &ServerConfig, peer: Option<&Peer>) -> Holder {
+    match peer {
+        Some(p) if p.uid == 0 || cfg.changing_uids.contains(&p.uid) => Holder::Privileged,
+        Some(p) => Holder::Unprivileged(p.uid),
+        None => Holder::Unprivileged(u32::MAX),
+    }
+}
+
+/// Answers `Busy` (id 0: the request is never read) and closes.
+async fn refuse_busy(mut stream: UnixStream, message: String) {
+    let response = error_response(0, ErrorCode::Busy, message);
     if let Ok(mut line) = serde_json::to_vec(&response) {
         line.push(b'\n');
         let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&line)).await;
@@ -278,22 +332,26 @@ async fn refuse_busy(mut stream: UnixStream, max: usize) {
 
 async fn connection(
     stream: UnixStream,
+    peer: Option<Peer>,
     service: Arc<Service>,
     cfg: &ServerConfig,
     denied: &DeniedPeers,
 ) -> io::Result<()> {
-    let peer = Peer::of(&stream);
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read);
     let mut line = Vec::new();
+    // A connection that has not sent its first request within a few seconds is not one of
+    // our clients at work: it gives its slot back long before the idle timeout.
+    let mut wait = cfg.first_request_timeout.min(cfg.idle_timeout);
     loop {
         line.clear();
         let mut limited = (&mut reader).take(MAX_REQUEST_BYTES as u64 + 1);
         let read = limited.read_until(b'\n', &mut line);
-        let Ok(n) = tokio::time::timeout(cfg.idle_timeout, read).await else {
+        let Ok(n) = tokio::time::timeout(wait, read).await else {
             // Idle (or stuck mid-line) too long: free the slot for others.
             return Ok(());
         };
+        wait = cfg.idle_timeout;
         let n = n?;
         if n == 0 {
             return Ok(());
@@ -511,12 +569,30 @@ pub async fn handle(
     }
 }
 
+/// Checks a claim UID given as the request parameter `field`, naming that parameter (the
+/// service's own check names `metadata.uid`, which only a prepare's claim has).
+fn claim_uid_param<'a>(method: Method, field: &str, uid: &'a str) -> Result<&'a str, ServiceError> {
+    match crate::config::claim_uid_problem(uid) {
+        None => Ok(uid),
+        Some(why) => Err(ServiceError::new(
+            ErrorCode::InvalidRequest,
+            format!("params of {method}: {field}: {uid:?} is not a valid claim UID: it {why}"),
+        )),
+    }
+}
+
 /// Runs one request on the service (blocking).
 fn dispatch(service: &Service, method: Method, p: Option<Value>) -> Result<Value, ServiceError> {
     match method {
         Method::Prepare => to_value(service.prepare(&params::<PrepareParams>(method, p)?.claim)?),
-        Method::Unprepare => to_value(service.unprepare(&params::<UidParams>(method, p)?.uid)?),
-        Method::GetClaim => to_value(service.get_claim(&params::<UidParams>(method, p)?.uid)?),
+        Method::Unprepare => {
+            let p = params::<UidParams>(method, p)?;
+            to_value(service.unprepare(claim_uid_param(method, "uid", &p.uid)?)?)
+        }
+        Method::GetClaim => {
+            let p = params::<UidParams>(method, p)?;
+            to_value(service.get_claim(claim_uid_param(method, "uid", &p.uid)?)?)
+        }
         Method::ListClaims => {
             no_params(method, &p)?;
             to_value(service.list_claims())
@@ -525,8 +601,16 @@ fn dispatch(service: &Service, method: Method, p: Option<Value>) -> Result<Value
             no_params(method, &p)?;
             to_value(service.list_gpus())
         }
-        Method::Attach => to_value(service.attach(&params::<AttachParams>(method, p)?)?),
-        Method::Detach => to_value(service.detach(&params::<DetachParams>(method, p)?)?),
+        Method::Attach => {
+            let p = params::<AttachParams>(method, p)?;
+            claim_uid_param(method, "claim_uid", &p.claim_uid)?;
+            to_value(service.attach(&p)?)
+        }
+        Method::Detach => {
+            let p = params::<DetachParams>(method, p)?;
+            claim_uid_param(method, "claim_uid", &p.claim_uid)?;
+            to_value(service.detach(&p)?)
+        }
         Method::Health => {
             no_params(method, &p)?;
             to_value(service.health())
@@ -606,14 +690,20 @@ mod tests {
     use crate::sys::fake::FakeHost;
 
     async fn start(max_connections: usize, idle: Duration) -> (tempfile::TempDir, PathBuf) {
-        let (dir, socket, _) =
-            start_with(max_connections, idle, REQUEST_TIMEOUT, FakeHost::default()).await;
+        let (dir, socket, _) = start_with(
+            max_connections,
+            (FIRST_REQUEST_TIMEOUT, idle),
+            REQUEST_TIMEOUT,
+            FakeHost::default(),
+        )
+        .await;
         (dir, socket)
     }
 
+    /// A server on a fake host; `(first, idle)` are the first-request and idle timeouts.
     async fn start_with(
         max_connections: usize,
-        idle: Duration,
+        (first, idle): (Duration, Duration),
         request_timeout: Duration,
         host: FakeHost,
     ) -> (tempfile::TempDir, PathBuf, FakeHost) {
@@ -644,6 +734,9 @@ mod tests {
             group: 0,
             changing_uids: vec![],
             max_connections,
+            reserved_connections: 0,
+            max_connections_per_uid: max_connections,
+            first_request_timeout: first,
             idle_timeout: idle,
             request_timeout,
             metrics: None,
@@ -684,6 +777,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_bad_uid_parameter_is_named_as_the_parameter() {
+        let (_dir, socket) = start(8, IDLE_TIMEOUT).await;
+        let mut s = UnixStream::connect(&socket).await.unwrap();
+        for (id, line) in [
+            r#"{"version":1,"id":1,"method":"get_claim","params":{"uid":"not/a/uid"}}"#,
+            r#"{"version":1,"id":2,"method":"unprepare","params":{"uid":"not/a/uid"}}"#,
+            r#"{"version":1,"id":3,"method":"detach","params":{"claim_uid":"not/a/uid","container_id":"c"}}"#,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let r = call(&mut s, line).await;
+            let e = r.error.unwrap();
+            assert_eq!(e.code, ErrorCode::InvalidRequest, "{line}");
+            assert!(
+                e.message.contains(r#""not/a/uid" is not a valid claim UID: it contains '/'"#),
+                "{}",
+                e.message
+            );
+            assert!(!e.message.contains("metadata.uid"), "{}", e.message);
+            assert_eq!(r.id, id as u64 + 1);
+        }
+    }
+
+    #[tokio::test]
     async fn connections_past_the_cap_are_refused_and_idle_ones_closed() {
         let (_dir, socket) = start(2, Duration::from_millis(300)).await;
         let _a = UnixStream::connect(&socket).await.unwrap();
@@ -693,12 +811,60 @@ mod tests {
         let mut text = String::new();
         c.read_to_string(&mut text).await.unwrap();
         assert!(text.contains("serving 2 connections already"), "{text}");
+        assert!(text.contains("\"code\":\"Busy\""), "{text}");
         // The idle ones are closed after the idle timeout, and their slots serve again.
         tokio::time::sleep(Duration::from_millis(500)).await;
         let mut d = UnixStream::connect(&socket).await.unwrap();
         let r = call(&mut d, r#"{"version":1,"id":7,"method":"version"}"#).await;
         assert_eq!(r.id, 7);
         assert!(r.result.is_some());
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_sends_nothing_gives_its_slot_back_at_the_first_request_deadline() {
+        let (_dir, socket, _) = start_with(
+            8,
+            (Duration::from_millis(300), IDLE_TIMEOUT),
+            REQUEST_TIMEOUT,
+            FakeHost::default(),
+        )
+        .await;
+        // Half a line, then silence: closed at the first-request deadline, not after the
+        // 60 s idle timeout.
+        let mut silent = UnixStream::connect(&socket).await.unwrap();
+        silent
+            .write_all(br#"{"version":1,"id":1,"meth"#)
+            .await
+            .unwrap();
+        let mut rest = String::new();
+        let closed =
+            tokio::time::timeout(Duration::from_secs(10), silent.read_to_string(&mut rest)).await;
+        assert!(closed.is_ok(), "still open after 10 s");
+        assert_eq!(rest, "");
+        // A client at work: after its first request only the idle timeout applies.
+        let mut busy = UnixStream::connect(&socket).await.unwrap();
+        let r = call(&mut busy, r#"{"version":1,"id":1,"method":"version"}"#).await;
+        assert!(r.result.is_some());
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        let r = call(&mut busy, r#"{"version":1,"id":2,"method":"version"}"#).await;
+        assert_eq!(r.id, 2);
+        assert!(r.result.is_some());
+    }
+
+    #[test]
+    fn root_and_changing_uids_are_privileged_holders() {
+        let cfg = policy(2000, &[1500]);
+        assert_eq!(holder_of(&cfg, Some(&peer(0, 0, &[]))), Holder::Privileged);
+        assert_eq!(
+            holder_of(&cfg, Some(&peer(1500, 1500, &[]))),
+            Holder::Privileged
+        );
+        // A reader of the socket's group is not: it reads, and shares the other slots.
+        assert_eq!(
+            holder_of(&cfg, Some(&peer(1000, 2000, &[]))),
+            Holder::Unprivileged(1000)
+        );
+        assert_eq!(holder_of(&cfg, None), Holder::Unprivileged(u32::MAX));
     }
 
     fn policy(group: u32, changing: &[u32]) -> ServerConfig {
@@ -708,6 +874,9 @@ mod tests {
             group,
             changing_uids: changing.to_vec(),
             max_connections: 1,
+            reserved_connections: 0,
+            max_connections_per_uid: 1,
+            first_request_timeout: FIRST_REQUEST_TIMEOUT,
             idle_timeout: IDLE_TIMEOUT,
             request_timeout: REQUEST_TIMEOUT,
             metrics: None,
@@ -789,8 +958,13 @@ mod tests {
         let host = FakeHost::default();
         // Every MPS control program run takes 300 ms; a prepare runs it several times.
         host.state().delay = Some(Duration::from_millis(300));
-        let (_dir, socket, host) =
-            start_with(8, IDLE_TIMEOUT, Duration::from_millis(100), host).await;
+        let (_dir, socket, host) = start_with(
+            8,
+            (FIRST_REQUEST_TIMEOUT, IDLE_TIMEOUT),
+            Duration::from_millis(100),
+            host,
+        )
+        .await;
         let claim = serde_json::json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"uid": "slow", "name": "c", "namespace": "ns"},

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::{ErrorBody, Method, Request, Response, PROTOCOL_VERSION};
+use crate::{ErrorBody, Method, Request, Response, MAX_REQUEST_BYTES, PROTOCOL_VERSION};
 
 /// Largest response line the client accepts (a `list_claims` of thousands of claims fits).
 const MAX_RESPONSE_BYTES: u64 = 64 * 1024 * 1024;
@@ -25,6 +25,26 @@ pub enum ClientError {
         path: PathBuf,
         /// Underlying error.
         error: std::io::Error,
+    },
+    /// The path exists but is no socket (a directory, a regular file, ...), so nothing
+    /// listens there: usually a socket flag naming the directory instead of the socket file.
+    #[error("cannot connect to gpushared at {}: it is {what}, not a socket", path.display())]
+    NotASocket {
+        /// The path given.
+        path: PathBuf,
+        /// What it is instead, e.g. `a directory`.
+        what: &'static str,
+    },
+    /// The request is longer than the daemon accepts; it was not sent.
+    #[error(
+        "{method} request is {bytes} bytes, longer than the {} MiB gpushared accepts (a ResourceClaim is at most 1.5 MiB); nothing was sent",
+        MAX_REQUEST_BYTES >> 20
+    )]
+    TooLarge {
+        /// The method.
+        method: Method,
+        /// The request line's length without its newline.
+        bytes: usize,
     },
     /// Reading or writing failed, or the timeout passed.
     #[error("talking to gpushared at {}: {error}", path.display())]
@@ -64,12 +84,23 @@ impl Client {
     /// Connects to the socket at `path`; every later read and write waits at most `timeout`.
     ///
     /// # Errors
+    /// [`ClientError::NotASocket`] when `path` is something else (a directory, say);
     /// [`ClientError::Connect`] when the socket cannot be reached.
     pub fn connect(path: impl AsRef<Path>, timeout: Duration) -> Result<Client, ClientError> {
         let path = path.as_ref().to_path_buf();
-        let stream = UnixStream::connect(&path).map_err(|error| ClientError::Connect {
-            path: path.clone(),
-            error,
+        let stream = UnixStream::connect(&path).map_err(|error| {
+            // connect(2) says "connection refused" for a directory or a regular file alike:
+            // name what is there instead, since that is the mistake to fix.
+            match std::fs::metadata(&path).ok().and_then(|m| not_a_socket(&m)) {
+                Some(what) => ClientError::NotASocket {
+                    path: path.clone(),
+                    what,
+                },
+                None => ClientError::Connect {
+                    path: path.clone(),
+                    error,
+                },
+            }
         })?;
         let io = |error| ClientError::Io {
             path: path.clone(),
@@ -122,27 +153,43 @@ impl Client {
         };
         let mut line = serde_json::to_vec(&request)
             .map_err(|e| ClientError::Protocol(format!("encoding request: {e}")))?;
+        if line.len() > MAX_REQUEST_BYTES {
+            return Err(ClientError::TooLarge {
+                method,
+                bytes: line.len(),
+            });
+        }
         line.push(b'\n');
         let path = self.path.clone();
         let io = |error| ClientError::Io {
             path: path.clone(),
             error,
         };
-        self.reader.get_mut().write_all(&line).map_err(io)?;
-
-        let mut buf = String::new();
-        let n = (&mut self.reader)
-            .take(MAX_RESPONSE_BYTES)
-            .read_line(&mut buf)
-            .map_err(io)?;
-        if n == 0 {
-            return Err(ClientError::Protocol(
-                "connection closed before a response".into(),
-            ));
+        if let Err(e) = self.reader.get_mut().write_all(&line) {
+            // The daemon answers some refusals (no free connection slot, a line it will not
+            // read to the end) at once and closes: its answer is still there to read, and
+            // says more than the broken pipe.
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+            ) {
+                if let Ok(Some(response)) = self.read_response() {
+                    if let Some(error) = response.error {
+                        return Err(ClientError::Remote(error));
+                    }
+                }
+            }
+            return Err(io(e));
         }
-        let response: Response = serde_json::from_str(buf.trim_end())
-            .map_err(|e| ClientError::Protocol(format!("{e}")))?;
+        let response = self
+            .read_response()?
+            .ok_or_else(|| ClientError::Protocol("connection closed before a response".into()))?;
         if response.id != id {
+            // Id 0 with an error: the daemon refused before it read this request's id (no
+            // free connection slot, a line too long or not JSON). That refusal is the answer.
+            if let (0, Some(error)) = (response.id, response.error) {
+                return Err(ClientError::Remote(error));
+            }
             return Err(ClientError::Protocol(format!(
                 "response id {} does not match request id {id}",
                 response.id
@@ -155,5 +202,158 @@ impl Client {
                 "response has neither result nor error".into(),
             )),
         }
+    }
+
+    /// Reads one response line: `None` when the daemon closed the connection first.
+    fn read_response(&mut self) -> Result<Option<Response>, ClientError> {
+        let mut buf = String::new();
+        let n = (&mut self.reader)
+            .take(MAX_RESPONSE_BYTES)
+            .read_line(&mut buf)
+            .map_err(|error| ClientError::Io {
+                path: self.path.clone(),
+                error,
+            })?;
+        if n == 0 {
+            return Ok(None);
+        }
+        serde_json::from_str(buf.trim_end())
+            .map(Some)
+            .map_err(|e| ClientError::Protocol(format!("{e}")))
+    }
+}
+
+/// What a path that is no socket is, for [`ClientError::NotASocket`]; `None` for a socket.
+fn not_a_socket(meta: &std::fs::Metadata) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    if t.is_socket() {
+        None
+    } else if t.is_dir() {
+        Some("a directory")
+    } else if t.is_file() {
+        Some("a regular file")
+    } else if t.is_fifo() {
+        Some("a named pipe")
+    } else if t.is_char_device() || t.is_block_device() {
+        Some("a device node")
+    } else {
+        Some("a special file")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorCode;
+    use std::os::unix::net::UnixListener;
+
+    /// A one-connection server that answers `answer` (a response line) at once, without
+    /// reading what the client sends, and closes — as gpushared does when it has no slot.
+    fn refusing_server(dir: &Path, answer: &'static str) -> (PathBuf, std::thread::JoinHandle<()>) {
+        let path = dir.join("s.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            stream.write_all(answer.as_bytes()).unwrap();
+        });
+        (path, server)
+    }
+
+    const BUSY: &str = "{\"version\":1,\"id\":0,\"error\":{\"code\":\"Busy\",\"message\":\"uid 1000 holds 16 connections already\"}}\n";
+
+    #[test]
+    fn a_refusal_sent_before_the_request_was_read_is_the_answer() {
+        // A small request (written before the daemon closes) and one of 1.9 MiB (the write
+        // breaks off when it does): either way the daemon's refusal is what the caller gets,
+        // not an id mismatch or a broken pipe.
+        for size in [0, 1_900_000] {
+            let dir = tempfile::tempdir().unwrap();
+            let (path, server) = refusing_server(dir.path(), BUSY);
+            let mut client = Client::connect(&path, Duration::from_secs(10)).unwrap();
+            server.join().unwrap();
+            let params = serde_json::json!({ "uid": "x".repeat(size) });
+            let err = client
+                .call_value(Method::GetClaim, Some(&params))
+                .unwrap_err();
+            let body = err.remote().unwrap_or_else(|| panic!("{size}: {err}"));
+            assert_eq!(body.code, ErrorCode::Busy, "{size}");
+            assert_eq!(
+                err.to_string(),
+                "Busy: uid 1000 holds 16 connections already"
+            );
+        }
+    }
+
+    #[test]
+    fn a_response_to_another_request_is_still_a_protocol_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let server = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut reader = BufReader::new(stream);
+            reader.read_line(&mut String::new()).unwrap();
+            reader
+                .get_mut()
+                .write_all(b"{\"version\":1,\"id\":9,\"result\":{}}\n")
+                .unwrap();
+        });
+        let mut client = Client::connect(&path, Duration::from_secs(10)).unwrap();
+        let err = client.call_value(Method::Health, None::<&()>).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("response id 9 does not match request id 1"),
+            "{err}"
+        );
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn a_request_longer_than_the_daemon_accepts_is_not_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let mut client = Client::connect(&path, Duration::from_secs(10)).unwrap();
+        let params = serde_json::json!({ "claim": { "blob": "x".repeat(MAX_REQUEST_BYTES) } });
+        let err = client
+            .call_value(Method::Prepare, Some(&params))
+            .unwrap_err();
+        assert!(matches!(err, ClientError::TooLarge { .. }), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.starts_with("prepare request is 2097") && text.contains("2 MiB"),
+            "{text}"
+        );
+        // Nothing reached the socket.
+        let (mut server_side, _) = listener.accept().unwrap();
+        drop(client);
+        let mut got = Vec::new();
+        server_side.read_to_end(&mut got).unwrap();
+        assert!(got.is_empty(), "{} bytes were sent", got.len());
+    }
+
+    #[test]
+    fn a_path_that_is_no_socket_is_named_for_what_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = Client::connect(dir.path(), Duration::from_secs(1)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "cannot connect to gpushared at {}: it is a directory, not a socket",
+                dir.path().display()
+            )
+        );
+        let file = dir.path().join("f");
+        std::fs::write(&file, "").unwrap();
+        let err = Client::connect(&file, Duration::from_secs(1)).unwrap_err();
+        assert!(
+            err.to_string()
+                .ends_with("it is a regular file, not a socket"),
+            "{err}"
+        );
+        // A missing path stays a connection error with the system's reason.
+        let err = Client::connect(dir.path().join("none"), Duration::from_secs(1)).unwrap_err();
+        assert!(matches!(err, ClientError::Connect { .. }), "{err}");
     }
 }

@@ -18,6 +18,11 @@ pub use types::*;
 /// refused with [`ErrorCode::InvalidRequest`].
 pub const PROTOCOL_VERSION: u32 = 1;
 
+/// Longest request line the daemon accepts, in bytes (2 MiB): a ResourceClaim is at most
+/// 1.5 MiB (etcd's object limit), plus the envelope. [`Client`] refuses a longer request
+/// before sending it; the daemon answers one with `InvalidRequest` and closes the connection.
+pub const MAX_REQUEST_BYTES: usize = 2 * 1024 * 1024;
+
 /// Default path of the daemon's socket.
 pub const DEFAULT_SOCKET: &str = "/run/gpushare/gpushared.sock";
 

@@ -145,6 +145,11 @@ pub enum ErrorCode {
     /// A `prepare` older than a release of the same claim (a late kubelet retry): refused,
     /// nothing changed; the claim stays released.
     Stale,
+    /// The daemon has no connection slot for this peer now: all of them are in use, or the
+    /// share of peers that are neither root nor in `changing_uids`, or this uid's own share
+    /// (the message says which and names the config key). Sent with `id` 0 before the request
+    /// is read, then the connection is closed; nothing was done. Retry later.
+    Busy,
     /// Anything else; the message says what failed on the host.
     Internal,
 }
@@ -164,6 +169,7 @@ impl ErrorCode {
             ErrorCode::LimitReached => "LimitReached",
             ErrorCode::PermissionDenied => "PermissionDenied",
             ErrorCode::Stale => "Stale",
+            ErrorCode::Busy => "Busy",
             ErrorCode::Internal => "Internal",
         }
     }
@@ -356,7 +362,9 @@ pub struct MpsInfo {
     pub active_thread_percentage: String,
     /// `get_default_device_pinned_mem_limit <ordinal>` as read back, keyed by the CUDA ordinal
     /// inside the daemon written in decimal (`"0"`, `"1"`; string keys because JSON object keys
-    /// are strings), valued `"8G"`, `"800M"`, or `""` when no limit is set.
+    /// are strings), valued `"8G"` or `"800M"`. Only devices with a limit are listed (each
+    /// other device is read back too, and must show none); `{}` for a claim without limits.
+    /// Records written before this rule may hold `""` for a device without a limit.
     pub pinned_device_memory_limits: BTreeMap<String, String>,
     /// Start time of the control daemon's process, in clock ticks after boot (field 22 of
     /// `/proc/<pid>/stat`): with the pid it names the process, so a recycled pid is never taken

@@ -202,6 +202,13 @@ fn proceed(
             config.runtimes.join(", ")
         )));
     }
+    if inv.version {
+        // Ours first, then the low-level runtime's own lines (it gets the same arguments).
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "gpushare-runtime {}", env!("CARGO_PKG_VERSION"));
+        let _ = out.flush();
+    }
     let path = env.path.as_deref().map(OsStr::new);
     let self_exe = env.self_exe.as_deref();
     // A configured runtime that is missing is an error for every container, as containerd

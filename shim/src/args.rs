@@ -44,6 +44,9 @@ pub struct Invocation {
     pub log_format: Option<String>,
     /// `--debug` was given (and not `--debug=false`).
     pub debug: bool,
+    /// The global `--version`/`-v`: the wrapper prints its own version before the low-level
+    /// runtime prints its one.
+    pub version: bool,
     /// The subcommand (`create`, `start`, `delete`, ...), if any.
     pub subcommand: Option<String>,
     /// For `create`, `run` and `restore`: the bundle directory from `--bundle`/`-b` (the
@@ -131,6 +134,12 @@ pub fn scan(args: &[OsString]) -> Invocation {
                     Some(v) => parse_bool(v),
                 }
             }
+            "version" | "v" => {
+                inv.version = match value.as_deref() {
+                    None => true,
+                    Some(v) => parse_bool(v),
+                }
+            }
             _ => {}
         }
     }
@@ -213,6 +222,16 @@ mod tests {
     }
 
     const ID: &str = "3f0b6c0e4a1d";
+
+    #[test]
+    fn the_version_flag_is_global_only() {
+        for line in ["--version", "-v", "--root /r --version", "--version=true"] {
+            assert!(scan(&argv(line)).version, "{line}");
+        }
+        for line in ["--version=false", "exec -v ctr", "state --version", "list"] {
+            assert!(!scan(&argv(line)).version, "{line}");
+        }
+    }
 
     #[test]
     fn containerd_1_6_create() {

@@ -310,7 +310,6 @@ fn other_subcommands_pass_through_untouched() {
         vec!["delete", "--force", "ctr-1"],
         vec!["--root", "/r", "state", "ctr-1"],
         vec!["features"],
-        vec!["--version"],
     ] {
         let args: Vec<String> = args.into_iter().map(String::from).collect();
         let out = w.run(&args);
@@ -318,6 +317,26 @@ fn other_subcommands_pass_through_untouched() {
         assert_eq!(w.recorded_argv().unwrap(), args);
     }
     assert_eq!(std::fs::read(w.path("bundle/config.json")).unwrap(), before);
+}
+
+#[test]
+fn version_names_the_wrapper_then_the_low_level_runtime() {
+    let w = World::new();
+    for flag in ["--version", "-v"] {
+        let out = w.run(&[flag.to_string()]);
+        assert!(out.status.success(), "{flag}: {out:?}");
+        // Ours first; then the low-level runtime, exec'd with the same arguments, prints its own.
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).lines().next(),
+            Some(format!("gpushare-runtime {}", env!("CARGO_PKG_VERSION")).as_str()),
+            "{flag}"
+        );
+        assert_eq!(w.recorded_argv().unwrap(), vec![flag.to_string()]);
+    }
+    // A subcommand's own -v is not the version flag.
+    let out = w.run(&["exec".into(), "-v".into(), "ctr".into()]);
+    assert!(out.status.success());
+    assert!(out.stdout.is_empty(), "{out:?}");
 }
 
 #[test]

@@ -741,3 +741,211 @@ fn a_bounding_set_already_reduced_by_the_service_manager_is_not_reported() {
     assert_eq!(eff, kept, "effective reduced all the same: {masks:x?}");
     assert!(log.contains("no CAP_SETPCAP"), "{log}");
 }
+
+/// Holds connections to the socket as several uids at once: a root Python that forks one
+/// child per uid; each child drops to its uid (primary group `gid`), keeps `per` connections
+/// open with half a request line sent, reconnecting whenever the daemon closes one, for
+/// `secs` seconds. A connection counts as held once it has gone a second without an answer
+/// (a refusal comes at once). Each child prints `ready <uid>` after its first round, then
+/// `done <uid> <most held at once> <each distinct refusal, |-joined, or ->` (one write each, so that lines of
+/// different children never interleave).
+const PY_HOLDER: &str = r#"
+import os, select, socket, sys, time
+path, uids, gid, per, secs = sys.argv[1], [int(u) for u in sys.argv[2].split(",")], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+for uid in uids:
+    if os.fork() != 0:
+        continue
+    os.setgroups([]); os.setgid(gid); os.setuid(uid)
+    held, most, refusals, first = [], 0, set(), True
+    deadline = time.time() + secs
+    while time.time() < deadline:
+        new = []
+        while len(held) + len(new) < per:
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(path)
+                s.sendall(b'{"version":1,"id":1,"meth')
+            except OSError:
+                s.close()
+                break
+            new.append(s)
+        time.sleep(1.0)
+        kept = []
+        for s in held + new:
+            readable, _, _ = select.select([s], [], [], 0)
+            if readable:
+                try:
+                    data = s.recv(65536)
+                except OSError:
+                    data = b""
+                if data:
+                    refusals.add(data.decode(errors="replace").strip().replace(" ", "_"))
+                s.close()
+            else:
+                kept.append(s)
+        held = kept
+        most = max(most, len(held))
+        if first:
+            os.write(1, b"ready %d\n" % uid)
+            first = False
+    os.write(1, ("done %d %d %s\n" % (uid, most, "|".join(sorted(refusals)) or "-")).encode())
+    os._exit(0)
+for _ in uids:
+    os.wait()
+"#;
+
+/// Uids of the socket's read group that flood it (not in /etc/passwd).
+const FLOOD_UIDS: std::ops::Range<u32> = 64_900..64_914;
+
+#[test]
+fn readers_holding_connections_cannot_starve_root_or_the_hook() {
+    let Some(cases) = setup() else {
+        return;
+    };
+    if !need(Path::new(PYTHON).is_file(), "/usr/bin/python3") {
+        return;
+    }
+    // The documented defaults: 256 connections, 64 kept for root and changing_uids, 16 per
+    // reading uid, 5 s for a first request line.
+    let d = Daemon::start_with_config(
+        DaemonOptions {
+            mps_control: bin("gpushare-mps-control"),
+            cdi_dir: None,
+            run_dir: None,
+        },
+        &format!("[socket]\ngroup = \"{READ_GID}\"\n"),
+    );
+    open_socket_dir(&d);
+    let before = fd_count(d.pid());
+    // 14 reading uids, 40 connections each: more than any share the daemon gives them.
+    let uids: Vec<String> = FLOOD_UIDS.map(|u| u.to_string()).collect();
+    let mut flood = Command::new(PYTHON)
+        .current_dir("/")
+        .arg("-c")
+        .arg(PY_HOLDER)
+        .arg(&d.socket)
+        .arg(uids.join(","))
+        .arg(READ_GID.to_string())
+        .args(["40", "9"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(flood.stdout.take().unwrap()).lines();
+    let mut ready = 0;
+    while ready < uids.len() {
+        let line = lines.next().unwrap().unwrap();
+        if line.starts_with("ready") {
+            ready += 1;
+        }
+    }
+
+    // The daemon holds no more of their connections than the 192 slots not kept for root:
+    // its descriptors, sampled while they hold what they can. A refused connection holds one
+    // for a moment too, so the fewest of the samples is the measure.
+    let held = (0..20)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(50));
+            fd_count(d.pid()).saturating_sub(before)
+        })
+        .min()
+        .unwrap();
+    assert!(
+        (150..=192 + 4).contains(&held),
+        "{held} connections held by readers"
+    );
+    // While they hold what they can: root's prepare (the kubelet plugin's call) and the
+    // hook's attach (the container runtime's) succeed.
+    let uid = "3b0c6e52-8f0a-4d7e-9a51-0c2f7d1e9a01";
+    let out = Command::new(bin("gpushare"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("prepare")
+        .arg("-f")
+        .arg(cases.join("claims/seed-mps.yaml"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "root's prepare amid the flood: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut hook = Command::new(bin("gpushare-cdi-hook"))
+        .args(["attach", "--socket"])
+        .arg(&d.socket)
+        .args(["--claim", uid, "--timeout", "5"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    hook.stdin
+        .take()
+        .unwrap()
+        .write_all(&fs::read(cases.join("oci/state-createRuntime.json")).unwrap())
+        .unwrap();
+    let out = hook.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the hook's attach amid the flood: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(d.claim(uid).unwrap().attached.len(), 1);
+    // A reader past its share gets the daemon's own refusal, in one line.
+    let out = as_user(&bin("gpushare"), FLOOD_UIDS.start, READ_GID)
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("gpus")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.starts_with("gpushare: Busy: "), "{stderr}");
+    assert!(!stderr.contains("does not match"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+
+    // No reading uid held more than its 16; they were told why, by both bounds.
+    let done: Vec<String> = lines.map(Result::unwrap).collect();
+    flood.wait().unwrap();
+    assert_eq!(
+        done.iter().filter(|l| l.starts_with("done")).count(),
+        uids.len()
+    );
+    for line in done.iter().filter(|l| l.starts_with("done")) {
+        let most: usize = line.split(' ').nth(2).unwrap().parse().unwrap();
+        assert!(most <= 16, "{line}");
+    }
+    for bound in [
+        "socket.max_connections_per_uid",
+        "socket.reserved_connections",
+    ] {
+        assert!(done.iter().any(|l| l.contains(bound)), "{bound}: {done:?}");
+    }
+    d.unprepare(uid);
+    d.assert_nothing_left(uid, &[]);
+}
+
+#[test]
+fn an_oversized_claim_is_refused_with_its_size() {
+    let Some(cases) = setup() else {
+        return;
+    };
+    let d = Daemon::emulated();
+    let mut claim = load_claim(&cases.join("claims/seed-mps.yaml"));
+    claim["metadata"]["annotations"] = json!({"example.com/blob": "x".repeat(3 << 20)});
+    let file = d.dir.path().join("big-claim.json");
+    fs::write(&file, serde_json::to_vec(&claim).unwrap()).unwrap();
+    let out = Command::new(bin("gpushare"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("prepare")
+        .arg("-f")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(!stderr.contains("Broken pipe"), "{stderr}");
+    assert!(stderr.contains("2 MiB"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    let uid = claim["metadata"]["uid"].as_str().unwrap();
+    assert!(d.claim(uid).is_err(), "nothing was prepared");
+}

@@ -87,6 +87,8 @@ fn expected_files() -> Vec<(&'static str, u32, bool)> {
         ),
         ("/etc/eks/nodeadm.d/50-gpushare.yaml", 0o644, true),
         ("/usr/share/man/man8/gpushared.8.gz", 0o644, false),
+        ("/usr/share/man/man8/gpushare-cdi-hook.8.gz", 0o644, false),
+        ("/usr/share/man/man8/gpushare-runtime.8.gz", 0o644, false),
         ("/usr/share/man/man1/gpushare.1.gz", 0o644, false),
         ("/usr/share/man/man1/gpushare-doctor.1.gz", 0o644, false),
         ("/usr/share/man/man1/gpushare-prepare.1.gz", 0o644, false),

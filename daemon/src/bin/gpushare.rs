@@ -62,8 +62,10 @@ enum Command {
     },
     /// Run the whole job on a simulated p4d.24xlarge in a temporary directory and clean up.
     Demo(cli::demo::DemoArgs),
-    /// Check this node's setup (driver, MPS, containerd, nodeadm, CDI specs, socket,
-    /// checkpoint, compute modes): one line per check with a fix hint; exits 1 when any fails.
+    /// Check this node's setup (driver, MPS, containerd, nodeadm, CDI specs, socket, the
+    /// daemon's directories, checkpoint, degraded claims, compute modes): one line per check
+    /// with a fix hint; exits 1 when any fails. For a gpushared started by hand, give the same
+    /// --socket, --state-dir, --run-dir and --cdi-dir.
     Doctor {
         /// Check against simulated GPUs of this node profile (as gpushared --simulate) instead
         /// of NVML.
@@ -79,6 +81,16 @@ enum Command {
             default_value = "/etc/containerd/config.toml"
         )]
         containerd_config: PathBuf,
+        /// gpushared's state directory, when it was started with --state-dir
+        /// [default: paths.state_dir of the config file].
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
+        /// gpushared's run directory, when it was started with --run-dir [paths.run_dir].
+        #[arg(long, value_name = "DIR")]
+        run_dir: Option<PathBuf>,
+        /// gpushared's CDI directory, when it was started with --cdi-dir [paths.cdi_dir].
+        #[arg(long, value_name = "DIR")]
+        cdi_dir: Option<PathBuf>,
     },
     /// Print a shell completion script (bash, zsh, fish, elvish or powershell).
     Completion {
@@ -173,12 +185,31 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// A claim UID given on the command line, checked before anything is asked: the daemon's
+/// refusal would name `metadata.uid`, which the user never typed.
+fn claim_uid_arg(uid: &str) -> Result<()> {
+    match gpushare::config::claim_uid_problem(uid) {
+        None => Ok(()),
+        Some(why) => anyhow::bail!("{uid:?} is not a valid claim UID: it {why}"),
+    }
+}
+
 fn run(args: Args) -> Result<()> {
+    // Before any command runs: only `gpus` has this output, and a silent fallback (or YAML
+    // under another name) would hide the mistake.
+    if args.output == Some(Output::ResourceSlice) && !matches!(args.command, Command::Gpus) {
+        anyhow::bail!(
+            "-o resourceslice applies to `gpushare gpus` only; use -o table, json or yaml here"
+        );
+    }
     match &args.command {
         Command::Doctor {
             simulate,
             config,
             containerd_config,
+            state_dir,
+            run_dir,
+            cdi_dir,
         } => {
             let paths = cli::doctor::DoctorPaths {
                 config: config
@@ -187,6 +218,9 @@ fn run(args: Args) -> Result<()> {
                 config_required: config.is_some(),
                 containerd_config: containerd_config.clone(),
                 socket: args.socket.clone(),
+                state_dir: state_dir.clone(),
+                run_dir: run_dir.clone(),
+                cdi_dir: cdi_dir.clone(),
                 ..cli::doctor::DoctorPaths::default()
             };
             let host = cli::doctor::RealHost {
@@ -221,9 +255,6 @@ fn run(args: Args) -> Result<()> {
         return cli::demo::run(demo);
     }
     let output = args.output.unwrap_or(Output::Table);
-    if output == Output::ResourceSlice && !matches!(args.command, Command::Gpus) {
-        anyhow::bail!("-o resourceslice applies to `gpushare gpus` only");
-    }
     if let Command::Profiles { profile } = &args.command {
         return profiles(profile.as_deref(), output);
     }
@@ -235,7 +266,11 @@ fn run(args: Args) -> Result<()> {
     // connect (the socket is 0660 root:root), and "permission denied" would hide why.
     match &args.command {
         Command::Prepare { .. } => require_root("prepare")?,
-        Command::Unprepare { .. } => require_root("unprepare")?,
+        Command::Unprepare { uid } => {
+            require_root("unprepare")?;
+            claim_uid_arg(uid)?;
+        }
+        Command::Claim { uid } => claim_uid_arg(uid)?,
         Command::Mig {
             command: MigCommand::Apply { .. },
         } => require_root("mig apply")?,
@@ -250,6 +285,10 @@ fn run(args: Args) -> Result<()> {
                     "{e} (this user may not use the socket: root may, and members of the group set by [socket] group in gpushared's config may read)"
                 )
             }
+            gpushare_proto::ClientError::NotASocket { .. } => anyhow::anyhow!(
+                "{e} (--socket names gpushared's socket file, by default {})",
+                gpushare_proto::DEFAULT_SOCKET
+            ),
             _ => anyhow::anyhow!("{e} (is gpushared running? --socket names another socket)"),
         })?;
     let none = None::<&()>;

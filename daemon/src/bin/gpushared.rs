@@ -32,7 +32,7 @@ use gpushare::{metrics, notify};
 /// Settings come from the config file (default /etc/gpushare/config.toml; see
 /// --print-default-config); each flag below overrides its key.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(name = "gpushared", version)]
 pub struct Args {
     /// Config file (TOML). Without this flag /etc/gpushare/config.toml is read when it exists.
     #[arg(long, value_name = "FILE")]
@@ -173,17 +173,10 @@ fn find_in_path(name: &str) -> Option<PathBuf> {
 }
 
 fn default_mps_control() -> Result<PathBuf> {
-    if let Some(p) = find_in_path("nvidia-cuda-mps-control") {
-        return Ok(p);
-    }
-    let emu = beside_exe("gpushare-mps-control")?;
-    if emu.is_file() {
-        return Ok(emu);
-    }
-    bail!(
-        "no MPS control program: nvidia-cuda-mps-control is not in PATH and {} does not exist; pass --mps-control",
-        emu.display()
-    )
+    let exe = std::env::current_exe().context("finding gpushared's own path")?;
+    let dir = exe.parent().unwrap_or(Path::new("/"));
+    gpushare::mps_program::default_program(find_in_path, dir, Path::is_file)
+        .map_err(|e| anyhow::anyhow!("{e}; pass --mps-control"))
 }
 
 /// Holds `<dir>/gpushared.lock` (the directory exists: see [`real_dir`]) for the daemon's
@@ -287,6 +280,15 @@ fn start() -> Result<()> {
         let path = dir.join("gpushared.8");
         std::fs::write(&path, out).with_context(|| format!("writing {}", path.display()))?;
         return Ok(());
+    }
+    // Everything past here needs root (mounts, MPS control daemons that switch to their
+    // clients' uids, device nodes, GPU settings, /run): say so once, before any of it fails
+    // on its own with a message that hides why.
+    let euid = nix::unistd::geteuid();
+    if !euid.is_root() {
+        bail!(
+            "gpushared must run as root (this is uid {euid}): it mounts each MPS claim's /dev/shm, starts MPS control daemons as their clients' users and changes GPU settings; run it with sudo, or as the gpushared systemd service"
+        );
     }
     let settings = args.settings()?;
     limit_malloc_arenas();
@@ -558,10 +560,19 @@ async fn run(
     };
     let run_dir = real_dir("run directory", &settings.paths.run_dir, 0o755)?;
     let state_dir = real_dir("state directory", &settings.paths.state_dir, 0o700)?;
+    let cdi_dir = real_dir("CDI directory", &settings.paths.cdi_dir, 0o755)?;
+    gpushare::daemon_config::check_layout(&run_dir, &state_dir, &cdi_dir)
+        .map_err(anyhow::Error::msg)?;
     // Two daemons on one state directory would each believe they own every claim; two on one
     // run directory would each remove the other's claim directories as orphans at start.
+    // One directory serving as both is locked once (a second flock of the same file from
+    // this process would conflict with the first).
     let _instance = lock_instance(&state_dir, "state")?;
-    let _run = lock_instance(&run_dir, "run")?;
+    let _run = if run_dir == state_dir {
+        None
+    } else {
+        Some(lock_instance(&run_dir, "run")?)
+    };
     let backend = gpu_backend(&settings.gpus, &node_name, &run_dir)?;
     let cdi_dir = real_dir("CDI directory", &settings.paths.cdi_dir, 0o755)?;
     let driver_spec = driver_specs(&settings, &backend, &run_dir, &cdi_dir)?;
@@ -633,6 +644,9 @@ async fn run(
         group: resolve_group(&settings.socket.group)?,
         changing_uids: settings.socket.changing_uids.clone(),
         max_connections: settings.socket.max_connections,
+        reserved_connections: settings.socket.reserved_connections,
+        max_connections_per_uid: settings.socket.max_connections_per_uid,
+        first_request_timeout: Duration::from_secs(settings.socket.first_request_timeout_seconds),
         idle_timeout: Duration::from_secs(settings.socket.idle_timeout_seconds),
         request_timeout: Duration::from_secs(settings.socket.request_timeout_seconds),
         metrics: Some(Arc::clone(&requests)),
@@ -716,7 +730,7 @@ async fn run(
         .await
         .context("stopping the service")?;
     match stopped {
-        Ok(true) => tracing::info!("gpushared stopped; MPS control daemons left running"),
+        Ok(true) => tracing::info!("{}", stopped_line(&service)),
         Ok(false) => {
             tracing::warn!(
                 "gpushared stopped with requests still under way; the next start reconciles them"
@@ -728,6 +742,23 @@ async fn run(
         Err(e) => tracing::error!(error = %e, "writing the checkpoint at stop"),
     }
     result
+}
+
+/// The last log line of a clean stop: how many MPS control daemons stay behind on purpose.
+fn stopped_line(service: &Service) -> String {
+    let left = service
+        .list_claims()
+        .iter()
+        .flat_map(|c| &c.groups)
+        .filter(|g| {
+            matches!(&g.sharing, gpushare_proto::StrategyInfo::Mps(m) if m.control_daemon_pid > 0)
+        })
+        .count();
+    match left {
+        0 => "gpushared stopped".to_string(),
+        1 => "gpushared stopped; 1 MPS control daemon left running for its claim (the next start re-adopts it)".to_string(),
+        n => format!("gpushared stopped; {n} MPS control daemons left running for their claims (the next start re-adopts them)"),
+    }
 }
 
 /// Pings the watchdog only while the service answers: a `health` read that takes the claim

@@ -1,19 +1,24 @@
 //! `gpushare doctor`: what is wrong with this node's gpushare setup, one line per check with
 //! a fix hint.
 //!
-//! Checks: the config file, NVML and the driver version, the MPS control program, NVIDIA's
-//! container toolkit for the driver's CDI spec (`[cdi] driver_spec`), the
-//! containerd config (CDI enabled or the `gpushare` runtime configured), `nodeadm` and our
-//! drop-in, the CDI spec directories (valid specs, no device defined twice), the daemon's
-//! socket, the checkpoint, and the compute mode of GPUs shared with MPS. Files are read where
-//! [`DoctorPaths`] says (tests point them at temporary directories); everything that asks the
-//! driver, `PATH` or the daemon goes through [`DoctorHost`]. Nothing is changed: a corrupt
-//! checkpoint is reported, not moved aside as `gpushared` would.
+//! Checks ([`CHECKS`], in order, after the config file's): NVML and the driver version, the
+//! MPS control program gpushared runs (or would run), NVIDIA's container toolkit for the
+//! driver's CDI spec (`[cdi] driver_spec`), the containerd config (CDI enabled or
+//! the `gpushare` runtime configured), `nodeadm` and our drop-in, the CDI spec directories
+//! (valid specs, no device defined twice), the daemon's socket, whether the daemon answering
+//! there uses the directories checked here, the checkpoint, degraded claims, and the compute
+//! mode of GPUs shared with MPS. Files are read where [`DoctorPaths`] says (the config file,
+//! with `--state-dir`/`--run-dir`/`--cdi-dir` laid over it as gpushared does; tests point them
+//! at temporary directories); everything that asks the driver, `PATH`, `/proc/locks` or the
+//! daemon goes through [`DoctorHost`]. Nothing is changed: a corrupt checkpoint is reported,
+//! not moved aside as `gpushared` would.
+//!
+//! A new check is a function `fn(&Context) -> Check` and an entry in [`CHECKS`].
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use gpushare_proto::{ClaimInfo, ComputeMode, GpuInfo, GpuSharing, HealthInfo};
+use gpushare_proto::{ClaimInfo, ClaimState, ComputeMode, GpuInfo, GpuSharing, HealthInfo};
 use serde::Serialize;
 
 use crate::checkpoint::Checkpoint;
@@ -96,6 +101,8 @@ impl Report {
 /// What the daemon reports over its socket.
 #[derive(Debug, Clone)]
 pub struct DaemonView {
+    /// The daemon's pid, from the socket's peer credentials (`None` across pid namespaces).
+    pub pid: Option<i32>,
     /// `health`.
     pub health: HealthInfo,
     /// `list_gpus`.
@@ -121,6 +128,14 @@ pub trait DoctorHost {
     /// # Errors
     /// Not reachable, or an error answer.
     fn daemon(&self, socket: &Path) -> Result<DaemonView, String>;
+    /// The directory `gpushared` is installed in (where it finds its MPS control emulator);
+    /// the CLI's own, as the package installs both side by side.
+    fn gpushared_dir(&self) -> PathBuf;
+    /// The pid holding a lock on `path` (`/proc/locks`), `None` when nobody does.
+    ///
+    /// # Errors
+    /// `path` or `/proc/locks` cannot be read (the message says which and why).
+    fn lock_holder(&self, path: &Path) -> Result<Option<i32>, String>;
 }
 
 /// Where `doctor` reads files; [`DoctorPaths::default`] is a real node.
@@ -138,6 +153,12 @@ pub struct DoctorPaths {
     pub static_cdi_dir: PathBuf,
     /// Overrides the config's socket (`--socket`).
     pub socket: Option<PathBuf>,
+    /// Overrides the config's `paths.state_dir` (`--state-dir`, as given to gpushared).
+    pub state_dir: Option<PathBuf>,
+    /// Overrides the config's `paths.run_dir` (`--run-dir`).
+    pub run_dir: Option<PathBuf>,
+    /// Overrides the config's `paths.cdi_dir` (`--cdi-dir`).
+    pub cdi_dir: Option<PathBuf>,
 }
 
 /// Where our `nodeadm` drop-in is installed.
@@ -152,6 +173,9 @@ impl Default for DoctorPaths {
             nodeadm_dir: PathBuf::from("/etc/eks/nodeadm.d"),
             static_cdi_dir: PathBuf::from("/etc/cdi"),
             socket: None,
+            state_dir: None,
+            run_dir: None,
+            cdi_dir: None,
         }
     }
 }
@@ -169,11 +193,69 @@ fn check(name: &'static str, status: Status, detail: String, hint: &str) -> Chec
     }
 }
 
+/// What every check may look at: the config with the command line's paths laid over it, the
+/// simulated node profile (if any), the host and what the daemon answered (asked once).
+pub struct Context<'a> {
+    /// Where files are read.
+    pub paths: &'a DoctorPaths,
+    /// The config file (defaults when it is absent or broken), with `--state-dir`,
+    /// `--run-dir` and `--cdi-dir` applied and the directories resolved where they exist.
+    pub cfg: DaemonConfig,
+    /// The node profile the GPU checks simulate (`--simulate`, else `gpus.simulate`).
+    pub simulate: Option<String>,
+    /// The socket asked.
+    pub socket: PathBuf,
+    /// The daemon's answer, or why there is none.
+    pub daemon: Result<DaemonView, String>,
+    /// Effects.
+    pub host: &'a dyn DoctorHost,
+}
+
+impl std::fmt::Debug for Context<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("paths", &self.paths)
+            .field("cfg", &self.cfg)
+            .field("simulate", &self.simulate)
+            .field("socket", &self.socket)
+            .field("daemon", &self.daemon.as_ref().map(|_| "answered"))
+            .finish_non_exhaustive()
+    }
+}
+
+/// One check.
+pub type CheckFn = fn(&Context<'_>) -> Check;
+
+/// Every check after the config file's, in the order printed.
+pub const CHECKS: &[CheckFn] = &[
+    |c| check_driver(c.simulate.as_deref(), c.host),
+    check_mps_control,
+    |c| check_driver_spec(&c.cfg, c.simulate.as_deref(), c.host),
+    |c| check_containerd(&c.paths.containerd_config),
+    |c| check_nodeadm(&c.paths.nodeadm_dir, c.host),
+    |c| check_cdi(&c.paths.static_cdi_dir, &c.cfg.paths.cdi_dir),
+    check_socket,
+    check_paths,
+    |c| {
+        check_checkpoint(
+            &c.cfg.paths.state_dir.join("checkpoint.json"),
+            c.daemon.as_ref().ok(),
+        )
+    },
+    check_claims,
+    |c| check_compute_mode(c.simulate.as_deref(), c.daemon.as_ref().ok()),
+];
+
+/// A directory as gpushared resolves it (the daemon reports real paths), when it exists.
+fn resolved(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
 /// Runs every check. `simulate` names a node profile: the GPU checks then use the simulated
 /// GPUs (as `gpushared --simulate` does) instead of NVML.
 pub fn run(paths: &DoctorPaths, simulate: Option<&str>, host: &dyn DoctorHost) -> Report {
     let mut checks = Vec::new();
-    let cfg = match DaemonConfig::load(&paths.config, paths.config_required) {
+    let mut cfg = match DaemonConfig::load(&paths.config, paths.config_required) {
         Ok(cfg) => {
             let shown = if paths.config.exists() {
                 format!("{} is valid", paths.config.display())
@@ -193,17 +275,38 @@ pub fn run(paths: &DoctorPaths, simulate: Option<&str>, host: &dyn DoctorHost) -
             DaemonConfig::default()
         }
     };
-    let simulate =
-        simulate.or_else(|| (!cfg.gpus.simulate.is_empty()).then_some(cfg.gpus.simulate.as_str()));
-    checks.push(check_driver(simulate, host));
-    checks.push(check_mps_control(&cfg, host));
-    checks.push(check_driver_spec(&cfg, simulate, host));
-    checks.push(check_containerd(&paths.containerd_config));
-    checks.push(check_nodeadm(&paths.nodeadm_dir, host));
-    checks.push(check_cdi(&paths.static_cdi_dir, &cfg.paths.cdi_dir));
+    for (dst, src) in [
+        (&mut cfg.paths.state_dir, &paths.state_dir),
+        (&mut cfg.paths.run_dir, &paths.run_dir),
+        (&mut cfg.paths.cdi_dir, &paths.cdi_dir),
+    ] {
+        if let Some(p) = src {
+            dst.clone_from(p);
+        }
+        *dst = resolved(dst);
+    }
+    let simulate = simulate
+        .map(str::to_string)
+        .or_else(|| (!cfg.gpus.simulate.is_empty()).then(|| cfg.gpus.simulate.clone()));
     let socket = paths.socket.clone().unwrap_or(cfg.paths.socket.clone());
-    let daemon = host.daemon(&socket);
-    checks.push(match &daemon {
+    let ctx = Context {
+        paths,
+        daemon: host.daemon(&socket),
+        cfg,
+        simulate,
+        socket,
+        host,
+    };
+    checks.extend(CHECKS.iter().map(|f| f(&ctx)));
+    Report {
+        ok: checks.iter().all(|c| c.status != Status::Fail),
+        checks,
+    }
+}
+
+fn check_socket(ctx: &Context<'_>) -> Check {
+    let socket = &ctx.socket;
+    match &ctx.daemon {
         Ok(v) => check(
             "socket",
             if v.health.ready { Status::Ok } else { Status::Fail },
@@ -223,15 +326,6 @@ pub fn run(paths: &DoctorPaths, simulate: Option<&str>, host: &dyn DoctorHost) -
             format!("{}: {e}", socket.display()),
             "start it: systemctl enable --now gpushared; then systemctl status gpushared and journalctl -u gpushared",
         ),
-    });
-    checks.push(check_checkpoint(
-        &cfg.paths.state_dir.join("checkpoint.json"),
-        daemon.as_ref().ok(),
-    ));
-    checks.push(check_compute_mode(simulate, daemon.as_ref().ok()));
-    Report {
-        ok: checks.iter().all(|c| c.status != Status::Fail),
-        checks,
     }
 }
 
@@ -322,35 +416,195 @@ fn check_driver_spec(cfg: &DaemonConfig, simulate: Option<&str>, host: &dyn Doct
     }
 }
 
-fn check_mps_control(cfg: &DaemonConfig, host: &dyn DoctorHost) -> Check {
+/// The MPS control program gpushared runs: the answering daemon says which; without one,
+/// the one it would choose (`[mps] control`, else NVIDIA's from `PATH`, else the emulator
+/// beside gpushared: [`crate::mps_program`]). The emulator drives no GPU, so it passes only
+/// for simulated GPUs.
+fn check_mps_control(ctx: &Context<'_>) -> Check {
     let hint = "install nvidia-cuda-mps-control (it comes with the NVIDIA driver's utilities) or set [mps] control";
-    if !cfg.mps.control.as_os_str().is_empty() {
-        let p = &cfg.mps.control;
-        return if host.executable(p) {
-            check(
-                "mps-control",
-                Status::Ok,
-                format!("{} (mps.control)", p.display()),
-                "",
-            )
-        } else {
-            check(
-                "mps-control",
-                Status::Fail,
-                format!("mps.control {} is not an executable file", p.display()),
-                hint,
-            )
-        };
-    }
-    match host.which("nvidia-cuda-mps-control") {
-        Some(p) => check("mps-control", Status::Ok, p.display().to_string(), ""),
-        None => check(
+    let host = ctx.host;
+    let (program, source) = match &ctx.daemon {
+        Ok(v) if !v.health.mps_control.is_empty() => (
+            PathBuf::from(&v.health.mps_control),
+            format!("run by gpushared at {}", ctx.socket.display()),
+        ),
+        _ if !ctx.cfg.mps.control.as_os_str().is_empty() => {
+            (ctx.cfg.mps.control.clone(), "mps.control".to_string())
+        }
+        _ => {
+            let chosen = crate::mps_program::default_program(
+                |n| host.which(n),
+                &host.gpushared_dir(),
+                |p| host.executable(p),
+            );
+            match chosen {
+                Ok(p) => (p, "what gpushared would run".to_string()),
+                Err(e) => return check("mps-control", Status::Fail, e, hint),
+            }
+        }
+    };
+    if !host.executable(&program) {
+        return check(
             "mps-control",
             Status::Fail,
-            "nvidia-cuda-mps-control is not in PATH".into(),
+            format!("{} ({source}) is not an executable file", program.display()),
             hint,
-        ),
+        );
     }
+    if crate::mps_program::is_emulator(&program) {
+        return match &ctx.simulate {
+            Some(profile) => check(
+                "mps-control",
+                Status::Ok,
+                format!(
+                    "{} ({source}): gpushare's emulator, for the simulated {profile}",
+                    program.display()
+                ),
+                "",
+            ),
+            None => check(
+                "mps-control",
+                Status::Fail,
+                format!(
+                    "{} ({source}) is gpushare's emulator, which drives no GPU",
+                    program.display()
+                ),
+                "real GPUs need NVIDIA's nvidia-cuda-mps-control: install it, or set [mps] control to it",
+            ),
+        };
+    }
+    check(
+        "mps-control",
+        Status::Ok,
+        format!("{} ({source})", program.display()),
+        "",
+    )
+}
+
+/// Whether the daemon answering on the socket is the one whose directories are checked here:
+/// it holds the instance lock (`gpushared.lock`) of the state and run directories, its
+/// claims' CDI specs are in the CDI directory and their MPS directories under the run
+/// directory. A daemon started by hand with its own `--state-dir` and friends otherwise
+/// gives false failures in the other checks.
+fn check_paths(ctx: &Context<'_>) -> Check {
+    let Ok(d) = &ctx.daemon else {
+        return check(
+            "paths",
+            Status::Skip,
+            "the daemon did not answer, so which directories it uses is unknown".into(),
+            "fix the socket check first",
+        );
+    };
+    let p = &ctx.cfg.paths;
+    let mut wrong = Vec::new();
+    let mut dirs = vec![("state directory", &p.state_dir)];
+    if p.run_dir != p.state_dir {
+        dirs.push(("run directory", &p.run_dir));
+    }
+    for (what, dir) in dirs {
+        let lock = dir.join("gpushared.lock");
+        match (ctx.host.lock_holder(&lock), d.pid) {
+            (Ok(Some(holder)), Some(pid)) if holder != pid => wrong.push(format!(
+                "{what} {} is held by pid {holder}, not by the gpushared answering (pid {pid})",
+                dir.display()
+            )),
+            (Ok(Some(_)), _) => {}
+            (Ok(None), _) => wrong.push(format!("no gpushared runs on {what} {}", dir.display())),
+            (Err(e), _) => wrong.push(format!("{what} {}: {e}", dir.display())),
+        }
+    }
+    let claims_dir = p.run_dir.join("claims");
+    for c in &d.claims {
+        let spec = Path::new(&c.cdi_spec);
+        if !c.cdi_spec.is_empty() && spec.parent() != Some(p.cdi_dir.as_path()) {
+            wrong.push(format!(
+                "claim {}'s CDI spec {} is not in CDI directory {}",
+                c.uid,
+                spec.display(),
+                p.cdi_dir.display()
+            ));
+        }
+        for g in &c.groups {
+            if let gpushare_proto::StrategyInfo::Mps(m) = &g.sharing {
+                if !Path::new(&m.pipe_dir).starts_with(&claims_dir) {
+                    wrong.push(format!(
+                        "claim {}'s MPS pipe directory {} is not under run directory {}",
+                        c.uid,
+                        m.pipe_dir,
+                        p.run_dir.display()
+                    ));
+                }
+            }
+        }
+    }
+    if wrong.is_empty() {
+        return check(
+            "paths",
+            Status::Ok,
+            format!(
+                "gpushared at {} uses state directory {}, run directory {} and CDI directory {}",
+                ctx.socket.display(),
+                p.state_dir.display(),
+                p.run_dir.display(),
+                p.cdi_dir.display()
+            ),
+            "",
+        );
+    }
+    check(
+        "paths",
+        Status::Fail,
+        format!(
+            "gpushared at {} uses other directories than checked here: {}",
+            ctx.socket.display(),
+            wrong.join("; ")
+        ),
+        "give doctor the directories gpushared was started with (--state-dir, --run-dir, --cdi-dir, or --config with its config file); as root, since the state directory is root's",
+    )
+}
+
+/// Claims the daemon reports as `Degraded` (their MPS control daemon died: new containers are
+/// refused until it is back).
+fn check_claims(ctx: &Context<'_>) -> Check {
+    let Ok(d) = &ctx.daemon else {
+        return check(
+            "claims",
+            Status::Skip,
+            "the daemon did not answer, so the claims' states are unknown".into(),
+            "fix the socket check first",
+        );
+    };
+    let degraded: Vec<String> = d
+        .claims
+        .iter()
+        .filter(|c| c.state == ClaimState::Degraded)
+        .map(|c| match &c.last_error {
+            Some(e) => format!("{} ({}/{}): {e}", c.uid, c.namespace, c.name),
+            None => format!("{} ({}/{})", c.uid, c.namespace, c.name),
+        })
+        .collect();
+    if degraded.is_empty() {
+        return check(
+            "claims",
+            Status::Ok,
+            match d.claims.len() {
+                1 => "1 claim, not degraded".to_string(),
+                n => format!("{n} claims, none degraded"),
+            },
+            "",
+        );
+    }
+    check(
+        "claims",
+        Status::Fail,
+        format!(
+            "{} of {} claims degraded (new containers are refused): {}",
+            degraded.len(),
+            d.claims.len(),
+            degraded.join("; ")
+        ),
+        "gpushared restarts a dead MPS control daemon with backoff: gpushare claim <uid> shows its restarts and last error, journalctl -u gpushared says why; a claim that stays degraded is released and prepared again by draining its pods",
+    )
 }
 
 /// containerd's main config and the files its `imports` name (`*` globs in the file name).
@@ -724,7 +978,30 @@ const NVML_DIRS: [&str; 5] = [
     "/lib64",
 ];
 
+/// The pid of the process listening on `socket`, from a connection's peer credentials.
+fn daemon_pid(socket: &Path) -> Option<i32> {
+    let stream = std::os::unix::net::UnixStream::connect(socket).ok()?;
+    let cred =
+        nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials).ok()?;
+    Some(cred.pid()).filter(|p| *p > 0)
+}
+
 impl DoctorHost for RealHost {
+    fn gpushared_dir(&self) -> PathBuf {
+        std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(Path::to_path_buf))
+            .unwrap_or_else(|| PathBuf::from("/usr/bin"))
+    }
+
+    fn lock_holder(&self, path: &Path) -> Result<Option<i32>, String> {
+        match crate::sys::find_lock_holder(path) {
+            Ok(holder) => Ok(holder),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(format!("{}: {e}", path.display())),
+        }
+    }
+
     fn driver_version(&self) -> Result<String, String> {
         let lib = NVML_DIRS
             .iter()
@@ -770,6 +1047,7 @@ impl DoctorHost for RealHost {
         let mut client = Client::connect(socket, self.timeout).map_err(|e| e.to_string())?;
         let none = None::<&()>;
         Ok(DaemonView {
+            pid: daemon_pid(socket),
             health: client
                 .call(Method::Health, none)
                 .map_err(|e| e.to_string())?,
@@ -793,6 +1071,10 @@ mod tests {
         driver: Option<String>,
         programs: Vec<&'static str>,
         daemon: Option<DaemonView>,
+        /// The pid holding every `gpushared.lock` (none: nobody).
+        lock_pid: Option<i32>,
+        /// Programs installed beside gpushared (in /usr/bin).
+        beside: Vec<&'static str>,
     }
 
     impl DoctorHost for FakeHost {
@@ -805,8 +1087,18 @@ mod tests {
                 .then(|| PathBuf::from("/usr/bin").join(name))
         }
         fn executable(&self, path: &Path) -> bool {
-            path.file_name()
-                .is_some_and(|n| self.programs.iter().any(|p| n == *p))
+            path.file_name().is_some_and(|n| {
+                self.programs.iter().any(|p| n == *p)
+                    || (path.parent() == Some(Path::new("/usr/bin"))
+                        && self.beside.iter().any(|p| n == *p))
+            })
+        }
+        fn gpushared_dir(&self) -> PathBuf {
+            PathBuf::from("/usr/bin")
+        }
+        fn lock_holder(&self, path: &Path) -> Result<Option<i32>, String> {
+            assert!(path.ends_with("gpushared.lock"), "{}", path.display());
+            Ok(self.lock_pid)
         }
         fn daemon(&self, _socket: &Path) -> Result<DaemonView, String> {
             self.daemon
@@ -828,6 +1120,7 @@ mod tests {
             "etc-cdi",
             "run-cdi",
             "state",
+            "run",
             "nodeadm.d",
             "containerd/conf.d",
         ] {
@@ -837,8 +1130,9 @@ mod tests {
         std::fs::write(
             d.join("config.toml"),
             format!(
-                "[paths]\nstate_dir = \"{}\"\ncdi_dir = \"{}\"\n",
+                "[paths]\nstate_dir = \"{}\"\nrun_dir = \"{}\"\ncdi_dir = \"{}\"\n",
                 d.join("state").display(),
+                d.join("run").display(),
                 d.join("run-cdi").display()
             ),
         )
@@ -850,6 +1144,7 @@ mod tests {
             nodeadm_dir: d.join("nodeadm.d"),
             static_cdi_dir: d.join("etc-cdi"),
             socket: Some(d.join("sock")),
+            ..DoctorPaths::default()
         };
         Node { dir, paths }
     }
@@ -876,6 +1171,7 @@ mod tests {
 
     fn healthy(gpus: Vec<GpuInfo>) -> DaemonView {
         DaemonView {
+            pid: Some(4242),
             health: HealthInfo {
                 ready: true,
                 node_name: "n".into(),
@@ -916,6 +1212,8 @@ mod tests {
                 GpuSharing::Mps,
                 ComputeMode::ExclusiveProcess,
             )])),
+            lock_pid: Some(4242),
+            ..FakeHost::default()
         };
         let r = run(&n.paths, None, &host);
         assert!(r.ok, "{}", r.text());
@@ -1095,5 +1393,147 @@ mod tests {
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["ok"], false);
         assert_eq!(json["checks"][0]["status"], "fail");
+    }
+
+    fn claim(uid: &str, state: ClaimState, cdi_spec: &Path) -> ClaimInfo {
+        serde_json::from_value(serde_json::json!({
+            "uid": uid, "namespace": "ns", "name": "c", "state": state, "groups": [],
+            "requests": [], "cdi_spec": cdi_spec, "attach_limit": null, "attached": [],
+            "last_error": (state == ClaimState::Degraded).then_some("MPS control daemon (pid 77) exited"),
+            "restarts": 1,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_mps_control_program_is_the_one_gpushared_would_run() {
+        let n = node(CDI_ON);
+        // No NVIDIA program; the emulator beside gpushared: what gpushared --simulate runs.
+        let host = FakeHost {
+            beside: vec!["gpushare-mps-control"],
+            ..FakeHost::default()
+        };
+        let r = run(&n.paths, Some("p4d.24xlarge"), &host);
+        let c = get(&r, "mps-control");
+        assert_eq!(c.status, Status::Ok, "{}", r.text());
+        assert!(
+            c.detail.contains(
+                "/usr/bin/gpushare-mps-control (what gpushared would run): gpushare's emulator"
+            ),
+            "{c:?}"
+        );
+        // On real GPUs the emulator is no MPS at all.
+        let r = run(&n.paths, None, &host);
+        let c = get(&r, "mps-control");
+        assert_eq!(c.status, Status::Fail, "{}", r.text());
+        assert!(c.detail.contains("drives no GPU"), "{c:?}");
+        // Neither: both places named.
+        let r = run(&n.paths, Some("g5.xlarge"), &FakeHost::default());
+        let c = get(&r, "mps-control");
+        assert_eq!(c.status, Status::Fail);
+        assert!(
+            c.detail
+                .contains("/usr/bin/gpushare-mps-control does not exist"),
+            "{c:?}"
+        );
+        // A daemon that answers says what it runs.
+        let mut view = healthy(vec![]);
+        view.health.mps_control = "/opt/nvidia/nvidia-cuda-mps-control".into();
+        let host = FakeHost {
+            programs: vec!["nvidia-cuda-mps-control"],
+            daemon: Some(view),
+            ..FakeHost::default()
+        };
+        let c = get(&run(&n.paths, None, &host), "mps-control").clone();
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(
+            c.detail
+                .starts_with("/opt/nvidia/nvidia-cuda-mps-control (run by gpushared at "),
+            "{c:?}"
+        );
+    }
+
+    #[test]
+    fn a_daemon_on_other_directories_is_named_and_the_flags_fix_it() {
+        let n = node(CDI_ON);
+        let d = n.dir.path();
+        // The daemon was started by hand on directories of its own.
+        let own = d.join("own");
+        for sub in ["state", "run", "cdi"] {
+            std::fs::create_dir_all(own.join(sub)).unwrap();
+        }
+        let spec = own.join("cdi/gpushare.io-claim_u1.json");
+        std::fs::write(&spec, "{}").unwrap();
+        std::fs::write(
+            own.join("state/checkpoint.json"),
+            serde_json::to_vec(&serde_json::json!({"version": 1, "claims": {}})).unwrap(),
+        )
+        .unwrap();
+        let mut view = healthy(vec![]);
+        view.claims = vec![claim("u1", ClaimState::Prepared, &spec)];
+        let host = |lock_pid| FakeHost {
+            daemon: Some(view.clone()),
+            lock_pid,
+            programs: vec!["nvidia-cuda-mps-control"],
+            ..FakeHost::default()
+        };
+        // Nobody holds the configured directories' locks, and the claim's spec is elsewhere.
+        let r = run(&n.paths, Some("g5.xlarge"), &host(None));
+        let c = get(&r, "paths");
+        assert_eq!(c.status, Status::Fail, "{}", r.text());
+        assert!(
+            c.detail.contains("no gpushared runs on state directory"),
+            "{c:?}"
+        );
+        assert!(c.detail.contains("claim u1's CDI spec"), "{c:?}");
+        assert!(c.hint.contains("--state-dir"), "{c:?}");
+        // Another gpushared holds them.
+        let c = get(&run(&n.paths, Some("g5.xlarge"), &host(Some(7))), "paths").clone();
+        assert!(
+            c.detail
+                .contains("held by pid 7, not by the gpushared answering (pid 4242)"),
+            "{c:?}"
+        );
+        // Given the daemon's own directories, every path check passes.
+        let paths = DoctorPaths {
+            state_dir: Some(own.join("state")),
+            run_dir: Some(own.join("run")),
+            cdi_dir: Some(own.join("cdi")),
+            ..n.paths.clone()
+        };
+        let r = run(&paths, Some("g5.xlarge"), &host(Some(4242)));
+        for name in ["paths", "checkpoint", "claims"] {
+            assert_eq!(get(&r, name).status, Status::Ok, "{name}: {}", r.text());
+        }
+        assert!(get(&r, "checkpoint")
+            .detail
+            .contains(&own.join("state").display().to_string()));
+    }
+
+    #[test]
+    fn degraded_claims_fail_with_their_last_error() {
+        let n = node(CDI_ON);
+        let mut view = healthy(vec![]);
+        view.claims = vec![
+            claim("ok-1", ClaimState::Prepared, Path::new("")),
+            claim("bad-1", ClaimState::Degraded, Path::new("")),
+        ];
+        let host = FakeHost {
+            daemon: Some(view),
+            ..FakeHost::default()
+        };
+        let c = get(&run(&n.paths, Some("g5.xlarge"), &host), "claims").clone();
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(
+            c.detail.contains("1 of 2 claims degraded")
+                && c.detail
+                    .contains("bad-1 (ns/c): MPS control daemon (pid 77) exited"),
+            "{c:?}"
+        );
+        assert!(!c.detail.contains("ok-1"), "{c:?}");
+        assert!(c.hint.contains("gpushare claim <uid>"), "{c:?}");
+        // Without a daemon there is nothing to say.
+        let r = run(&n.paths, Some("g5.xlarge"), &FakeHost::default());
+        assert_eq!(get(&r, "claims").status, Status::Skip);
     }
 }

@@ -459,6 +459,9 @@ pub fn claim_detail(c: &ClaimInfo) -> String {
                     "  active thread percentage (read back): {}",
                     m.active_thread_percentage
                 );
+                if m.pinned_device_memory_limits.is_empty() {
+                    let _ = writeln!(s, "  pinned device memory limits: none");
+                }
                 for (ordinal, limit) in &m.pinned_device_memory_limits {
                     let shown = if limit.is_empty() {
                         "none"
@@ -556,4 +559,31 @@ pub fn write_man_pages(cmd: &clap::Command, dir: &std::path::Path) -> anyhow::Re
         write(sub, &format!("{top}-{}", sub.get_name()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(mig_devices: usize) -> GpuInfo {
+        let device = serde_json::json!({
+            "uuid": "MIG-1", "profile": "3g.20gb", "gi_profile_id": 9, "placement_start": 0,
+            "memory_slices": 4, "memory_mib": 19968, "multiprocessors": 42, "copy_engines": 3,
+            "decoders": 2, "encoders": 0, "jpeg_engines": 0, "ofa_engines": 0,
+        });
+        serde_json::from_value(serde_json::json!({
+            "name": "gpu-2", "minor": 2, "uuid": "GPU-2", "product_name": "NVIDIA A100-SXM4-40GB",
+            "memory_mib": 40960, "compute_mode": "Default", "time_slice": "Default",
+            "sharing": "Mig", "claims": [], "mig_capable": true, "mig_enabled": true,
+            "mig_devices": vec![device; mig_devices],
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_mig_column_counts_in_words_that_agree() {
+        assert!(gpus_table(&[gpu(1)]).contains("on (1 device) "));
+        assert!(gpus_table(&[gpu(2)]).contains("on (2 devices)"));
+        assert!(gpus_table(&[gpu(0)]).contains("on (0 devices)"));
+    }
 }

@@ -23,8 +23,8 @@ pub use nvidia::{NvidiaKind, NVIDIA_API_VERSION, UNSUPPORTED_NVIDIA_KINDS};
 pub use quantity::{bytes_to_mib, parse_quantity_bytes, QuantityError, MAX_BYTES, MIB};
 pub(crate) use resource_claim::is_request_name;
 pub use resource_claim::{
-    is_mig_device, parse_claim, parse_claim_document, parse_parameters, validate_claim_uid,
-    ConfigKind, CLAIM_API_VERSIONS, MAX_CLAIM_UID_BYTES,
+    claim_uid_problem, is_mig_device, parse_claim, parse_claim_document, parse_parameters,
+    validate_claim_uid, ConfigKind, CLAIM_API_VERSIONS, MAX_CLAIM_UID_BYTES,
 };
 
 /// The DRA driver name served by default (NVIDIA's GPU driver name).

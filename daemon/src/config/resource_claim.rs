@@ -95,17 +95,24 @@ fn non_finite_number(v: &serde_norway::Value, path: String) -> Option<String> {
 /// 1–128 bytes of ASCII letters, digits, `-`, `_` and `.`, starting and ending with a letter or
 /// a digit. Refusals carry `InvalidRequest` and name `metadata.uid` and the value.
 pub fn validate_claim_uid(uid: &str) -> Result<(), ConfigError> {
-    let refuse = |why: &str| {
-        Err(ConfigError::invalid_request(format!(
+    match claim_uid_problem(uid) {
+        None => Ok(()),
+        Some(why) => Err(ConfigError::invalid_request(format!(
             "metadata.uid: {} {why}",
             show_str(uid)
-        )))
-    };
+        ))),
+    }
+}
+
+/// What is wrong with `uid` as a claim UID (the rules of [`validate_claim_uid`]), e.g.
+/// `contains '/' (only …)`, for callers that name the value their own way (a request's `uid`
+/// parameter, a command-line argument); `None` when it is a valid one.
+pub fn claim_uid_problem(uid: &str) -> Option<String> {
     if uid.is_empty() {
-        return refuse("is empty");
+        return Some("is empty".into());
     }
     if uid.len() > MAX_CLAIM_UID_BYTES {
-        return refuse(&format!(
+        return Some(format!(
             "is {} bytes long (at most {MAX_CLAIM_UID_BYTES})",
             uid.len()
         ));
@@ -114,15 +121,15 @@ pub fn validate_claim_uid(uid: &str) -> Result<(), ConfigError> {
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
     {
-        return refuse(&format!(
+        return Some(format!(
             "contains {c:?} (only ASCII letters, digits, '-', '_' and '.' are allowed)"
         ));
     }
     let edge_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
     if !edge_ok(uid.chars().next()) || !edge_ok(uid.chars().last()) {
-        return refuse("must start and end with a letter or a digit");
+        return Some("must start and end with a letter or a digit".into());
     }
-    Ok(())
+    None
 }
 
 /// Whether a device name is a MIG device: `gpu-<minor>-mig-…` as NVIDIA's DRA driver names

@@ -501,8 +501,9 @@ impl MpsControl {
     }
 
     /// Reads back the default active thread percentage and every pinned device memory limit
-    /// of the daemon on `launch.dirs` and compares them with what `launch` asks. Returns the
-    /// values as shown (`"50.0"`, ordinal → `"8G"`).
+    /// of the daemon on `launch.dirs` and compares them with what `launch` asks (a device
+    /// without a limit must read back none). Returns the values as shown (`"50.0"`, ordinal →
+    /// `"8G"`, only for devices with a limit).
     ///
     /// NVIDIA's daemon reports most rejected settings only in control.log, so a claim is ready
     /// only when what it shows is what we asked.
@@ -540,7 +541,11 @@ impl MpsControl {
                     actual: got,
                 });
             }
-            limits.insert(ordinal.to_string(), got);
+            // A device without a limit is verified to have none (above) but not listed: an
+            // entry would show an empty limit, as if one had been set to nothing.
+            if mib.is_some() {
+                limits.insert(ordinal.to_string(), got);
+            }
         }
         Ok((atp, limits))
     }
@@ -733,6 +738,46 @@ mod tests {
             ]
         );
         assert!(set_commands(&launch).iter().all(|c| !c.contains("GPU-")));
+    }
+
+    #[test]
+    fn devices_without_a_pinned_limit_are_verified_but_not_listed() {
+        let host = crate::sys::fake::FakeHost::default();
+        let mps = MpsControl::new("/m".into(), host.ops(), Duration::from_millis(200));
+        let claim = tempfile::tempdir().unwrap();
+        let uuids = vec!["GPU-a".to_string(), "GPU-b".to_string()];
+        let dirs = MpsDirs::for_group(claim.path(), &uuids);
+        for d in [&dirs.pipe, &dirs.log, &dirs.shm] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let launch = |pinned: Vec<Option<u64>>| MpsLaunch {
+            dirs: dirs.clone(),
+            visible_devices: uuids.clone(),
+            multi_user: false,
+            active_thread_percentage: Some(50),
+            pinned_limits_mib: pinned,
+            shm_bytes: 1 << 20,
+        };
+        // Device 0 without a limit, device 1 with one: both read back, only the limit shown
+        // (an empty string for "no limit" read as a limit of nothing).
+        let info = mps.start(&launch(vec![None, None])).unwrap();
+        assert_eq!(info.active_thread_percentage, "50.0");
+        assert!(
+            info.pinned_device_memory_limits.is_empty(),
+            "{:?}",
+            info.pinned_device_memory_limits
+        );
+        mps.stop(&dirs, Some(info.control_daemon_pid)).unwrap();
+        let info = mps.start(&launch(vec![None, Some(8192)])).unwrap();
+        assert_eq!(
+            info.pinned_device_memory_limits,
+            BTreeMap::from([("1".to_string(), "8G".to_string())])
+        );
+        assert_eq!(info.requested.pinned_limits_mib, vec![None, Some(8192)]);
+        // A limit where none was asked for is still caught by the read-back.
+        let wrong = mps.read_back(&launch(vec![Some(1024), Some(8192)]));
+        assert!(matches!(wrong, Err(MpsError::Verify { .. })), "{wrong:?}");
+        mps.stop(&dirs, Some(info.control_daemon_pid)).unwrap();
     }
 
     #[test]

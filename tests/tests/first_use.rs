@@ -1,0 +1,426 @@
+//! What a new user meets first: the messages of `gpushared`, `gpushare`, the hook and the
+//! runtime wrapper when they are run by hand, wrongly or on a layout of one's own.
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+use std::fs;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use gpushare_e2e::*;
+use gpushare_proto::{ClaimInfo, Client, Method, PrepareParams, StrategyInfo, UidParams};
+
+/// A uid of nobody's: not root, and no member of any group.
+const NOBODY: u32 = 65534;
+
+fn stderr_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Asserts that `out` failed with exactly one line on stderr, containing each of `needles`.
+fn fails_in_one_line(out: &Output, needles: &[&str]) -> String {
+    let stderr = stderr_of(out);
+    assert!(!out.status.success(), "{out:?}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    for n in needles {
+        assert!(stderr.contains(n), "{n:?} not in {stderr}");
+    }
+    stderr
+}
+
+/// `gpushared` on `--socket <base>/s.sock` with the given `--run-dir`, `--state-dir` and
+/// `--cdi-dir`, a simulated p4d.24xlarge and the emulator; its log goes to `<base>/log`.
+fn gpushared(base: &Path, run: &Path, state: &Path, cdi: &Path) -> Command {
+    let config = base.join("config.toml");
+    fs::write(&config, "[metrics]\nenabled = false\n").unwrap();
+    let mut cmd = Command::new(bin("gpushared"));
+    cmd.arg("--config")
+        .arg(&config)
+        .args([
+            "--simulate",
+            "p4d.24xlarge",
+            "--node-name",
+            NODE,
+            "--shm-size-mib",
+            "64",
+        ])
+        .arg("--socket")
+        .arg(base.join("s.sock"))
+        .arg("--run-dir")
+        .arg(run)
+        .arg("--state-dir")
+        .arg(state)
+        .arg("--cdi-dir")
+        .arg(cdi)
+        .arg("--mps-control")
+        .arg(bin("gpushare-mps-control"))
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// Runs `cmd`, which must exit by itself (refuse to start) within 20 s; killed otherwise.
+fn exits(mut cmd: Command) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let exited = wait_until(Duration::from_secs(20), || {
+        child.try_wait().unwrap().is_some()
+    });
+    if !exited {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(exited, "gpushared started where it must refuse: {out:?}");
+    out
+}
+
+/// Starts `cmd` with its output in `<base>/log` and waits until its socket answers.
+fn serve(base: &Path, mut cmd: Command) -> Child {
+    let log = fs::File::create(base.join("log")).unwrap();
+    let child = cmd
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let up = wait_until(Duration::from_secs(20), || {
+        Client::connect(base.join("s.sock"), Duration::from_secs(2)).is_ok()
+    });
+    assert!(
+        up,
+        "gpushared did not start: {}",
+        fs::read_to_string(base.join("log")).unwrap_or_default()
+    );
+    child
+}
+
+/// SIGTERM, then the exit status and the whole log.
+fn stop(base: &Path, mut child: Child) -> (std::process::ExitStatus, String) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    (status, fs::read_to_string(base.join("log")).unwrap())
+}
+
+fn client(base: &Path) -> Client {
+    Client::connect(base.join("s.sock"), Duration::from_secs(60)).unwrap()
+}
+
+fn tmp_base(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in("/tmp")
+        .unwrap()
+}
+
+#[test]
+fn gpushared_run_as_an_ordinary_user_says_it_must_run_as_root() {
+    if !need(is_root(), "root (to run gpushared as another uid)") {
+        return;
+    }
+    let base = tmp_base("gsu-");
+    let p = base.path();
+    // The directories are the user's own, so nothing but root's absence can stop it.
+    for d in ["run", "state", "cdi"] {
+        fs::create_dir(p.join(d)).unwrap();
+        std::os::unix::fs::chown(p.join(d), Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    std::os::unix::fs::chown(p, Some(NOBODY), Some(NOBODY)).unwrap();
+    let mut cmd = gpushared(p, &p.join("run"), &p.join("state"), &p.join("cdi"));
+    cmd.uid(NOBODY).gid(NOBODY).current_dir("/");
+    let out = exits(cmd);
+    fails_in_one_line(&out, &["gpushared must run as root", "uid 65534"]);
+    assert!(!p.join("s.sock").exists());
+    assert_eq!(fs::read_dir(p.join("run")).unwrap().count(), 0);
+    // What does not need root still works for anyone.
+    for flag in ["--version", "--help", "--print-default-config"] {
+        let out = Command::new(bin("gpushared"))
+            .arg(flag)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{flag}: {}", stderr_of(&out));
+    }
+}
+
+#[test]
+fn gpushared_version_names_gpushared() {
+    let out = Command::new(bin("gpushared"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("gpushared {}\n", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+fn mps_pid(c: &ClaimInfo) -> i32 {
+    c.groups
+        .iter()
+        .find_map(|g| match &g.sharing {
+            StrategyInfo::Mps(m) => Some(m.control_daemon_pid),
+            _ => None,
+        })
+        .unwrap()
+}
+
+#[test]
+fn one_directory_as_run_and_state_directory_serves_restarts_and_cleans_up() {
+    let Some(cases) = setup() else {
+        return;
+    };
+    let base = tmp_base("gs1-");
+    let p = base.path();
+    let both = p.join("gs");
+    let start = || serve(p, gpushared(p, &both, &both, &p.join("cdi")));
+    let daemon = start();
+    let uid = unique_uid("one-dir");
+    let claim = with_uid(&load_claim(&cases.join("claims/seed-mps.yaml")), &uid);
+    let _: gpushare_proto::PrepareResult = client(p)
+        .call(Method::Prepare, Some(&PrepareParams { claim }))
+        .unwrap();
+    let pid = mps_pid(
+        &client(p)
+            .call(Method::GetClaim, Some(&UidParams { uid: uid.clone() }))
+            .unwrap(),
+    );
+    let (status, log) = stop(p, daemon);
+    assert!(status.success(), "{log}");
+    // A restart on the same layout re-adopts the claim's MPS control daemon.
+    let daemon = start();
+    let c: ClaimInfo = client(p)
+        .call(Method::GetClaim, Some(&UidParams { uid: uid.clone() }))
+        .unwrap();
+    assert_eq!(c.state, gpushare_proto::ClaimState::Prepared);
+    assert_eq!(mps_pid(&c), pid);
+    let r: gpushare_proto::UnprepareResult = client(p)
+        .call(Method::Unprepare, Some(&UidParams { uid: uid.clone() }))
+        .unwrap();
+    assert!(r.released);
+    let (status, log) = stop(p, daemon);
+    assert!(status.success(), "{log}");
+    assert!(!both.join("claims").join(&uid).exists());
+    assert!(wait_until(Duration::from_secs(10), || {
+        !gpushare::sys::pid_alive(pid)
+    }));
+    assert_eq!(fs::read_dir(p.join("cdi")).unwrap().count(), 0);
+}
+
+#[test]
+fn a_cdi_directory_shared_with_the_state_or_run_directory_is_refused_precisely() {
+    if !need(is_root(), "root") {
+        return;
+    }
+    let base = tmp_base("gsc-");
+    let p = base.path();
+    let shared = p.join("shared");
+    for (run, state, which) in [
+        (p.join("run"), shared.clone(), "state directory"),
+        (shared.clone(), p.join("state"), "run directory"),
+    ] {
+        let out = exits(gpushared(p, &run, &state, &shared));
+        fails_in_one_line(
+            &out,
+            &[
+                &format!("the CDI directory {} is also the {which}", shared.display()),
+                "container runtimes",
+            ],
+        );
+        assert!(!p.join("s.sock").exists());
+    }
+}
+
+#[test]
+fn the_stop_line_counts_the_mps_control_daemons_left_running() {
+    let Some(cases) = setup() else {
+        return;
+    };
+    let base = tmp_base("gss-");
+    let p = base.path();
+    let start = || {
+        serve(
+            p,
+            gpushared(p, &p.join("run"), &p.join("state"), &p.join("cdi")),
+        )
+    };
+    let (_, log) = stop(p, start());
+    let last = log
+        .lines()
+        .rfind(|l| l.contains("gpushared stopped"))
+        .unwrap();
+    assert!(!last.contains("left running"), "{last}");
+    let daemon = start();
+    let uid = unique_uid("stop-line");
+    let claim = with_uid(&load_claim(&cases.join("claims/seed-mps.yaml")), &uid);
+    let _: gpushare_proto::PrepareResult = client(p)
+        .call(Method::Prepare, Some(&PrepareParams { claim }))
+        .unwrap();
+    let (_, log) = stop(p, daemon);
+    let last = log
+        .lines()
+        .rfind(|l| l.contains("gpushared stopped"))
+        .unwrap();
+    assert!(last.contains("1 MPS control daemon left running"), "{last}");
+    let daemon = start();
+    let r: gpushare_proto::UnprepareResult = client(p)
+        .call(Method::Unprepare, Some(&UidParams { uid }))
+        .unwrap();
+    assert!(r.released);
+    stop(p, daemon);
+}
+
+/// `gpushare` with `args`, as root, and its output.
+fn gpushare(args: &[&str]) -> Output {
+    Command::new(bin("gpushare")).args(args).output().unwrap()
+}
+
+#[test]
+fn a_claim_uid_argument_is_refused_as_an_argument() {
+    if !need(is_root(), "root") {
+        return;
+    }
+    let base = tmp_base("gsa-");
+    let socket = base.path().join("none.sock");
+    let socket = socket.to_str().unwrap();
+    for command in ["unprepare", "claim"] {
+        let out = gpushare(&["--socket", socket, command, "not/a/uid"]);
+        let stderr = fails_in_one_line(
+            &out,
+            &["\"not/a/uid\" is not a valid claim UID", "contains '/'"],
+        );
+        // Checked before anything is asked: neither metadata.uid nor the socket is blamed.
+        assert!(!stderr.contains("metadata.uid"), "{stderr}");
+        assert!(!stderr.contains("connect"), "{stderr}");
+    }
+}
+
+#[test]
+fn a_socket_flag_naming_a_directory_or_a_file_says_so() {
+    let base = tmp_base("gsd-");
+    let dir = base.path().to_str().unwrap();
+    let out = gpushare(&["--socket", dir, "claims"]);
+    let stderr = fails_in_one_line(&out, &[&format!("{dir}: it is a directory, not a socket")]);
+    assert!(!stderr.contains("refused"), "{stderr}");
+    let file = base.path().join("file");
+    fs::write(&file, "").unwrap();
+    let out = gpushare(&["--socket", file.to_str().unwrap(), "status"]);
+    fails_in_one_line(&out, &["it is a regular file, not a socket"]);
+}
+
+#[test]
+fn resourceslice_output_is_refused_by_every_command_but_gpus() {
+    let base = tmp_base("gso-");
+    let socket: PathBuf = base.path().join("none.sock");
+    let socket = socket.to_str().unwrap();
+    for args in [
+        vec!["doctor", "--simulate", "g5.xlarge"],
+        vec!["claims"],
+        vec!["status"],
+        vec!["profiles"],
+        vec!["mig", "list"],
+        vec!["completion", "bash"],
+    ] {
+        let mut all = vec!["--socket", socket, "-o", "resourceslice"];
+        all.extend(&args);
+        let out = gpushare(&all);
+        fails_in_one_line(&out, &["-o resourceslice applies to `gpushare gpus` only"]);
+        assert!(out.stdout.is_empty(), "{args:?} printed {:?}", out.stdout);
+    }
+}
+
+#[test]
+fn doctor_checks_a_hand_run_daemon_on_its_own_directories() {
+    let Some(cases) = setup() else {
+        return;
+    };
+    let base = tmp_base("gsx-");
+    let p = base.path();
+    let (run, state, cdi) = (p.join("run"), p.join("state"), p.join("cdi"));
+    let daemon = serve(p, gpushared(p, &run, &state, &cdi));
+    let uid = unique_uid("doctor-dirs");
+    let claim = with_uid(&load_claim(&cases.join("claims/seed-mps.yaml")), &uid);
+    let _: gpushare_proto::PrepareResult = client(p)
+        .call(Method::Prepare, Some(&PrepareParams { claim }))
+        .unwrap();
+    // An empty config file: the doctor knows only what the command line tells it.
+    let config = p.join("doctor.toml");
+    fs::write(&config, "").unwrap();
+    let doctor = |dirs: bool| {
+        let mut cmd = Command::new(bin("gpushare"));
+        cmd.arg("--socket")
+            .arg(p.join("s.sock"))
+            .args([
+                "-o",
+                "json",
+                "doctor",
+                "--simulate",
+                "p4d.24xlarge",
+                "--config",
+            ])
+            .arg(&config);
+        if dirs {
+            cmd.arg("--state-dir")
+                .arg(&state)
+                .arg("--run-dir")
+                .arg(&run)
+                .arg("--cdi-dir")
+                .arg(&cdi);
+        }
+        let out = cmd.output().unwrap();
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", stderr_of(&out)));
+        report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["name"].as_str().unwrap().to_string(),
+                    (
+                        c["status"].as_str().unwrap().to_string(),
+                        c["detail"].as_str().unwrap().to_string(),
+                    ),
+                )
+            })
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    // Without the directories: the daemon is found on other ones, and said so.
+    let checks = doctor(false);
+    assert_eq!(checks["paths"].0, "fail", "{checks:?}");
+    assert!(
+        checks["paths"]
+            .1
+            .contains("no gpushared runs on state directory /var/lib/gpushare")
+            || checks["paths"].1.contains("/var/lib/gpushare"),
+        "{checks:?}"
+    );
+    // With them: what the daemon uses passes, the emulator included (simulated GPUs).
+    let checks = doctor(true);
+    for name in [
+        "paths",
+        "checkpoint",
+        "claims",
+        "socket",
+        "mps-control",
+        "cdi-specs",
+    ] {
+        assert_eq!(checks[name].0, "ok", "{name}: {checks:?}");
+    }
+    assert!(
+        checks["mps-control"].1.contains("gpushare-mps-control"),
+        "{checks:?}"
+    );
+    let r: gpushare_proto::UnprepareResult = client(p)
+        .call(Method::Unprepare, Some(&UidParams { uid }))
+        .unwrap();
+    assert!(r.released);
+    stop(p, daemon);
+}
