@@ -110,7 +110,7 @@ fn init_logging(level: &str) {
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(!journal);
+        .with_ansi(!journal && std::io::IsTerminal::is_terminal(&std::io::stderr()));
     if journal {
         b.without_time().init();
     } else {

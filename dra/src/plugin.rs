@@ -188,12 +188,12 @@ impl Plugin {
                 Ok(devices) => tracing::info!(
                     claim = %c.uid, namespace = %c.namespace, name = %c.name,
                     devices = %devices.iter().map(|d| d.device_name.as_str()).collect::<Vec<_>>().join(","),
-                    outcome = "ok", duration_ms = format!("{:.1}", took.as_secs_f64() * 1e3),
+                    outcome = %"ok", duration_ms = %format!("{:.1}", took.as_secs_f64() * 1e3),
                     "prepare"
                 ),
                 Err(e) => tracing::warn!(
                     claim = %c.uid, namespace = %c.namespace, name = %c.name,
-                    outcome = %e.outcome, duration_ms = format!("{:.1}", took.as_secs_f64() * 1e3),
+                    outcome = %e.outcome, duration_ms = %format!("{:.1}", took.as_secs_f64() * 1e3),
                     error = %e.message, "prepare"
                 ),
             }
@@ -231,12 +231,12 @@ impl Plugin {
             match &r {
                 Ok(u) => tracing::info!(
                     claim = %c.uid, namespace = %c.namespace, name = %c.name,
-                    released = u.released, outcome = "ok",
-                    duration_ms = format!("{:.1}", took.as_secs_f64() * 1e3), "unprepare"
+                    released = u.released, outcome = %"ok",
+                    duration_ms = %format!("{:.1}", took.as_secs_f64() * 1e3), "unprepare"
                 ),
                 Err(e) => tracing::warn!(
                     claim = %c.uid, namespace = %c.namespace, name = %c.name,
-                    outcome = %e.outcome, duration_ms = format!("{:.1}", took.as_secs_f64() * 1e3),
+                    outcome = %e.outcome, duration_ms = %format!("{:.1}", took.as_secs_f64() * 1e3),
                     error = %e.message, "unprepare"
                 ),
             }
