@@ -26,6 +26,8 @@ impl DraService {
 
 macro_rules! dra_version {
     ($m:ident, $name:literal) => {
+        // v1's Device has `share_id` (left unset); v1beta1's has not.
+        #[allow(clippy::needless_update)]
         #[tonic::async_trait]
         impl $m::dra_plugin_server::DraPlugin for DraService {
             async fn node_prepare_resources(

@@ -2,6 +2,8 @@
 //! (simulated p4d.24xlarge-mig2, NVIDIA's MPS control program where installed) → CDI device
 //! IDs, with the API-server stand-in serving the shared cases as ResourceClaims.
 
+#![allow(clippy::unwrap_used)]
+
 mod support;
 
 use std::collections::BTreeSet;
@@ -349,7 +351,7 @@ async fn claims_the_node_may_not_read_missing_or_replaced_claims_fail_alone() {
         s["spec"]["devices"][0]["attributes"]["type"].is_object(),
         "{s}"
     );
-    let released = reg.unprepare(&[ok.clone()], None).await.unwrap();
+    let released = reg.unprepare(std::slice::from_ref(&ok), None).await.unwrap();
     assert!(released[&ok.uid].is_ok());
     d.assert_nothing_left(&ok.uid, &[]);
 }
@@ -565,7 +567,7 @@ async fn api_server_down_or_slow_and_gpushared_down_fail_each_claim_within_its_b
     // gpushared is back: served.
     let a = reg.prepare(std::slice::from_ref(&r), None).await.unwrap();
     assert!(a[&r.uid].is_ok(), "{a:?}\n{}", plugin.log());
-    let _ = reg.unprepare(&[r.clone()], None).await.unwrap();
+    let _ = reg.unprepare(std::slice::from_ref(&r), None).await.unwrap();
     d.assert_nothing_left(&r.uid, &[]);
 }
 
@@ -743,6 +745,6 @@ async fn kill_9_mid_prepare_then_kubelets_retry_gets_the_same_ids_and_one_mps_da
         StrategyInfo::Mps(m) => m.control_daemon_pid,
         _ => panic!("not MPS"),
     };
-    let _ = reg2.unprepare(&[r.clone()], None).await.unwrap();
+    let _ = reg2.unprepare(std::slice::from_ref(&r), None).await.unwrap();
     d.assert_nothing_left(&r.uid, &[pid]);
 }

@@ -119,7 +119,7 @@ pub fn devices_of_object(object: &Value, version: ApiVersion) -> Result<Vec<Devi
             };
             let mut flat = flat;
             for key in ["attributes", "capacity"] {
-                if flat.get(key).is_none_or(Value::is_null) {
+                if flat.get(key).map_or(true, Value::is_null) {
                     flat[key] = json!({});
                 }
             }
