@@ -351,7 +351,10 @@ async fn claims_the_node_may_not_read_missing_or_replaced_claims_fail_alone() {
         s["spec"]["devices"][0]["attributes"]["type"].is_object(),
         "{s}"
     );
-    let released = reg.unprepare(std::slice::from_ref(&ok), None).await.unwrap();
+    let released = reg
+        .unprepare(std::slice::from_ref(&ok), None)
+        .await
+        .unwrap();
     assert!(released[&ok.uid].is_ok());
     d.assert_nothing_left(&ok.uid, &[]);
 }
@@ -745,6 +748,130 @@ async fn kill_9_mid_prepare_then_kubelets_retry_gets_the_same_ids_and_one_mps_da
         StrategyInfo::Mps(m) => m.control_daemon_pid,
         _ => panic!("not MPS"),
     };
-    let _ = reg2.unprepare(std::slice::from_ref(&r), None).await.unwrap();
+    let _ = reg2
+        .unprepare(std::slice::from_ref(&r), None)
+        .await
+        .unwrap();
     d.assert_nothing_left(&r.uid, &[pid]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_podman_container_started_with_exactly_the_kubelet_ids_attaches_and_nothing_is_left() {
+    if !need(is_root(), "root")
+        || !need(which("podman").is_some(), "podman")
+        || !need(which("runc").is_some(), "runc")
+    {
+        return;
+    }
+    let Some(valid) = valid_cases() else {
+        need(false, "shared/cases");
+        return;
+    };
+    let _serial = global_lock();
+    let d = Daemon::start_on(
+        DaemonOptions {
+            mps_control: mps_program(),
+            // podman reads CDI specs from /etc/cdi and /var/run/cdi only.
+            cdi_dir: Some(std::path::PathBuf::from("/var/run/cdi")),
+            run_dir: None,
+        },
+        &p4d_mig_profile(),
+    );
+    let api = ApiServer::start(NODE).await;
+    let uid = unique_uid("dra-podman");
+    let claim = with_uid(
+        &valid.iter().find(|(f, _)| f == "seed-mps.yaml").unwrap().1,
+        &uid,
+    );
+    api.add_claim(&claim, Some(NODE));
+    let dirs = Dirs::new(&api);
+    let plugin = Plugin::start(&dirs, &d.socket, &[]);
+    let kubelet = Kubelet::new(&dirs.registry, Release::K134);
+    let reg = kubelet
+        .register("gpu.nvidia.com", Duration::from_secs(20), None)
+        .await
+        .unwrap();
+    let r = claim_ref(&claim);
+    let answer = reg.prepare(std::slice::from_ref(&r), None).await.unwrap();
+    let devices = answer[&uid]
+        .clone()
+        .unwrap_or_else(|e| panic!("{e}\n{}", plugin.log()));
+    // kubelet hands the runtime every ID of every Device, in order; containerd 1.7+/2.x
+    // applies them with the reference CDI library, as podman does.
+    let ids: Vec<String> = devices
+        .iter()
+        .flat_map(|x| x.cdi_device_ids.clone())
+        .collect();
+    assert!(!ids.is_empty());
+    let tmp = tempfile::tempdir().unwrap();
+    let rootfs = busybox_rootfs(tmp.path(), &[]);
+    let mut cmd = std::process::Command::new("podman");
+    cmd.args([
+        "run",
+        "--rm",
+        "--runtime",
+        "runc",
+        "--ulimit",
+        "nofile=1024:1024",
+        "--ulimit",
+        "nproc=1024:1024",
+        "--network",
+        "none",
+    ]);
+    for id in &ids {
+        cmd.args(["--device", id]);
+    }
+    cmd.arg("--rootfs").arg(&rootfs).args([
+        "/bin/sh",
+        "-c",
+        "echo pipe=$CUDA_MPS_PIPE_DIRECTORY; ls /tmp/nvidia-mps; sleep 2",
+    ]);
+    let child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let attached = tokio::task::spawn_blocking({
+        let socket = d.socket.clone();
+        let uid = uid.clone();
+        move || {
+            wait_until(Duration::from_secs(30), || {
+                gpushare_proto::Client::connect(&socket, Duration::from_secs(2))
+                    .and_then(|mut c| {
+                        c.call::<_, gpushare_proto::ClaimInfo>(
+                            gpushare_proto::Method::GetClaim,
+                            Some(&gpushare_proto::UidParams { uid: uid.clone() }),
+                        )
+                    })
+                    .is_ok_and(|c| c.attached.len() == 1)
+            })
+        }
+    })
+    .await
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "podman: {stdout}\n{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+    assert!(attached, "the hook never attached the container");
+    assert!(
+        stdout.contains("pipe=/tmp/nvidia-mps") && stdout.lines().any(|l| l.trim() == "control"),
+        "{stdout}"
+    );
+    let info = d.claim(&uid).unwrap();
+    assert!(info.attached.is_empty(), "detached at poststop: {info:?}");
+    let pid = match &info.groups[0].sharing {
+        StrategyInfo::Mps(m) => m.control_daemon_pid,
+        _ => panic!("not MPS"),
+    };
+    // The pod and its claim are deleted; kubelet unprepares by UID.
+    api.delete_claim(&r.namespace, &r.name);
+    let released = reg.unprepare(std::slice::from_ref(&r), None).await.unwrap();
+    assert!(released[&uid].is_ok(), "{released:?}");
+    d.assert_nothing_left(&uid, &[pid]);
+    assert!(api.refused().is_empty(), "{:?}", api.refused());
 }
