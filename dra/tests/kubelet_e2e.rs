@@ -453,7 +453,14 @@ async fn slices_are_published_restored_after_a_wipe_and_follow_the_mig_layout() 
     let before = names(
         &gpushare_slice::devices_of_object(&ours(&api)[0], gpushare_slice::ApiVersion::V1).unwrap(),
     );
-    d.prepare(&mig).unwrap();
+    api.add_claim(&mig, Some(NODE));
+    let kubelet = Kubelet::new(&dirs.registry, Release::K134);
+    let reg = kubelet
+        .register("gpu.nvidia.com", Duration::from_secs(20), None)
+        .await
+        .unwrap();
+    let answer = reg.prepare(&[claim_ref(&mig)], None).await.unwrap();
+    assert!(answer.values().all(Result::is_ok), "{answer:?}");
     let after_gpus: Vec<_> = {
         let mut g: Vec<_> = d.gpus().into_values().collect();
         g.sort_by_key(|g| g.minor);
@@ -513,6 +520,36 @@ async fn slices_are_published_restored_after_a_wipe_and_follow_the_mig_layout() 
     other["metadata"]["uid"] = "uid-other-node-slice".into();
     assert_eq!(api.slices().len(), 1, "the other node's slice stays");
     assert!(api.refused().is_empty(), "{:?}", api.refused());
+
+    // deployments/rbac.yaml's ClusterRole grants exactly what the plugin used here (claims,
+    // its Node, and every slice operation: list, watch, create, update on the MIG change,
+    // delete by --remove-slices), no more.
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deployments/rbac.yaml"),
+    )
+    .unwrap();
+    let mut granted = BTreeSet::new();
+    for doc in serde_norway::Deserializer::from_str(&text) {
+        let v: Value = serde::Deserialize::deserialize(doc).unwrap();
+        if v["kind"] != "ClusterRole" {
+            continue;
+        }
+        for rule in v["rules"].as_array().unwrap() {
+            for r in rule["resources"].as_array().unwrap() {
+                for verb in rule["verbs"].as_array().unwrap() {
+                    granted.insert((
+                        verb.as_str().unwrap().to_string(),
+                        r.as_str().unwrap().to_string(),
+                    ));
+                }
+            }
+        }
+    }
+    assert_eq!(
+        api.seen(),
+        granted,
+        "the ClusterRole must cover exactly what the plugin does"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

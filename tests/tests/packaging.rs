@@ -353,7 +353,10 @@ fn rpm_installs_upgrades_and_erases_in_a_root_and_units_verify() {
         let out = verify(unit);
         let said = String::from_utf8_lossy(&out.stderr).into_owned()
             + &String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success() && said.trim().is_empty(), "{unit}: {said}");
+        assert!(
+            out.status.success() && said.trim().is_empty(),
+            "{unit}: {said}"
+        );
     }
     // The plugin's unit: ordered after gpushared and kubelet, always restarted in 2 s (under
     // kubelet's 30 s wipe), no capabilities kept, flags from its env file.
@@ -367,7 +370,10 @@ fn rpm_installs_upgrades_and_erases_in_a_root_and_units_verify() {
         "EnvironmentFile=-/etc/gpushare/gpushare-dra.env",
         "ExecStart=/usr/bin/gpushare-dra $GPUSHARE_DRA_ARGS",
     ] {
-        assert!(dra_unit.contains(line), "{line:?} not in gpushare-dra.service");
+        assert!(
+            dra_unit.contains(line),
+            "{line:?} not in gpushare-dra.service"
+        );
     }
     let installed_dra = fs::read_to_string(r.join("etc/gpushare/dra.toml")).expect("dra.toml");
     let printed_dra = run(Command::new(bin("gpushare-dra")).arg("--print-default-config"));
