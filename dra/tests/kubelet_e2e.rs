@@ -912,3 +912,80 @@ async fn a_podman_container_started_with_exactly_the_kubelet_ids_attaches_and_no
     d.assert_nothing_left(&uid, &[pid]);
     assert!(api.refused().is_empty(), "{:?}", api.refused());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_which_gpushare_doctor_runs_sees_the_plugin_and_name_mismatches() {
+    if !need(is_root(), "root") {
+        return;
+    }
+    let d = daemon();
+    let api = ApiServer::start(NODE).await;
+    let dirs = Dirs::new(&api);
+    let probe = |node: &str| {
+        let out = std::process::Command::new(bin("gpushare-dra"))
+            .args([
+                "--config",
+                "/dev/null",
+                "--node-name",
+                node,
+                "probe",
+                "--json",
+            ])
+            .arg("--gpushared-socket")
+            .arg(&d.socket)
+            .arg("--plugins-dir")
+            .arg(&dirs.plugins)
+            .arg("--registry-dir")
+            .arg(&dirs.registry)
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        (out.status.success(), v)
+    };
+    let (ok, v) = probe(NODE);
+    assert!(!ok, "nothing runs yet: {v}");
+    assert_eq!(v[0]["name"], "registration");
+    assert_eq!(v[0]["ok"], false);
+    let plugin = Plugin::start(&dirs, &d.socket, &[]);
+    assert!(wait_until(Duration::from_secs(10), || dirs
+        .reg_socket()
+        .exists()));
+    let (ok, v) = probe(NODE);
+    assert!(ok, "{v}\n{}", plugin.log());
+    let (ok, v) = probe("ip-10-0-9-9.us-west-2.compute.internal");
+    assert!(!ok);
+    let names = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "names")
+        .unwrap();
+    assert!(
+        names["detail"]
+            .as_str()
+            .unwrap()
+            .contains("node name mismatch"),
+        "{v}"
+    );
+
+    // A plugin started with another node name than gpushared's stops with one line naming
+    // both, exit status 2 (no restart loop: RestartPreventExitStatus=2).
+    let dirs2 = Dirs::new(&api);
+    let mut wrong = Plugin::start(
+        &dirs2,
+        &d.socket,
+        &["--node-name", "ip-10-0-9-9.us-west-2.compute.internal"],
+    );
+    let st = wrong.wait_exit(Duration::from_secs(15)).expect("stops");
+    assert_eq!(st.code(), Some(2), "{}", wrong.log());
+    let log = wrong.log();
+    let line = log
+        .lines()
+        .find(|l| l.starts_with("gpushare-dra: "))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(
+        line.contains("ip-10-0-9-9.us-west-2.compute.internal") && line.contains(NODE),
+        "{line}"
+    );
+    assert!(!dirs2.reg_socket().exists(), "sockets removed");
+}

@@ -120,6 +120,77 @@ pub trait DoctorHost {
     /// # Errors
     /// Not reachable, or an error answer.
     fn daemon(&self, socket: &Path) -> Result<DaemonView, String>;
+    /// Runs `gpushare-dra probe --json` (the DRA kubelet plugin checks its own sockets and
+    /// names, with its own config), bounded to 15 s: `None` when the plugin is not
+    /// installed, else each check as (name, passed, detail).
+    ///
+    /// # Errors
+    /// The probe could not run or its output is unreadable.
+    fn dra_probe(&self) -> Option<Result<Vec<(String, bool, String)>, String>> {
+        let program = self.which("gpushare-dra")?;
+        Some(run_dra_probe(&program))
+    }
+}
+
+fn run_dra_probe(program: &Path) -> Result<Vec<(String, bool, String)>, String> {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(program)
+        .args(["probe", "--json"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("running {}: {e}", program.display()))?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while child.try_wait().map_err(|e| e.to_string())?.is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("{} probe took more than 15 s", program.display()));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let checks: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout)
+        .map_err(|_| String::from_utf8_lossy(&out.stderr).trim().to_string())?;
+    Ok(checks
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap_or_default().to_string(),
+                c["ok"].as_bool().unwrap_or(false),
+                c["detail"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect())
+}
+
+/// The DRA kubelet plugin: its registration socket answers `GetInfo`, its DRA socket
+/// answers, and its node and driver names agree with gpushared's (`gpushare-dra probe`).
+fn check_dra_plugin(host: &dyn DoctorHost) -> Check {
+    let hint = "systemctl status gpushare-dra; journalctl -u gpushare-dra (node and driver names: /etc/gpushare/dra.toml)";
+    match host.dra_probe() {
+        None => check(
+            "dra-plugin",
+            Status::Skip,
+            "gpushare-dra not installed".into(),
+            "",
+        ),
+        Some(Err(e)) => check("dra-plugin", Status::Fail, e, hint),
+        Some(Ok(checks)) => {
+            let failed: Vec<String> = checks
+                .iter()
+                .filter(|c| !c.1)
+                .map(|c| format!("{}: {}", c.0, c.2))
+                .collect();
+            if failed.is_empty() && !checks.is_empty() {
+                let shown: Vec<&str> = checks.iter().map(|c| c.2.as_str()).collect();
+                check("dra-plugin", Status::Ok, shown.join("; "), "")
+            } else {
+                check("dra-plugin", Status::Fail, failed.join("; "), hint)
+            }
+        }
+    }
 }
 
 /// Where `doctor` reads files; [`DoctorPaths::default`] is a real node.
@@ -227,6 +298,7 @@ pub fn run(paths: &DoctorPaths, simulate: Option<&str>, host: &dyn DoctorHost) -
         daemon.as_ref().ok(),
     ));
     checks.push(check_compute_mode(simulate, daemon.as_ref().ok()));
+    checks.push(check_dra_plugin(host));
     Report {
         ok: checks.iter().all(|c| c.status != Status::Fail),
         checks,
@@ -997,5 +1069,52 @@ mod tests {
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["ok"], false);
         assert_eq!(json["checks"][0]["status"], "fail");
+    }
+}
+
+#[cfg(test)]
+mod dra_check_tests {
+    use super::*;
+
+    struct Probe(Option<Result<Vec<(String, bool, String)>, String>>);
+
+    impl DoctorHost for Probe {
+        fn driver_version(&self) -> Result<String, String> {
+            Err("none".into())
+        }
+        fn which(&self, _: &str) -> Option<PathBuf> {
+            None
+        }
+        fn executable(&self, _: &Path) -> bool {
+            false
+        }
+        fn daemon(&self, _: &Path) -> Result<DaemonView, String> {
+            Err("none".into())
+        }
+        fn dra_probe(&self) -> Option<Result<Vec<(String, bool, String)>, String>> {
+            self.0.clone()
+        }
+    }
+
+    #[test]
+    fn the_plugin_check_skips_passes_and_fails_with_the_probe() {
+        assert_eq!(check_dra_plugin(&Probe(None)).status, Status::Skip);
+        let ok = |n: &str| (n.to_string(), true, format!("{n} fine"));
+        let c = check_dra_plugin(&Probe(Some(Ok(vec![ok("registration"), ok("names")]))));
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        let bad = (
+            "names".to_string(),
+            false,
+            "node name mismatch: \"a\" vs \"b\"".to_string(),
+        );
+        let c = check_dra_plugin(&Probe(Some(Ok(vec![ok("registration"), bad]))));
+        assert_eq!(c.status, Status::Fail);
+        assert!(
+            c.detail.contains("node name mismatch") && !c.detail.contains("registration"),
+            "{c:?}"
+        );
+        assert!(c.hint.contains("journalctl -u gpushare-dra"));
+        let c = check_dra_plugin(&Probe(Some(Err("no answer".into()))));
+        assert_eq!(c.status, Status::Fail);
     }
 }

@@ -67,7 +67,11 @@ impl Plugin {
         let child = Command::new(bin("gpushare-dra"))
             .arg("--config")
             .arg(dirs.root.path().join("none.toml"))
-            .args(["--node-name", NODE, "--metrics-address", "off"])
+            .args(if extra.contains(&"--node-name") {
+                vec!["--metrics-address", "off"]
+            } else {
+                vec!["--node-name", NODE, "--metrics-address", "off"]
+            })
             .arg("--kubeconfig")
             .arg(&dirs.kubeconfig)
             .arg("--gpushared-socket")
