@@ -8,6 +8,7 @@
 //! runc and podman.
 
 mod daemon;
+mod dra;
 mod measure;
 mod report;
 mod stats;

@@ -2,8 +2,7 @@
 //! harness), the real `gpushare-dra` binary, and the two stand-ins (kubelet, API server).
 #![allow(dead_code, clippy::unwrap_used)]
 
-pub mod apiserver;
-pub mod kubelet;
+pub use gpushare_dra_testkit::{apiserver, kubelet};
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
