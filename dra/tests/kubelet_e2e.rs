@@ -989,3 +989,153 @@ async fn probe_which_gpushare_doctor_runs_sees_the_plugin_and_name_mismatches() 
     );
     assert!(!dirs2.reg_socket().exists(), "sockets removed");
 }
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let code = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_credentials_metrics_healthz_and_device_health() {
+    if !need(is_root(), "root") {
+        return;
+    }
+    let Some(valid) = valid_cases() else {
+        need(false, "shared/cases");
+        return;
+    };
+    let d = daemon();
+    let api = ApiServer::start(NODE).await;
+    let seed = valid
+        .iter()
+        .find(|(f, _)| f == "seed-mps.yaml")
+        .unwrap()
+        .1
+        .clone();
+    api.add_claim(&seed, Some(NODE));
+    let dirs = Dirs::new(&api);
+    // kubelet's kubeconfig on AL2023 gets its token from an `exec` credential plugin.
+    let helper = dirs.root.path().join("get-token");
+    std::fs::write(
+        &helper,
+        format!("#!/bin/sh\necho '{{\"apiVersion\":\"client.authentication.k8s.io/v1\",\"kind\":\"ExecCredential\",\"status\":{{\"token\":\"node:{NODE}\"}}}}'\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&helper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::write(
+        &dirs.kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://{}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\nusers:\n- name: u\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: {}\n      interactiveMode: Never\n",
+            api.addr,
+            helper.display()
+        ),
+    )
+    .unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let dirs2 = &dirs;
+    let plugin = Plugin::start(
+        dirs2,
+        &d.socket,
+        &["--device-health", "--metrics-address", &addr],
+    );
+    let kubelet = Kubelet::new(&dirs2.registry, Release::K134);
+    let reg = kubelet
+        .register("gpu.nvidia.com", Duration::from_secs(20), None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", plugin.log()));
+    assert_eq!(
+        reg.info.supported_versions,
+        [
+            "v1.DRAPlugin",
+            "v1beta1.DRAPlugin",
+            "v1alpha1.DRAResourceHealth"
+        ]
+    );
+    let r = claim_ref(&seed);
+    let a = reg.prepare(std::slice::from_ref(&r), None).await.unwrap();
+    assert!(
+        a[&r.uid].is_ok(),
+        "exec credentials: {a:?}\n{}",
+        plugin.log()
+    );
+    assert!(wait_until(Duration::from_secs(10), || !api
+        .slices()
+        .is_empty()));
+
+    let (code, body) = tokio::task::spawn_blocking({
+        let addr = addr.clone();
+        move || http_get(&addr, "/healthz")
+    })
+    .await
+    .unwrap();
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+    let (code, metrics) = tokio::task::spawn_blocking({
+        let addr = addr.clone();
+        move || http_get(&addr, "/metrics")
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 200);
+    for needle in [
+        "gpushare_dra_claims_total{method=\"NodePrepareResources\",outcome=\"ok\"} 1",
+        "gpushare_dra_calls_total{method=\"NodePrepareResources\",version=\"v1\"} 1",
+        "gpushare_dra_published_slices 1",
+        "gpushare_dra_registered 1",
+        "gpushare_dra_gpushared_up 1",
+        "gpushare_dra_claim_duration_seconds_count{method=\"NodePrepareResources\"} 1",
+        "# EOF",
+    ] {
+        assert!(metrics.contains(needle), "{needle} not in:\n{metrics}");
+    }
+
+    // Device health: the complete list, every published device HEALTHY.
+    let ch = gpushare_dra::sockets::channel(&dirs2.dra_socket(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut h =
+        gpushare_dra::grpc::health::dra_resource_health_client::DraResourceHealthClient::new(ch);
+    let mut stream = h
+        .node_watch_resources(gpushare_dra::grpc::health::NodeWatchResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    let names: BTreeSet<String> = first
+        .devices
+        .iter()
+        .map(|x| x.device.as_ref().unwrap().device_name.clone())
+        .collect();
+    assert!(
+        names.contains("gpu-0") && names.contains("gpu-7"),
+        "{names:?}"
+    );
+    assert!(
+        first.devices.iter().all(|x| x.health
+            == gpushare_dra::grpc::health::HealthStatus::Healthy as i32
+            && x.device.as_ref().unwrap().pool_name == NODE),
+        "{first:?}"
+    );
+    let _ = reg.unprepare(std::slice::from_ref(&r), None).await.unwrap();
+    d.assert_nothing_left(&r.uid, &[]);
+}

@@ -67,9 +67,14 @@ impl Plugin {
             .arg("--config")
             .arg(dirs.root.path().join("none.toml"))
             .args(if extra.contains(&"--node-name") {
-                vec!["--metrics-address", "off"]
+                vec![]
             } else {
-                vec!["--node-name", NODE, "--metrics-address", "off"]
+                vec!["--node-name", NODE]
+            })
+            .args(if extra.contains(&"--metrics-address") {
+                vec![]
+            } else {
+                vec!["--metrics-address", "off"]
             })
             .arg("--kubeconfig")
             .arg(&dirs.kubeconfig)
