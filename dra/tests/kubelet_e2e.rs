@@ -988,6 +988,21 @@ async fn probe_which_gpushare_doctor_runs_sees_the_plugin_and_name_mismatches() 
         "{line}"
     );
     assert!(!dirs2.reg_socket().exists(), "sockets removed");
+
+    // A driver name gpushared does not serve (its health reports its [node] drivers).
+    let dirs3 = Dirs::new(&api);
+    let mut other = Plugin::start(&dirs3, &d.socket, &["--driver-name", "gpu.example.com"]);
+    let st = other.wait_exit(Duration::from_secs(15)).expect("stops");
+    assert_eq!(st.code(), Some(2), "{}", other.log());
+    let log = other.log();
+    let line = log
+        .lines()
+        .find(|l| l.starts_with("gpushare-dra: "))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(
+        line.contains("gpu.example.com") && line.contains("gpu.nvidia.com"),
+        "{line}"
+    );
 }
 
 fn free_port() -> u16 {

@@ -905,6 +905,7 @@ mod tests {
                 checkpoint_error: None,
                 degraded_claims: 0,
                 stopping: false,
+                drivers: vec![],
             },
             gpus,
             claims: vec![],

@@ -1258,6 +1258,7 @@ impl Service {
                 .filter(|c| c.state == ClaimState::Degraded)
                 .count(),
             stopping: st.stopping,
+            drivers: self.cfg.drivers.clone(),
         }
     }
 }
