@@ -59,47 +59,6 @@ pub fn device_health(
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use gpushare_proto::RequestDevices;
-
-    fn gpu(minor: u32) -> GpuInfo {
-        serde_json::from_value(serde_json::json!({
-            "name": format!("gpu-{minor}"), "minor": minor, "uuid": format!("GPU-{minor}"),
-            "product_name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960,
-            "compute_mode": "Default", "time_slice": "Default", "sharing": "Free", "claims": []
-        }))
-        .unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    fn claim(uid: &str, state: ClaimState, device: &str) -> ClaimInfo {
-        serde_json::from_value(serde_json::json!({
-            "uid": uid, "namespace": "ns", "name": uid, "state": state, "groups": [],
-            "requests": [RequestDevices { request: "gpu".into(), cdi_device_ids: vec![], devices: vec![device.into()], per_device: vec![] }],
-            "cdi_spec": "", "attach_limit": null, "attached": []
-        }))
-        .unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    #[test]
-    fn a_degraded_claims_devices_are_unhealthy_and_the_rest_healthy() {
-        let gpus = [gpu(0), gpu(1), gpu(2)];
-        let claims = [
-            claim("a", ClaimState::Degraded, "gpu-1"),
-            claim("b", ClaimState::Prepared, "gpu-2"),
-        ];
-        let h = device_health(&gpus, &claims);
-        assert_eq!(h["gpu-0"].0, HealthStatus::Healthy);
-        assert_eq!(h["gpu-1"].0, HealthStatus::Unhealthy);
-        assert!(h["gpu-1"].1.contains("claim a is Degraded"));
-        assert_eq!(h["gpu-2"].0, HealthStatus::Healthy);
-        // Back to Prepared: healthy again.
-        let h = device_health(&gpus, &[claim("a", ClaimState::Prepared, "gpu-1")]);
-        assert_eq!(h["gpu-1"].0, HealthStatus::Healthy);
-    }
-}
-
 type HealthStream = Pin<Box<dyn Stream<Item = Result<NodeWatchResourcesResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -154,5 +113,46 @@ impl DraResourceHealth for HealthService {
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpushare_proto::RequestDevices;
+
+    fn gpu(minor: u32) -> GpuInfo {
+        serde_json::from_value(serde_json::json!({
+            "name": format!("gpu-{minor}"), "minor": minor, "uuid": format!("GPU-{minor}"),
+            "product_name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960,
+            "compute_mode": "Default", "time_slice": "Default", "sharing": "Free", "claims": []
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn claim(uid: &str, state: ClaimState, device: &str) -> ClaimInfo {
+        serde_json::from_value(serde_json::json!({
+            "uid": uid, "namespace": "ns", "name": uid, "state": state, "groups": [],
+            "requests": [RequestDevices { request: "gpu".into(), cdi_device_ids: vec![], devices: vec![device.into()], per_device: vec![] }],
+            "cdi_spec": "", "attach_limit": null, "attached": []
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_degraded_claims_devices_are_unhealthy_and_the_rest_healthy() {
+        let gpus = [gpu(0), gpu(1), gpu(2)];
+        let claims = [
+            claim("a", ClaimState::Degraded, "gpu-1"),
+            claim("b", ClaimState::Prepared, "gpu-2"),
+        ];
+        let h = device_health(&gpus, &claims);
+        assert_eq!(h["gpu-0"].0, HealthStatus::Healthy);
+        assert_eq!(h["gpu-1"].0, HealthStatus::Unhealthy);
+        assert!(h["gpu-1"].1.contains("claim a is Degraded"));
+        assert_eq!(h["gpu-2"].0, HealthStatus::Healthy);
+        // Back to Prepared: healthy again.
+        let h = device_health(&gpus, &[claim("a", ClaimState::Prepared, "gpu-1")]);
+        assert_eq!(h["gpu-1"].0, HealthStatus::Healthy);
     }
 }

@@ -792,6 +792,9 @@ async fn kill_9_mid_prepare_then_kubelets_retry_gets_the_same_ids_and_one_mps_da
     d.assert_nothing_left(&r.uid, &[pid]);
 }
 
+// The guard serializes with the other tests that use /var/run/cdi; each test has its own
+// runtime, so holding it across awaits blocks no other task of this test.
+#[allow(clippy::await_holding_lock)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_podman_container_started_with_exactly_the_kubelet_ids_attaches_and_nothing_is_left() {
     if !need(is_root(), "root")

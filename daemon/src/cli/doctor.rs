@@ -126,13 +126,16 @@ pub trait DoctorHost {
     ///
     /// # Errors
     /// The probe could not run or its output is unreadable.
-    fn dra_probe(&self) -> Option<Result<Vec<(String, bool, String)>, String>> {
+    fn dra_probe(&self) -> Option<Result<Vec<ProbeCheck>, String>> {
         let program = self.which("gpushare-dra")?;
         Some(run_dra_probe(&program))
     }
 }
 
-fn run_dra_probe(program: &Path) -> Result<Vec<(String, bool, String)>, String> {
+/// One check of `gpushare-dra probe`: (name, passed, detail).
+pub type ProbeCheck = (String, bool, String);
+
+fn run_dra_probe(program: &Path) -> Result<Vec<ProbeCheck>, String> {
     use std::process::{Command, Stdio};
     let mut child = Command::new(program)
         .args(["probe", "--json"])
@@ -1077,7 +1080,7 @@ mod tests {
 mod dra_check_tests {
     use super::*;
 
-    struct Probe(Option<Result<Vec<(String, bool, String)>, String>>);
+    struct Probe(Option<Result<Vec<ProbeCheck>, String>>);
 
     impl DoctorHost for Probe {
         fn driver_version(&self) -> Result<String, String> {
@@ -1092,7 +1095,7 @@ mod dra_check_tests {
         fn daemon(&self, _: &Path) -> Result<DaemonView, String> {
             Err("none".into())
         }
-        fn dra_probe(&self) -> Option<Result<Vec<(String, bool, String)>, String>> {
+        fn dra_probe(&self) -> Option<Result<Vec<ProbeCheck>, String>> {
             self.0.clone()
         }
     }
