@@ -1157,3 +1157,61 @@ async fn exec_credentials_metrics_healthz_and_device_health() {
     let _ = reg.unprepare(std::slice::from_ref(&r), None).await.unwrap();
     d.assert_nothing_left(&r.uid, &[]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_kubelet_refuses_shows_in_healthz_and_metrics() {
+    if !need(is_root(), "root") {
+        return;
+    }
+    let d = daemon();
+    let api = ApiServer::start(NODE).await;
+    let dirs = Dirs::new(&api);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let plugin = Plugin::start(&dirs, &d.socket, &["--metrics-address", &addr]);
+    assert!(
+        wait_until(Duration::from_secs(10), || dirs.reg_socket().exists()),
+        "{}",
+        plugin.log()
+    );
+    let ch = gpushare_dra::sockets::channel(&dirs.reg_socket(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut reg =
+        gpushare_dra::grpc::registration::registration_client::RegistrationClient::new(ch);
+    // As kubelet does when ValidatePlugin or RegisterPlugin fails.
+    let answer = reg
+        .notify_registration_status(gpushare_dra::grpc::registration::RegistrationStatus {
+            plugin_registered: false,
+            error: "plugin gpu.nvidia.com already registered at another endpoint".into(),
+        })
+        .await;
+    assert!(
+        answer.is_err(),
+        "a refusal is answered with an error, as the Go helper does"
+    );
+    let (code, body) = tokio::task::spawn_blocking({
+        let addr = addr.clone();
+        move || http_get(&addr, "/healthz")
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("kubelet refused the registration: plugin gpu.nvidia.com already registered"),
+        "{body}"
+    );
+    let (_, metrics) = tokio::task::spawn_blocking({
+        let addr = addr.clone();
+        move || http_get(&addr, "/metrics")
+    })
+    .await
+    .unwrap();
+    assert!(metrics.contains("gpushare_dra_registered -1"), "{metrics}");
+    assert!(
+        plugin
+            .log()
+            .contains("kubelet refused the plugin's registration"),
+        "{}",
+        plugin.log()
+    );
+}
