@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the gpushare RPM: the four shipped binaries (gpushared, gpushare, gpushare-cdi-hook,
-# gpushare-runtime), systemd unit, preset and tmpfiles.d, the config files (%config(noreplace)),
+# Builds the gpushare RPM: the five shipped binaries (gpushared, gpushare, gpushare-cdi-hook,
+# gpushare-runtime, gpushare-dra), systemd units, preset and tmpfiles.d, the config files (%config(noreplace)),
 # the containerd and nodeadm drop-ins, man pages and shell completions generated from the
 # binaries' own clap definitions, license and docs, and the %post/%preun/%postun scriptlets
 # (packaging/rpm/). Metadata: [package.metadata.generate-rpm] in daemon/Cargo.toml.
@@ -28,7 +28,7 @@ case "$profile" in dev) dir=debug ;; *) dir="$profile" ;; esac
 
 target_dir=${CARGO_TARGET_DIR:-target}
 out="$target_dir${target:+/${target[1]}}/$dir"
-bins=(gpushared gpushare gpushare-cdi-hook gpushare-runtime)
+bins=(gpushared gpushare gpushare-cdi-hook gpushare-runtime gpushare-dra)
 if [ "$profile" = dev ]; then
   # Rebuilding a subset of the workspace could unify features differently and replace the
   # binaries the tests use: take the workspace build as it is.

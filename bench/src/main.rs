@@ -8,6 +8,7 @@
 //! runc and podman.
 
 mod daemon;
+mod dra;
 mod measure;
 mod report;
 mod stats;
@@ -34,6 +35,10 @@ pub struct Cli {
     /// The command line to print as "reproduce" in the report.
     #[arg(long, value_name = "CMD", default_value = "bench/run.sh")]
     pub command: String,
+    /// Run only the DRA kubelet plugin's measurements (`dra`): the report then holds only
+    /// its section and targets.
+    #[arg(long, value_name = "SECTION", value_parser = ["dra"])]
+    pub only: Option<String>,
     /// Markdown file appended to the report as its notes.
     #[arg(long, value_name = "FILE")]
     pub notes: Option<PathBuf>,

@@ -33,6 +33,7 @@ struct Sizes {
     per_client: usize,
     idle: Duration,
     restarts: usize,
+    dra: usize,
 }
 
 impl Sizes {
@@ -48,6 +49,7 @@ impl Sizes {
             per_client: 8,
             idle: Duration::from_secs(60),
             restarts: 5,
+            dra: 60,
         }
     }
 
@@ -63,6 +65,7 @@ impl Sizes {
             per_client: 2,
             idle: Duration::from_secs(2),
             restarts: 1,
+            dra: 3,
         }
     }
 }
@@ -98,6 +101,7 @@ pub fn run(cli: &Cli) -> Result<Report> {
         "gpushare-cdi-hook",
         "gpushare-runtime",
         "gpushare-mps-control",
+        "gpushare-dra",
     ] {
         if !bin_dir.join(b).is_file() {
             bail!(
@@ -121,7 +125,11 @@ pub fn run(cli: &Cli) -> Result<Report> {
     };
     ctx.report.machine = machine(&ctx.bin_dir);
     let t0 = Instant::now();
-    let result = ctx.all();
+    let result = if cli.only.is_some() {
+        ctx.dra_only()
+    } else {
+        ctx.all()
+    };
     ctx.report.seconds = t0.elapsed().as_secs_f64();
     result?;
     if let Ok(load) = fs::read_to_string("/proc/loadavg") {
@@ -180,9 +188,36 @@ impl Ctx {
 
         progress("prepare/unprepare per strategy");
         self.strategies(&d)?;
+        progress("DRA kubelet plugin");
+        let (section, targets) = crate::dra::measure(
+            &self.bin_dir,
+            &self.work,
+            &d,
+            &mut self.uids,
+            self.sizes.dra,
+        )?;
+        self.report.sections.push(section);
+        self.report.targets.extend(targets);
         progress("scaling, footprint and recovery");
         self.scale_footprint_recovery(&mut d, idle_rss)?;
         drop(d);
+        Ok(())
+    }
+
+    /// Only the DRA kubelet plugin's section (`--only dra`).
+    fn dra_only(&mut self) -> Result<()> {
+        let emulator = self.bin("gpushare-mps-control");
+        let d = Daemon::start(&self.bin_dir, &self.work.join("e"), &emulator)?;
+        progress("DRA kubelet plugin");
+        let (section, targets) = crate::dra::measure(
+            &self.bin_dir,
+            &self.work,
+            &d,
+            &mut self.uids,
+            self.sizes.dra,
+        )?;
+        self.report.sections.push(section);
+        self.report.targets.extend(targets);
         Ok(())
     }
 

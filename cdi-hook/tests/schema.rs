@@ -762,6 +762,7 @@ fn samples() -> Vec<(&'static str, Value)> {
                 checkpoint_error: None,
                 degraded_claims: 1,
                 stopping: false,
+                drivers: vec!["gpu.nvidia.com".into()],
             }),
         ),
         (

@@ -572,6 +572,7 @@ mod tests {
             checkpoint_error: error.map(str::to_string),
             degraded_claims: degraded,
             stopping: false,
+            drivers: vec!["gpu.nvidia.com".into()],
         };
         let text = |h: HealthInfo| {
             let mut r = Registry::default();

@@ -11,4 +11,5 @@ if [ "$1" -eq 1 ]; then
     # `systemctl start gpushared`), so that installing from cloud-init before nodeadm runs
     # never races the node's bootstrap.
     systemctl --no-reload preset gpushared.service >/dev/null 2>&1 || :
+    systemctl --no-reload preset gpushare-dra.service >/dev/null 2>&1 || :
 fi

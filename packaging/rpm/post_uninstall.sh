@@ -6,4 +6,5 @@ if [ -d /run/systemd/system ]; then
 fi
 if [ "$1" -ge 1 ]; then
     systemctl try-restart gpushared.service >/dev/null 2>&1 || :
+    systemctl try-restart gpushare-dra.service >/dev/null 2>&1 || :
 fi

@@ -749,6 +749,11 @@ pub struct HealthInfo {
     /// The daemon is stopping (SIGTERM): changing requests are refused.
     #[serde(default)]
     pub stopping: bool,
+    /// The DRA driver names whose allocation results it serves (`[node] drivers`); a DRA
+    /// kubelet plugin checks its own driver name against them. Empty from daemons before
+    /// this field.
+    #[serde(default)]
+    pub drivers: Vec<String>,
 }
 
 /// Result of `version`.

@@ -11,11 +11,12 @@ use std::process::Command;
 use gpushare_e2e::{bin, need, which};
 
 /// The binaries the RPM ships.
-const SHIPPED: [&str; 4] = [
+const SHIPPED: [&str; 5] = [
     "gpushared",
     "gpushare",
     "gpushare-cdi-hook",
     "gpushare-runtime",
+    "gpushare-dra",
 ];
 
 /// AL2023's glibc.
@@ -71,6 +72,10 @@ fn expected_files() -> Vec<(&'static str, u32, bool)> {
         ("/usr/bin/gpushare-cdi-hook", 0o755, false),
         ("/usr/bin/gpushare-runtime", 0o755, false),
         ("/usr/lib/systemd/system/gpushared.service", 0o644, false),
+        ("/usr/bin/gpushare-dra", 0o755, false),
+        ("/usr/lib/systemd/system/gpushare-dra.service", 0o644, false),
+        ("/etc/gpushare/dra.toml", 0o644, true),
+        ("/etc/gpushare/gpushare-dra.env", 0o644, true),
         (
             "/usr/lib/systemd/system-preset/90-gpushare.preset",
             0o644,
@@ -226,8 +231,22 @@ fn rpm_scriptlets_match_the_systemd_macros() {
         !upgrade.contains("preset"),
         "an upgrade must not re-apply presets: {upgrade}"
     );
+    assert!(
+        fresh.contains("systemctl --no-reload preset gpushare-dra.service"),
+        "{fresh}"
+    );
     let erase = calls("pre_uninstall.sh", "0");
     assert!(erase.contains("disable --now gpushared.service"), "{erase}");
+    // The plugin stops first, then this node's slices go (`gpushare-dra --remove-slices`).
+    let plugin_stop = erase
+        .find("disable --now gpushare-dra.service")
+        .unwrap_or_else(|| panic!("{erase}"));
+    assert!(plugin_stop < erase.find("disable --now gpushared.service").unwrap_or(0));
+    let text = fs::read_to_string(script("pre_uninstall.sh")).expect("scriptlet");
+    assert!(
+        text.contains("/usr/bin/gpushare-dra $GPUSHARE_DRA_ARGS --remove-slices"),
+        "{text}"
+    );
     assert_eq!(
         calls("pre_uninstall.sh", "1"),
         "",
@@ -336,10 +355,35 @@ fn rpm_installs_upgrades_and_erases_in_a_root_and_units_verify() {
             .output()
             .expect("systemd-analyze")
     };
-    let out = verify("gpushared.service");
-    let said =
-        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && said.trim().is_empty(), "{said}");
+    for unit in ["gpushared.service", "gpushare-dra.service"] {
+        let out = verify(unit);
+        let said = String::from_utf8_lossy(&out.stderr).into_owned()
+            + &String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && said.trim().is_empty(),
+            "{unit}: {said}"
+        );
+    }
+    // The plugin's unit: ordered after gpushared and kubelet, always restarted in 2 s (under
+    // kubelet's 30 s wipe), no capabilities kept, flags from its env file.
+    let dra_unit = fs::read_to_string(units.join("gpushare-dra.service")).expect("unit");
+    for line in [
+        "After=network-online.target gpushared.service kubelet.service",
+        "Restart=always",
+        "RestartSec=2",
+        "CapabilityBoundingSet=\n",
+        "AmbientCapabilities=\n",
+        "EnvironmentFile=-/etc/gpushare/gpushare-dra.env",
+        "ExecStart=/usr/bin/gpushare-dra $GPUSHARE_DRA_ARGS",
+    ] {
+        assert!(
+            dra_unit.contains(line),
+            "{line:?} not in gpushare-dra.service"
+        );
+    }
+    let installed_dra = fs::read_to_string(r.join("etc/gpushare/dra.toml")).expect("dra.toml");
+    let printed_dra = run(Command::new(bin("gpushare-dra")).arg("--print-default-config"));
+    assert_eq!(installed_dra, printed_dra);
     // …and it does complain about a broken copy, so the check above can fail.
     let unit = units.join("gpushared.service");
     let good = fs::read_to_string(&unit).expect("unit");

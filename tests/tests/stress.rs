@@ -70,12 +70,12 @@ fn ask_of(i: usize) -> (usize, Ask) {
     let gpu = i % 8;
     let replicas = (i / 8 % 4) as u32 + 1;
     let ask = match gpu {
-        0..=3 if i % 5 == 0 => Ask::TimeSliced("short", replicas),
+        0..=3 if i.is_multiple_of(5) => Ask::TimeSliced("short", replicas),
         0..=3 => Ask::TimeSliced("default", replicas),
-        4 if i % 3 == 0 => Ask::Exclusive,
+        4 if i.is_multiple_of(3) => Ask::Exclusive,
         4 => Ask::TimeSliced("long", 2),
         5 => Ask::Exclusive,
-        6 if i % 2 == 0 => Ask::Mps(2),
+        6 if i.is_multiple_of(2) => Ask::Mps(2),
         6 => Ask::TimeSliced("medium", replicas),
         _ => Ask::Mps(3),
     };

@@ -6,8 +6,8 @@
 //! driver's CDI spec (`[cdi] driver_spec`), the containerd config (CDI enabled or
 //! the `gpushare` runtime configured), `nodeadm` and our drop-in, the CDI spec directories
 //! (valid specs, no device defined twice), the daemon's socket, whether the daemon answering
-//! there uses the directories checked here, the checkpoint, degraded claims, and the compute
-//! mode of GPUs shared with MPS. Files are read where [`DoctorPaths`] says (the config file,
+//! there uses the directories checked here, the checkpoint, degraded claims, the compute
+//! mode of GPUs shared with MPS, and the DRA kubelet plugin (`gpushare-dra probe`). Files are read where [`DoctorPaths`] says (the config file,
 //! with `--state-dir`/`--run-dir`/`--cdi-dir` laid over it as gpushared does; tests point them
 //! at temporary directories); everything that asks the driver, `PATH`, `/proc/locks` or the
 //! daemon goes through [`DoctorHost`]. Nothing is changed: a corrupt checkpoint is reported,
@@ -136,6 +136,80 @@ pub trait DoctorHost {
     /// # Errors
     /// `path` or `/proc/locks` cannot be read (the message says which and why).
     fn lock_holder(&self, path: &Path) -> Result<Option<i32>, String>;
+    /// Runs `gpushare-dra probe --json` (the DRA kubelet plugin checks its own sockets and
+    /// names, with its own config), bounded to 15 s: `None` when the plugin is not
+    /// installed, else each check as (name, passed, detail).
+    ///
+    /// # Errors
+    /// The probe could not run or its output is unreadable.
+    fn dra_probe(&self) -> Option<Result<Vec<ProbeCheck>, String>> {
+        let program = self.which("gpushare-dra")?;
+        Some(run_dra_probe(&program))
+    }
+}
+
+/// One check of `gpushare-dra probe`: (name, passed, detail).
+pub type ProbeCheck = (String, bool, String);
+
+fn run_dra_probe(program: &Path) -> Result<Vec<ProbeCheck>, String> {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(program)
+        .args(["probe", "--json"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("running {}: {e}", program.display()))?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while child.try_wait().map_err(|e| e.to_string())?.is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("{} probe took more than 15 s", program.display()));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let checks: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout)
+        .map_err(|_| String::from_utf8_lossy(&out.stderr).trim().to_string())?;
+    Ok(checks
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap_or_default().to_string(),
+                c["ok"].as_bool().unwrap_or(false),
+                c["detail"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect())
+}
+
+/// The DRA kubelet plugin: its registration socket answers `GetInfo`, its DRA socket
+/// answers, and its node and driver names agree with gpushared's (`gpushare-dra probe`).
+fn check_dra_plugin(host: &dyn DoctorHost) -> Check {
+    let hint = "systemctl status gpushare-dra; journalctl -u gpushare-dra (node and driver names: /etc/gpushare/dra.toml)";
+    match host.dra_probe() {
+        None => check(
+            "dra-plugin",
+            Status::Skip,
+            "gpushare-dra not installed".into(),
+            "",
+        ),
+        Some(Err(e)) => check("dra-plugin", Status::Fail, e, hint),
+        Some(Ok(checks)) => {
+            let failed: Vec<String> = checks
+                .iter()
+                .filter(|c| !c.1)
+                .map(|c| format!("{}: {}", c.0, c.2))
+                .collect();
+            if failed.is_empty() && !checks.is_empty() {
+                let shown: Vec<&str> = checks.iter().map(|c| c.2.as_str()).collect();
+                check("dra-plugin", Status::Ok, shown.join("; "), "")
+            } else {
+                check("dra-plugin", Status::Fail, failed.join("; "), hint)
+            }
+        }
+    }
 }
 
 /// Where `doctor` reads files; [`DoctorPaths::default`] is a real node.
@@ -244,6 +318,7 @@ pub const CHECKS: &[CheckFn] = &[
     },
     check_claims,
     |c| check_compute_mode(c.simulate.as_deref(), c.daemon.as_ref().ok()),
+    |c| check_dra_plugin(c.host),
 ];
 
 /// A directory as gpushared resolves it (the daemon reports real paths), when it exists.
@@ -1183,6 +1258,7 @@ mod tests {
                 checkpoint_error: None,
                 degraded_claims: 0,
                 stopping: false,
+                drivers: vec![],
             },
             gpus,
             claims: vec![],
@@ -1217,8 +1293,13 @@ mod tests {
         };
         let r = run(&n.paths, None, &host);
         assert!(r.ok, "{}", r.text());
+        // gpushare-dra is not installed on this fake host (a node whose plugin runs as a
+        // DaemonSet): its check is skipped, every other one passes.
         assert!(
-            r.checks.iter().all(|c| c.status == Status::Ok),
+            r.checks
+                .iter()
+                .all(|c| c.status == Status::Ok
+                    || (c.name == "dra-plugin" && c.status == Status::Skip)),
             "{}",
             r.text()
         );
@@ -1535,5 +1616,58 @@ mod tests {
         // Without a daemon there is nothing to say.
         let r = run(&n.paths, Some("g5.xlarge"), &FakeHost::default());
         assert_eq!(get(&r, "claims").status, Status::Skip);
+    }
+}
+
+#[cfg(test)]
+mod dra_check_tests {
+    use super::*;
+
+    struct Probe(Option<Result<Vec<ProbeCheck>, String>>);
+
+    impl DoctorHost for Probe {
+        fn driver_version(&self) -> Result<String, String> {
+            Err("none".into())
+        }
+        fn which(&self, _: &str) -> Option<PathBuf> {
+            None
+        }
+        fn executable(&self, _: &Path) -> bool {
+            false
+        }
+        fn daemon(&self, _: &Path) -> Result<DaemonView, String> {
+            Err("none".into())
+        }
+        fn gpushared_dir(&self) -> PathBuf {
+            PathBuf::from("/nonexistent")
+        }
+        fn lock_holder(&self, _: &Path) -> Result<Option<i32>, String> {
+            Ok(None)
+        }
+        fn dra_probe(&self) -> Option<Result<Vec<ProbeCheck>, String>> {
+            self.0.clone()
+        }
+    }
+
+    #[test]
+    fn the_plugin_check_skips_passes_and_fails_with_the_probe() {
+        assert_eq!(check_dra_plugin(&Probe(None)).status, Status::Skip);
+        let ok = |n: &str| (n.to_string(), true, format!("{n} fine"));
+        let c = check_dra_plugin(&Probe(Some(Ok(vec![ok("registration"), ok("names")]))));
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        let bad = (
+            "names".to_string(),
+            false,
+            "node name mismatch: \"a\" vs \"b\"".to_string(),
+        );
+        let c = check_dra_plugin(&Probe(Some(Ok(vec![ok("registration"), bad]))));
+        assert_eq!(c.status, Status::Fail);
+        assert!(
+            c.detail.contains("node name mismatch") && !c.detail.contains("registration"),
+            "{c:?}"
+        );
+        assert!(c.hint.contains("journalctl -u gpushare-dra"));
+        let c = check_dra_plugin(&Probe(Some(Err("no answer".into()))));
+        assert_eq!(c.status, Status::Fail);
     }
 }

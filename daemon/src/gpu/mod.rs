@@ -2,14 +2,15 @@
 //! (compute mode, time-slice interval). [`HostBackend`] drives real GPUs through NVML (the
 //! [`nvml`] leaf) and `nvidia-smi` ([`timeslice`]); [`SimulatedBackend`] describes a node from
 //! a [`catalog`] profile. [`ManagedSettings`] lays the administrator's switches over either.
-//! [`resource_slice`] builds, purely, the ResourceSlice a DRA driver would publish.
+//! [`resource_slice`] is the `gpushare-slice` crate (shared with `gpushare-dra`): it builds,
+//! purely, the ResourceSlices a DRA driver publishes.
 
 pub mod catalog;
 mod host;
 mod managed;
 pub mod nodes;
 pub mod nvml;
-pub mod resource_slice;
+pub use gpushare_slice as resource_slice;
 mod sim;
 pub mod timeslice;
 

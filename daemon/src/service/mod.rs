@@ -1526,6 +1526,7 @@ impl Service {
                 .filter(|c| c.state == ClaimState::Degraded)
                 .count(),
             stopping: st.stopping,
+            drivers: self.cfg.drivers.clone(),
         }
     }
 }

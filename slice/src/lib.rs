@@ -1,6 +1,9 @@
-//! The `resource.k8s.io/v1` ResourceSlice a DRA driver would publish for this node, with
-//! NVIDIA's attribute names and capacities (`research/dra-driver.md` §6), so operators see
-//! what the scheduler matches their CEL selectors against. Pure: built from `list_gpus`.
+//! The ResourceSlices gpushare publishes for a node, with NVIDIA's attribute names and
+//! capacities (`research/dra-driver.md` §6), built purely from `gpushared`'s `list_gpus`.
+//! One builder for both users: `gpushare gpus -o resourceslice` prints [`build`]'s slice so
+//! operators see what the scheduler matches their CEL selectors against, and the DRA kubelet
+//! plugin `gpushare-dra` publishes [`build_pool`]'s slices, in the `resource.k8s.io` version
+//! the API server serves ([`ApiVersion`], [`ResourceSlice::to_api_object`]).
 //!
 //! Full GPUs are `gpu-<minor>` devices; a GPU in MIG mode publishes its MIG devices instead
 //! (static MIG), named `gpu-<minor>-mig-<profile>-<GI profile id>-<placement start>`.
@@ -10,6 +13,10 @@ use std::collections::BTreeMap;
 
 use gpushare_proto::{GpuInfo, MigDeviceInfo};
 use serde::{Deserialize, Serialize};
+
+mod version;
+
+pub use version::{devices_of_object, ApiVersion};
 
 /// `apiVersion` of the slice.
 pub const API_VERSION: &str = "resource.k8s.io/v1";
@@ -143,7 +150,7 @@ pub fn quantity(bytes: u64) -> String {
     const SUFFIXES: [&str; 6] = ["Ei", "Pi", "Ti", "Gi", "Mi", "Ki"];
     for (i, s) in SUFFIXES.iter().enumerate() {
         let unit = 1u64 << (10 * (6 - i));
-        if bytes >= unit && bytes % unit == 0 {
+        if bytes >= unit && bytes.is_multiple_of(unit) {
             return format!("{}{s}", bytes / unit);
         }
     }
@@ -235,8 +242,83 @@ fn mig_device(g: &GpuInfo, m: &MigDeviceInfo) -> Device {
     }
 }
 
-/// The slice for `gpus` on node `node_name`, published by `driver`.
+/// The slice for `gpus` on node `node_name`, published by `driver`: every device in one
+/// slice named `<node>-<driver>`, generation 1 (what `gpushare gpus -o resourceslice`
+/// prints; [`build_pool`] splits a pool at the API's per-slice device limit).
 pub fn build(gpus: &[GpuInfo], node_name: &str, driver: &str) -> ResourceSlice {
+    slice(
+        format!("{node_name}-{driver}"),
+        node_name,
+        driver,
+        1,
+        1,
+        devices(gpus),
+    )
+}
+
+/// The pool `driver` publishes for `gpus` on node `node_name` at pool `generation`: the
+/// devices of [`devices`] cut into slices of at most [`MAX_DEVICES`] (the API server refuses
+/// a larger slice), each slice's `resourceSliceCount` the number of slices. A node without
+/// devices gets one empty slice, so the pool still says the driver runs there. Slice names
+/// are `<node>-<driver>-<index>`; a publisher that creates slices uses `generateName`
+/// instead.
+pub fn build_pool(
+    gpus: &[GpuInfo],
+    node_name: &str,
+    driver: &str,
+    generation: i64,
+) -> Vec<ResourceSlice> {
+    let all = devices(gpus);
+    let chunks: Vec<Vec<Device>> = if all.is_empty() {
+        vec![Vec::new()]
+    } else {
+        all.chunks(MAX_DEVICES).map(<[Device]>::to_vec).collect()
+    };
+    let count = i64::try_from(chunks.len()).unwrap_or(i64::MAX);
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(i, d)| {
+            slice(
+                format!("{node_name}-{driver}-{i}"),
+                node_name,
+                driver,
+                generation,
+                count,
+                d,
+            )
+        })
+        .collect()
+}
+
+fn slice(
+    name: String,
+    node_name: &str,
+    driver: &str,
+    generation: i64,
+    resource_slice_count: i64,
+    devices: Vec<Device>,
+) -> ResourceSlice {
+    ResourceSlice {
+        api_version: API_VERSION.into(),
+        kind: "ResourceSlice".into(),
+        metadata: Metadata { name },
+        spec: ResourceSliceSpec {
+            driver: driver.into(),
+            pool: Pool {
+                name: node_name.into(),
+                generation,
+                resource_slice_count,
+            },
+            node_name: node_name.into(),
+            devices,
+        },
+    }
+}
+
+/// The devices of a node, in `gpus` order: `gpu-<minor>` for a whole GPU, its MIG devices
+/// instead for a GPU in MIG mode.
+pub fn devices(gpus: &[GpuInfo]) -> Vec<Device> {
     let mut devices = Vec::new();
     for g in gpus {
         if g.mig_enabled {
@@ -258,23 +340,7 @@ pub fn build(gpus: &[GpuInfo], node_name: &str, driver: &str) -> ResourceSlice {
             capacity,
         });
     }
-    ResourceSlice {
-        api_version: API_VERSION.into(),
-        kind: "ResourceSlice".into(),
-        metadata: Metadata {
-            name: format!("{node_name}-{driver}"),
-        },
-        spec: ResourceSliceSpec {
-            driver: driver.into(),
-            pool: Pool {
-                name: node_name.into(),
-                generation: 1,
-                resource_slice_count: 1,
-            },
-            node_name: node_name.into(),
-            devices,
-        },
-    }
+    devices
 }
 
 fn is_dns_label(s: &str) -> bool {
@@ -431,6 +497,9 @@ pub fn validate(s: &ResourceSlice) -> Result<(), Vec<String>> {
 }
 
 #[cfg(test)]
+mod tests_support;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -447,7 +516,7 @@ mod tests {
 
     #[test]
     fn validation_catches_each_rule() {
-        let gpu = crate::gpu::catalog::resolve("g5.xlarge").unwrap().gpus("n")[0].info();
+        let gpu = tests_support::a10g(0);
         let good = build(
             &[gpu],
             "ip-10-0-1-23.us-west-2.compute.internal",
@@ -493,5 +562,30 @@ mod tests {
         ] {
             assert!(errs.contains(needle), "{needle} not in:\n{errs}");
         }
+    }
+}
+
+#[cfg(test)]
+mod pool_tests {
+    use super::*;
+
+    #[test]
+    fn a_pool_is_cut_at_the_per_slice_device_limit() {
+        let gpus: Vec<GpuInfo> = (0..300).map(tests_support::a10g).collect();
+        let pool = build_pool(&gpus, "node-a", "gpu.nvidia.com", 7);
+        assert_eq!(
+            pool.iter()
+                .map(|s| s.spec.devices.len())
+                .collect::<Vec<_>>(),
+            [128, 128, 44]
+        );
+        for s in &pool {
+            assert_eq!(s.spec.pool.generation, 7);
+            assert_eq!(s.spec.pool.resource_slice_count, 3);
+            validate(s).unwrap();
+        }
+        let empty = build_pool(&[], "node-a", "gpu.nvidia.com", 1);
+        assert_eq!(empty.len(), 1);
+        assert!(empty[0].spec.devices.is_empty());
     }
 }

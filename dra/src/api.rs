@@ -1,0 +1,417 @@
+//! The API server, through `kube`'s client (its kubeconfig handling, `exec` credential
+//! plugins and in-cluster service accounts included). Only the calls the Node authorizer
+//! and NodeRestriction allow a node (`research/kubelet-dra.md` §4): get a ResourceClaim, get
+//! its own Node, discover `resource.k8s.io`'s versions, and list / watch (with the
+//! `spec.nodeName` field selector) / create / update / delete its own ResourceSlices.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use futures_util::{AsyncBufReadExt, Stream, StreamExt};
+use gpushare_slice::ApiVersion;
+use http::Request;
+use serde_json::Value;
+
+use crate::config::KUBELET_KUBECONFIG;
+
+/// Why an API call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The server answered with an error status.
+    #[error("{verb} {path}: {code} {reason}: {message}")]
+    Status {
+        /// HTTP verb.
+        verb: &'static str,
+        /// Request path.
+        path: String,
+        /// HTTP status.
+        code: u16,
+        /// The Status reason (`NotFound`, `Forbidden`, …).
+        reason: String,
+        /// The Status message.
+        message: String,
+        /// `details.name` was set: the object, not the resource type, is missing.
+        object_missing: bool,
+    },
+    /// The server could not be reached, or its answer was not readable.
+    #[error("{verb} {path}: {message}")]
+    Transport {
+        /// HTTP verb.
+        verb: &'static str,
+        /// Request path.
+        path: String,
+        /// What failed.
+        message: String,
+    },
+    /// The server serves none of `resource.k8s.io` v1, v1beta2, v1beta1.
+    #[error("the API server serves no resource.k8s.io version this plugin speaks (v1, v1beta2, v1beta1): {0}")]
+    NoVersion(String),
+}
+
+impl ApiError {
+    /// The HTTP status, when the server answered.
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            ApiError::Status { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// A 404 for a path whose resource type the server does not serve (as opposed to a
+    /// missing object, whose Status names it in `details`).
+    pub fn is_not_served(&self) -> bool {
+        matches!(
+            self,
+            ApiError::Status {
+                code: 404,
+                object_missing: false,
+                ..
+            }
+        )
+    }
+}
+
+/// Builds the client from `kubeconfig`, or, when `None`, from the pod's service account
+/// when running in a pod, else from kubelet's kubeconfig ([`KUBELET_KUBECONFIG`]).
+///
+/// # Errors
+/// The kubeconfig cannot be read or used, as one line naming the file.
+pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
+    use anyhow::Context as _;
+    let config = match kubeconfig {
+        Some(path) => from_file(path).await?,
+        None => match kube::Config::incluster() {
+            Ok(c) => c,
+            Err(_) => from_file(Path::new(KUBELET_KUBECONFIG))
+                .await
+                .context("no in-cluster service account, and kubelet's kubeconfig")?,
+        },
+    };
+    kube::Client::try_from(config).context("building the API client")
+}
+
+async fn from_file(path: &Path) -> anyhow::Result<kube::Config> {
+    use anyhow::Context as _;
+    let kc = kube::config::Kubeconfig::read_from(path)
+        .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+    kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        .await
+        .with_context(|| format!("using kubeconfig {}", path.display()))
+}
+
+/// The API server, with the `resource.k8s.io` version in use remembered.
+pub struct Api {
+    client: kube::Client,
+    version: Mutex<Option<ApiVersion>>,
+}
+
+impl std::fmt::Debug for Api {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Api")
+            .field("version", &self.version)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A watch event on ResourceSlices.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WatchEvent {
+    /// `ADDED` or `MODIFIED`: the object as it is now.
+    Upsert(Value),
+    /// `DELETED`: the object as it was.
+    Deleted(Value),
+    /// `BOOKMARK`: only a newer resourceVersion.
+    Bookmark(String),
+    /// `ERROR` (e.g. 410 Gone: list again).
+    Error(String),
+}
+
+const GROUP_PATH: &str = "/apis/resource.k8s.io";
+
+fn status_error(verb: &'static str, path: &str, e: kube::Error) -> ApiError {
+    match e {
+        kube::Error::Api(s) => ApiError::Status {
+            verb,
+            path: path.into(),
+            code: s.code,
+            reason: s.reason.clone(),
+            message: s.message.clone(),
+            object_missing: s.details.as_ref().is_some_and(|d| !d.name.is_empty()),
+        },
+        other => ApiError::Transport {
+            verb,
+            path: path.into(),
+            message: other.to_string(),
+        },
+    }
+}
+
+fn encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+impl Api {
+    /// Wraps a client.
+    pub fn new(client: kube::Client) -> Api {
+        Api {
+            client,
+            version: Mutex::new(None),
+        }
+    }
+
+    async fn call(
+        &self,
+        verb: &'static str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, ApiError> {
+        let mut req = Request::builder()
+            .method(verb)
+            .uri(path)
+            .header("accept", "application/json");
+        if body.is_some() {
+            req = req.header("content-type", "application/json");
+        }
+        let bytes = body
+            .map(serde_json::to_vec)
+            .transpose()
+            .map_err(|e| ApiError::Transport {
+                verb,
+                path: path.into(),
+                message: e.to_string(),
+            })?
+            .unwrap_or_default();
+        let req = req.body(bytes).map_err(|e| ApiError::Transport {
+            verb,
+            path: path.into(),
+            message: e.to_string(),
+        })?;
+        self.client
+            .request::<Value>(req)
+            .await
+            .map_err(|e| status_error(verb, path, e))
+    }
+
+    /// The `resource.k8s.io` version to use: the most preferred one the server serves
+    /// (`GET /apis/resource.k8s.io`), remembered until [`Api::forget_version`].
+    ///
+    /// # Errors
+    /// Discovery failed, or the server serves none of ours.
+    pub async fn version(&self) -> Result<ApiVersion, ApiError> {
+        if let Some(v) = *self
+            .version
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        {
+            return Ok(v);
+        }
+        let group = self.call("GET", GROUP_PATH, None).await?;
+        let served: Vec<&str> = group["versions"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v["version"].as_str()).collect())
+            .unwrap_or_default();
+        let v = ApiVersion::best_of(served.iter().copied())
+            .ok_or_else(|| ApiError::NoVersion(format!("served: {served:?}")))?;
+        *self
+            .version
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(v);
+        Ok(v)
+    }
+
+    /// Forgets the remembered version (the server stopped serving it, e.g. after an
+    /// upgrade or downgrade of the control plane).
+    pub fn forget_version(&self) {
+        *self
+            .version
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+    }
+
+    /// GETs a ResourceClaim: in the version in use, then, where the server says it does not
+    /// serve that version, in the next of v1 → v1beta2 → v1beta1 (as the Go helper's client
+    /// falls back). The object is returned as JSON, whole.
+    ///
+    /// # Errors
+    /// The server's refusal (404 for a missing claim, 403 for one the Node authorizer
+    /// refuses), or why it could not be reached.
+    pub async fn get_claim(&self, namespace: &str, name: &str) -> Result<Value, ApiError> {
+        let first = self.version().await.unwrap_or(ApiVersion::V1);
+        let mut last = None;
+        for v in ApiVersion::PREFERENCE.into_iter().filter(|v| *v >= first) {
+            let path = format!(
+                "{GROUP_PATH}/{v}/namespaces/{}/resourceclaims/{}",
+                encode(namespace),
+                encode(name)
+            );
+            match self.call("GET", &path, None).await {
+                Ok(obj) => {
+                    if v != first {
+                        *self
+                            .version
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(v);
+                    }
+                    return Ok(obj);
+                }
+                Err(e) if e.is_not_served() => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        self.forget_version();
+        Err(last.unwrap_or_else(|| ApiError::NoVersion("nothing tried".into())))
+    }
+
+    /// GETs this node's Node object.
+    ///
+    /// # Errors
+    /// As [`Api::get_claim`].
+    pub async fn get_node(&self, node: &str) -> Result<Value, ApiError> {
+        self.call("GET", &format!("/api/v1/nodes/{}", encode(node)), None)
+            .await
+    }
+
+    fn slices_path(v: ApiVersion) -> String {
+        format!("{GROUP_PATH}/{v}/resourceslices")
+    }
+
+    fn selector(driver: &str, node: &str) -> String {
+        encode(&format!("spec.driver={driver},spec.nodeName={node}"))
+    }
+
+    /// Lists this node's slices of `driver` (field selector `spec.driver=<driver>,
+    /// spec.nodeName=<node>`), returning the items and the list's resourceVersion.
+    ///
+    /// # Errors
+    /// As [`Api::get_claim`].
+    pub async fn list_slices(
+        &self,
+        v: ApiVersion,
+        driver: &str,
+        node: &str,
+    ) -> Result<(Vec<Value>, String), ApiError> {
+        let path = format!(
+            "{}?fieldSelector={}",
+            Self::slices_path(v),
+            Self::selector(driver, node)
+        );
+        let list = self.call("GET", &path, None).await?;
+        let rv = list
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let items = list["items"].as_array().cloned().unwrap_or_default();
+        Ok((items, rv))
+    }
+
+    /// Watches this node's slices of `driver` from `resource_version`, with the same field
+    /// selector as [`Api::list_slices`]. The stream ends when the server closes the watch.
+    ///
+    /// # Errors
+    /// The watch could not be opened.
+    pub async fn watch_slices(
+        &self,
+        v: ApiVersion,
+        driver: &str,
+        node: &str,
+        resource_version: &str,
+    ) -> Result<impl Stream<Item = WatchEvent> + use<>, ApiError> {
+        let path = format!(
+            "{}?watch=true&allowWatchBookmarks=true&timeoutSeconds=290&fieldSelector={}&resourceVersion={}",
+            Self::slices_path(v),
+            Self::selector(driver, node),
+            encode(resource_version)
+        );
+        let req = Request::builder()
+            .method("GET")
+            .uri(&path)
+            .header("accept", "application/json")
+            .body(Vec::new())
+            .map_err(|e| ApiError::Transport {
+                verb: "WATCH",
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+        let body = self
+            .client
+            .request_stream(req)
+            .await
+            .map_err(|e| status_error("WATCH", &path, e))?;
+        Ok(body.lines().map(|line| match line {
+            Err(e) => WatchEvent::Error(e.to_string()),
+            Ok(line) => match serde_json::from_str::<Value>(&line) {
+                Err(e) => WatchEvent::Error(format!("unreadable watch event: {e}")),
+                Ok(ev) => {
+                    let obj = ev["object"].clone();
+                    match ev["type"].as_str() {
+                        Some("ADDED" | "MODIFIED") => WatchEvent::Upsert(obj),
+                        Some("DELETED") => WatchEvent::Deleted(obj),
+                        Some("BOOKMARK") => WatchEvent::Bookmark(
+                            obj.pointer("/metadata/resourceVersion")
+                                .and_then(Value::as_str)
+                                .unwrap_or_default()
+                                .to_string(),
+                        ),
+                        _ => WatchEvent::Error(
+                            obj["message"].as_str().unwrap_or("watch error").to_string(),
+                        ),
+                    }
+                }
+            },
+        }))
+    }
+
+    /// Creates a slice.
+    ///
+    /// # Errors
+    /// As [`Api::get_claim`].
+    pub async fn create_slice(&self, v: ApiVersion, slice: &Value) -> Result<Value, ApiError> {
+        self.call("POST", &Self::slices_path(v), Some(slice)).await
+    }
+
+    /// Replaces a slice (its `metadata.resourceVersion` makes the update conditional).
+    ///
+    /// # Errors
+    /// As [`Api::get_claim`].
+    pub async fn update_slice(&self, v: ApiVersion, slice: &Value) -> Result<Value, ApiError> {
+        let name = slice["metadata"]["name"].as_str().unwrap_or_default();
+        self.call(
+            "PUT",
+            &format!("{}/{}", Self::slices_path(v), encode(name)),
+            Some(slice),
+        )
+        .await
+    }
+
+    /// Deletes a slice, on condition that it still has `uid` (a NotFound is success).
+    ///
+    /// # Errors
+    /// As [`Api::get_claim`].
+    pub async fn delete_slice(&self, v: ApiVersion, name: &str, uid: &str) -> Result<(), ApiError> {
+        let body = serde_json::json!({
+            "kind": "DeleteOptions", "apiVersion": "v1",
+            "preconditions": {"uid": uid}
+        });
+        match self
+            .call(
+                "DELETE",
+                &format!("{}/{}", Self::slices_path(v), encode(name)),
+                Some(&body),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some(404) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! `gpushare-dra`: the DRA kubelet plugin. See the crate's library for the architecture and
+//! `packaging/dra.toml` for every setting.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use gpushare_dra::config::{self, Config, FileConfig, Overrides};
+
+/// The DRA kubelet plugin of gpushare: serves kubelet's DRA gRPC (v1 and v1beta1) and
+/// registration, publishes the node's ResourceSlices, and prepares claims through gpushared.
+#[derive(Debug, Parser)]
+#[command(name = "gpushare-dra", version)]
+struct Cli {
+    /// Config file (default /etc/gpushare/dra.toml; missing there means defaults).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// DRA driver name served [default: gpu.nvidia.com].
+    #[arg(long, global = true)]
+    driver_name: Option<String>,
+    /// The node's name as kubelet registers it [default: $NODE_NAME, else the host name].
+    #[arg(long, global = true)]
+    node_name: Option<String>,
+    /// kubeconfig [default: the in-cluster service account, else /var/lib/kubelet/kubeconfig].
+    #[arg(long, global = true)]
+    kubeconfig: Option<PathBuf>,
+    /// gpushared's socket [default: /run/gpushare/gpushared.sock].
+    #[arg(long, global = true)]
+    gpushared_socket: Option<PathBuf>,
+    /// kubelet's plugins directory [default: /var/lib/kubelet/plugins].
+    #[arg(long, global = true)]
+    plugins_dir: Option<PathBuf>,
+    /// kubelet's plugin registry directory [default: /var/lib/kubelet/plugins_registry].
+    #[arg(long, global = true)]
+    registry_dir: Option<PathBuf>,
+    /// host:port of /metrics and /healthz, or `off` [default: 127.0.0.1:9472].
+    #[arg(long, global = true)]
+    metrics_address: Option<String>,
+    /// Most seconds one claim's prepare or unprepare may take, 1-40 [default: 30].
+    #[arg(long, global = true)]
+    claim_timeout_seconds: Option<u64>,
+    /// Serve v1alpha1.DRAResourceHealth (kubelet's ResourceHealthStatus feature gate).
+    #[arg(long, global = true)]
+    device_health: bool,
+    /// Delete this node's ResourceSlices of this driver and exit (the RPM's erase runs it).
+    #[arg(long)]
+    remove_slices: bool,
+    /// Print the documented default config file and exit.
+    #[arg(long)]
+    print_default_config: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Check the running plugin: its sockets answer GetInfo and NodePrepareResources, and
+    /// its node and driver agree with gpushared's (`gpushare doctor` runs this).
+    Probe {
+        /// Print the checks as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn default_node() -> String {
+    std::env::var("NODE_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .or_else(|| {
+            nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+        })
+        .unwrap_or_default()
+        .to_ascii_lowercase()
+}
+
+fn load(cli: &Cli) -> anyhow::Result<Config> {
+    let (path, required) = match &cli.config {
+        Some(p) => (p.clone(), true),
+        None => (PathBuf::from(config::DEFAULT_CONFIG_FILE), false),
+    };
+    let file = match std::fs::read_to_string(&path) {
+        Ok(text) => config::parse_file(&text, &path)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => FileConfig::default(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let flags = Overrides {
+        driver_name: cli.driver_name.clone(),
+        node_name: cli.node_name.clone(),
+        kubeconfig: cli.kubeconfig.clone(),
+        gpushared_socket: cli.gpushared_socket.clone(),
+        plugins_dir: cli.plugins_dir.clone(),
+        registry_dir: cli.registry_dir.clone(),
+        metrics_address: cli.metrics_address.clone(),
+        claim_timeout_seconds: cli.claim_timeout_seconds,
+        device_health: cli.device_health,
+    };
+    Ok(Config::resolve(file, flags, &default_node())?)
+}
+
+fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let journal = std::env::var_os("JOURNAL_STREAM").is_some();
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(!journal && std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    if journal {
+        b.without_time().init();
+    } else {
+        b.init();
+    }
+}
+
+async fn main_async(cli: Cli) -> anyhow::Result<ExitCode> {
+    let cfg = load(&cli)?;
+    if let Some(Command::Probe { json }) = cli.command {
+        let checks = gpushare_dra::probe::probe(&cfg).await;
+        if json {
+            println!("{}", serde_json::to_string(&checks)?);
+        } else {
+            for c in &checks {
+                println!(
+                    "{:<5} {:<13} {}",
+                    if c.ok { "OK" } else { "FAIL" },
+                    c.name,
+                    c.detail
+                );
+            }
+        }
+        return Ok(if checks.iter().all(|c| c.ok) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
+    init_logging(&cfg.log_level);
+    let client = gpushare_dra::api::client(cfg.kubeconfig.as_deref()).await?;
+    let api = Arc::new(gpushare_dra::api::Api::new(client));
+    if cli.remove_slices {
+        let n = gpushare_dra::slices::remove_all(&api, &cfg.driver_name, &cfg.node_name)
+            .await
+            .with_context(|| {
+                format!(
+                    "removing the ResourceSlices of driver {} on node {}",
+                    cfg.driver_name, cfg.node_name
+                )
+            })?;
+        println!(
+            "removed {n} ResourceSlice(s) of driver {} on node {}",
+            cfg.driver_name, cfg.node_name
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    match gpushare_dra::run::run(cfg, api).await {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) if e.is::<gpushare_dra::run::Fatal>() => {
+            tracing::error!("{e}");
+            eprintln!("gpushare-dra: {e}");
+            Ok(ExitCode::from(2))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if cli.print_default_config {
+        print!("{}", config::DEFAULT_CONFIG_TEXT);
+        return ExitCode::SUCCESS;
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("gpushare-dra")
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("gpushare-dra: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(main_async(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("gpushare-dra: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! The node's ResourceSlices, watch-driven: list and watch this node's slices of our driver
+//! (field selector `spec.driver=<driver>,spec.nodeName=<node>`, the only list the Node
+//! authorizer allows a node), poll gpushared's `list_gpus` every second, and whenever what
+//! the server holds differs from what we want, apply [`plan::plan`]'s changes at once. So
+//! slices someone deleted (kubelet wipes a node's slices when it starts) come back, and a
+//! change of the node's devices (a MIG layout) is published, within a few seconds. Slices
+//! are written in the highest `resource.k8s.io` version the server serves, owned by the
+//! Node (`controller: true`) so they go with it. An ordinary stop leaves them (kubelet wipes
+//! them 30 s after the plugin goes away); [`remove_all`] removes them.
+
+pub mod plan;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use gpushare_proto::GpuInfo;
+use gpushare_slice::{build_pool, ApiVersion, Device};
+use serde_json::{json, Value};
+use tokio::sync::watch;
+
+use crate::api::{Api, ApiError, WatchEvent};
+use crate::gpushared::Gpushared;
+use crate::metrics::Metrics;
+use plan::{plan, Change};
+
+/// How often gpushared's devices are read.
+const POLL: Duration = Duration::from_secs(1);
+
+/// Publishes one node's pool of one driver.
+#[derive(Debug)]
+pub struct Publisher {
+    api: Arc<Api>,
+    gpushared: Gpushared,
+    metrics: Arc<Metrics>,
+    driver: String,
+    node: String,
+}
+
+/// Why one pass stopped; the loop lists again after a pause.
+#[derive(Debug, thiserror::Error)]
+enum PassError {
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    #[error("{0}")]
+    Other(String),
+}
+
+struct Backoff(Duration);
+
+impl Backoff {
+    fn reset(&mut self) {
+        self.0 = Duration::from_millis(250);
+    }
+    async fn wait(&mut self, shutdown: &mut watch::Receiver<bool>) {
+        let jitter = Duration::from_millis(fastrand::u64(0..=self.0.as_millis() as u64 / 4));
+        tokio::select! {
+            () = tokio::time::sleep(self.0 + jitter) => {}
+            _ = shutdown.changed() => {}
+        }
+        self.0 = (self.0 * 2).min(Duration::from_secs(10));
+    }
+}
+
+impl Publisher {
+    /// The publisher of `node`'s pool of `driver`.
+    pub fn new(
+        api: Arc<Api>,
+        gpushared: Gpushared,
+        metrics: Arc<Metrics>,
+        driver: &str,
+        node: &str,
+    ) -> Publisher {
+        Publisher {
+            api,
+            gpushared,
+            metrics,
+            driver: driver.into(),
+            node: node.into(),
+        }
+    }
+
+    /// Runs until `shutdown` turns true. Errors are logged and counted, then retried with
+    /// backoff (250 ms doubling to 10 s).
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let mut backoff = Backoff(Duration::from_millis(250));
+        let mut gpus: Option<Vec<GpuInfo>> = None;
+        while !*shutdown.borrow() {
+            match self.pass(&mut gpus, &mut shutdown, &mut backoff).await {
+                Ok(()) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "publishing ResourceSlices: retrying");
+                    if let PassError::Api(a) = &e {
+                        if a.is_not_served() {
+                            self.api.forget_version();
+                        }
+                    }
+                    backoff.wait(&mut shutdown).await;
+                }
+            }
+        }
+    }
+
+    async fn owner(&self) -> Result<Value, PassError> {
+        let node = self.api.get_node(&self.node).await.inspect_err(|_| {
+            self.metrics.api_error("get_node");
+        })?;
+        let uid = node
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .ok_or_else(|| PassError::Other(format!("Node {} has no metadata.uid", self.node)))?;
+        Ok(
+            json!({"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": uid, "controller": true}),
+        )
+    }
+
+    /// One list, then watch until the watch ends or fails.
+    async fn pass(
+        &self,
+        gpus: &mut Option<Vec<GpuInfo>>,
+        shutdown: &mut watch::Receiver<bool>,
+        backoff: &mut Backoff,
+    ) -> Result<(), PassError> {
+        let v = self
+            .api
+            .version()
+            .await
+            .inspect_err(|_| self.metrics.api_error("discovery"))?;
+        let owner = self.owner().await?;
+        let (items, rv) = self
+            .api
+            .list_slices(v, &self.driver, &self.node)
+            .await
+            .inspect_err(|_| self.metrics.api_error("list_slices"))?;
+        let mut cache: BTreeMap<String, Value> = items
+            .into_iter()
+            .map(|s| (name_of(&s).to_string(), s))
+            .collect();
+        let mut events = Box::pin(
+            self.api
+                .watch_slices(v, &self.driver, &self.node, &rv)
+                .await
+                .inspect_err(|_| self.metrics.api_error("watch_slices"))?,
+        );
+        let mut ticker = tokio::time::interval(POLL);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut dirty = true;
+        loop {
+            if dirty {
+                if let Some(g) = gpus.as_deref() {
+                    self.reconcile(v, &owner, g, &mut cache).await?;
+                    backoff.reset();
+                }
+                dirty = false;
+            }
+            tokio::select! {
+                ev = events.next() => match ev {
+                    None => return Ok(()),
+                    Some(WatchEvent::Upsert(o)) => {
+                        cache.insert(name_of(&o).to_string(), o);
+                        dirty = true;
+                    }
+                    Some(WatchEvent::Deleted(o)) => {
+                        if cache.remove(name_of(&o)).is_some() {
+                            tracing::info!(slice = %name_of(&o), "ResourceSlice deleted by someone else; publishing again");
+                        }
+                        dirty = true;
+                    }
+                    Some(WatchEvent::Bookmark(_)) => {}
+                    Some(WatchEvent::Error(e)) => {
+                        return Err(PassError::Other(format!("watch: {e}")));
+                    }
+                },
+                _ = ticker.tick() => {
+                    match self.gpushared.list_gpus().await {
+                        Ok(now) => {
+                            let changed = gpus.as_deref().is_none_or(|old| {
+                                gpushare_slice::devices(old) != gpushare_slice::devices(&now)
+                            });
+                            if changed {
+                                if gpus.is_some() {
+                                    tracing::info!("the node's devices changed; publishing them");
+                                }
+                                *gpus = Some(now);
+                                dirty = true;
+                            }
+                        }
+                        // Keep what is published; publish nothing new until it answers.
+                        Err(e) => tracing::debug!(error = %e, "list_gpus"),
+                    }
+                }
+                _ = shutdown.changed() => return Ok(()),
+            }
+        }
+    }
+
+    async fn reconcile(
+        &self,
+        v: ApiVersion,
+        owner: &Value,
+        gpus: &[GpuInfo],
+        cache: &mut BTreeMap<String, Value>,
+    ) -> Result<(), PassError> {
+        let pool = build_pool(gpus, &self.node, &self.driver, 0);
+        let wanted: Vec<Vec<Device>> = pool.iter().map(|s| s.spec.devices.clone()).collect();
+        let existing: Vec<Value> = cache.values().cloned().collect();
+        let p = plan(&existing, &wanted, &self.node, v);
+        let spec_of = |index: usize| {
+            let mut s = pool[index].clone();
+            s.spec.pool.generation = p.generation;
+            s.to_api_object(v)["spec"].clone()
+        };
+        for change in &p.changes {
+            match change {
+                Change::Create { index } => {
+                    let obj = json!({
+                        "apiVersion": v.api_version(),
+                        "kind": "ResourceSlice",
+                        "metadata": {
+                            "generateName": format!("{}-{}-", self.node, self.driver),
+                            "ownerReferences": [owner],
+                        },
+                        "spec": spec_of(*index),
+                    });
+                    let made = self
+                        .api
+                        .create_slice(v, &obj)
+                        .await
+                        .inspect_err(|_| self.metrics.api_error("create_slice"))?;
+                    tracing::info!(slice = %name_of(&made), generation = p.generation, devices = wanted[*index].len(), "ResourceSlice created");
+                    cache.insert(name_of(&made).to_string(), made);
+                }
+                Change::Update { name, index } => {
+                    let mut obj = cache.get(name).cloned().unwrap_or_else(|| json!({}));
+                    obj["apiVersion"] = json!(v.api_version());
+                    obj["kind"] = json!("ResourceSlice");
+                    obj["spec"] = spec_of(*index);
+                    let made = self
+                        .api
+                        .update_slice(v, &obj)
+                        .await
+                        .inspect_err(|_| self.metrics.api_error("update_slice"))?;
+                    tracing::info!(slice = %name, generation = p.generation, devices = wanted[*index].len(), "ResourceSlice updated");
+                    cache.insert(name.clone(), made);
+                }
+                Change::Delete { name, uid } => {
+                    self.api
+                        .delete_slice(v, name, uid)
+                        .await
+                        .inspect_err(|_| self.metrics.api_error("delete_slice"))?;
+                    tracing::info!(slice = %name, "obsolete ResourceSlice deleted");
+                    cache.remove(name);
+                }
+            }
+        }
+        self.metrics
+            .published_slices
+            .set(i64::try_from(cache.len()).unwrap_or(i64::MAX));
+        self.metrics
+            .published_devices
+            .set(i64::try_from(wanted.iter().map(Vec::len).sum::<usize>()).unwrap_or(i64::MAX));
+        Ok(())
+    }
+}
+
+fn name_of(o: &Value) -> &str {
+    o.pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+/// Deletes this node's slices of `driver` (`gpushare-dra --remove-slices`, run by the RPM's
+/// erase scriptlet); returns how many were deleted.
+///
+/// # Errors
+/// The API server refused or could not be reached.
+pub async fn remove_all(api: &Api, driver: &str, node: &str) -> Result<usize, ApiError> {
+    let v = api.version().await?;
+    let (items, _) = api.list_slices(v, driver, node).await?;
+    for s in &items {
+        let uid = s
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        api.delete_slice(v, name_of(s), uid).await?;
+    }
+    Ok(items.len())
+}

@@ -1,0 +1,595 @@
+//! A kube-apiserver stand-in for tests only (no kube-apiserver can be installed here):
+//! in-process HTTP on 127.0.0.1 serving what `gpushare-dra` may touch, with the Node
+//! authorizer's and NodeRestriction's limits (`research/kubelet-dra.md` §4) for the user
+//! `system:node:<name>` (bearer token `node:<name>`):
+//!
+//! - `GET /apis/resource.k8s.io`: discovery of the served versions;
+//! - `GET .../namespaces/<ns>/resourceclaims/<name>`: only claims of pods on the node
+//!   (403 otherwise), 404 with `details` for a missing one; a version not served gets the
+//!   404 without `details` that a real server gives for an unknown path;
+//! - `GET /api/v1/nodes/<name>`: the node's own Node only;
+//! - resourceslices: list and watch only with `spec.nodeName=<node>` in the field selector,
+//!   create only with `spec.nodeName == node`, get/update/delete only of the node's own
+//!   slices (403 otherwise, also for a missing one: no graph edge), conditional updates
+//!   (resourceVersion) and deletes (uid precondition);
+//! - faults: down (connections dropped), slow (every answer delayed);
+//! - [`ApiServer::wipe_node_slices`]: what kubelet's DeleteCollection does at its start.
+//!
+//! Every request is recorded (verb, resource) for the RBAC coverage test.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Bytes, Frame, Incoming};
+use hyper::{Request, Response};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+#[derive(Default)]
+struct Store {
+    served: Vec<String>,
+    claims: BTreeMap<(String, String), Value>,
+    /// Claims referenced by pods on each node (the authorizer's graph).
+    node_claims: BTreeMap<String, BTreeSet<(String, String)>>,
+    nodes: BTreeMap<String, Value>,
+    slices: BTreeMap<String, Value>,
+    rv: u64,
+    history: Vec<(u64, &'static str, Value)>,
+    watchers: Vec<(String, String, mpsc::UnboundedSender<Bytes>)>,
+    seen: BTreeSet<(String, String)>,
+    down: bool,
+    delay: Duration,
+    refused: Vec<String>,
+    claim_gets: Vec<String>,
+}
+
+/// The stand-in; cheap to clone.
+#[derive(Clone)]
+pub struct ApiServer {
+    store: Arc<Mutex<Store>>,
+    /// Where it listens.
+    pub addr: SocketAddr,
+}
+
+fn status(code: u16, reason: &str, message: &str, details: Option<Value>) -> (u16, Value) {
+    let mut s = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason, "code": code});
+    s["details"] = details.unwrap_or_else(|| json!({}));
+    (code, s)
+}
+
+fn decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(if b[i] == b'+' { b' ' } else { b[i] });
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn query(q: Option<&str>) -> BTreeMap<String, String> {
+    q.unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+fn selector(fields: &str) -> BTreeMap<String, String> {
+    fields
+        .split(',')
+        .filter_map(|p| p.split_once('='))
+        .map(|(k, v)| (k.trim_end_matches('=').to_string(), v.to_string()))
+        .collect()
+}
+
+fn slice_matches(s: &Value, sel: &BTreeMap<String, String>) -> bool {
+    sel.iter().all(|(k, v)| match k.as_str() {
+        "spec.nodeName" => s["spec"]["nodeName"] == v.as_str(),
+        "spec.driver" => s["spec"]["driver"] == v.as_str(),
+        _ => false,
+    })
+}
+
+impl ApiServer {
+    /// Starts the stand-in serving every `resource.k8s.io` version (v1, v1beta2, v1beta1)
+    /// and the Node `node`.
+    pub async fn start(node: &str) -> ApiServer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut store = Store {
+            served: vec!["v1".into(), "v1beta2".into(), "v1beta1".into()],
+            rv: 100,
+            ..Store::default()
+        };
+        store.nodes.insert(
+            node.into(),
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "uid": format!("node-uid-{node}")}}),
+        );
+        let server = ApiServer {
+            store: Arc::new(Mutex::new(store)),
+            addr,
+        };
+        let s = server.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| {
+                        let s = s.clone();
+                        async move { s.handle(req).await }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        server
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.store
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A kubeconfig for the node's identity (`system:node:<node>`).
+    pub fn kubeconfig(&self, node: &str, path: &std::path::Path) {
+        std::fs::write(
+            path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://{}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\nusers:\n- name: u\n  user:\n    token: node:{node}\n",
+                self.addr
+            ),
+        )
+        .unwrap();
+    }
+
+    /// Serves only these `resource.k8s.io` versions.
+    pub fn serve_versions(&self, versions: &[&str]) {
+        self.lock().served = versions.iter().map(|v| v.to_string()).collect();
+    }
+
+    /// Adds a claim, referenced by a pod on `node` (or on no node of ours when `None`).
+    pub fn add_claim(&self, claim: &Value, node: Option<&str>) {
+        let ns = claim["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_string();
+        let name = claim["metadata"]["name"].as_str().unwrap().to_string();
+        let mut st = self.lock();
+        st.claims.insert((ns.clone(), name.clone()), claim.clone());
+        if let Some(n) = node {
+            st.node_claims
+                .entry(n.into())
+                .or_default()
+                .insert((ns, name));
+        }
+    }
+
+    /// Deletes a claim (its pods are gone too).
+    pub fn delete_claim(&self, namespace: &str, name: &str) {
+        let mut st = self.lock();
+        st.claims.remove(&(namespace.into(), name.into()));
+    }
+
+    /// Drops every connection (on) or serves again (off).
+    pub fn set_down(&self, down: bool) {
+        self.lock().down = down;
+    }
+
+    /// Delays every answer by `d`.
+    pub fn set_delay(&self, d: Duration) {
+        self.lock().delay = d;
+    }
+
+    /// (verb, resource) pairs seen, e.g. ("list", "resourceslices").
+    pub fn seen(&self) -> BTreeSet<(String, String)> {
+        self.lock().seen.clone()
+    }
+
+    /// Requests refused by the authorizer, one line each.
+    pub fn refused(&self) -> Vec<String> {
+        self.lock().refused.clone()
+    }
+
+    /// Paths of the claim GETs, in order.
+    pub fn claim_gets(&self) -> Vec<String> {
+        self.lock().claim_gets.clone()
+    }
+
+    /// Every slice now stored.
+    pub fn slices(&self) -> Vec<Value> {
+        self.lock().slices.values().cloned().collect()
+    }
+
+    /// Stores a slice as another node's plugin would have (bypassing authorization).
+    pub fn put_foreign_slice(&self, mut slice: Value) {
+        let mut st = self.lock();
+        st.rv += 1;
+        let name = slice["metadata"]["name"].as_str().unwrap().to_string();
+        slice["metadata"]["uid"] = json!(format!("uid-{name}"));
+        slice["metadata"]["resourceVersion"] = json!(st.rv.to_string());
+        st.slices.insert(name, slice);
+    }
+
+    fn emit(st: &mut Store, kind: &'static str, obj: &Value) {
+        st.history.push((st.rv, kind, obj.clone()));
+        let line = Bytes::from(format!("{}\n", json!({"type": kind, "object": obj})));
+        st.watchers.retain(|(driver, node, tx)| {
+            let sel = BTreeMap::from([
+                ("spec.driver".to_string(), driver.clone()),
+                ("spec.nodeName".to_string(), node.clone()),
+            ]);
+            !slice_matches(obj, &sel) || tx.send(line.clone()).is_ok()
+        });
+    }
+
+    /// Deletes every slice of `node` (kubelet's DeleteCollection at its start); returns how
+    /// many.
+    pub fn wipe_node_slices(&self, node: &str) -> usize {
+        let mut st = self.lock();
+        let names: Vec<String> = st
+            .slices
+            .iter()
+            .filter(|(_, s)| s["spec"]["nodeName"] == node)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for n in &names {
+            st.rv += 1;
+            if let Some(obj) = st.slices.remove(n) {
+                Self::emit(&mut st, "DELETED", &obj);
+            }
+        }
+        names.len()
+    }
+
+    async fn handle(&self, req: Request<Incoming>) -> Result<Response<Body>, std::io::Error> {
+        let (down, delay) = {
+            let st = self.lock();
+            (st.down, st.delay)
+        };
+        if down {
+            return Err(std::io::Error::other("down"));
+        }
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let user = req
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer node:"))
+            .map(str::to_string);
+        let method = req.method().as_str().to_string();
+        let path = req.uri().path().to_string();
+        let q = query(req.uri().query());
+        let body = req
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let Some(node) = user else {
+            return Ok(reply(status(401, "Unauthorized", "Unauthorized", None)));
+        };
+        if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
+            return Ok(self.watch(&node, &path, &q));
+        }
+        Ok(reply(self.serve(&node, &method, &path, &q, &body)))
+    }
+
+    fn deny(&self, st: &mut Store, node: &str, what: String) -> (u16, Value) {
+        let line = format!("system:node:{node}: {what}");
+        st.refused.push(line.clone());
+        status(
+            403,
+            "Forbidden",
+            &format!("{line}: forbidden by the Node authorizer"),
+            None,
+        )
+    }
+
+    fn serve(
+        &self,
+        node: &str,
+        method: &str,
+        path: &str,
+        q: &BTreeMap<String, String>,
+        body: &Value,
+    ) -> (u16, Value) {
+        let mut st = self.lock();
+        let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+        match parts.as_slice() {
+            ["apis", "resource.k8s.io"] => {
+                let versions: Vec<Value> = st
+                    .served
+                    .iter()
+                    .map(|v| json!({"groupVersion": format!("resource.k8s.io/{v}"), "version": v}))
+                    .collect();
+                (
+                    200,
+                    json!({"kind": "APIGroup", "apiVersion": "v1", "name": "resource.k8s.io",
+                    "versions": versions, "preferredVersion": versions.first()}),
+                )
+            }
+            ["api", "v1", "nodes", name] => {
+                st.seen.insert(("get".into(), "nodes".into()));
+                if *name != node {
+                    return self.deny(&mut st, node, format!("get nodes/{name}"));
+                }
+                match st.nodes.get(*name) {
+                    Some(n) => (200, n.clone()),
+                    None => status(
+                        404,
+                        "NotFound",
+                        "not found",
+                        Some(json!({"name": name, "kind": "nodes"})),
+                    ),
+                }
+            }
+            ["apis", "resource.k8s.io", v, rest @ ..] => {
+                if !st.served.iter().any(|s| s == v) {
+                    return status(
+                        404,
+                        "NotFound",
+                        "the server could not find the requested resource",
+                        None,
+                    );
+                }
+                match rest {
+                    ["namespaces", ns, "resourceclaims", name] if method == "GET" => {
+                        st.seen.insert(("get".into(), "resourceclaims".into()));
+                        st.claim_gets.push(path.to_string());
+                        let key = (ns.to_string(), name.to_string());
+                        if !st.node_claims.get(node).is_some_and(|s| s.contains(&key)) {
+                            return self.deny(
+                                &mut st,
+                                node,
+                                format!(
+                                    "get resourceclaims {ns}/{name}: no pod on this node uses it"
+                                ),
+                            );
+                        }
+                        match st.claims.get(&key) {
+                            Some(c) => (200, c.clone()),
+                            None => status(
+                                404,
+                                "NotFound",
+                                &format!("resourceclaims.resource.k8s.io \"{name}\" not found"),
+                                Some(
+                                    json!({"name": name, "group": "resource.k8s.io", "kind": "resourceclaims"}),
+                                ),
+                            ),
+                        }
+                    }
+                    ["resourceslices"] if method == "GET" => {
+                        st.seen.insert(("list".into(), "resourceslices".into()));
+                        let sel =
+                            selector(q.get("fieldSelector").map(String::as_str).unwrap_or(""));
+                        if sel.get("spec.nodeName").map(String::as_str) != Some(node) {
+                            return self.deny(
+                                &mut st,
+                                node,
+                                "list resourceslices without fieldSelector spec.nodeName=<node>"
+                                    .into(),
+                            );
+                        }
+                        let items: Vec<Value> = st
+                            .slices
+                            .values()
+                            .filter(|s| slice_matches(s, &sel))
+                            .cloned()
+                            .collect();
+                        (
+                            200,
+                            json!({"kind": "ResourceSliceList", "apiVersion": format!("resource.k8s.io/{v}"),
+                            "metadata": {"resourceVersion": st.rv.to_string()}, "items": items}),
+                        )
+                    }
+                    ["resourceslices"] if method == "POST" => {
+                        st.seen.insert(("create".into(), "resourceslices".into()));
+                        if body["spec"]["nodeName"] != node {
+                            return self.deny(
+                                &mut st,
+                                node,
+                                format!(
+                                    "create a resourceslice for node {}",
+                                    body["spec"]["nodeName"]
+                                ),
+                            );
+                        }
+                        let mut obj = body.clone();
+                        let name = match obj["metadata"]["name"].as_str() {
+                            Some(n) => n.to_string(),
+                            None => format!(
+                                "{}{}",
+                                obj["metadata"]["generateName"].as_str().unwrap_or("s-"),
+                                fastrand::u32(10000..99999)
+                            ),
+                        };
+                        if st.slices.contains_key(&name) {
+                            return status(409, "AlreadyExists", "exists", None);
+                        }
+                        st.rv += 1;
+                        obj["metadata"]["name"] = json!(name);
+                        obj["metadata"]["uid"] = json!(format!("uid-{name}-{}", st.rv));
+                        obj["metadata"]["resourceVersion"] = json!(st.rv.to_string());
+                        st.slices.insert(name, obj.clone());
+                        Self::emit(&mut st, "ADDED", &obj);
+                        (201, obj)
+                    }
+                    ["resourceslices", name] => {
+                        let verb = match method {
+                            "PUT" => "update",
+                            "DELETE" => "delete",
+                            "GET" => "get",
+                            _ => "patch",
+                        };
+                        st.seen.insert((verb.into(), "resourceslices".into()));
+                        let Some(old) = st.slices.get(*name).cloned() else {
+                            return self.deny(
+                                &mut st,
+                                node,
+                                format!(
+                                    "{verb} resourceslices/{name}: no relationship to this node"
+                                ),
+                            );
+                        };
+                        if old["spec"]["nodeName"] != node {
+                            return self.deny(
+                                &mut st,
+                                node,
+                                format!("{verb} resourceslices/{name} of another node"),
+                            );
+                        }
+                        match method {
+                            "GET" => (200, old),
+                            "PUT" => {
+                                if body["spec"]["nodeName"] != node {
+                                    return self.deny(
+                                        &mut st,
+                                        node,
+                                        format!("update resourceslices/{name} to another node"),
+                                    );
+                                }
+                                if body["metadata"]["resourceVersion"]
+                                    != old["metadata"]["resourceVersion"]
+                                {
+                                    return status(
+                                        409,
+                                        "Conflict",
+                                        "the object has been modified",
+                                        None,
+                                    );
+                                }
+                                st.rv += 1;
+                                let mut obj = body.clone();
+                                obj["metadata"]["uid"] = old["metadata"]["uid"].clone();
+                                obj["metadata"]["resourceVersion"] = json!(st.rv.to_string());
+                                st.slices.insert(name.to_string(), obj.clone());
+                                Self::emit(&mut st, "MODIFIED", &obj);
+                                (200, obj)
+                            }
+                            "DELETE" => {
+                                if let Some(uid) =
+                                    body.pointer("/preconditions/uid").and_then(Value::as_str)
+                                {
+                                    if old["metadata"]["uid"] != uid {
+                                        return status(
+                                            409,
+                                            "Conflict",
+                                            "precondition failed: uid",
+                                            None,
+                                        );
+                                    }
+                                }
+                                st.rv += 1;
+                                st.slices.remove(*name);
+                                Self::emit(&mut st, "DELETED", &old);
+                                (200, json!({"kind": "Status", "status": "Success"}))
+                            }
+                            _ => {
+                                status(405, "MethodNotAllowed", "not served by the stand-in", None)
+                            }
+                        }
+                    }
+                    _ => status(
+                        404,
+                        "NotFound",
+                        "the server could not find the requested resource",
+                        None,
+                    ),
+                }
+            }
+            _ => status(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+                None,
+            ),
+        }
+    }
+
+    fn watch(&self, node: &str, path: &str, q: &BTreeMap<String, String>) -> Response<Body> {
+        let mut st = self.lock();
+        st.seen.insert(("watch".into(), "resourceslices".into()));
+        let sel = selector(q.get("fieldSelector").map(String::as_str).unwrap_or(""));
+        let v = path
+            .trim_matches('/')
+            .split('/')
+            .nth(2)
+            .unwrap_or_default()
+            .to_string();
+        if !st.served.contains(&v) {
+            return reply(status(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+                None,
+            ));
+        }
+        if sel.get("spec.nodeName").map(String::as_str) != Some(node) {
+            return reply(self.deny(
+                &mut st,
+                node,
+                "watch resourceslices without fieldSelector spec.nodeName=<node>".into(),
+            ));
+        }
+        let from: u64 = q
+            .get("resourceVersion")
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(0);
+        let (tx, rx) = mpsc::unbounded_channel();
+        for (rv, kind, obj) in &st.history {
+            if *rv > from && slice_matches(obj, &sel) {
+                let _ = tx.send(Bytes::from(format!(
+                    "{}\n",
+                    json!({"type": kind, "object": obj})
+                )));
+            }
+        }
+        let driver = sel.get("spec.driver").cloned().unwrap_or_default();
+        st.watchers.push((driver, node.to_string(), tx));
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv()
+                .await
+                .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+        });
+        let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
+        r.headers_mut()
+            .insert("content-type", "application/json".parse().unwrap());
+        r
+    }
+}
+
+fn reply((code, v): (u16, Value)) -> Response<Body> {
+    let mut r = Response::new(BodyExt::boxed(Full::new(Bytes::from(v.to_string()))));
+    *r.status_mut() = hyper::StatusCode::from_u16(code).unwrap();
+    r.headers_mut()
+        .insert("content-type", "application/json".parse().unwrap());
+    r
+}

@@ -1,0 +1,13 @@
+//! Stand-ins for exactly the two components that cannot be installed on the build machines,
+//! for tests and benchmarks only: kubelet's side of the DRA and registration gRPC APIs
+//! ([`kubelet`]) and an in-process kube-apiserver with the Node authorizer's limits
+//! ([`apiserver`]), both as `research/kubelet-dra.md` describes them.
+#![allow(
+    missing_docs,
+    missing_debug_implementations,
+    clippy::unwrap_used,
+    clippy::missing_panics_doc
+)]
+
+pub mod apiserver;
+pub mod kubelet;
