@@ -145,7 +145,62 @@ pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
         name.to_string_lossy(),
         std::process::id()
     ));
-    write_via(path, &tmp, contents, mode)
+    write_via(path, &tmp, contents, mode, true, true)
+}
+
+/// Replaces `path` with `contents` as [`write_atomic`] does, but without any fsync: a reader,
+/// or this daemon restarted after a crash of its own process (`kill -9`), sees the old file or
+/// the new one, never a torn one (the kernel's page cache outlives the process), but a power
+/// loss may lose the change. For what dies with the boot anyway: a claim's run-directory
+/// record with its attached containers (`/run` is a tmpfs, where an fsync costs nothing
+/// either).
+///
+/// # Errors
+/// Any I/O error; the temporary file is removed on failure.
+pub fn write_replace(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no parent"))?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}-r{n}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    write_via(path, &tmp, contents, mode, false, false)
+}
+
+/// Writes `path` as [`write_atomic`] does, fsyncing the file but not its directory: the caller
+/// writes several files of one directory and makes their renames durable at once with
+/// [`sync_dir`] (one flush for a batch instead of one per file).
+///
+/// # Errors
+/// Any I/O error; the temporary file is removed on failure.
+pub fn write_synced(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}-s{n}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    write_via(path, &tmp, contents, mode, true, false)
+}
+
+/// fsyncs directory `dir`, making the renames and removals in it durable.
+///
+/// # Errors
+/// Any I/O error.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
 }
 
 /// The pid of the process that wrote `name`, when `name` is one of [`write_atomic`]'s
@@ -162,7 +217,14 @@ pub fn temporary_writer(name: &str, target: &str) -> Option<i32> {
 }
 
 /// [`write_atomic`] through the temporary file `tmp` (in `path`'s directory).
-fn write_via(path: &Path, tmp: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
+fn write_via(
+    path: &Path,
+    tmp: &Path,
+    contents: &[u8],
+    mode: u32,
+    sync_file: bool,
+    sync_parent: bool,
+) -> io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     // A leftover of a crash, or something planted: O_EXCL below never writes through it.
     remove_file_if_exists(tmp)?;
@@ -175,9 +237,14 @@ fn write_via(path: &Path, tmp: &Path, contents: &[u8], mode: u32) -> io::Result<
             .open(tmp)?;
         f.set_permissions(Permissions::from_mode(mode))?;
         f.write_all(contents)?;
-        f.sync_all()?;
+        if sync_file {
+            f.sync_all()?;
+        }
         fs::rename(tmp, path)?;
-        File::open(dir)?.sync_all()
+        if sync_parent {
+            File::open(dir)?.sync_all()?;
+        }
+        Ok(())
     })();
     if result.is_err() {
         let _ = fs::remove_file(tmp);
@@ -464,7 +531,7 @@ mod tests {
         // A planted temporary name is removed, never written through.
         let tmp = dir.path().join(".spec.json.tmp-planted");
         symlink(&victim, &tmp).unwrap();
-        write_via(&spec, &tmp, b"new", 0o644).unwrap();
+        write_via(&spec, &tmp, b"new", 0o644, true, true).unwrap();
         assert_eq!(fs::read(&victim).unwrap(), b"keep");
         assert!(!fs::symlink_metadata(&spec)
             .unwrap()

@@ -27,6 +27,7 @@
 
 pub mod cdi;
 pub mod checkpoint;
+pub mod claim;
 pub mod cli;
 pub mod config;
 pub mod crash;
@@ -41,8 +42,10 @@ pub mod mps_program;
 pub mod notify;
 pub mod placement;
 pub mod privileges;
+pub mod registry;
 pub mod server;
 pub mod service;
+pub mod store;
 pub mod strategy;
 pub mod supervise;
 pub mod sys;

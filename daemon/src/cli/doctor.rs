@@ -921,6 +921,21 @@ fn check_cdi(static_dir: &Path, dynamic_dir: &Path) -> Check {
 }
 
 fn check_checkpoint(path: &Path, daemon: Option<&DaemonView>) -> Check {
+    // Since per-claim records (`crate::store`), `checkpoint.json` exists only between a stop
+    // and the next start (the downgrade export), or before the first start of this release.
+    let state_dir = path.parent().unwrap_or(Path::new("."));
+    if state_dir.join(crate::store::STORE_FILE).exists() {
+        let (cp, problems) = crate::store::snapshot(state_dir);
+        if !problems.is_empty() {
+            return check(
+                "checkpoint",
+                Status::Fail,
+                format!("corrupt claim records: {}", problems.join("; ")),
+                "gpushared quarantines a corrupt record at start and rebuilds its claim from the claim's host record: restart it",
+            );
+        }
+        return checkpoint_claims(&state_dir.join(crate::store::CLAIMS_DIR), &cp);
+    }
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -961,6 +976,11 @@ fn check_checkpoint(path: &Path, daemon: Option<&DaemonView>) -> Check {
             )
         }
     };
+    checkpoint_claims(path, &cp)
+}
+
+/// Every claim of `cp` (read from `path`) with its CDI spec present.
+fn checkpoint_claims(path: &Path, cp: &Checkpoint) -> Check {
     let missing: Vec<&str> = cp
         .claims
         .values()

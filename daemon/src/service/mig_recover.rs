@@ -109,22 +109,26 @@ impl Service {
                 return;
             };
             if !lost.is_empty() {
-                c.state = ClaimState::Degraded;
                 c.last_error = Some(format!(
                     "at {} s after the epoch: {}",
                     now_secs(),
                     lost.join("; ")
                 ));
+                if let Err(e) = st.claims.transition(uid, crate::claim::Event::SliceLost) {
+                    tracing::error!(claim = %uid, error = %e, "recording a lost MIG slice");
+                }
             } else if slice_lost(c) && self.dead_mps_daemon(c).is_none() {
                 tracing::info!(claim = %uid, "every MIG slice of the claim is there again; Prepared");
-                c.state = ClaimState::Prepared;
+                if let Err(e) = st.claims.transition(uid, crate::claim::Event::Healed) {
+                    tracing::error!(claim = %uid, error = %e, "recording a recreated MIG slice");
+                }
             }
             let _ = self.commit(st);
         }
         // The registry lock is dropped before the write: `write_host_record` takes it again.
         let now = self.state().claims.get(uid).cloned();
         if now.is_some_and(|c| c != info) {
-            self.write_host_record(uid);
+            let _ = self.write_host_record(uid);
         }
     }
 

@@ -87,9 +87,7 @@ fn code(r: Result<PrepareResult, ServiceError>) -> ErrorCode {
 /// Nothing of `uid` remains: registry, checkpoint, CDI file, run directory.
 fn assert_clean(f: &Fixture, uid: &str) {
     assert!(f.service.get_claim(uid).is_err());
-    let cp = CheckpointFile::new(f.cfg.checkpoint.clone())
-        .load()
-        .unwrap();
+    let cp = RecordsOnDisk::new(f.cfg.checkpoint.clone()).load().unwrap();
     assert!(!cp.checkpoint.claims.contains_key(uid));
     assert!(!cdi::spec_path(&f.cfg.cdi_dir, uid).exists());
     assert!(!f.cfg.run_dir.join("claims").join(uid).exists());

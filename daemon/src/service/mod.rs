@@ -14,36 +14,41 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use gpushare_proto::{
-    AttachParams, Attachment, ClaimDevice, ClaimInfo, ClaimState, ComputeMode, DetachParams,
-    DetachResult, ErrorCode, GpuInfo, GpuSharing, GroupInfo, HealthInfo, MpsInfo, PrepareResult,
-    PreparedDevice, RequestDevices, StrategyInfo, UnprepareResult,
+    Attachment, ClaimDevice, ClaimInfo, ClaimState, ComputeMode, ErrorCode, GpuInfo, GpuSharing,
+    GroupInfo, HealthInfo, MpsInfo, PrepareResult, PreparedDevice, RequestDevices, StrategyInfo,
+    UnprepareResult,
 };
 use serde_json::Value;
 
 use crate::cdi::{self, ContainerEdits, HookConfig};
-use crate::checkpoint::{CheckpointFile, Tombstone};
+use crate::checkpoint::Tombstone;
+use crate::claim::Event;
 use crate::config::{self, ClaimSpec, ParseContext, Sharing};
 use crate::error::ServiceError;
 use crate::fsutil;
 use crate::gpu::{Gpu, GpuBackend};
 use crate::placement::{Hold, Placement, Want};
+use crate::registry::{Claims, Registry, Tombstones, Txn};
+use crate::store::Store;
 use crate::strategy::mig::MigTarget;
 use crate::strategy::mps::{default_shm_bytes, Liveness, MpsControl, MpsDirs, MpsLaunch};
-use crate::sys::{read_cgroup, DeviceFiles, Processes};
+use crate::sys::{DeviceFiles, Processes};
 use gpushare_core::Published;
 
 mod asked;
+mod liveness;
 mod locks;
 mod mig;
 mod mig_recover;
 mod modes;
+mod ops;
 mod persisted;
 mod recover;
 mod view;
 use locks::ClaimLocks;
 use modes::GpuModes;
 pub use recover::{restart_backoff, SupervisedDaemon, BOOT_ID_PATH};
-use view::{StateGuard, View};
+use view::{Pending, StateGuard, View};
 
 /// Where the service keeps things and whom it serves.
 #[derive(Debug, Clone)]
@@ -68,15 +73,15 @@ pub struct ServiceConfig {
 }
 
 #[derive(Debug, Default)]
-struct State {
-    claims: BTreeMap<String, ClaimInfo>,
+pub(crate) struct State {
+    claims: Claims,
     placement: Placement,
     ready: bool,
     /// Boot ID written into the checkpoint.
     boot_id: String,
     /// Last claim generation handed out (see `ClaimInfo::generation` and tombstones).
     claim_generation: u64,
-    tombstones: BTreeMap<String, Tombstone>,
+    tombstones: Tombstones,
     /// A corrupt checkpoint found at start: where it went and why.
     quarantined: Option<String>,
     /// Error of the last checkpoint write, cleared by the next one that succeeds.
@@ -99,8 +104,13 @@ pub struct Service {
     processes: Arc<dyn Processes>,
     /// Host device nodes, for the check that a claim's spec names only nodes that exist.
     devices: Arc<dyn DeviceFiles>,
-    checkpoint: CheckpointFile,
+    /// The claims on disk, one record per claim.
+    store: Store,
     state: Mutex<State>,
+    /// Durable changes not yet written (see `commit`).
+    pending: Mutex<Pending>,
+    /// Pidfds of MPS control daemons, by pid, for `attach`'s liveness check.
+    watches: Mutex<BTreeMap<i32, Arc<std::os::fd::OwnedFd>>>,
     /// The registry as readers see it, republished after every change of `state`.
     view: Published<View>,
     /// Each GPU's mode word: what admits a claim to a GPU (`state.placement` only records
@@ -186,18 +196,18 @@ impl Service {
         mps: MpsControl,
         boot_id: String,
     ) -> Result<Service, ServiceError> {
-        let checkpoint = CheckpointFile::new(cfg.checkpoint.clone());
-        let loaded = checkpoint.load().map_err(|e| {
+        let store = Store::beside(&cfg.checkpoint);
+        let loaded = store.load().map_err(|e| {
             ServiceError::internal(format!(
-                "reading checkpoint {}: {e}",
-                cfg.checkpoint.display()
+                "reading the claim records in {}: {e}",
+                store.dir().display()
             ))
         })?;
         // The mode words start with every GPU free; the reconcile takes the checkpointed
         // claims' holds on them (before it rolls any claim back through teardown, which
         // releases through them) and publishes the view as it goes.
         let modes = GpuModes::new(backend.gpus(), &Placement::default());
-        let view = Published::new(View::of(&State::default(), None));
+        let view = Published::new(View::default());
         let ctx = ParseContext {
             node_name: cfg.node_name.clone(),
             drivers: cfg.drivers.clone(),
@@ -209,8 +219,10 @@ impl Service {
             processes: Arc::clone(&mps.ops().processes),
             devices: Arc::clone(&mps.ops().devices),
             mps,
-            checkpoint,
+            store,
             state: Mutex::new(State::default()),
+            pending: Mutex::new(Pending::default()),
+            watches: Mutex::new(BTreeMap::new()),
             view,
             modes,
             on_disk: Mutex::new(0),
@@ -226,59 +238,74 @@ impl Service {
         Ok(service)
     }
 
-    fn state(&self) -> StateGuard<'_> {
+    pub(super) fn state(&self) -> StateGuard<'_> {
         // A panic while holding the registry leaves plain data behind, still consistent
         // enough to read and to release claims; refusing all service would be worse.
         StateGuard {
             guard: self.state.lock().unwrap_or_else(|p| p.into_inner()),
             view: &self.view,
+            pending: &self.pending,
             changed: false,
         }
     }
 
-    /// Unlocks the registry after a change and makes the change durable: writes the
-    /// checkpoint of the newest published view (claims, boot ID, claim generation,
-    /// tombstones), unless a write that started after this change already did. The write
-    /// happens outside the registry lock, so other claims' changes and all readers go on
-    /// meanwhile, and changes that queue behind one write share the next (group commit): one
-    /// fsync for many changes under churn, never a stale checkpoint over a newer one.
+    /// Unlocks the registry after a change and makes the change durable: writes the records
+    /// of the claims and tombstones changed since the last write (queued under the registry
+    /// lock as the change was published), unless a write that started after this change
+    /// already did. The write happens outside the registry lock, so other claims' changes and
+    /// all readers go on meanwhile, and changes that queue behind one write share the next
+    /// (group commit): one batch for many changes under churn, each record its own file, so a
+    /// change costs what it changed, not the node.
     ///
     /// A failed write is recorded as the checkpoint error (`health`, `gpushare status`) until
-    /// a write succeeds again.
+    /// a write succeeds again; its records stay queued for the next write.
     ///
     /// # Errors
-    /// `Internal` when the checkpoint cannot be written; the change stays in memory (and in
-    /// the view) and the caller undoes it.
+    /// `Internal` when the records cannot be written; the change stays in memory (and in the
+    /// view) and the caller undoes it (see [`Txn`]).
     fn commit(&self, st: StateGuard<'_>) -> Result<(), ServiceError> {
         let generation = st.unlock();
         let mut on_disk = self.on_disk.lock().unwrap_or_else(|p| p.into_inner());
         if *on_disk >= generation {
             return Ok(());
         }
-        // The newest view holds this change: it was published before the registry unlocked.
-        let view = self.view.load();
-        let cp = view.checkpoint(now_secs());
-        let result = self.checkpoint.save(&cp).map_err(|e| {
+        let (batch, upto) = {
+            let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            (std::mem::take(&mut p.batch), p.generation)
+        };
+        let written = if batch.is_empty() {
+            Ok(())
+        } else {
+            self.store.write(&batch)
+        };
+        let result = written.map_err(|e| {
             ServiceError::internal(format!(
-                "writing checkpoint {}: {e}",
-                self.checkpoint.path().display()
+                "writing checkpoint records in {}: {e}",
+                self.store.dir().display()
             ))
         });
         // The registry is taken again only when the error state changes (the lock order is
         // `on_disk` then `state`; nobody takes `on_disk` while holding `state`).
         match &result {
             Ok(()) => {
-                *on_disk = view.generation;
-                if view.checkpoint_error.is_some() {
+                *on_disk = upto;
+                if self.view.load().checkpoint_error.is_some() {
                     let mut st = self.state();
                     if st.checkpoint_error.is_some() {
                         st.checkpoint_error = None;
-                        tracing::info!(path = %self.checkpoint.path().display(), "checkpoint written again");
+                        tracing::info!(path = %self.store.dir().display(), "checkpoint written again");
                     }
                 }
             }
             Err(e) => {
                 tracing::error!(error = %e, "cannot write the checkpoint; changing requests fail until it can be written");
+                {
+                    // Still to be written: newer changes queued meanwhile win.
+                    let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut newer = std::mem::take(&mut p.batch);
+                    newer.merge_older(batch);
+                    p.batch = newer;
+                }
                 let mut st = self.state();
                 if st.checkpoint_error.as_deref() != Some(e.message.as_str()) {
                     st.checkpoint_error = Some(e.message.clone());
@@ -406,52 +433,62 @@ impl Service {
             generation: 0,
         };
         let mut info = info;
-        self.admit(&spec.uid, &wants_of(&info))?;
+        let wants = wants_of(&info);
+        self.admit(&spec.uid, &wants)?;
         {
+            // Undone unless `PrepareStarted` is on disk: the claim leaves the registry and
+            // its GPUs are given back.
+            let mut tx = Txn::begin(self);
+            tx.after_undo(|| self.modes.release(self.backend.as_ref(), &wants));
             let mut st = self.state();
-            if let Err(c) = st.placement.reserve(&spec.uid, &wants_of(&info)) {
-                drop(st);
-                tracing::error!(claim = %spec.uid, conflict = %c, "placement refused a claim its GPUs' mode words admitted");
-                self.modes.release(self.backend.as_ref(), &wants_of(&info));
-                return Err(ServiceError::new(ErrorCode::Conflict, c.0));
-            }
+            st.placement
+                .reserve(&spec.uid, &wants)
+                .map_err(|c| ServiceError::new(ErrorCode::Conflict, c.0))?;
+            let (uid, held) = (spec.uid.clone(), wants.clone());
+            tx.on_undo(move |st: &mut State| {
+                for (gpu, _, _) in &held {
+                    st.placement.release(&uid, gpu);
+                }
+                st.claims.remove(&uid);
+            });
             st.claim_generation += 1;
             info.generation = st.claim_generation;
             st.claims.insert(spec.uid.clone(), info.clone());
-            if let Err(e) = self.commit(st) {
-                let mut st = self.state();
-                st.claims.remove(&spec.uid);
-                let freed = self.release_gpus(&mut st, &info);
-                drop(st);
-                self.modes.release(self.backend.as_ref(), &freed);
-                return Err(e);
-            }
+            tx.commit(st, |st| self.commit(st))?;
         }
         crate::crash::point("prepare.started_saved");
         tracing::info!(claim = %spec.uid, namespace = %spec.namespace, name = %spec.name, "preparing claim");
 
         match self.apply(&spec, &plans, &info) {
             Ok((groups, requests)) => {
+                let mut tx = Txn::begin(self);
                 let mut st = self.state();
+                let (saved, uid) = (st.claims.get(&spec.uid).cloned(), spec.uid.clone());
+                tx.on_undo(move |st: &mut State| st.claims.restore(&uid, saved));
                 if let Some(c) = st.claims.get_mut(&spec.uid) {
                     c.groups = groups;
                     c.requests = requests.clone();
-                    c.state = ClaimState::Prepared;
-                    c.attached = carried;
+                }
+                if let Some(a) = st.claims.attachments_mut(&spec.uid) {
+                    *a = carried;
+                }
+                if let Err(e) = st.claims.transition(&spec.uid, Event::Applied) {
+                    drop(st);
+                    drop(tx);
+                    self.teardown(&spec.uid, None);
+                    return Err(ServiceError::internal(format!("claim {}: {e}", spec.uid)));
                 }
                 // A prepare of this claim is what the kubelet wants now: an older release no
                 // longer stands against it.
-                let tombstone = st.tombstones.remove(&spec.uid);
+                let (tombstone, uid) = (st.tombstones.remove(&spec.uid), spec.uid.clone());
+                tx.on_undo(move |st: &mut State| st.tombstones.restore(&uid, tombstone));
                 let prepared = st.claims.get(&spec.uid).cloned();
-                if let Err(e) = self.commit(st) {
-                    if let Some(t) = tombstone {
-                        self.state().tombstones.insert(spec.uid.clone(), t);
-                    }
+                if let Err(e) = tx.commit(st, |st| self.commit(st)) {
                     self.teardown(&spec.uid, None);
                     return Err(e);
                 }
                 if let Some(c) = &prepared {
-                    self.write_host_record(&c.uid);
+                    let _ = self.write_host_record(&c.uid);
                 }
                 crate::crash::point("prepare.completed_saved");
                 self.wake_supervisor();
@@ -1131,20 +1168,23 @@ impl Service {
     fn teardown(&self, uid: &str, tombstone: Option<Option<String>>) -> Option<ServiceError> {
         let info = self.state().claims.get(uid).cloned()?;
         if info.state != ClaimState::Unpreparing {
+            let mut tx = Txn::begin(self);
             let mut st = self.state();
-            if let Some(c) = st.claims.get_mut(uid) {
-                c.state = ClaimState::Unpreparing;
+            let saved = Some(info.clone());
+            tx.on_undo(move |st: &mut State| st.claims.restore(uid, saved));
+            if let Err(e) = st.claims.transition(uid, Event::ReleaseStarted) {
+                return Some(ServiceError::internal(format!("claim {uid}: {e}")));
             }
-            if let Err(e) = self.commit(st) {
-                if matches!(info.state, ClaimState::Prepared | ClaimState::Degraded) {
-                    // On disk the claim is still prepared: releasing it now would have a
-                    // restart bring it back. Refuse, changing nothing.
-                    if let Some(c) = self.state().claims.get_mut(uid) {
-                        c.state = info.state;
-                    }
+            if matches!(info.state, ClaimState::Prepared | ClaimState::Degraded) {
+                // On disk the claim is still prepared: releasing it now would have a restart
+                // bring it back. Refuse, changing nothing.
+                if let Err(e) = tx.commit(st, |st| self.commit(st)) {
                     return Some(e);
                 }
+            } else {
                 // A half-done prepare is rolled back at the next start anyway.
+                let _ = self.commit(st);
+                tx.keep();
             }
         }
         crate::crash::point("unprepare.unpreparing_saved");
@@ -1204,7 +1244,10 @@ impl Service {
         let mut freed = Vec::new();
         if errors.is_empty() {
             freed = self.release_gpus(&mut st, &info);
-            st.claims.remove(uid);
+            if let Err(e) = st.claims.transition(uid, Event::Released) {
+                tracing::error!(claim = %uid, error = %e, "releasing claim");
+                st.claims.remove(uid);
+            }
             if let Some(resource_version) = tombstone {
                 st.claim_generation += 1;
                 let t = Tombstone {
@@ -1212,8 +1255,7 @@ impl Service {
                     resource_version,
                     released_at: now_secs(),
                 };
-                st.tombstones.insert(uid.to_string(), t);
-                crate::checkpoint::prune_tombstones(&mut st.tombstones, now_secs());
+                st.tombstones.insert(uid.to_string(), t, now_secs());
             }
         }
         if let Err(e) = self.commit(st) {
@@ -1274,186 +1316,6 @@ impl Service {
             }
             Some(e) => Err(e),
         }
-    }
-
-    /// Ties a container to its claim (called by the hook at `createRuntime`). Idempotent per
-    /// container id.
-    ///
-    /// # Errors
-    /// `NotFound` for an unknown claim, `NotReady` when the claim or its MPS control daemon is
-    /// not ready, `LimitReached` at the claim's `replicas`.
-    pub fn attach(&self, p: &AttachParams) -> Result<Attachment, ServiceError> {
-        config::validate_claim_uid(&p.claim_uid)?;
-        if p.container_id.is_empty() {
-            return Err(ServiceError::new(
-                ErrorCode::InvalidRequest,
-                "container_id is empty",
-            ));
-        }
-        if let Some(pid) = p.pid.filter(|pid| *pid <= 0) {
-            return Err(ServiceError::new(
-                ErrorCode::InvalidRequest,
-                format!("pid must be a positive process id, got {pid}"),
-            ));
-        }
-
-        // What reads /proc (the container's cgroup, whether the claim's MPS control daemon
-        // runs) is done before taking the registry lock, on the published view. Only for a
-        // claim seen Prepared: any other state (Degraded with its reason, above all) is
-        // answered under the lock.
-        let cgroup = p.pid.and_then(read_cgroup);
-        let seen = self.view.load();
-        if let Some(claim) = seen
-            .claims
-            .get(&p.claim_uid)
-            .filter(|c| c.state == ClaimState::Prepared)
-        {
-            if let Some(pid) = self.dead_mps_daemon(claim) {
-                return Err(ServiceError::new(
-                    ErrorCode::NotReady,
-                    format!(
-                        "claim {}: its MPS control daemon (pid {pid}) is not running",
-                        p.claim_uid
-                    ),
-                ));
-            }
-        }
-
-        let mut st = self.state();
-        let claim = st.claims.get(&p.claim_uid).ok_or_else(|| {
-            ServiceError::new(
-                ErrorCode::NotFound,
-                format!(
-                    "claim {} is not prepared on node {}",
-                    p.claim_uid, self.cfg.node_name
-                ),
-            )
-        })?;
-        if claim.state == ClaimState::Degraded {
-            let what = if mig_recover::slice_lost(claim) {
-                "release the claim; it can be prepared again once its MIG slice can be made"
-            } else {
-                "gpushared is restarting its MPS control daemon, retry later"
-            };
-            return Err(ServiceError::new(
-                ErrorCode::NotReady,
-                format!(
-                    "claim {} is Degraded ({}); {what}",
-                    p.claim_uid,
-                    claim
-                        .last_error
-                        .as_deref()
-                        .unwrap_or("MPS control daemon died")
-                ),
-            ));
-        }
-        if claim.state != ClaimState::Prepared {
-            return Err(ServiceError::new(
-                ErrorCode::NotReady,
-                format!("claim {} is {:?}, not ready", p.claim_uid, claim.state),
-            ));
-        }
-        if let Some(a) = claim
-            .attached
-            .iter()
-            .find(|a| a.container_id == p.container_id)
-        {
-            if a.pid == p.pid {
-                return Ok(a.clone());
-            }
-            // The same container id started again (a restart in place): its record follows
-            // the new process, so that the old pid's death does not free a live slot.
-            let updated = Attachment {
-                pid: p.pid,
-                cgroup: cgroup.clone(),
-                bundle: p.bundle.clone(),
-                ..a.clone()
-            };
-            if let Some(c) = st.claims.get_mut(&p.claim_uid) {
-                if let Some(slot) = c
-                    .attached
-                    .iter_mut()
-                    .find(|x| x.container_id == p.container_id)
-                {
-                    *slot = updated.clone();
-                }
-            }
-            self.commit(st)?;
-            self.write_host_record(&p.claim_uid);
-            return Ok(updated);
-        }
-        // A container whose init process is gone and whose poststop hook never ran (runtime
-        // crash, node reboot) must not hold a slot forever.
-        let stale: Vec<String> = claim
-            .attached
-            .iter()
-            .filter(|a| a.pid.is_some_and(|pid| !self.processes.alive(pid)))
-            .map(|a| a.container_id.clone())
-            .collect();
-        if !stale.is_empty() {
-            tracing::warn!(claim = %p.claim_uid, containers = ?stale, "detaching containers whose process is gone");
-            if let Some(c) = st.claims.get_mut(&p.claim_uid) {
-                c.attached.retain(|a| !stale.contains(&a.container_id));
-            }
-        }
-        let Some(claim) = st.claims.get(&p.claim_uid) else {
-            return Err(ServiceError::internal("claim vanished while attaching"));
-        };
-        if let Some(limit) = claim.attach_limit {
-            if claim.attached.len() >= limit as usize {
-                return Err(ServiceError::new(
-                    ErrorCode::LimitReached,
-                    format!(
-                        "claim {} ({}/{}) already has {} of {limit} containers attached (replicas: {limit})",
-                        p.claim_uid,
-                        claim.namespace,
-                        claim.name,
-                        claim.attached.len()
-                    ),
-                ));
-            }
-        }
-        let attachment = Attachment {
-            claim_uid: p.claim_uid.clone(),
-            container_id: p.container_id.clone(),
-            pid: p.pid,
-            cgroup,
-            bundle: p.bundle.clone(),
-            attached_at: now_secs(),
-        };
-        if let Some(c) = st.claims.get_mut(&p.claim_uid) {
-            c.attached.push(attachment.clone());
-        }
-        if let Err(e) = self.commit(st) {
-            if let Some(c) = self.state().claims.get_mut(&p.claim_uid) {
-                c.attached.retain(|a| a.container_id != p.container_id);
-            }
-            return Err(e);
-        }
-        self.write_host_record(&p.claim_uid);
-        tracing::info!(claim = %p.claim_uid, container = %p.container_id, pid = ?p.pid, "container attached");
-        Ok(attachment)
-    }
-
-    /// Unties a container from its claim (called by the hook at `poststop`). Idempotent.
-    ///
-    /// # Errors
-    /// `InvalidRequest` for a malformed UID; `Internal` if the checkpoint cannot be written.
-    pub fn detach(&self, p: &DetachParams) -> Result<DetachResult, ServiceError> {
-        config::validate_claim_uid(&p.claim_uid)?;
-        let mut st = self.state();
-        let Some(claim) = st.claims.get_mut(&p.claim_uid) else {
-            return Ok(DetachResult { detached: false });
-        };
-        let before = claim.attached.len();
-        claim.attached.retain(|a| a.container_id != p.container_id);
-        let detached = claim.attached.len() != before;
-        if detached {
-            self.commit(st)?;
-            self.write_host_record(&p.claim_uid);
-            tracing::info!(claim = %p.claim_uid, container = %p.container_id, "container detached");
-        }
-        Ok(DetachResult { detached })
     }
 
     /// One claim.
@@ -1528,6 +1390,14 @@ impl Service {
             stopping: st.stopping,
             drivers: self.cfg.drivers.clone(),
         }
+    }
+}
+
+impl Registry for Service {
+    type State = State;
+    type Guard<'g> = StateGuard<'g>;
+    fn lock(&self) -> StateGuard<'_> {
+        self.state()
     }
 }
 
@@ -1629,6 +1499,65 @@ impl ServiceConfig {
         }
     }
 }
+
+/// The claim records on disk as one checkpoint, for tests: what `load` reads is what the next
+/// start finds, and `save` plants records for it.
+#[cfg(test)]
+pub(crate) struct RecordsOnDisk(PathBuf);
+
+#[cfg(test)]
+pub(crate) struct OnDisk {
+    pub(crate) checkpoint: crate::checkpoint::Checkpoint,
+    /// Records that are not records.
+    pub(crate) quarantined: Option<String>,
+}
+
+#[cfg(test)]
+impl RecordsOnDisk {
+    pub(crate) fn new(checkpoint: PathBuf) -> RecordsOnDisk {
+        RecordsOnDisk(checkpoint)
+    }
+
+    /// What a start reads: the records, with each claim's CDI spec path and containers as
+    /// the reconcile completes them (from the `for_tests` layout: `<root>/state`,
+    /// `<root>/run`, `<root>/cdi`).
+    pub(crate) fn load(&self) -> std::io::Result<OnDisk> {
+        let dir = self.0.parent().unwrap_or(Path::new("."));
+        let root = dir.parent().unwrap_or(Path::new("."));
+        let (mut checkpoint, problems) = crate::store::snapshot(dir);
+        for (uid, c) in &mut checkpoint.claims {
+            c.cdi_spec = cdi::spec_path(&root.join("cdi"), uid).display().to_string();
+            c.attached = persisted::host_attachments(&root.join("run"), uid);
+        }
+        let quarantined = (!problems.is_empty()).then(|| problems.join("; "));
+        Ok(OnDisk {
+            checkpoint,
+            quarantined,
+        })
+    }
+
+    /// Removes every record (the checkpoint goes missing); panics when there was none.
+    pub(crate) fn remove(&self) {
+        let dir = self.0.parent().unwrap_or(Path::new("."));
+        std::fs::remove_file(dir.join(crate::store::STORE_FILE)).unwrap();
+        std::fs::remove_dir_all(dir.join(crate::store::CLAIMS_DIR)).unwrap();
+        let _ = std::fs::remove_dir_all(dir.join(crate::store::TOMBSTONES_DIR));
+    }
+
+    /// Writes `cp` as the version 2 `checkpoint.json` a previous release leaves, which the
+    /// next start migrates, whatever its keys and fields: how records of any shape reach a
+    /// start.
+    pub(crate) fn save_v2(&self, cp: &crate::checkpoint::Checkpoint) -> std::io::Result<()> {
+        crate::checkpoint::CheckpointFile::new(self.0.clone()).save(cp)
+    }
+
+    pub(crate) fn save(&self, cp: &crate::checkpoint::Checkpoint) -> std::io::Result<()> {
+        crate::store::replace_with(self.0.parent().unwrap_or(Path::new(".")), cp)
+    }
+}
+
+#[cfg(test)]
+use gpushare_proto::{AttachParams, DetachParams};
 
 #[cfg(test)]
 mod mig_tests;

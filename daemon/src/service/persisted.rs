@@ -159,6 +159,11 @@ pub(super) fn normalize(info: &mut ClaimInfo, cdi_dir: &Path) -> bool {
     if info.cdi_spec == spec {
         return false;
     }
+    if info.cdi_spec.is_empty() {
+        // A record of the store, which derives it.
+        info.cdi_spec = spec;
+        return false;
+    }
     tracing::warn!(claim = %info.uid, recorded = %info.cdi_spec, now = %spec, "the recorded CDI spec path is not this daemon's; using its own");
     info.cdi_spec = spec;
     true
@@ -215,6 +220,11 @@ pub(super) struct Quarantine {
 static QUARANTINED: AtomicU64 = AtomicU64::new(0);
 
 impl Quarantine {
+    /// Where the evidence goes.
+    pub(super) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The quarantine beside the checkpoint (`<state-dir>/quarantine`).
     pub(super) fn beside(checkpoint: &Path) -> Quarantine {
         Quarantine {
@@ -292,6 +302,18 @@ impl Quarantine {
             let _ = fsutil::remove_file_if_exists(&p);
         }
     }
+}
+
+/// The attached containers that claim `uid`'s host record keeps (what an attach wrote before
+/// its answer), when the record is there and passes [`check_record`]; none otherwise.
+pub(super) fn host_attachments(run_dir: &Path, uid: &str) -> Vec<gpushare_proto::Attachment> {
+    let path = run_dir.join("claims").join(uid).join(HOST_RECORD);
+    fsutil::read_own_file(&path, MAX_HOST_RECORD_BYTES)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<ClaimInfo>(&b).ok())
+        .filter(|info| check_record(info, uid, run_dir).is_ok())
+        .map(|info| info.attached)
+        .unwrap_or_default()
 }
 
 /// Claims rebuilt from the host records in `<run-dir>/claims/`, except those `skip` says are

@@ -11,9 +11,9 @@ use gpushare_proto::{ClaimInfo, ClaimState, ErrorCode, StrategyInfo};
 
 use super::persisted::{self, Quarantine, HOST_RECORD, MAX_HOST_RECORD_BYTES};
 use super::{mig, now_secs, reapply_gpu_settings, wants_of, Service};
-use crate::checkpoint::Loaded;
 use crate::error::ServiceError;
 use crate::fsutil;
+use crate::store::Loaded;
 use crate::strategy::mps::{launch_of, Liveness, MpsDirs};
 
 /// Where Linux tells the current boot's ID (a new one at every boot).
@@ -184,7 +184,7 @@ impl Service {
     /// is what stays on disk. Only a `Prepared` or `Degraded`
     /// claim has one: a release under way (`Unpreparing`, set before its directory goes) is
     /// never written back.
-    pub(super) fn write_host_record(&self, uid: &str) {
+    pub(super) fn write_host_record(&self, uid: &str) -> Result<(), ServiceError> {
         let _writes = self
             .host_record_writes
             .lock()
@@ -196,7 +196,7 @@ impl Service {
             .filter(|c| matches!(c.state, ClaimState::Prepared | ClaimState::Degraded))
             .cloned()
         else {
-            return;
+            return Ok(());
         };
         let dir = self.claim_dir(&info.uid);
         let result = fsutil::create_dir_if_missing(&dir, 0o755).and_then(|()| {
@@ -207,41 +207,83 @@ impl Service {
             {
                 return Ok(());
             }
-            fsutil::write_atomic(&path, &bytes, 0o600)
+            // No flush: what this record alone keeps (the attached containers) dies with the
+            // boot, and the run directory is a tmpfs; a crash of gpushared finds it whole.
+            fsutil::write_replace(&path, &bytes, 0o600)
         });
-        if let Err(e) = result {
+        result.map_err(|e| {
             tracing::warn!(claim = %info.uid, error = %e, "writing the claim's host record");
-        }
+            ServiceError::internal(format!(
+                "writing the run-directory record of claim {}: {e}",
+                info.uid
+            ))
+        })
     }
 
-    /// The claims to reconcile: the checkpoint's entries that pass [`persisted::check_record`],
-    /// and the host record of every claim the checkpoint does not hold (all of them when it
-    /// was missing or corrupt): a claim with a valid host record is never taken for no claim's.
-    /// A host record older than its claim's tombstone is of a claim released since: its release
-    /// is finished (as `Unpreparing`). Refused records are kept in the quarantine.
-    fn claims_to_reconcile(&self, loaded: &mut Loaded) -> BTreeMap<String, ClaimInfo> {
+    /// The claims to reconcile: the store's records that pass [`persisted::check_record`]
+    /// (with their containers from their host records), and the host record of every claim
+    /// the store does not hold (all of them when it was missing): a claim with a valid host
+    /// record is never taken for no claim's. A host record older than its claim's tombstone
+    /// is of a claim released since: its release is finished (as `Unpreparing`). Refused and
+    /// unreadable records are kept in the quarantine, alone. The flag says whether the
+    /// record must be written (it did not come from the store as it is).
+    fn claims_to_reconcile(&self, loaded: &mut Loaded) -> BTreeMap<String, (ClaimInfo, bool)> {
         let quarantine = Quarantine::beside(&self.cfg.checkpoint);
-        let cp = &mut loaded.checkpoint;
         let mut claims = BTreeMap::new();
-        for (key, mut info) in std::mem::take(&mut cp.claims) {
+        let mut reports = Vec::new();
+        for u in std::mem::take(&mut loaded.unreadable) {
+            let key = u
+                .path
+                .file_stem()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            tracing::error!(record = %u.path.display(), reason = %u.why, "a claim record of the checkpoint was corrupt; moved aside, rebuilding the claim from its host record");
+            quarantine.keep(
+                "checkpoint-claim",
+                &u.path,
+                &key,
+                u.bytes.as_deref(),
+                &u.why,
+            );
+            // Whatever it is (a file, a link, a fifo, a directory), it goes as what it is.
+            let _ = if fs::symlink_metadata(&u.path).is_ok_and(|m| m.is_dir()) {
+                fsutil::remove_dir_all_if_exists(&u.path)
+            } else {
+                fsutil::remove_file_if_exists(&u.path)
+            };
+            reports.push(format!(
+                "claim record {} moved to {}: {}",
+                u.path.display(),
+                quarantine.dir().display(),
+                u.why
+            ));
+        }
+        if !reports.is_empty() {
+            self.state().quarantined = Some(reports.join("; "));
+        }
+        let from_v2 = loaded.migrated.is_some();
+        for (key, mut info) in std::mem::take(&mut loaded.claims) {
             match persisted::check_record(&info, &key, &self.cfg.run_dir) {
                 Ok(()) => {
                     persisted::normalize(&mut info, &self.cfg.cdi_dir);
-                    claims.insert(key, info);
+                    if !from_v2 {
+                        // Containers are kept in the claim's run-directory record alone.
+                        info.attached = persisted::host_attachments(&self.cfg.run_dir, &key);
+                    }
+                    claims.insert(key, (info, false));
                 }
                 Err(why) => {
                     let bytes = serde_json::to_vec(&info).ok();
-                    quarantine.keep(
-                        "checkpoint-claim",
-                        &self.cfg.checkpoint,
-                        &key,
-                        bytes.as_deref(),
-                        &why,
-                    );
+                    let path = self.store.claim_path(&key);
+                    quarantine.keep("checkpoint-claim", &path, &key, bytes.as_deref(), &why);
+                    if crate::config::validate_claim_uid(&key).is_ok() {
+                        let _ = fsutil::remove_file_if_exists(&path);
+                    }
                 }
             }
         }
-        cp.tombstones
+        loaded
+            .tombstones
             .retain(|uid, _| crate::config::validate_claim_uid(uid).is_ok());
         let rebuilt =
             persisted::host_records(&self.cfg.run_dir, &self.cfg.cdi_dir, &quarantine, |uid| {
@@ -249,7 +291,7 @@ impl Service {
             });
         if loaded.missing {
             tracing::warn!(
-                path = %self.cfg.checkpoint.display(),
+                path = %self.store.dir().display(),
                 host_records = rebuilt.len(),
                 "no checkpoint found; rebuilding the claims from their host records (a missing checkpoint is not a node without claims)"
             );
@@ -260,15 +302,16 @@ impl Service {
             );
         }
         for (uid, mut info) in rebuilt {
-            if let Some(t) = cp
+            if let Some(t) = loaded
                 .tombstones
                 .get(&uid)
                 .filter(|t| t.generation > info.generation)
             {
                 tracing::warn!(claim = %uid, released_generation = t.generation, record_generation = info.generation, "the host record is of a claim released since; finishing its release");
-                info.state = ClaimState::Unpreparing;
+                let _ =
+                    crate::claim::lifecycle::apply(&mut info, crate::claim::Event::ReleaseStarted);
             }
-            claims.insert(uid, info);
+            claims.insert(uid, (info, true));
         }
         claims
     }
@@ -276,13 +319,14 @@ impl Service {
     /// The start-up reconcile (see [`Service::with_boot_id`]).
     pub(super) fn reconcile(&self, mut loaded: Loaded, boot_id: String) {
         let claims = self.claims_to_reconcile(&mut loaded);
-        let cp = loaded.checkpoint;
-        let rebooted = !cp.boot_id.is_empty() && !boot_id.is_empty() && cp.boot_id != boot_id;
+        let rebooted =
+            !loaded.boot_id.is_empty() && !boot_id.is_empty() && loaded.boot_id != boot_id;
         {
             let mut st = self.state();
             st.boot_id = boot_id;
-            st.claim_generation = cp.generation;
-            st.tombstones = cp.tombstones;
+            st.claim_generation = loaded.generation;
+            st.tombstones =
+                crate::registry::Tombstones::loaded(std::mem::take(&mut loaded.tombstones));
             if let Some((aside, why)) = &loaded.quarantined {
                 tracing::error!(moved_to = %aside.display(), reason = %why, "checkpoint was corrupt; moved aside, rebuilding the claims from their host records");
                 st.quarantined = Some(format!("moved to {}: {why}", aside.display()));
@@ -293,7 +337,7 @@ impl Service {
         }
         {
             let mut st = self.state();
-            for (uid, mut info) in claims {
+            for (uid, (mut info, write)) in claims {
                 if let Err(e) = st.placement.reserve(&uid, &wants_of(&info)) {
                     tracing::error!(claim = %uid, error = %e, "checkpointed claim conflicts with another; not re-adopted");
                     continue;
@@ -303,7 +347,10 @@ impl Service {
                     info.attached.clear();
                 }
                 st.claim_generation = st.claim_generation.max(info.generation);
-                st.claims.insert(uid, info);
+                st.claims.adopt(uid.clone(), info);
+                if write {
+                    st.claims.mark_durable(&uid);
+                }
             }
             // The GPUs' mode words hold what the checkpointed claims hold from here on, so that
             // the rollbacks below release through them (restoring a GPU's settings when its
@@ -369,8 +416,17 @@ impl Service {
                 .count(),
             "reconciled the host with the checkpoint"
         );
-        // Written even when nothing changed: the file then holds this boot's ID.
+        let meta = crate::store::StoreMeta {
+            format: crate::claim::RECORD_FORMAT,
+            boot_id: st.boot_id.clone(),
+            generation: st.claim_generation,
+            export: None,
+        };
         let _ = self.commit(st);
+        // Written even when nothing changed: the store then holds this boot's ID.
+        if let Err(e) = self.store.write_meta(&meta) {
+            tracing::error!(error = %e, "writing the store's own record at start");
+        }
     }
 
     /// Re-adopts or restarts the MPS control daemons of a prepared claim and makes sure its
@@ -405,7 +461,7 @@ impl Service {
                     tracing::error!(claim = %uid, error = %e, "rewriting the CDI spec");
                 }
             }
-            self.write_host_record(uid);
+            let _ = self.write_host_record(uid);
         }
     }
 
@@ -469,25 +525,29 @@ impl Service {
                     plan.failures
                 );
                 tracing::error!(claim = %uid, error = %e, retry_in_ms = delay.as_millis() as u64, "restarting the MPS control daemon failed");
-                c.state = ClaimState::Degraded;
                 c.last_error = Some(msg.clone());
+                if let Err(e) = st
+                    .claims
+                    .transition(uid, crate::claim::Event::RestartFailed)
+                {
+                    tracing::error!(claim = %uid, error = %e, "recording a failed restart");
+                }
                 Err(msg)
             }
         };
         let c = st.claims.get(uid).cloned();
-        if let Some(mut c) = c {
+        if let Some(c) = c {
             if outcome.is_ok()
                 && c.state == ClaimState::Degraded
                 && self.all_daemons_run(&c)
                 && self.mig_intact(&c)
             {
-                c.state = ClaimState::Prepared;
-                if let Some(x) = st.claims.get_mut(uid) {
-                    x.state = ClaimState::Prepared;
+                if let Err(e) = st.claims.transition(uid, crate::claim::Event::Healed) {
+                    tracing::error!(claim = %uid, error = %e, "recording a restarted daemon");
                 }
             }
             let _ = self.commit(guard);
-            self.write_host_record(uid);
+            let _ = self.write_host_record(uid);
         }
         self.wake_supervisor();
         outcome
@@ -754,6 +814,7 @@ impl Service {
             // Non-blocking: a full socket already holds a wake-up.
             let _ = w.write(&[1]);
         }
+        self.forget_watches();
     }
 
     /// Reports that the MPS control daemon `pid` of claim `uid` exited (the supervisor saw
@@ -762,15 +823,15 @@ impl Service {
     /// restart is scheduled with backoff.
     pub fn mps_daemon_exited(&self, uid: &str, pid: i32) {
         let mut guard = self.state();
-        let st = &mut *guard;
-        let Some(c) = st.claims.get_mut(uid) else {
+        let Some(c) = guard.claims.get(uid) else {
             return;
         };
         if !matches!(c.state, ClaimState::Prepared | ClaimState::Degraded) {
             return;
         }
         // Already known and scheduled: the restart deals with every dead daemon of the claim.
-        if c.state == ClaimState::Degraded && st.restarts.get(uid).is_some_and(|p| p.due.is_some())
+        if c.state == ClaimState::Degraded
+            && guard.restarts.get(uid).is_some_and(|p| p.due.is_some())
         {
             return;
         }
@@ -794,8 +855,14 @@ impl Service {
             m.pipe_dir
         );
         tracing::error!(claim = %uid, pid, "MPS control daemon exited; claim Degraded, restarting it");
-        c.state = ClaimState::Degraded;
-        c.last_error = Some(msg);
+        let st = &mut *guard;
+        if let Some(c) = st.claims.get_mut(uid) {
+            c.last_error = Some(msg);
+        }
+        if let Err(e) = st.claims.transition(uid, crate::claim::Event::DaemonDied) {
+            tracing::error!(claim = %uid, error = %e, "recording an MPS control daemon's death");
+            return;
+        }
         let plan = st.restarts.entry(uid.to_string()).or_default();
         let ran_long = match plan.started {
             Some(t) => t.elapsed() >= RESTART_STABLE,
@@ -885,11 +952,35 @@ impl Service {
                 "requests still under way at the stop bound; the next start reconciles them"
             );
         }
-        // Nothing may have changed since the last write: write anyway, so that the file holds
-        // this build's format and the stop is on record.
+        // Whatever is still queued is written; then the whole node as a version 2 checkpoint,
+        // which is what a previous release reads after a downgrade (the next start of this
+        // one knows it for its own export and removes it).
         let mut st = self.state();
         st.stopping = true;
+        // Every record is written once more: the store then holds this build's format.
+        let uids: Vec<String> = st.claims.keys().cloned().collect();
+        for uid in &uids {
+            st.claims.mark_durable(uid);
+        }
+        let mut export = crate::checkpoint::Checkpoint {
+            boot_id: st.boot_id.clone(),
+            generation: st.claim_generation,
+            claims: st
+                .claims
+                .iter()
+                .map(|(k, c)| (k.clone(), c.clone()))
+                .collect(),
+            tombstones: BTreeMap::clone(&st.tombstones),
+            ..crate::checkpoint::Checkpoint::default()
+        };
+        export.prune_tombstones(now_secs());
         self.commit(st)?;
+        self.store.export(&export).map_err(|e| {
+            ServiceError::internal(format!(
+                "writing checkpoint {} for a downgrade: {e}",
+                self.cfg.checkpoint.display()
+            ))
+        })?;
         Ok(finished)
     }
 }
@@ -912,6 +1003,7 @@ mod tests {
         let sources = [
             include_str!("mod.rs"),
             include_str!("../checkpoint.rs"),
+            include_str!("../store.rs"),
             include_str!("recover.rs"),
         ]
         .concat();

@@ -57,6 +57,7 @@ fn fake_process(f: &Fixture, key: &str, pid: i32) {
     f.host.state().daemons.insert(
         PathBuf::from(key),
         crate::sys::fake::FakeDaemon {
+            watchers: Vec::new(),
             pid,
             alive: true,
             env: Default::default(),
@@ -103,7 +104,7 @@ fn gpu(f: &Fixture, name: &str) -> GpuInfo {
 /// every fake MPS daemon is gone.
 fn assert_clean(f: &Fixture, uid: &str) {
     assert!(f.service.get_claim(uid).is_err());
-    let cp = CheckpointFile::new(f.cfg.checkpoint.clone())
+    let cp = RecordsOnDisk::new(f.cfg.checkpoint.clone())
         .load()
         .unwrap()
         .checkpoint;
@@ -261,7 +262,7 @@ fn attach_needs_a_live_daemon_and_respects_replicas() {
     f.service.attach(&p("c")).unwrap();
     // The MPS control daemon dies: the next container start is refused...
     for d in f.host.state().daemons.values_mut() {
-        d.alive = false;
+        d.die();
     }
     let err = f.service.attach(&p("d")).unwrap_err();
     assert_eq!(err.code, ErrorCode::NotReady);
@@ -386,7 +387,7 @@ fn a_claim_left_prepare_started_by_a_crash_is_prepared_afresh() {
         .prepare(&claim("c1", &["gpu-1"], Some(mps(50))))
         .unwrap();
     // As a crash between start and finish leaves it on disk.
-    let file = CheckpointFile::new(f.cfg.checkpoint.clone());
+    let file = RecordsOnDisk::new(f.cfg.checkpoint.clone());
     let mut cp = file.load().unwrap().checkpoint;
     cp.claims.get_mut("c1").unwrap().state = ClaimState::PrepareStarted;
     file.save(&cp).unwrap();
@@ -621,7 +622,7 @@ fn a_reused_pid_is_never_signalled() {
     let pid = {
         let mut st = f.host.state();
         let d = st.daemons.values_mut().next().unwrap();
-        d.alive = false;
+        d.die();
         d.pid
     };
     // An unrelated process now has the dead daemon's pid (it holds no pipe directory of ours).
@@ -693,7 +694,7 @@ fn running_containers_keep_their_slots_when_a_claim_is_prepared_afresh() {
     let mut pipe = None;
     for (path, d) in f.host.state().daemons.iter_mut() {
         if path.ends_with("pipe") {
-            d.alive = false;
+            d.die();
             pipe = Some(path.clone());
         }
     }
@@ -740,7 +741,7 @@ fn a_container_attached_again_follows_its_new_process() {
         .daemons
         .get_mut(Path::new("/proc-5001"))
         .unwrap()
-        .alive = false;
+        .die();
     live_process(&f, 5003);
     let err = f
         .service
@@ -854,7 +855,7 @@ fn concurrent_changes_all_reach_the_checkpoint() {
             .unwrap();
     }
     // Changes committed together share a write; none may be missing from the last one.
-    let on_disk = CheckpointFile::new(f.cfg.checkpoint.clone())
+    let on_disk = RecordsOnDisk::new(f.cfg.checkpoint.clone())
         .load()
         .unwrap()
         .checkpoint
@@ -1010,7 +1011,7 @@ mod same_claim {
             .prepare(&claim("same", &["gpu-1"], Some(mps(50))))
             .unwrap();
         for d in f.host.state().daemons.values_mut() {
-            d.alive = false;
+            d.die();
         }
         let started = starts(&f);
         let err = f

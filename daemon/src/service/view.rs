@@ -1,114 +1,96 @@
 //! What readers (`get_claim`, `list_claims`, `list_gpus`, `health`) see: the registry as of
 //! its last change, published whole through [`gpushare_core::Published`], so operators'
-//! listings and Prometheus scrapes never wait for a prepare, attach or checkpoint write, and
-//! never see a change half made.
+//! listings and Prometheus scrapes never wait for a prepare, attach or record write, and
+//! never see a change half made. A change publishes only the claims it changed (the others
+//! are shared with the previous view) and queues their durable records for the store in the
+//! same step, so views and writes follow the order of changes.
 
 use std::collections::BTreeMap;
 use std::ops::{Deref, DerefMut};
-use std::sync::{Arc, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use gpushare_core::Published;
 use gpushare_proto::ClaimInfo;
 
 use super::State;
-use crate::checkpoint::{Checkpoint, Tombstone};
+use crate::claim::ClaimRecord;
 use crate::placement::Placement;
+use crate::store::Batch;
 
 /// One published view of the registry. Claims and placement are shared with the previous
-/// view where unchanged, so publishing after a change copies only what changed (a claim
-/// record compares far cheaper than it clones).
+/// view where unchanged.
 #[derive(Debug, Clone, Default)]
 pub(super) struct View {
-    pub(super) claims: BTreeMap<String, Arc<ClaimInfo>>,
+    pub(super) claims: Arc<BTreeMap<String, Arc<ClaimInfo>>>,
     pub(super) placement: Arc<Placement>,
     pub(super) ready: bool,
-    /// The registry's generation this view shows.
-    pub(super) generation: u64,
-    /// The host's boot ID, written into the checkpoint.
-    pub(super) boot_id: Arc<str>,
-    /// The last claim generation handed out (`State::claim_generation`).
-    pub(super) claim_generation: u64,
-    /// Released claims' tombstones, shared with the previous view while unchanged.
-    pub(super) tombstones: Arc<BTreeMap<String, Tombstone>>,
-    /// A corrupt checkpoint found at start: where it went and why.
+    /// A corrupt checkpoint or record found at start: where it went and why.
     pub(super) quarantined: Option<String>,
-    /// The error of the last checkpoint write, if it failed.
+    /// The error of the last record write, if it failed.
     pub(super) checkpoint_error: Option<String>,
     /// SIGTERM: changing requests are refused.
     pub(super) stopping: bool,
 }
 
+/// Durable changes not yet written: the newest record of each changed claim and tombstone,
+/// and the registry generation they include.
+#[derive(Debug, Default)]
+pub(super) struct Pending {
+    pub(super) batch: Batch,
+    pub(super) generation: u64,
+}
+
 impl View {
-    /// The view of `state`, sharing what is unchanged since `prev`.
-    pub(super) fn of(state: &State, prev: Option<&View>) -> View {
-        let claims = state
-            .claims
-            .iter()
-            .map(|(uid, info)| {
-                let same = prev
-                    .and_then(|p| p.claims.get(uid))
-                    .filter(|old| ***old == *info);
-                let info = match same {
-                    Some(old) => Arc::clone(old),
-                    None => Arc::new(info.clone()),
-                };
-                (uid.clone(), info)
-            })
-            .collect();
-        let placement = match prev {
-            Some(p) if *p.placement == state.placement => Arc::clone(&p.placement),
-            _ => Arc::new(state.placement.clone()),
-        };
-        let tombstones = match prev {
-            Some(p) if *p.tombstones == state.tombstones => Arc::clone(&p.tombstones),
-            _ => Arc::new(state.tombstones.clone()),
-        };
-        let boot_id = match prev {
-            Some(p) if *p.boot_id == *state.boot_id => Arc::clone(&p.boot_id),
-            _ => Arc::from(state.boot_id.as_str()),
+    /// The view of `state` after a change to the claims in `shown`, sharing the rest with
+    /// `prev`.
+    fn next(state: &State, prev: &View, shown: &std::collections::BTreeSet<String>) -> View {
+        if shown.is_empty() {
+            return View {
+                claims: Arc::clone(&prev.claims),
+                ..View::rest(state, prev)
+            };
+        }
+        let mut claims = BTreeMap::clone(&prev.claims);
+        for uid in shown {
+            match state.claims.get(uid) {
+                Some(info) => {
+                    claims.insert(uid.clone(), Arc::new(info.clone()));
+                }
+                None => {
+                    claims.remove(uid);
+                }
+            }
+        }
+        View {
+            claims: Arc::new(claims),
+            ..View::rest(state, prev)
+        }
+    }
+
+    /// Everything but the claims.
+    fn rest(state: &State, prev: &View) -> View {
+        let placement = if *prev.placement == state.placement {
+            Arc::clone(&prev.placement)
+        } else {
+            Arc::new(state.placement.clone())
         };
         View {
-            claims,
+            claims: Arc::default(),
             placement,
             ready: state.ready,
-            generation: state.generation,
-            boot_id,
-            claim_generation: state.claim_generation,
-            tombstones,
             quarantined: state.quarantined.clone(),
             checkpoint_error: state.checkpoint_error.clone(),
             stopping: state.stopping,
         }
     }
-
-    /// The checkpoint of this view: claims, boot ID, claim generation and the tombstones
-    /// still within their time to live (`now`, seconds since the epoch).
-    pub(super) fn checkpoint(&self, now: u64) -> Checkpoint {
-        let mut cp = Checkpoint {
-            boot_id: self.boot_id.to_string(),
-            generation: self.claim_generation,
-            claims: self.claim_records(),
-            tombstones: BTreeMap::clone(&self.tombstones),
-            ..Checkpoint::default()
-        };
-        cp.prune_tombstones(now);
-        cp
-    }
-
-    /// The claims as the checkpoint records them.
-    pub(super) fn claim_records(&self) -> BTreeMap<String, ClaimInfo> {
-        self.claims
-            .iter()
-            .map(|(uid, info)| (uid.clone(), ClaimInfo::clone(info)))
-            .collect()
-    }
 }
 
 /// The registry, locked; publishes a new [`View`] on drop when it was changed (borrowed
-/// mutably), before the lock is released, so views are published in the order of changes.
-pub(super) struct StateGuard<'a> {
+/// mutably), before the lock is released, and queues the changed claims' records.
+pub(crate) struct StateGuard<'a> {
     pub(super) guard: MutexGuard<'a, State>,
     pub(super) view: &'a Published<View>,
+    pub(super) pending: &'a Mutex<Pending>,
     pub(super) changed: bool,
 }
 
@@ -135,14 +117,31 @@ impl StateGuard<'_> {
     }
 
     fn publish_if_changed(&mut self) {
-        if self.changed {
-            self.changed = false;
-            self.guard.generation += 1;
-            // Only publishers (all under the registry lock) replace the view, so the one
-            // loaded here is the latest.
-            let prev = self.view.load();
-            self.view.publish(View::of(&self.guard, Some(&prev)));
+        if !self.changed {
+            return;
         }
+        self.changed = false;
+        let st = &mut *self.guard;
+        st.generation += 1;
+        let shown = st.claims.take_shown();
+        let durable = st.claims.take_durable();
+        let tombstones = st.tombstones.take_changed();
+        // Under the pending lock, so that a writer takes every record queued up to the
+        // generation it reads.
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        for uid in durable {
+            let rec = st.claims.get(&uid).map(ClaimRecord::of);
+            pending.batch.claims.insert(uid, rec);
+        }
+        for uid in tombstones {
+            let t = st.tombstones.get(&uid).cloned();
+            pending.batch.tombstones.insert(uid, t);
+        }
+        pending.generation = st.generation;
+        // Only publishers (all under the registry lock) replace the view, so the one loaded
+        // here is the latest.
+        let prev = self.view.load();
+        self.view.publish(View::next(st, &prev, &shown));
     }
 }
 

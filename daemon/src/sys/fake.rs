@@ -15,9 +15,20 @@ use super::{
 pub(crate) struct FakeDaemon {
     pub pid: i32,
     pub alive: bool,
+    /// Write ends of the pipes handed out as its "pidfds": dropped when it dies, which makes
+    /// their read ends readable (hang-up), as a pidfd becomes readable at exit.
+    pub watchers: Vec<Arc<std::os::fd::OwnedFd>>,
     pub env: BTreeMap<String, String>,
     pub atp: f64,
     pub limits: BTreeMap<String, String>,
+}
+
+impl FakeDaemon {
+    /// Ends it as a crash would: gone, its pidfds readable.
+    pub fn die(&mut self) {
+        self.alive = false;
+        self.watchers.clear();
+    }
 }
 
 #[derive(Debug, Default)]
@@ -144,6 +155,7 @@ impl CommandRunner for FakeHost {
                 FakeDaemon {
                     pid,
                     alive: true,
+                    watchers: Vec::new(),
                     env: spec.env.clone(),
                     atp: 100.0,
                     limits: BTreeMap::new(),
@@ -178,7 +190,10 @@ impl CommandRunner for FakeHost {
                         out += &format!("{v}\n");
                     }
                 }
-                ["quit", ..] if !ignore_quit => d.alive = false,
+                ["quit", ..] if !ignore_quit => {
+                    d.alive = false;
+                    d.watchers.clear();
+                }
                 _ => {}
             }
         }
@@ -231,6 +246,7 @@ impl Processes for FakeHost {
         st.killed.push(pid);
         for d in st.daemons.values_mut().filter(|d| d.pid == pid) {
             d.alive = false;
+            d.watchers.clear();
         }
     }
 
@@ -244,6 +260,16 @@ impl Processes for FakeHost {
             .filter_map(|d| d.env.get(var).map(|v| (d.pid, PathBuf::from(v))))
             .filter(|(_, p)| p.starts_with(dir))
             .collect()
+    }
+
+    fn watch(&self, pid: i32) -> io::Result<std::os::fd::OwnedFd> {
+        let mut st = self.state();
+        let Some(d) = st.daemons.values_mut().find(|d| d.pid == pid && d.alive) else {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        };
+        let (read, write) = nix::unistd::pipe().map_err(io::Error::from)?;
+        d.watchers.push(Arc::new(write));
+        Ok(read)
     }
 
     fn start_time(&self, pid: i32) -> Option<u64> {

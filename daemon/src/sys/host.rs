@@ -210,6 +210,10 @@ impl Processes for HostProcesses {
     fn with_env_under(&self, var: &str, dir: &Path) -> Vec<(i32, std::path::PathBuf)> {
         super::processes_with_env_under(var, dir)
     }
+
+    fn watch(&self, pid: i32) -> io::Result<std::os::fd::OwnedFd> {
+        super::PidFd::open(pid).map(Into::into)
+    }
 }
 
 /// Mounts with the real syscalls (needs CAP_SYS_ADMIN).

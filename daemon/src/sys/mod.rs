@@ -12,7 +12,7 @@ mod proc;
 pub use devices::{DeviceFiles, HostDeviceFiles, NodeKind, NodeStat};
 pub use host::{reap_orphans, HostMounter, HostProcesses, HostRunner};
 pub use peer::peer_groups;
-pub use pidfd::{wait_readable, PidFd};
+pub use pidfd::{readable_now, wait_readable, PidFd};
 pub use proc::{
     find_lock_holder, parse_proc_locks, parse_status_groups, pid_alive, process_start_time,
     processes_with_env_under, read_cgroup, read_groups,
@@ -135,6 +135,14 @@ pub trait Processes: Send + Sync + std::fmt::Debug {
     /// Live processes whose environment sets `var` to a path under `dir`, with that path
     /// (see [`processes_with_env_under`]).
     fn with_env_under(&self, var: &str, dir: &Path) -> Vec<(i32, PathBuf)>;
+
+    /// A descriptor that becomes readable when `pid` exits, whoever its parent is: a pidfd
+    /// ([`PidFd`]) on the host. It refers to the process, not to its pid, so a reused pid is
+    /// never taken for it (check the start time right after opening).
+    ///
+    /// # Errors
+    /// `ESRCH` when no such process runs; `ENOSYS` before Linux 5.3.
+    fn watch(&self, pid: i32) -> io::Result<std::os::fd::OwnedFd>;
 }
 
 /// The leaf operations the strategies use, bundled so that tests swap them all at once.

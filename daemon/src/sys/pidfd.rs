@@ -30,6 +30,25 @@ impl PidFd {
     }
 }
 
+impl From<PidFd> for OwnedFd {
+    fn from(p: PidFd) -> OwnedFd {
+        p.0
+    }
+}
+
+/// Whether `fd` is readable now (for a pidfd: its process exited), without waiting.
+pub fn readable_now(fd: RawFd) -> bool {
+    let mut poll = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `poll` is one valid pollfd, exclusively borrowed for the call; timeout 0 never
+    // blocks.
+    let rc = unsafe { libc::poll(&mut poll, 1, 0) };
+    rc > 0 && poll.revents != 0
+}
+
 impl AsRawFd for PidFd {
     fn as_raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()

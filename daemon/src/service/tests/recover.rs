@@ -21,7 +21,7 @@ fn mps_of(c: &ClaimInfo) -> MpsInfo {
 fn kill_daemon(f: &Fixture, pid: i32) {
     for d in f.host.state().daemons.values_mut() {
         if d.pid == pid {
-            d.alive = false;
+            d.die();
         }
     }
 }
@@ -69,7 +69,7 @@ fn a_late_prepare_retry_of_a_released_claim_does_not_resurrect_it() {
         .unwrap();
     assert!(!r.already_prepared);
     assert_eq!(again.get_claim("late").unwrap().state, ClaimState::Prepared);
-    let cp = CheckpointFile::new(f.cfg.checkpoint.clone())
+    let cp = RecordsOnDisk::new(f.cfg.checkpoint.clone())
         .load()
         .unwrap()
         .checkpoint;
@@ -143,9 +143,7 @@ fn a_dead_daemon_degrades_the_claim_until_it_is_restarted_with_verified_limits()
         err.message
     );
     // Degraded is in the checkpoint too.
-    let cp = CheckpointFile::new(f.cfg.checkpoint.clone())
-        .load()
-        .unwrap();
+    let cp = RecordsOnDisk::new(f.cfg.checkpoint.clone()).load().unwrap();
     assert_eq!(cp.checkpoint.claims["sv"].state, ClaimState::Degraded);
 
     let due = f.service.next_restart().unwrap();
@@ -254,7 +252,7 @@ fn a_recycled_pid_is_not_taken_for_the_daemon() {
         .prepare(&claim("pidre", &["gpu-0"], Some(mps(30))))
         .unwrap();
     // The recorded start time no longer matches the holder (another process, same pid).
-    let file = CheckpointFile::new(f.cfg.checkpoint.clone());
+    let file = RecordsOnDisk::new(f.cfg.checkpoint.clone());
     let mut cp = file.load().unwrap().checkpoint;
     for g in &mut cp.claims.get_mut("pidre").unwrap().groups {
         if let StrategyInfo::Mps(m) = &mut g.sharing {
@@ -276,7 +274,7 @@ fn start_rolls_back_half_done_claims_and_removes_orphans_of_ours_only() {
     f.service
         .prepare(&claim("half", &["gpu-2"], Some(mps(50))))
         .unwrap();
-    let file = CheckpointFile::new(f.cfg.checkpoint.clone());
+    let file = RecordsOnDisk::new(f.cfg.checkpoint.clone());
     let mut cp = file.load().unwrap().checkpoint;
     cp.claims.get_mut("half").unwrap().state = ClaimState::PrepareStarted;
     file.save(&cp).unwrap();
@@ -350,7 +348,7 @@ fn a_new_boot_id_redoes_every_claims_host_setup() {
     {
         let mut st = f.host.state();
         for d in st.daemons.values_mut() {
-            d.alive = false;
+            d.die();
         }
         st.mounts.clear();
     }
@@ -397,9 +395,7 @@ fn a_corrupt_checkpoint_is_reported_and_claims_are_rebuilt_from_the_host() {
         "the GPU job's daemon kept"
     );
     // A fresh, valid checkpoint was written.
-    let cp = CheckpointFile::new(f.cfg.checkpoint.clone())
-        .load()
-        .unwrap();
+    let cp = RecordsOnDisk::new(f.cfg.checkpoint.clone()).load().unwrap();
     assert!(cp.quarantined.is_none());
     assert!(cp.checkpoint.claims.contains_key("cc"));
 }
@@ -437,15 +433,13 @@ fn a_graceful_stop_refuses_new_changes_and_writes_the_checkpoint() {
     f.service
         .prepare(&claim("gs", &["gpu-0"], Some(mps(50))))
         .unwrap();
-    std::fs::remove_file(&f.cfg.checkpoint).unwrap();
+    RecordsOnDisk::new(f.cfg.checkpoint.clone()).remove();
     assert!(f.service.stop(Duration::from_secs(5)).unwrap());
     assert!(f.service.health().stopping);
     let err = f.service.unprepare("gs").unwrap_err();
     assert_eq!(err.code, ErrorCode::NotReady);
     assert!(err.message.contains("stopping"), "{}", err.message);
-    let cp = CheckpointFile::new(f.cfg.checkpoint.clone())
-        .load()
-        .unwrap();
+    let cp = RecordsOnDisk::new(f.cfg.checkpoint.clone()).load().unwrap();
     assert!(cp.checkpoint.claims.contains_key("gs"));
     assert!(
         f.host.state().daemons.values().any(|d| d.alive),
@@ -490,9 +484,7 @@ fn a_graceful_stop_lets_a_prepare_under_way_finish_first() {
     }
     assert!(f.service.stop(Duration::from_secs(60)).unwrap());
     worker.join().unwrap().unwrap();
-    let cp = CheckpointFile::new(f.cfg.checkpoint.clone())
-        .load()
-        .unwrap();
+    let cp = RecordsOnDisk::new(f.cfg.checkpoint.clone()).load().unwrap();
     assert_eq!(cp.checkpoint.claims["slow"].state, ClaimState::Prepared);
 }
 
@@ -516,6 +508,7 @@ fn start_kills_mps_processes_no_claim_owns_even_without_their_directory() {
         st.daemons.insert(
             PathBuf::from("/elsewhere/ghost"),
             crate::sys::fake::FakeDaemon {
+                watchers: Vec::new(),
                 pid: 555_001,
                 alive: true,
                 env: env_of(ghost_pipe.to_str().unwrap()),
@@ -527,6 +520,7 @@ fn start_kills_mps_processes_no_claim_owns_even_without_their_directory() {
         st.daemons.insert(
             PathBuf::from("/elsewhere/server"),
             crate::sys::fake::FakeDaemon {
+                watchers: Vec::new(),
                 pid: 555_002,
                 alive: true,
                 env: env_of(&owned.pipe_dir),
@@ -581,7 +575,7 @@ fn after_a_restart_the_mode_words_hold_readopted_claims_and_rollbacks_free_their
     f.service
         .prepare(&claim("half", &["gpu-2"], Some(mps(50))))
         .unwrap();
-    let file = CheckpointFile::new(f.cfg.checkpoint.clone());
+    let file = RecordsOnDisk::new(f.cfg.checkpoint.clone());
     let mut cp = file.load().unwrap().checkpoint;
     cp.claims.get_mut("half").unwrap().state = ClaimState::PrepareStarted;
     file.save(&cp).unwrap();
@@ -641,7 +635,7 @@ fn a_restart_rewrites_only_host_records_that_changed() {
 /// time is not the running process's) and that ignores `quit`, so that stopping it waits out
 /// the whole quit bound before it is killed.
 fn unadoptable(f: &Fixture) {
-    let file = CheckpointFile::new(f.cfg.checkpoint.clone());
+    let file = RecordsOnDisk::new(f.cfg.checkpoint.clone());
     let mut cp = file.load().unwrap().checkpoint;
     for c in cp.claims.values_mut() {
         for g in &mut c.groups {
@@ -714,7 +708,7 @@ fn the_start_up_sweep_stops_orphan_mps_daemons_all_at_once() {
     for i in 0..6 {
         std::fs::remove_file(f.cfg.run_dir.join(format!("claims/orph{i}/claim.json"))).unwrap();
     }
-    let file = CheckpointFile::new(f.cfg.checkpoint.clone());
+    let file = RecordsOnDisk::new(f.cfg.checkpoint.clone());
     let mut cp = file.load().unwrap().checkpoint;
     cp.claims.clear();
     file.save(&cp).unwrap();
