@@ -125,42 +125,65 @@ impl Placement {
         claim: &str,
         wants: &[(String, String, Want)],
     ) -> Result<(), Conflict> {
-        let mut next = self.holds.clone();
-        for (uuid, name, want) in wants {
-            let merged = match (next.get(uuid), *want) {
-                (None, Want::Exclusive) => Hold::Exclusive(claim.to_string()),
-                (None, Want::TimeSlicing(interval)) => Hold::TimeSliced {
-                    interval,
-                    claims: BTreeSet::from([claim.to_string()]),
-                },
-                (None, Want::Mps) => Hold::Mps(claim.to_string()),
-                (None, Want::Mig) => Hold::Mig(BTreeSet::from([claim.to_string()])),
-                (Some(Hold::Mig(claims)), Want::Mig) => {
-                    let mut claims = claims.clone();
-                    claims.insert(claim.to_string());
-                    Hold::Mig(claims)
+        // Checked first, changed after: only the GPUs asked are looked at, and a refusal
+        // changes nothing (no copy of every hold, whose claim sets grow with the node).
+        for (i, (uuid, name, want)) in wants.iter().enumerate() {
+            // A GPU named twice in one ask is checked as the earlier ask leaves it.
+            let earlier = wants[..i]
+                .iter()
+                .find(|(u, _, _)| u == uuid)
+                .map(|(_, _, w)| *w);
+            let fits = match (self.holds.get(uuid), earlier, *want) {
+                (_, Some(Want::Mig), Want::Mig) => true,
+                (_, Some(Want::TimeSlicing(a)), Want::TimeSlicing(b)) => a == b,
+                (_, Some(_), _) => false,
+                (None, None, _) => true,
+                (Some(Hold::Mig(_)), None, Want::Mig) => true,
+                (Some(Hold::TimeSliced { interval, .. }), None, Want::TimeSlicing(asked)) => {
+                    *interval == asked
                 }
-                (Some(Hold::TimeSliced { interval, claims }), Want::TimeSlicing(asked))
-                    if *interval == asked =>
-                {
-                    let mut claims = claims.clone();
-                    claims.insert(claim.to_string());
-                    Hold::TimeSliced {
-                        interval: asked,
-                        claims,
-                    }
-                }
-                (Some(hold), want) => {
-                    return Err(Conflict(format!(
-                        "{name} ({uuid}) is {}; claim {claim} asks {}",
-                        hold.describe(),
-                        describe_want(want)
-                    )))
-                }
+                (Some(_), None, _) => false,
             };
-            next.insert(uuid.clone(), merged);
+            if !fits {
+                let hold = match (self.holds.get(uuid), earlier) {
+                    (Some(h), _) => h.describe(),
+                    (None, Some(w)) => format!("asked {} by the same claim", describe_want(w)),
+                    (None, None) => "free".into(),
+                };
+                return Err(Conflict(format!(
+                    "{name} ({uuid}) is {hold}; claim {claim} asks {}",
+                    describe_want(*want)
+                )));
+            }
         }
-        self.holds = next;
+        for (uuid, _, want) in wants {
+            let c = claim.to_string();
+            match (self.holds.get_mut(uuid), *want) {
+                (Some(Hold::Mig(claims)), _) | (Some(Hold::TimeSliced { claims, .. }), _) => {
+                    claims.insert(c);
+                }
+                (Some(_), _) => {}
+                (None, Want::Exclusive) => {
+                    self.holds.insert(uuid.clone(), Hold::Exclusive(c));
+                }
+                (None, Want::TimeSlicing(interval)) => {
+                    self.holds.insert(
+                        uuid.clone(),
+                        Hold::TimeSliced {
+                            interval,
+                            claims: BTreeSet::from([c]),
+                        },
+                    );
+                }
+                (None, Want::Mps) => {
+                    self.holds.insert(uuid.clone(), Hold::Mps(c));
+                }
+                (None, Want::Mig) => {
+                    self.holds
+                        .insert(uuid.clone(), Hold::Mig(BTreeSet::from([c])));
+                }
+            }
+        }
         Ok(())
     }
 

@@ -761,18 +761,21 @@ fn stopped_line(service: &Service) -> String {
     }
 }
 
-/// Pings the watchdog only while the service answers: a `health` read that takes the claim
-/// registry's lock, bounded by the ping interval. A wedged registry stops the pings and
-/// systemd restarts the daemon (the MPS control daemons stay: `KillMode=process`).
+/// Pings the watchdog only while the path that changes take answers: a probe that takes the
+/// claim registry's lock ([`gpushare::service::registry_answers`]), bounded by the ping
+/// interval. A registry wedged by a stuck change stops the pings and systemd restarts the
+/// daemon (the MPS control daemons stay: `KillMode=process`). `health` alone would not do:
+/// it reads the published view and answers whatever the registry does.
 async fn watchdog_loop(service: Arc<Service>, every: Duration) {
     loop {
         let probe = Arc::clone(&service);
         let answered =
-            tokio::time::timeout(every, tokio::task::spawn_blocking(move || probe.health())).await;
+            tokio::task::spawn_blocking(move || gpushare::service::registry_answers(&probe, every))
+                .await;
         match answered {
-            Ok(Ok(_)) => notify::watchdog(),
+            Ok(true) => notify::watchdog(),
             _ => tracing::error!(
-                "the service did not answer a health read in time; not pinging the watchdog"
+                "the claim registry did not answer in time; not pinging the watchdog"
             ),
         }
         tokio::time::sleep(every).await;

@@ -44,10 +44,12 @@ mod modes;
 mod ops;
 mod persisted;
 mod recover;
+mod stop;
 mod view;
 use locks::ClaimLocks;
 use modes::GpuModes;
 pub use recover::{restart_backoff, SupervisedDaemon, BOOT_ID_PATH};
+pub use stop::registry_answers;
 use view::{Pending, StateGuard, View};
 
 /// Where the service keeps things and whom it serves.

@@ -70,7 +70,20 @@ pub(super) fn check_record(info: &ClaimInfo, key: &str, run_dir: &Path) -> Resul
             .cdi_device_ids
             .iter()
             .chain(r.per_device.iter().flat_map(|d| d.cdi_device_ids.iter()));
-        if let Some(id) = ids.into_iter().find(|id| **id != own) {
+        // Besides the claim's own device, the NVIDIA driver's device of each of its GPUs and
+        // MIG devices (`<kind>=GPU-<uuid>`, `=MIG-<uuid>`), which every prepared device gets
+        // first: never a path, and only of the claim's own devices.
+        let driver_device = |id: &str| {
+            id.split_once('=').is_some_and(|(kind, name)| {
+                kind.contains('/')
+                    && safe_name("CDI kind", kind.replace('/', "-").as_str()).is_ok()
+                    && info.groups.iter().any(|g| {
+                        g.devices.iter().any(|d| d.uuid == name)
+                            || g.mig.iter().any(|m| !m.uuid.is_empty() && m.uuid == name)
+                    })
+            })
+        };
+        if let Some(id) = ids.into_iter().find(|id| **id != own && !driver_device(id)) {
             return Err(format!(
                 "request {}: CDI device ID {id:?} is not the claim's own ({own})",
                 r.request

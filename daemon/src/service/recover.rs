@@ -109,33 +109,7 @@ pub(super) struct RestartPlan {
     started: Option<Instant>,
 }
 
-/// Counts a prepare or unprepare under way until dropped.
-pub(super) struct InFlight<'a>(&'a Service);
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        let (count, done) = &self.0.in_flight;
-        let mut n = count.lock().unwrap_or_else(|p| p.into_inner());
-        *n = n.saturating_sub(1);
-        done.notify_all();
-    }
-}
-
 impl Service {
-    /// Registers a changing request, or refuses it while the daemon stops.
-    pub(super) fn begin_change(&self) -> Result<InFlight<'_>, ServiceError> {
-        let (count, _) = &self.in_flight;
-        let mut n = count.lock().unwrap_or_else(|p| p.into_inner());
-        if self.state().stopping {
-            return Err(ServiceError::new(
-                ErrorCode::NotReady,
-                "gpushared is stopping; retry when it is back",
-            ));
-        }
-        *n += 1;
-        Ok(InFlight(self))
-    }
-
     /// Refuses a prepare older than a release of the same claim: one that arrived before the
     /// release's generation, or that carries the very claim object (same `resourceVersion`)
     /// that was released.
@@ -618,6 +592,7 @@ impl Service {
     /// so a spec of ours by name alone is not enough. Temporaries of interrupted writes go
     /// when the process that wrote them (the pid in their name) is gone.
     fn remove_orphan_specs(&self, owned_claims: &[String]) {
+        let owned: BTreeSet<&str> = owned_claims.iter().map(String::as_str).collect();
         let Ok(entries) = fs::read_dir(&self.cfg.cdi_dir) else {
             return;
         };
@@ -637,7 +612,7 @@ impl Service {
             {
                 // Read as input: a regular file only, not through a link, bounded; a fifo
                 // opened for a blocking read would hold up the start for ever.
-                !owned_claims.iter().any(|c| c == uid)
+                !owned.contains(uid)
                     && fsutil::read_own_file(&path, MAX_SPEC_BYTES)
                         .is_ok_and(|text| String::from_utf8_lossy(&text).contains(&socket))
             } else {
@@ -660,6 +635,7 @@ impl Service {
         owned_claims: &[String],
         owned_groups: &[PathBuf],
     ) {
+        let owned: BTreeSet<&str> = owned_claims.iter().map(String::as_str).collect();
         // Nothing is followed: a link (or any other non-directory) where a claim or MPS group
         // directory should be is removed as the link it is, never read or stopped through.
         let real_dir = |e: &fs::DirEntry| e.file_type().is_ok_and(|t| t.is_dir());
@@ -681,7 +657,7 @@ impl Service {
                 let owned = entry
                     .file_name()
                     .to_str()
-                    .is_some_and(|n| owned_claims.iter().any(|c| c == n));
+                    .is_some_and(|n| owned.contains(n));
                 let Ok(groups) = fs::read_dir(&dir) else {
                     continue;
                 };
@@ -916,72 +892,6 @@ impl Service {
                 }
             }
         }
-    }
-
-    /// Whether a graceful stop has begun.
-    pub fn is_stopping(&self) -> bool {
-        self.state().stopping
-    }
-
-    /// Graceful stop: refuses new prepares and unprepares, waits at most `bound` for those
-    /// under way, then writes the checkpoint. MPS control daemons are left running.
-    /// Returns whether everything under way finished within the bound.
-    ///
-    /// # Errors
-    /// The checkpoint cannot be written (the previous one stays).
-    pub fn stop(&self, bound: Duration) -> Result<bool, ServiceError> {
-        self.state().stopping = true;
-        let (count, done) = &self.in_flight;
-        let deadline = Instant::now() + bound;
-        let mut n = count.lock().unwrap_or_else(|p| p.into_inner());
-        while *n > 0 {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            n = done
-                .wait_timeout(n, left)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
-        }
-        let finished = *n == 0;
-        drop(n);
-        if !finished {
-            tracing::warn!(
-                bound_s = bound.as_secs(),
-                "requests still under way at the stop bound; the next start reconciles them"
-            );
-        }
-        // Whatever is still queued is written; then the whole node as a version 2 checkpoint,
-        // which is what a previous release reads after a downgrade (the next start of this
-        // one knows it for its own export and removes it).
-        let mut st = self.state();
-        st.stopping = true;
-        // Every record is written once more: the store then holds this build's format.
-        let uids: Vec<String> = st.claims.keys().cloned().collect();
-        for uid in &uids {
-            st.claims.mark_durable(uid);
-        }
-        let mut export = crate::checkpoint::Checkpoint {
-            boot_id: st.boot_id.clone(),
-            generation: st.claim_generation,
-            claims: st
-                .claims
-                .iter()
-                .map(|(k, c)| (k.clone(), c.clone()))
-                .collect(),
-            tombstones: BTreeMap::clone(&st.tombstones),
-            ..crate::checkpoint::Checkpoint::default()
-        };
-        export.prune_tombstones(now_secs());
-        self.commit(st)?;
-        self.store.export(&export).map_err(|e| {
-            ServiceError::internal(format!(
-                "writing checkpoint {} for a downgrade: {e}",
-                self.cfg.checkpoint.display()
-            ))
-        })?;
-        Ok(finished)
     }
 }
 

@@ -873,6 +873,7 @@ fn concurrent_changes_all_reach_the_checkpoint() {
 }
 
 mod driver;
+mod migrate;
 mod mps_capability;
 mod nodes;
 mod persisted;

@@ -721,3 +721,29 @@ fn the_start_up_sweep_stops_orphan_mps_daemons_all_at_once() {
     assert!(st.daemons.values().all(|d| !d.alive));
     assert!(st.mounts.is_empty(), "{:?}", st.mounts);
 }
+
+#[test]
+fn a_registry_held_by_a_stuck_change_stops_the_watchdog_pings() {
+    let Fixture {
+        _dir: dir, service, ..
+    } = fixture();
+    let service = std::sync::Arc::new(service);
+    assert!(crate::service::registry_answers(
+        &service,
+        Duration::from_secs(5)
+    ));
+    // A change stuck while holding the registry (a wedged NVML call under the lock, say).
+    let stuck = service.state();
+    assert!(
+        !crate::service::registry_answers(&service, Duration::from_millis(200)),
+        "no answer while a change holds the registry: no ping"
+    );
+    // Readers still answer from the published view: `health` alone would have pinged.
+    assert!(service.health().ready);
+    drop(stuck);
+    assert!(crate::service::registry_answers(
+        &service,
+        Duration::from_secs(5)
+    ));
+    drop(dir);
+}
