@@ -80,8 +80,42 @@ impl Node {
         }
     }
 
-    fn checkpoint(&self) -> PathBuf {
-        self.state_dir.join("checkpoint.json")
+    /// Claim `uid`'s record in the store (`<state-dir>/claims/<uid>.json`).
+    fn record(&self, uid: &str) -> PathBuf {
+        self.state_dir.join("claims").join(format!("{uid}.json"))
+    }
+
+    /// The UIDs the store holds a record of, read while gpushared runs (each record is a file
+    /// of its own; none is locked).
+    fn recorded(&self) -> BTreeSet<String> {
+        fs::read_dir(self.state_dir.join("claims"))
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| {
+                        let n = e.file_name().to_string_lossy().into_owned();
+                        let uid = n.strip_suffix(".json")?.to_string();
+                        // Every record is whole and names its claim.
+                        let v: Value = serde_json::from_slice(&fs::read(e.path()).ok()?).ok()?;
+                        (v["uid"] == uid.as_str()).then_some(uid)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Removes the store: the checkpoint goes missing.
+    fn remove_store(&self) {
+        fs::remove_file(self.state_dir.join("store.json")).unwrap();
+        fs::remove_dir_all(self.state_dir.join("claims")).unwrap();
+        let _ = fs::remove_dir_all(self.state_dir.join("tombstones"));
+    }
+
+    /// Evidence files the store's quarantine holds of refused claim records.
+    fn quarantined_records(&self) -> usize {
+        read_names(&self.state_dir.join("quarantine"))
+            .iter()
+            .filter(|n| n.starts_with("checkpoint-claim-"))
+            .count()
     }
 
     fn spawn(&mut self, crash_at: Option<&str>) {
@@ -258,12 +292,11 @@ impl Node {
             .entry("every claim fully prepared or absent")
             .or_default() += 1;
 
-        let cp: Value = serde_json::from_slice(&fs::read(self.checkpoint()).unwrap()).unwrap();
-        let in_cp: BTreeSet<String> = cp["claims"]
-            .as_object()
-            .map(|m| m.keys().cloned().collect())
-            .unwrap_or_default();
-        assert_eq!(in_cp, uids, "checkpoint entries are the claims");
+        let in_cp = self.recorded();
+        assert_eq!(
+            in_cp, uids,
+            "checkpoint entries (the store's records) are the claims"
+        );
         *counts.entry("no orphan checkpoint entry").or_default() += 1;
 
         let mut daemon_pids = BTreeSet::new();
@@ -913,25 +946,23 @@ fn a_corrupt_and_a_truncated_checkpoint_each_give_a_clear_report_and_no_crash_lo
         node.prepare(&mps_claim(&uid, 3, 20)).unwrap();
         let pid = mps_groups(&node.claim(&uid).unwrap())[0].control_daemon_pid;
         node.kill9();
-        let bytes = fs::read(node.checkpoint()).unwrap();
-        fs::write(node.checkpoint(), mutate(&bytes)).unwrap();
+        // The claim's record in the store is what a crash can leave torn now.
+        let bytes = fs::read(node.record(&uid)).unwrap();
+        fs::write(node.record(&uid), mutate(&bytes)).unwrap();
         node.start();
         let h = node.health();
         let report = h.checkpoint_quarantined.clone().unwrap_or_default();
-        assert!(report.contains("checkpoint.json.corrupt-"), "{what}: {h:?}");
+        assert!(
+            report.contains(&format!("claims/{uid}.json")) && report.contains("quarantine"),
+            "{what}: {h:?}"
+        );
         let status = node.cli_status();
         assert!(status.contains("CHECKPOINT WAS CORRUPT"), "{status}");
         assert!(
             node.log().contains("checkpoint was corrupt"),
             "{what}: logged"
         );
-        let aside = read_names(&node.state_dir);
-        assert!(
-            aside
-                .iter()
-                .any(|n| n.starts_with("checkpoint.json.corrupt-")),
-            "{aside:?}"
-        );
+        assert_eq!(node.quarantined_records(), 1, "{what}: kept as evidence");
         // Rebuilt from the host: the GPU job's daemon is kept.
         let c = node.claim(&uid).unwrap();
         assert_eq!(mps_groups(&c)[0].control_daemon_pid, pid, "{what}");
@@ -1262,23 +1293,19 @@ fn a_missing_checkpoint_or_state_directory_loses_no_claim() {
     // Each way the checkpoint goes missing, or stops being a file: an operator's `rm`, a lost
     // volume (the whole state directory), something else at its path.
     let losses: [(&str, Loss); 4] = [
-        ("checkpoint removed", |n| {
-            fs::remove_file(n.checkpoint()).unwrap()
-        }),
+        ("checkpoint removed", |n| n.remove_store()),
         ("state directory removed", |n| {
             fs::remove_dir_all(&n.state_dir).unwrap()
         }),
-        ("a directory at the checkpoint's path", |n| {
-            fs::remove_file(n.checkpoint()).unwrap();
-            fs::create_dir(n.checkpoint()).unwrap();
+        ("a directory at the MPS claim's record path", |n| {
+            let p = n.record(&format!("mc-mps-{}", std::process::id()));
+            fs::remove_file(&p).unwrap();
+            fs::create_dir(&p).unwrap();
         }),
-        ("a fifo at the checkpoint's path", |n| {
-            fs::remove_file(n.checkpoint()).unwrap();
-            nix::unistd::mkfifo(
-                &n.checkpoint(),
-                nix::sys::stat::Mode::from_bits_truncate(0o600),
-            )
-            .unwrap();
+        ("a fifo at the MPS claim's record path", |n| {
+            let p = n.record(&format!("mc-mps-{}", std::process::id()));
+            fs::remove_file(&p).unwrap();
+            nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
         }),
     ];
     let mut counts = Counts::new();
@@ -1314,14 +1341,10 @@ fn a_missing_checkpoint_or_state_directory_loses_no_claim() {
         log.contains("checkpoint was corrupt"),
         "the wrong types quarantined"
     );
-    let aside = read_names(&node.state_dir);
     assert_eq!(
-        aside
-            .iter()
-            .filter(|n| n.starts_with("checkpoint.json.corrupt-"))
-            .count(),
+        node.quarantined_records(),
         2,
-        "{aside:?}"
+        "the two wrong types kept as evidence"
     );
     node.unprepare(&m).unwrap();
     node.unprepare(&t).unwrap();

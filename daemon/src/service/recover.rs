@@ -399,7 +399,12 @@ impl Service {
         let _ = self.commit(st);
         // Written even when nothing changed: the store then holds this boot's ID.
         if let Err(e) = self.store.write_meta(&meta) {
-            tracing::error!(error = %e, "writing the store's own record at start");
+            let msg = format!(
+                "writing checkpoint {}: {e}",
+                self.store.dir().join(crate::store::STORE_FILE).display()
+            );
+            tracing::error!(error = %msg, "cannot write the checkpoint at start; changing requests fail until it can be written");
+            self.state().checkpoint_error = Some(msg);
         }
     }
 
