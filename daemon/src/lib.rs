@@ -18,8 +18,11 @@
 //! | [`supervise`] | watching MPS control daemons (pidfd) so dead ones are restarted | effects |
 //! | [`crash`] | named crash points for the fault-injection suite (debug builds only) | test support |
 //! | [`privileges`] | the capabilities `gpushared` keeps, and dropping the rest | leaf |
-//! | [`checkpoint`] | claims, tombstones and boot ID on disk, written atomically | file |
-//! | [`service`] | the claim service: prepare, unprepare, attach, detach | orchestration |
+//! | [`claim`] | a claim's lifecycle (one transition function), its on-disk record, its wire view | pure |
+//! | [`registry`] | claims that remember what changed; transactions that undo themselves unless committed | pure |
+//! | [`store`] | one durable record per claim and tombstone, written in O(1) per change; the v2 migration and downgrade export | file |
+//! | [`checkpoint`] | the version 2 whole-node checkpoint (migrated from, exported for a downgrade) and tombstones | file |
+//! | [`service`] | the claim service: prepare, unprepare, attach and detach (`service/ops/`), the start-up reconcile, the graceful stop | orchestration |
 //! | [`metrics`] | Prometheus metrics: recorded per request, gathered from the service at scrape | async I/O |
 //! | [`notify`] | systemd readiness, watchdog and reload notifications | leaf |
 //! | [`server`] | the Unix-socket server speaking `gpushare-proto` | async I/O |
