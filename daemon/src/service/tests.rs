@@ -56,14 +56,7 @@ fn restart(f: &Fixture, backend: Arc<SimulatedBackend>) -> Service {
 fn fake_process(f: &Fixture, key: &str, pid: i32) {
     f.host.state().daemons.insert(
         PathBuf::from(key),
-        crate::sys::fake::FakeDaemon {
-            watchers: Vec::new(),
-            pid,
-            alive: true,
-            env: Default::default(),
-            atp: 100.0,
-            limits: Default::default(),
-        },
+        crate::sys::fake::FakeDaemon::new(pid, Default::default()),
     );
 }
 

@@ -1,11 +1,18 @@
 //! A recording fake of the leaf for unit tests: an MPS control program that keeps its state in
 //! memory, mounts that are only remembered, and processes that exist only here. Knobs make it
 //! misbehave the ways the real programs do.
+//!
+//! The fake control daemon's answers come from the emulator's interpreter
+//! (`gpushare_mps_emulator::command`, conformance-tested against NVIDIA's program), so that
+//! production's read-back is checked against an independent reading of the commands, never
+//! against its own formatting.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use gpushare_mps_emulator::command::{Action, Caller, ControlState, Output, StartEnv};
 
 use super::{
     CommandOutput, CommandRunner, CommandSpec, DeviceFiles, HostOps, Mounter, NodeStat, Processes,
@@ -19,11 +26,40 @@ pub(crate) struct FakeDaemon {
     /// their read ends readable (hang-up), as a pidfd becomes readable at exit.
     pub watchers: Vec<Arc<std::os::fd::OwnedFd>>,
     pub env: BTreeMap<String, String>,
-    pub atp: f64,
-    pub limits: BTreeMap<String, String>,
+    /// Its state, as the emulator's interpreter keeps it.
+    pub control: ControlState,
 }
 
 impl FakeDaemon {
+    /// A running daemon (or any process the fake host knows) with this environment.
+    pub fn new(pid: i32, env: BTreeMap<String, String>) -> FakeDaemon {
+        let (control, _) = ControlState::new(&StartEnv {
+            active_thread_percentage: env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE").cloned(),
+            client_priority: None,
+            daemon_uid: 0,
+        });
+        FakeDaemon {
+            pid,
+            alive: true,
+            watchers: Vec::new(),
+            env,
+            control,
+        }
+    }
+
+    /// Runs one control command as root would; returns what the UI prints.
+    pub fn execute(&mut self, line: &str) -> (String, Action) {
+        let outcome = self.control.execute(line, Caller { uid: 0 });
+        let mut out = String::new();
+        for o in outcome.outputs {
+            if let Output::Reply(s) | Output::StdoutOnly(s) = o {
+                out.push_str(&s);
+                out.push('\n');
+            }
+        }
+        (out, outcome.action)
+    }
+
     /// Ends it as a crash would: gone, its pidfds readable.
     pub fn die(&mut self) {
         self.alive = false;
@@ -95,11 +131,6 @@ fn output(code: i32, stdout: String, stderr: &str) -> CommandOutput {
     }
 }
 
-fn pinned_display(value: &str) -> String {
-    let mib: u64 = value.trim_end_matches(['M', 'm']).parse().unwrap_or(0);
-    crate::strategy::mps::pinned_limit_display((mib > 0).then_some(mib))
-}
-
 impl FakeHost {
     fn pass_gate(&self, spec: &CommandSpec) {
         let Some((text, n)) = self.state().gate.clone() else {
@@ -150,17 +181,8 @@ impl CommandRunner for FakeHost {
             }
             st.next_pid += 1;
             let pid = 900_000 + st.next_pid;
-            st.daemons.insert(
-                pipe,
-                FakeDaemon {
-                    pid,
-                    alive: true,
-                    watchers: Vec::new(),
-                    env: spec.env.clone(),
-                    atp: 100.0,
-                    limits: BTreeMap::new(),
-                },
-            );
+            st.daemons
+                .insert(pipe, FakeDaemon::new(pid, spec.env.clone()));
             return Ok(output(0, String::new(), ""));
         }
         let (ignore_atp, ignore_quit) = (st.ignore_atp, st.ignore_quit);
@@ -173,28 +195,17 @@ impl CommandRunner for FakeHost {
         };
         let mut out = String::new();
         for line in String::from_utf8_lossy(&spec.stdin).lines() {
-            let words: Vec<&str> = line.split_whitespace().collect();
-            match words.as_slice() {
-                ["set_default_active_thread_percentage", p, ..] => {
-                    if let (Ok(v), false) = (p.parse::<f64>(), ignore_atp) {
-                        d.atp = v;
-                    }
-                    out += &format!("{:.1}\n", d.atp);
-                }
-                ["get_default_active_thread_percentage", ..] => out += &format!("{:.1}\n", d.atp),
-                ["set_default_device_pinned_mem_limit", dev, value, ..] => {
-                    d.limits.insert((*dev).to_string(), pinned_display(value));
-                }
-                ["get_default_device_pinned_mem_limit", dev, ..] => {
-                    if let Some(v) = d.limits.get(*dev).filter(|v| !v.is_empty()) {
-                        out += &format!("{v}\n");
-                    }
-                }
-                ["quit", ..] if !ignore_quit => {
-                    d.alive = false;
-                    d.watchers.clear();
-                }
-                _ => {}
+            if ignore_atp
+                && line
+                    .trim_start()
+                    .starts_with("set_default_active_thread_percentage")
+            {
+                continue;
+            }
+            let (text, action) = d.execute(line);
+            out += &text;
+            if matches!(action, Action::Quit { .. }) && !ignore_quit {
+                d.die();
             }
         }
         Ok(output(0, out, ""))

@@ -37,20 +37,15 @@ fn a_version_2_checkpoint_is_migrated_with_every_claim_and_mps_daemon_kept() {
         for g in &c.groups {
             if let StrategyInfo::Mps(m) = &g.sharing {
                 daemons.push((c.uid.clone(), m.control_daemon_pid));
-                host.state().daemons.insert(
-                    PathBuf::from(&m.pipe_dir),
-                    crate::sys::fake::FakeDaemon {
-                        watchers: Vec::new(),
-                        pid: m.control_daemon_pid,
-                        alive: true,
-                        env: BTreeMap::from([(
-                            "CUDA_MPS_PIPE_DIRECTORY".to_string(),
-                            m.pipe_dir.clone(),
-                        )]),
-                        atp: m.active_thread_percentage.parse().unwrap(),
-                        limits: m.pinned_device_memory_limits.clone(),
-                    },
+                let mut d = crate::sys::fake::FakeDaemon::new(
+                    m.control_daemon_pid,
+                    BTreeMap::from([("CUDA_MPS_PIPE_DIRECTORY".to_string(), m.pipe_dir.clone())]),
                 );
+                // Configured as the previous release configured it.
+                for cmd in crate::strategy::mps::set_commands(&crate::strategy::mps::launch_of(m)) {
+                    d.execute(&cmd);
+                }
+                host.state().daemons.insert(PathBuf::from(&m.pipe_dir), d);
             }
         }
     }

@@ -507,26 +507,12 @@ fn start_kills_mps_processes_no_claim_owns_even_without_their_directory() {
         // A daemon a crash left behind after its directory was removed (no lock to find it).
         st.daemons.insert(
             PathBuf::from("/elsewhere/ghost"),
-            crate::sys::fake::FakeDaemon {
-                watchers: Vec::new(),
-                pid: 555_001,
-                alive: true,
-                env: env_of(ghost_pipe.to_str().unwrap()),
-                atp: 100.0,
-                limits: Default::default(),
-            },
+            crate::sys::fake::FakeDaemon::new(555_001, env_of(ghost_pipe.to_str().unwrap())),
         );
         // An MPS server of the owned daemon: same pipe directory, to be left alone.
         st.daemons.insert(
             PathBuf::from("/elsewhere/server"),
-            crate::sys::fake::FakeDaemon {
-                watchers: Vec::new(),
-                pid: 555_002,
-                alive: true,
-                env: env_of(&owned.pipe_dir),
-                atp: 100.0,
-                limits: Default::default(),
-            },
+            crate::sys::fake::FakeDaemon::new(555_002, env_of(&owned.pipe_dir)),
         );
     }
     let again = restart(&f, fresh_backend());
