@@ -666,7 +666,7 @@ impl Ctx {
                 mps_at_scale = Some((sum(&p)?, sum(&u)?, sum(&h)?));
                 scale_rss = rss_kib(d.pid()?)?;
                 // What a whole-node checkpoint would write per change: every claim record.
-                checkpoint_bytes = fs::read_dir(d.dir.join("state/claims"))
+                checkpoint_bytes = fs::read_dir(d.dir.join("state/records"))
                     .context("the daemon's claim records")?
                     .flatten()
                     .filter_map(|e| e.metadata().ok())

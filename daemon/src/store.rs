@@ -5,7 +5,7 @@
 //! | path | what |
 //! |---|---|
 //! | `store.json` | the store's own record: format, boot ID of the boot that last started on it, the last generation handed out, and the downgrade export it wrote at its last stop |
-//! | `claims/<uid>.json` | one claim's [`ClaimRecord`], written atomically (temporary file, fsync, rename, directory fsync) whenever its durable state changes |
+//! | `records/<uid>.json` | one claim's [`ClaimRecord`], written atomically (temporary file, fsync, rename, directory fsync) whenever its durable state changes |
 //! | `tombstones/<uid>.json` | one released claim's [`TombstoneRecord`] |
 //! | `checkpoint.json` | only between a graceful stop and the next start: the whole node in the version 2 format, for a downgrade (see `docs/crash-safety.md`) |
 //!
@@ -33,7 +33,7 @@ use crate::fsutil;
 /// Name of the store's own record in the state directory.
 pub const STORE_FILE: &str = "store.json";
 /// Directory of the claim records in the state directory.
-pub const CLAIMS_DIR: &str = "claims";
+pub const CLAIMS_DIR: &str = "records";
 /// Directory of the tombstones in the state directory.
 pub const TOMBSTONES_DIR: &str = "tombstones";
 /// Largest record read, in bytes (a record is a few KiB).
@@ -637,12 +637,12 @@ mod tests {
         store.load().unwrap();
         let bad = store.claim_path("9c1d2e3f-4a5b-4c6d-8e7f-0a1b2c3d4e5f");
         fs::write(&bad, b"{\"format\": 3, \"uid\": ").unwrap();
-        fs::write(dir.path().join("claims/.x.json.tmp-1-0"), b"{").unwrap();
+        fs::write(dir.path().join("records/.x.json.tmp-1-0"), b"{").unwrap();
         let loaded = store.load().unwrap();
         assert_eq!(loaded.claims.len(), 5);
         assert_eq!(loaded.unreadable.len(), 1);
         assert_eq!(loaded.unreadable[0].path, bad);
-        assert!(!dir.path().join("claims/.x.json.tmp-1-0").exists());
+        assert!(!dir.path().join("records/.x.json.tmp-1-0").exists());
     }
 
     #[test]

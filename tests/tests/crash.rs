@@ -80,15 +80,15 @@ impl Node {
         }
     }
 
-    /// Claim `uid`'s record in the store (`<state-dir>/claims/<uid>.json`).
+    /// Claim `uid`'s record in the store (`<state-dir>/records/<uid>.json`).
     fn record(&self, uid: &str) -> PathBuf {
-        self.state_dir.join("claims").join(format!("{uid}.json"))
+        self.state_dir.join("records").join(format!("{uid}.json"))
     }
 
     /// The UIDs the store holds a record of, read while gpushared runs (each record is a file
     /// of its own; none is locked).
     fn recorded(&self) -> BTreeSet<String> {
-        fs::read_dir(self.state_dir.join("claims"))
+        fs::read_dir(self.state_dir.join("records"))
             .map(|d| {
                 d.flatten()
                     .filter_map(|e| {
@@ -106,7 +106,7 @@ impl Node {
     /// Removes the store: the checkpoint goes missing.
     fn remove_store(&self) {
         fs::remove_file(self.state_dir.join("store.json")).unwrap();
-        fs::remove_dir_all(self.state_dir.join("claims")).unwrap();
+        fs::remove_dir_all(self.state_dir.join("records")).unwrap();
         let _ = fs::remove_dir_all(self.state_dir.join("tombstones"));
     }
 
@@ -953,7 +953,7 @@ fn a_corrupt_and_a_truncated_checkpoint_each_give_a_clear_report_and_no_crash_lo
         let h = node.health();
         let report = h.checkpoint_quarantined.clone().unwrap_or_default();
         assert!(
-            report.contains(&format!("claims/{uid}.json")) && report.contains("quarantine"),
+            report.contains(&format!("records/{uid}.json")) && report.contains("quarantine"),
             "{what}: {h:?}"
         );
         let status = node.cli_status();

@@ -1,5 +1,5 @@
 //! A claim as it is kept on disk: one versioned record per claim
-//! (`<state-dir>/claims/<uid>.json`, see `crate::store`), and one per released claim's
+//! (`<state-dir>/records/<uid>.json`, see `crate::store`), and one per released claim's
 //! tombstone (`<state-dir>/tombstones/<uid>.json`).
 //!
 //! The record is not the protocol's `ClaimInfo`: it has a format number of its own, and it
