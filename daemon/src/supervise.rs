@@ -6,7 +6,9 @@
 //! `Degraded` (the hook refuses new containers with the reason) and restarts the daemon with
 //! exponential backoff (0.5 s doubling up to 30 s), re-applying and reading back its limits.
 //! Daemons started before this gpushared (re-adopted ones) are watched the same way: a pidfd
-//! does not need the process to be our child.
+//! does not need the process to be our child. Every effect goes through the service's leaf
+//! (`sys::Processes::watch` for the pidfds, `start_time`), so the supervisor runs against the
+//! fake host in unit tests.
 
 use std::collections::BTreeMap;
 use std::io::{self, Read};
@@ -16,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::service::Service;
-use crate::sys::{wait_readable, PidFd};
+use crate::sys::wait_readable;
 
 /// Longest sleep without any event: a safety re-scan, not the detection path.
 const RESCAN: Duration = Duration::from_secs(60);
@@ -36,7 +38,8 @@ pub fn spawn(service: Arc<Service>) -> io::Result<std::thread::JoinHandle<()>> {
 }
 
 fn run(service: &Service, mut wake: UnixStream) {
-    let mut watched: BTreeMap<(String, i32), PidFd> = BTreeMap::new();
+    let mut watched: BTreeMap<(String, i32), std::os::fd::OwnedFd> = BTreeMap::new();
+    let processes = std::sync::Arc::clone(service.processes());
     loop {
         let want = service.supervised();
         watched.retain(|(uid, pid), _| want.iter().any(|d| &d.claim_uid == uid && d.pid == *pid));
@@ -46,12 +49,11 @@ fn run(service: &Service, mut wake: UnixStream) {
             if watched.contains_key(&key) {
                 continue;
             }
-            match PidFd::open(d.pid) {
+            match processes.watch(d.pid) {
                 // The pidfd now pins this process; if its start time is not the recorded
                 // one, the pid was reused and the daemon is gone.
                 Ok(fd)
-                    if d.start_time == 0
-                        || crate::sys::process_start_time(d.pid) == Some(d.start_time) =>
+                    if d.start_time == 0 || processes.start_time(d.pid) == Some(d.start_time) =>
                 {
                     watched.insert(key, fd);
                 }
@@ -94,5 +96,84 @@ fn run(service: &Service, mut wake: UnixStream) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use gpushare_proto::{ClaimState, StrategyInfo};
+
+    use crate::gpu::SimulatedBackend;
+    use crate::service::{Service, ServiceConfig};
+    use crate::strategy::mps::MpsControl;
+    use crate::sys::fake::FakeHost;
+
+    fn mps_pid(service: &Service, uid: &str) -> i32 {
+        service
+            .get_claim(uid)
+            .unwrap()
+            .groups
+            .iter()
+            .find_map(|g| match &g.sharing {
+                StrategyInfo::Mps(m) => Some(m.control_daemon_pid),
+                _ => None,
+            })
+            .unwrap()
+    }
+
+    #[test]
+    fn a_dead_daemon_is_seen_at_once_and_restarted_with_backoff() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = FakeHost::default();
+        let cfg = ServiceConfig::for_tests(dir.path(), "node-a");
+        let backend = Arc::new(
+            SimulatedBackend::without_device_nodes("p4d.24xlarge", "node-a", Path::new("/x"))
+                .unwrap(),
+        );
+        let mps = MpsControl::new("/m".into(), host.ops(), Duration::from_millis(200));
+        let service = Arc::new(Service::new(cfg, backend, mps).unwrap());
+        let claim = serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "ns", "uid": "sup"},
+            "spec": {"devices": {"requests": [{"name": "gpus"}]}},
+            "status": {"allocation": {"devices": {
+                "results": [{"request": "gpus", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0"}],
+                "config": [{"source": "FromClaim", "requests": ["gpus"], "opaque": {"driver": "gpu.nvidia.com",
+                    "parameters": {"sharingMode": "mps", "mpsActiveThreadPercentage": 40}}}]}}}
+        });
+        service.prepare(&claim).unwrap();
+        let old = mps_pid(&service, "sup");
+        super::spawn(Arc::clone(&service)).unwrap();
+        // Killed as a crash would: its (fake) pidfd becomes readable, nothing is polled.
+        {
+            use crate::sys::Processes;
+            host.kill(old);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut saw_degraded = false;
+        loop {
+            let c = service.get_claim("sup").unwrap();
+            saw_degraded |= c.state == ClaimState::Degraded;
+            if c.state == ClaimState::Prepared && mps_pid(&service, "sup") != old {
+                assert_eq!(c.restarts, 1);
+                assert!(
+                    c.last_error.as_deref().is_some_and(|e| e.contains("exited")),
+                    "{c:?}"
+                );
+                break;
+            }
+            assert!(Instant::now() < deadline, "not restarted: {c:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(saw_degraded, "Degraded while the restart waited out its backoff");
+        let calls = host.state().calls.clone();
+        assert!(
+            calls.iter().filter(|c| c.contains(" -d")).count() >= 2,
+            "started again: {calls:?}"
+        );
     }
 }

@@ -240,6 +240,11 @@ impl Service {
         Ok(service)
     }
 
+    /// The leaf through which other processes are watched and signalled.
+    pub(crate) fn processes(&self) -> &Arc<dyn Processes> {
+        &self.processes
+    }
+
     pub(super) fn state(&self) -> StateGuard<'_> {
         // A panic while holding the registry leaves plain data behind, still consistent
         // enough to read and to release claims; refusing all service would be worse.
