@@ -161,7 +161,9 @@ mod tests {
             if c.state == ClaimState::Prepared && mps_pid(&service, "sup") != old {
                 assert_eq!(c.restarts, 1);
                 assert!(
-                    c.last_error.as_deref().is_some_and(|e| e.contains("exited")),
+                    c.last_error
+                        .as_deref()
+                        .is_some_and(|e| e.contains("exited")),
                     "{c:?}"
                 );
                 break;
@@ -169,7 +171,10 @@ mod tests {
             assert!(Instant::now() < deadline, "not restarted: {c:?}");
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert!(saw_degraded, "Degraded while the restart waited out its backoff");
+        assert!(
+            saw_degraded,
+            "Degraded while the restart waited out its backoff"
+        );
         let calls = host.state().calls.clone();
         assert!(
             calls.iter().filter(|c| c.contains(" -d")).count() >= 2,

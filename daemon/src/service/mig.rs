@@ -161,7 +161,10 @@ impl Service {
                 multi_user: settings.multi_user,
                 active_thread_percentage: settings.active_thread_percentage,
                 pinned_limits_mib: pinned,
-                shm_bytes: self.cfg.shm_bytes.unwrap_or_else(default_shm_bytes),
+                shm_bytes: self
+                    .cfg
+                    .shm_bytes
+                    .unwrap_or_else(|| default_shm_bytes(self.mps.ops().machine.mem_total_kib())),
             }),
         ))
     }

@@ -174,9 +174,7 @@ impl Service {
         backend: Arc<dyn GpuBackend>,
         mps: MpsControl,
     ) -> Result<Service, ServiceError> {
-        let boot_id = std::fs::read_to_string(BOOT_ID_PATH)
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default();
+        let boot_id = mps.ops().machine.boot_id();
         Service::with_boot_id(cfg, backend, mps, boot_id)
     }
 
@@ -678,7 +676,9 @@ impl Service {
                         multi_user: settings.multi_user,
                         active_thread_percentage: settings.active_thread_percentage,
                         pinned_limits_mib: pinned,
-                        shm_bytes: self.cfg.shm_bytes.unwrap_or_else(default_shm_bytes),
+                        shm_bytes: self.cfg.shm_bytes.unwrap_or_else(|| {
+                            default_shm_bytes(self.mps.ops().machine.mem_total_kib())
+                        }),
                     })
                 }
                 Sharing::Mig { profile, mps } => {

@@ -16,8 +16,7 @@ use crate::fsutil;
 use crate::store::Loaded;
 use crate::strategy::mps::{launch_of, Liveness, MpsDirs};
 
-/// Where Linux tells the current boot's ID (a new one at every boot).
-pub const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
+pub use crate::sys::BOOT_ID_PATH;
 
 /// Largest CDI spec file read when looking for orphans of ours, in bytes (ours are a few KiB).
 const MAX_SPEC_BYTES: u64 = 4 << 20;

@@ -7,7 +7,6 @@
 //! through the very same [`crate::sys::CommandRunner`] path.
 
 use std::collections::BTreeMap;
-use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -240,22 +239,11 @@ pub fn set_commands(launch: &MpsLaunch) -> Vec<String> {
     cmds
 }
 
-/// Half of the host's memory, as NVIDIA sizes per-claim shm tmpfs (pages are used only when
-/// touched). Falls back to 64 MiB when `/proc/meminfo` is unreadable.
-pub fn default_shm_bytes() -> u64 {
-    fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| parse_mem_total_kib(&t))
-        .map(|kib| kib * 1024 / 2)
-        .unwrap_or(64 << 20)
-}
-
-fn parse_mem_total_kib(meminfo: &str) -> Option<u64> {
-    meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
+/// Half of the host's memory (`mem_total_kib`, from [`crate::sys::Machine`]), as NVIDIA sizes
+/// per-claim shm tmpfs (pages are used only when touched). Falls back to 64 MiB when the size
+/// is unknown.
+pub fn default_shm_bytes(mem_total_kib: Option<u64>) -> u64 {
+    mem_total_kib.map(|kib| kib * 1024 / 2).unwrap_or(64 << 20)
 }
 
 /// Drives one MPS control program.
@@ -793,10 +781,13 @@ mod tests {
 
     #[test]
     fn mem_total_parse() {
+        use crate::sys::parse_mem_total_kib;
         assert_eq!(
             parse_mem_total_kib("MemTotal:       24576000 kB\nMemFree: 1 kB\n"),
             Some(24576000)
         );
         assert_eq!(parse_mem_total_kib("nothing"), None);
+        assert_eq!(default_shm_bytes(Some(1024)), 512 * 1024);
+        assert_eq!(default_shm_bytes(None), 64 << 20);
     }
 }

@@ -114,6 +114,7 @@ impl FakeHost {
             mounter: Arc::new(self.clone()),
             processes: Arc::new(self.clone()),
             devices: Arc::new(self.clone()),
+            machine: Arc::new(self.clone()),
         }
     }
 
@@ -286,6 +287,20 @@ impl Processes for FakeHost {
     fn start_time(&self, pid: i32) -> Option<u64> {
         // A fake pid is never reused, so its number stands for its start time.
         self.alive(pid).then_some(pid as u64 * 100)
+    }
+}
+
+impl super::Machine for FakeHost {
+    fn mem_total_kib(&self) -> Option<u64> {
+        Some(2 << 20)
+    }
+
+    fn boot_id(&self) -> String {
+        "fake-boot".into()
+    }
+
+    fn cgroup(&self, pid: i32) -> Option<String> {
+        self.alive(pid).then(|| format!("/fake/{pid}"))
     }
 }
 

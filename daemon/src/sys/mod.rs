@@ -145,6 +145,53 @@ pub trait Processes: Send + Sync + std::fmt::Debug {
     fn watch(&self, pid: i32) -> io::Result<std::os::fd::OwnedFd>;
 }
 
+/// What the daemon reads about the machine itself.
+pub trait Machine: Send + Sync + std::fmt::Debug {
+    /// `MemTotal` of `/proc/meminfo`, in KiB; `None` when it cannot be read.
+    fn mem_total_kib(&self) -> Option<u64>;
+
+    /// The current boot's ID (`/proc/sys/kernel/random/boot_id`, a new one at every boot);
+    /// empty when it cannot be read.
+    fn boot_id(&self) -> String;
+
+    /// The cgroup of a process (see [`read_cgroup`]).
+    fn cgroup(&self, pid: i32) -> Option<String>;
+}
+
+/// The real machine, through `/proc`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HostMachine;
+
+/// Where Linux tells the current boot's ID.
+pub const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
+
+impl Machine for HostMachine {
+    fn mem_total_kib(&self) -> Option<u64> {
+        std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|t| parse_mem_total_kib(&t))
+    }
+
+    fn boot_id(&self) -> String {
+        std::fs::read_to_string(BOOT_ID_PATH)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    }
+
+    fn cgroup(&self, pid: i32) -> Option<String> {
+        read_cgroup(pid)
+    }
+}
+
+/// `MemTotal` in KiB from `/proc/meminfo` text.
+pub fn parse_mem_total_kib(meminfo: &str) -> Option<u64> {
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}
+
 /// The leaf operations the strategies use, bundled so that tests swap them all at once.
 #[derive(Debug, Clone)]
 pub struct HostOps {
@@ -156,6 +203,8 @@ pub struct HostOps {
     pub processes: Arc<dyn Processes>,
     /// Device nodes (the check that a claim's CDI spec names only nodes that exist).
     pub devices: Arc<dyn DeviceFiles>,
+    /// The machine: memory size, boot ID, cgroups.
+    pub machine: Arc<dyn Machine>,
 }
 
 impl HostOps {
@@ -166,6 +215,7 @@ impl HostOps {
             mounter: Arc::new(HostMounter),
             processes: Arc::new(HostProcesses),
             devices: Arc::new(HostDeviceFiles),
+            machine: Arc::new(HostMachine),
         }
     }
 }

@@ -14,7 +14,6 @@ use super::super::{mig_recover, now_secs, Service, State};
 use crate::config;
 use crate::error::ServiceError;
 use crate::registry::Txn;
-use crate::sys::read_cgroup;
 
 impl Service {
     /// Ties a container to its claim (called by the hook at `createRuntime`). Idempotent per
@@ -30,7 +29,7 @@ impl Service {
         // runs) is done before taking the registry lock, on the published view. Only for a
         // claim seen Prepared: any other state (Degraded with its reason, above all) is
         // answered under the lock.
-        let cgroup = p.pid.and_then(read_cgroup);
+        let cgroup = p.pid.and_then(|pid| self.mps.ops().machine.cgroup(pid));
         let seen = self.view.load();
         if let Some(claim) = seen
             .claims

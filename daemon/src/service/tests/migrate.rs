@@ -52,7 +52,8 @@ fn a_version_2_checkpoint_is_migrated_with_every_claim_and_mps_daemon_kept() {
     assert_eq!(daemons.len(), 3);
     let start = || {
         let mps = MpsControl::new("/x".into(), host.ops(), Duration::from_millis(200));
-        Service::new(cfg.clone(), fresh_backend(), mps).unwrap()
+        // An upgrade in the boot the fixture was written in: no reboot between.
+        Service::with_boot_id(cfg.clone(), fresh_backend(), mps, old.boot_id.clone()).unwrap()
     };
     let first = start();
     let claims = first.list_claims();
