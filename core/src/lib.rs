@@ -3,7 +3,6 @@
 //! | item | what | protects |
 //! |---|---|---|
 //! | [`GpuModeWord`] | one GPU's sharing mode and holder count, changed only by compare-and-swap | no two conflicting modes on one GPU; settings restored before the GPU is free again |
-//! | [`BoundedCounter`] | a count never above its limit nor below zero, for a claim's attached containers | the claim's `replicas` (gpushared still counts them under its registry lock, where attachments are recorded) |
 //! | [`Published`] | the latest status snapshot, swapped in whole | readers never wait for writers, never see half a snapshot |
 //!
 //! Every primitive is built on [`sync`], which is `std` normally and `loom` under
@@ -11,11 +10,9 @@
 //! (see `CONTRIBUTING.md`). Nothing here blocks except [`Published::publish`], which waits
 //! (briefly, without any lock a reader needs) for readers of the snapshot it retires.
 
-pub mod counter;
 pub mod mode;
 pub mod snapshot;
 pub mod sync;
 
-pub use counter::{AtLimit, BoundedCounter, Underflow};
 pub use mode::{Admitted, GpuModeWord, LastHolder, Mode, NotHeld, Released, Want};
 pub use snapshot::Published;

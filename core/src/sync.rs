@@ -4,14 +4,14 @@
 #[cfg(gpushare_loom)]
 pub use loom::{
     cell::UnsafeCell,
-    sync::atomic::{AtomicU32, AtomicU64, Ordering},
+    sync::atomic::{AtomicU64, Ordering},
     sync::{Mutex, MutexGuard},
     thread::yield_now,
 };
 
 #[cfg(not(gpushare_loom))]
 pub use std::{
-    sync::atomic::{AtomicU32, AtomicU64, Ordering},
+    sync::atomic::{AtomicU64, Ordering},
     sync::{Mutex, MutexGuard},
     thread::yield_now,
 };

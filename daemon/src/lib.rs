@@ -7,7 +7,8 @@
 //! |---|---|---|
 //! | [`config`] | claim input: ResourceClaim objects, NVIDIA `GpuConfig`, the short form | pure |
 //! | [`daemon_config`] | `gpushared`'s own config file (`/etc/gpushare/config.toml`) | pure |
-//! | [`placement`] | which claims hold which GPU, and the conflict rules | pure |
+//! | [`admission`] | the one owner of the sharing rules: claims admitted to GPUs by their lock-free mode words, settings restored by the last holder | lock-free |
+//! | [`placement`] | which claims hold which GPU (a record, no rules) | pure |
 //! | [`cdi`] | CDI spec building (and the atomic writer) | pure + file |
 //! | [`driver_spec`] | the NVIDIA driver's CDI spec from NVIDIA's toolkit (`nvidia-ctk cdi generate`, or its simulation) | leaf + file |
 //! | [`mig`] | MIG profiles, placements, DRA device names, mig-parted layouts | pure |
@@ -28,6 +29,7 @@
 //! | [`server`] | the Unix-socket server speaking `gpushare-proto` | async I/O |
 //! | [`cli`] | the operators' CLI (`gpushare`) and its demo | binary support |
 
+pub mod admission;
 pub mod cdi;
 pub mod checkpoint;
 pub mod claim;

@@ -309,6 +309,18 @@ impl TimeSliceInterval {
         }
     }
 
+    /// The interval of an `nvidia-smi compute-policy --set-timeslice` value; `None` above 3.
+    pub fn from_int(n: u8) -> Option<TimeSliceInterval> {
+        [
+            TimeSliceInterval::Default,
+            TimeSliceInterval::Short,
+            TimeSliceInterval::Medium,
+            TimeSliceInterval::Long,
+        ]
+        .into_iter()
+        .find(|i| i.as_int() == n)
+    }
+
     /// NVIDIA's name (`Default`, `Short`, `Medium`, `Long`).
     pub fn as_str(self) -> &'static str {
         match self {

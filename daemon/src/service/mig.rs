@@ -18,9 +18,9 @@ use crate::fsutil;
 use crate::gpu::{Gpu, GpuBackend, GpuError, MigMode};
 use crate::mig::layout::{self, GpuState, LayoutError, PlannedInstance};
 use crate::mig::{MigDeviceName, MigModel};
-use crate::placement::Want;
 use crate::strategy::mig::{self as strategy, Claimed, MigTarget};
 use crate::strategy::mps::{default_shm_bytes, MpsDirs, MpsLaunch};
+use gpushare_core::Want;
 
 /// The claim UID `mig_apply` holds GPUs under while it changes them.
 const LAYOUT_HOLDER: &str = "mig-layout";

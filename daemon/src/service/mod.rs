@@ -20,6 +20,7 @@ use gpushare_proto::{
 };
 use serde_json::Value;
 
+use crate::admission::GpuModes;
 use crate::cdi::{self, ContainerEdits, HookConfig};
 use crate::checkpoint::Tombstone;
 use crate::claim::Event;
@@ -27,27 +28,26 @@ use crate::config::{self, ClaimSpec, ParseContext, Sharing};
 use crate::error::ServiceError;
 use crate::fsutil;
 use crate::gpu::{Gpu, GpuBackend};
-use crate::placement::{Hold, Placement, Want};
+use crate::placement::{Hold, Placement};
 use crate::registry::{Claims, Registry, Tombstones, Txn};
 use crate::store::Store;
 use crate::strategy::mig::MigTarget;
 use crate::strategy::mps::{default_shm_bytes, Liveness, MpsControl, MpsDirs, MpsLaunch};
 use crate::sys::{DeviceFiles, Processes};
 use gpushare_core::Published;
+use gpushare_core::Want;
 
 mod asked;
 mod liveness;
 mod locks;
 mod mig;
 mod mig_recover;
-mod modes;
 mod ops;
 mod persisted;
 mod recover;
 mod stop;
 mod view;
 use locks::ClaimLocks;
-use modes::GpuModes;
 pub use recover::{restart_backoff, SupervisedDaemon, BOOT_ID_PATH};
 pub use stop::registry_answers;
 use view::{Pending, StateGuard, View};
@@ -206,7 +206,7 @@ impl Service {
         // The mode words start with every GPU free; the reconcile takes the checkpointed
         // claims' holds on them (before it rolls any claim back through teardown, which
         // releases through them) and publishes the view as it goes.
-        let modes = GpuModes::new(backend.gpus(), &Placement::default());
+        let modes = GpuModes::new(backend.gpus());
         let view = Published::new(View::default());
         let ctx = ParseContext {
             node_name: cfg.node_name.clone(),
@@ -446,9 +446,7 @@ impl Service {
             let mut tx = Txn::begin(self);
             tx.after_undo(|| self.modes.release(self.backend.as_ref(), &wants));
             let mut st = self.state();
-            st.placement
-                .reserve(&spec.uid, &wants)
-                .map_err(|c| ServiceError::new(ErrorCode::Conflict, c.0))?;
+            st.placement.record(&spec.uid, &wants);
             let (uid, held) = (spec.uid.clone(), wants.clone());
             tx.on_undo(move |st: &mut State| {
                 for (gpu, _, _) in &held {
@@ -1453,7 +1451,7 @@ fn wants_of(info: &ClaimInfo) -> Vec<(String, String, Want)> {
             } else {
                 match &g.sharing {
                     StrategyInfo::Exclusive => Want::Exclusive,
-                    StrategyInfo::TimeSlicing { interval } => Want::TimeSlicing(*interval),
+                    StrategyInfo::TimeSlicing { interval } => Want::TimeSliced(interval.as_int()),
                     StrategyInfo::Mps(_) => Want::Mps,
                 }
             };

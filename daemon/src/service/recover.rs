@@ -311,10 +311,15 @@ impl Service {
         {
             let mut st = self.state();
             for (uid, (mut info, write)) in claims {
-                if let Err(e) = st.placement.reserve(&uid, &wants_of(&info)) {
+                // Admitted by the same rules as a prepare, so that the rollbacks below release
+                // through the mode words (restoring a GPU's settings when its last holder goes)
+                // like any other release.
+                let wants = wants_of(&info);
+                if let Err(e) = self.modes.adopt(&uid, &wants) {
                     tracing::error!(claim = %uid, error = %e, "checkpointed claim conflicts with another; not re-adopted");
                     continue;
                 }
+                st.placement.record(&uid, &wants);
                 if rebooted {
                     // No container survives a reboot.
                     info.attached.clear();
@@ -325,10 +330,6 @@ impl Service {
                     st.claims.mark_durable(&uid);
                 }
             }
-            // The GPUs' mode words hold what the checkpointed claims hold from here on, so that
-            // the rollbacks below release through them (restoring a GPU's settings when its
-            // last holder goes) like any other release.
-            self.modes.take_holds(&st.placement);
         }
         let uids: Vec<(String, ClaimState)> = self
             .state()

@@ -1,35 +1,48 @@
-//! Admission of claims to GPUs through each GPU's lock-free mode word
-//! ([`gpushare_core::GpuModeWord`]), and the restore of a GPU's settings by its last holder
-//! outside every lock.
+//! Admission: the one owner of the sharing rules. A claim is admitted to its GPUs by each
+//! GPU's lock-free mode word ([`gpushare_core::GpuModeWord`], whose transitions are the rules
+//! and are loom-checked), all or nothing, and a release restores a GPU's settings as its last
+//! holder leaves, outside every lock.
 //!
-//! The word is what admits or refuses a claim; [`Placement`] under the registry mutex only
-//! remembers who holds what, for listings and error messages. A prepare is admitted on all its
-//! GPUs (in UUID order, undoing the ones taken when a later one refuses) before it touches the
-//! registry, so two prepares of different claims never wait on each other to be refused, and a
-//! release restores time-slice Default or compute mode DEFAULT with no lock held: no other
-//! claim can be admitted to that GPU until the restore is done.
+//! [`Placement`] under the registry mutex only remembers who holds what, for listings and
+//! error messages. A prepare is admitted on all its GPUs (in UUID order, undoing the ones
+//! taken when a later one refuses) before it touches the registry, so two prepares of
+//! different claims never wait on each other to be refused, and a release restores time-slice
+//! Default or compute mode DEFAULT with no lock held: no other claim can be admitted to that
+//! GPU until the restore is done. The start-up reconcile admits the checkpointed claims the
+//! same way, so a record that conflicts with another is refused by the same rules.
 
 use std::collections::BTreeMap;
 
-use gpushare_core::{GpuModeWord, Mode, Released};
+use gpushare_core::{GpuModeWord, Mode, Released, Want};
 use gpushare_proto::{ComputeMode, TimeSliceInterval};
 
 use crate::gpu::{Gpu, GpuBackend};
-use crate::placement::{describe_want, Conflict, Hold, Placement, Want};
+use crate::placement::Hold;
+
+/// A refused admission: the message names the GPU, what holds it and what was asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Conflict(pub String);
+
+/// An interval code as NVIDIA names it.
+fn interval_name(code: u8) -> &'static str {
+    TimeSliceInterval::from_int(code).map_or("an unknown interval", TimeSliceInterval::as_str)
+}
+
+/// What a claim asks of a GPU, for error messages ("time-slicing at Long", …).
+pub fn describe_want(want: Want) -> String {
+    match want {
+        Want::Exclusive => "it exclusively".into(),
+        Want::TimeSliced(i) => format!("time-slicing at {}", interval_name(i)),
+        Want::Mps => "MPS".into(),
+        Want::Mig => "a MIG instance".into(),
+    }
+}
 
 /// The mode word of every GPU of the node, by UUID.
 #[derive(Debug, Default)]
-pub(super) struct GpuModes {
+pub(crate) struct GpuModes {
     words: BTreeMap<String, GpuModeWord>,
-}
-
-fn core_want(want: Want) -> gpushare_core::Want {
-    match want {
-        Want::Exclusive => gpushare_core::Want::Exclusive,
-        Want::TimeSlicing(interval) => gpushare_core::Want::TimeSliced(interval.as_int()),
-        Want::Mps => gpushare_core::Want::Mps,
-        Want::Mig => gpushare_core::Want::Mig,
-    }
 }
 
 /// A mode word's mode in the words of placement's messages.
@@ -37,18 +50,7 @@ fn describe_mode(mode: Mode) -> String {
     match mode {
         Mode::Free => "free".into(),
         Mode::Exclusive => "held exclusively".into(),
-        Mode::TimeSliced { interval, .. } => {
-            let name = [
-                TimeSliceInterval::Default,
-                TimeSliceInterval::Short,
-                TimeSliceInterval::Medium,
-                TimeSliceInterval::Long,
-            ]
-            .into_iter()
-            .find(|i| i.as_int() == interval)
-            .map_or("an unknown interval", |i| i.as_str());
-            format!("time-sliced at {name}")
-        }
+        Mode::TimeSliced { interval, .. } => format!("time-sliced at {}", interval_name(interval)),
         Mode::Mps => "run by an MPS control daemon".into(),
         Mode::Mig { .. } => "partitioned into MIG instances".into(),
         Mode::Restoring => "being restored to its defaults".into(),
@@ -56,43 +58,39 @@ fn describe_mode(mode: Mode) -> String {
 }
 
 impl GpuModes {
-    /// Words for `gpus`, holding what `placement` (rebuilt from the checkpoint) holds.
-    pub(super) fn new(gpus: &[Gpu], placement: &Placement) -> GpuModes {
-        let modes = GpuModes {
+    /// Words for `gpus`, every one free.
+    pub(crate) fn new(gpus: &[Gpu]) -> GpuModes {
+        GpuModes {
             words: gpus
                 .iter()
                 .map(|g| (g.uuid.clone(), GpuModeWord::new()))
                 .collect(),
-        };
-        modes.take_holds(placement);
-        modes
+        }
     }
 
-    /// Takes, on the words, every hold `placement` records. For start-up only (before any
-    /// claim is admitted through the words): the reconcile rebuilds placement from the
-    /// checkpoint first, takes its holds here, and then rolls half-done claims back through
-    /// teardown, which releases them through the words like any other release.
-    pub(super) fn take_holds(&self, placement: &Placement) {
-        for (uuid, hold) in placement.holds() {
-            let (want, holders) = match hold {
-                Hold::Exclusive(_) => (Want::Exclusive, 1),
-                Hold::Mps(_) => (Want::Mps, 1),
-                Hold::TimeSliced { interval, claims } => {
-                    (Want::TimeSlicing(*interval), claims.len())
+    /// Admits a claim read back at start, as [`GpuModes::admit`] does, except that a GPU this
+    /// node does not have (a record of another node's, a GPU gone) is logged and skipped: the
+    /// claim is kept, to be released.
+    ///
+    /// # Errors
+    /// [`Conflict`] when it conflicts with a claim admitted before it; nothing is taken.
+    pub(crate) fn adopt(
+        &self,
+        claim: &str,
+        wants: &[(String, String, Want)],
+    ) -> Result<(), Conflict> {
+        let known: Vec<(String, String, Want)> = wants
+            .iter()
+            .filter(|(uuid, name, _)| {
+                let here = self.words.contains_key(uuid);
+                if !here {
+                    tracing::error!(claim, gpu = %name, uuid = %uuid, "checkpointed claim holds a GPU this node does not have");
                 }
-                Hold::Mig(claims) => (Want::Mig, claims.len()),
-            };
-            let Some(word) = self.words.get(uuid) else {
-                tracing::error!(gpu = %uuid, "checkpointed claim holds a GPU this node does not have");
-                continue;
-            };
-            for _ in 0..holders {
-                if let Err(mode) = word.try_acquire(core_want(want)) {
-                    // Placement admitted the same holds by the same rules; this would be a bug.
-                    tracing::error!(gpu = %uuid, ?mode, "mode word refused a hold placement admitted");
-                }
-            }
-        }
+                here
+            })
+            .cloned()
+            .collect();
+        self.admit(claim, &known, |_| None)
     }
 
     /// Admits `claim` on every `(uuid, device name, want)`, all or nothing. `holder` says
@@ -101,7 +99,7 @@ impl GpuModes {
     /// # Errors
     /// [`Conflict`] naming the first GPU that refused; every word taken before it is given
     /// back, so nothing changes.
-    pub(super) fn admit(
+    pub(crate) fn admit(
         &self,
         claim: &str,
         wants: &[(String, String, Want)],
@@ -118,7 +116,7 @@ impl GpuModes {
                     "{name} ({uuid}) is not a GPU of this node"
                 )));
             };
-            if let Err(mode) = word.try_acquire(core_want(*want)) {
+            if let Err(mode) = word.try_acquire(*want) {
                 self.give_back(&order[..i]);
                 let what = match (mode, holder(uuid)) {
                     (Mode::Restoring, _) => {
@@ -143,7 +141,7 @@ impl GpuModes {
     fn give_back(&self, taken: &[&(String, String, Want)]) {
         for (uuid, _, want) in taken {
             if let Some(word) = self.words.get(uuid) {
-                match word.release(core_want(*want)) {
+                match word.release(*want) {
                     Ok(Released::Last(guard)) => drop(guard),
                     Ok(Released::Shared { .. }) => {}
                     Err(e) => tracing::error!(gpu = %uuid, error = %e, "giving back an admission"),
@@ -155,15 +153,15 @@ impl GpuModes {
     /// Releases a claim's holds; the last holder of a GPU restores time-slice Default or
     /// compute mode DEFAULT before the GPU can be admitted to anyone else. Call with no lock
     /// held: the restore is an NVML call.
-    pub(super) fn release(&self, backend: &dyn GpuBackend, wants: &[(String, String, Want)]) {
+    pub(crate) fn release(&self, backend: &dyn GpuBackend, wants: &[(String, String, Want)]) {
         for (uuid, name, want) in wants {
             let Some(word) = self.words.get(uuid) else {
                 continue;
             };
-            match word.release(core_want(*want)) {
+            match word.release(*want) {
                 Ok(Released::Last(guard)) => {
                     match want {
-                        Want::TimeSlicing(_) => {
+                        Want::TimeSliced(_) => {
                             if let Err(e) = backend.set_time_slice(uuid, TimeSliceInterval::Default)
                             {
                                 tracing::error!(gpu = %name, error = %e, "restoring time-slice Default");
@@ -194,6 +192,7 @@ mod tests {
 
     use super::*;
     use crate::gpu::SimulatedBackend;
+    use crate::placement::Placement;
 
     fn backend() -> SimulatedBackend {
         SimulatedBackend::without_device_nodes("p4d.24xlarge", "node-a", Path::new("/x"))
@@ -205,21 +204,25 @@ mod tests {
     }
 
     #[test]
-    fn admission_is_all_or_nothing_and_rebuilt_from_placement() {
+    fn admission_is_all_or_nothing_and_start_up_admits_by_the_same_rules() {
         let backend = backend();
         let gpus = backend.gpus();
+        let modes = GpuModes::new(gpus);
         let mut placement = Placement::default();
-        placement
-            .reserve("old", &[want(&gpus[1], Want::Mps)])
-            .expect("free GPU");
-        // As after a restart: the words hold what the checkpoint's placement holds.
-        let modes = GpuModes::new(gpus, &placement);
+        let old = [want(&gpus[1], Want::Mps)];
+        // As at start: a checkpointed claim is admitted like any other.
+        modes.adopt("old", &old).expect("free GPU");
+        placement.record("old", &old);
+        let err = modes
+            .adopt("twin", &[want(&gpus[1], Want::TimeSliced(0))])
+            .expect_err("a record that conflicts with another is refused at start too");
+        assert!(err.0.contains("gpu-1"), "{err}");
         let err = modes
             .admit(
                 "new",
                 &[
                     want(&gpus[0], Want::Exclusive),
-                    want(&gpus[1], Want::TimeSlicing(TimeSliceInterval::Default)),
+                    want(&gpus[1], Want::TimeSliced(0)),
                 ],
                 |uuid| placement.hold(uuid).cloned(),
             )
@@ -243,16 +246,31 @@ mod tests {
             err.0.contains("held exclusively by a claim being prepared"),
             "{err}"
         );
+        // A GPU the node does not have is skipped at start, not a conflict.
+        let gone = [("GPU-gone".to_string(), "gpu-9".to_string(), Want::Mps)];
+        modes
+            .adopt("elsewhere", &gone)
+            .expect("kept, to be released");
     }
 
     #[test]
     fn the_last_holder_restores_the_interval() {
         let backend = backend();
         let gpu = backend.gpus()[2].clone();
-        let modes = GpuModes::new(backend.gpus(), &Placement::default());
-        let long = [want(&gpu, Want::TimeSlicing(TimeSliceInterval::Long))];
+        let modes = GpuModes::new(backend.gpus());
+        let long = [want(
+            &gpu,
+            Want::TimeSliced(TimeSliceInterval::Long.as_int()),
+        )];
         modes.admit("a", &long, |_| None).expect("free GPU");
         modes.admit("b", &long, |_| None).expect("same interval");
+        let err = modes
+            .admit("c", &[want(&gpu, Want::TimeSliced(1))], |_| None)
+            .expect_err("another interval");
+        assert!(
+            err.0.contains("time-sliced at Long") && err.0.contains("time-slicing at Short"),
+            "{err}"
+        );
         backend
             .set_time_slice(&gpu.uuid, TimeSliceInterval::Long)
             .expect("simulated");
