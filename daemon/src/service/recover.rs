@@ -917,6 +917,9 @@ mod tests {
     fn every_crash_point_is_used_in_the_code() {
         let sources = [
             include_str!("mod.rs"),
+            include_str!("apply.rs"),
+            include_str!("ops/prepare.rs"),
+            include_str!("ops/unprepare.rs"),
             include_str!("../checkpoint.rs"),
             include_str!("../store.rs"),
             include_str!("recover.rs"),

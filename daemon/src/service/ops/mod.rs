@@ -3,3 +3,6 @@
 
 mod attach;
 mod detach;
+mod prepare;
+mod queries;
+mod unprepare;

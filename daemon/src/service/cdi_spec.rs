@@ -1,0 +1,256 @@
+//! A claim CDI spec: written from its groups, its device nodes checked against the host, its
+//! IDs resolved against the NVIDIA driver spec as the CDI library reads them.
+
+use super::*;
+
+impl Service {
+    pub(super) fn write_cdi(
+        &self,
+        uid: &str,
+        groups: &[GroupInfo],
+        info: &ClaimInfo,
+    ) -> Result<(), ServiceError> {
+        let mut devices = Vec::new();
+        for req in &info.requests {
+            let mut edits = cdi::claim_env_edits();
+            for node in self.backend.control_device_nodes() {
+                cdi::merge(&mut edits, node_edit(&node));
+            }
+            for g in groups {
+                for d in g.devices.iter().filter(|d| d.request == req.request) {
+                    if let Some(gpu) = self.backend.find(&d.uuid) {
+                        for node in self.backend.gpu_device_nodes(gpu) {
+                            cdi::merge(&mut edits, node_edit(&node));
+                        }
+                    }
+                }
+                for m in g.mig.iter().filter(|m| m.request == req.request) {
+                    if let (Some(gpu), Some(ci)) = (self.backend.find(&m.gpu_uuid), m.ci_id) {
+                        for node in self.backend.mig_device_nodes(gpu, m.gi_id, ci) {
+                            cdi::merge(&mut edits, node_edit(&node));
+                        }
+                    }
+                }
+                if let StrategyInfo::Mps(m) = &g.sharing {
+                    if g.requests.contains(&req.request) {
+                        cdi::merge(
+                            &mut edits,
+                            cdi::mps_edits(Path::new(&m.pipe_dir), Path::new(&m.shm_dir)),
+                        );
+                    }
+                }
+            }
+            edits.hooks = cdi::claim_hooks(&self.cfg.hook, uid);
+            let name = cdi::device_name(uid, &req.request, info.requests.len() == 1);
+            devices.push((name, edits));
+        }
+        let cdi_spec = cdi::build_spec(devices);
+        self.check_nodes(cdi_spec.devices.iter().map(|d| &d.container_edits))
+            .map_err(|problems| ServiceError::internal(format!("claim {uid}: {problems}")))?;
+        cdi::write_spec(&self.cfg.cdi_dir, uid, &cdi_spec).map_err(|e| {
+            ServiceError::internal(format!(
+                "writing CDI spec for claim {uid} into {}: {e}",
+                self.cfg.cdi_dir.display()
+            ))
+        })?;
+        Ok(())
+    }
+
+    /// Checks that every device node `edits` name exists on the host as the device the driver
+    /// gives it (see [`crate::gpu::nodes`]); `Err` is one line naming every node that does not.
+    pub(super) fn check_nodes<'a>(
+        &self,
+        edits: impl IntoIterator<Item = &'a ContainerEdits>,
+    ) -> Result<(), String> {
+        let nodes: Vec<cdi::DeviceNode> = edits
+            .into_iter()
+            .flat_map(|e| e.device_nodes.iter().cloned())
+            .collect();
+        crate::gpu::nodes::check_device_nodes(
+            &nodes,
+            self.devices.as_ref(),
+            &self.backend.device_majors(),
+        )
+        .map_err(|problems| {
+            let list: Vec<String> = problems.iter().map(ToString::to_string).collect();
+            format!(
+                "{}; containers cannot be given a device node the host lacks (the NVIDIA driver creates them: nvidia-modprobe, or nvidia-ctk system create-device-nodes --control-devices --load-kernel-modules)",
+                list.join("; ")
+            )
+        })
+    }
+
+    /// Checks, against the claim's spec and the driver's as the runtime will read them, that
+    /// every CDI device ID of `requests` resolves and every device node they name exists
+    /// (see [`Service::check_nodes`]). `Err` is one line saying what is wrong.
+    pub(super) fn verify_cdi(&self, uid: &str, requests: &[RequestDevices]) -> Result<(), String> {
+        let mut files = Vec::new();
+        if let Some(d) = &self.cfg.driver_spec {
+            files.push(d.spec_path());
+        }
+        files.push(cdi::spec_path(&self.cfg.cdi_dir, uid));
+        let registry = gpushare_cdi::Registry::load_files(&files);
+        if let Some(e) = registry.errors().values().flatten().next() {
+            return Err(e.to_string());
+        }
+        for x in requests {
+            let edits = registry
+                .resolve(&x.cdi_device_ids)
+                .map_err(|e| format!("request {}: {e}", x.request))?;
+            self.check_nodes([&edits])?;
+        }
+        Ok(())
+    }
+
+    /// The CDI device IDs of each prepared device of `requests`: the driver spec's device of
+    /// its GPU (`GPU-<uuid>`) or MIG device (`MIG-<uuid>`, from the group's MIG records, in
+    /// allocation order) first, when there is a driver spec, and on the request's last device
+    /// the claim's device; `cdi_device_ids` is the same, flattened.
+    ///
+    /// # Errors
+    /// The driver spec cannot be had, or lacks a device.
+    pub(super) fn prepared_requests(
+        &self,
+        uid: &str,
+        groups: &[GroupInfo],
+        requests: &[RequestDevices],
+    ) -> Result<Vec<RequestDevices>, crate::driver_spec::DriverSpecError> {
+        let single = requests.len() == 1;
+        let mut out = requests.to_vec();
+        for x in &mut out {
+            // Records of daemons older than per_device have only the device names.
+            if x.per_device.is_empty() {
+                x.per_device = x
+                    .devices
+                    .iter()
+                    .map(|d| PreparedDevice {
+                        device: d.clone(),
+                        pool: self.cfg.node_name.clone(),
+                        cdi_device_ids: Vec::new(),
+                    })
+                    .collect();
+            }
+            for d in &mut x.per_device {
+                d.cdi_device_ids.clear();
+            }
+        }
+        if let Some(driver) = &self.cfg.driver_spec {
+            let mut wanted: Vec<(String, String)> = Vec::new();
+            let mut slots: Vec<(usize, usize)> = Vec::new();
+            for (ri, x) in out.iter().enumerate() {
+                let migs: Vec<&gpushare_proto::MigInstanceInfo> = groups
+                    .iter()
+                    .flat_map(|g| &g.mig)
+                    .filter(|m| m.request == x.request)
+                    .collect();
+                for (di, d) in x.per_device.iter().enumerate() {
+                    let device = if migs.is_empty() {
+                        self.backend
+                            .find(&d.device)
+                            .map(|g| (g.device_name(), g.uuid.clone()))
+                    } else {
+                        migs.get(di)
+                            .filter(|m| !m.uuid.is_empty())
+                            .map(|m| (m.device.clone(), m.uuid.clone()))
+                    };
+                    let device = device.ok_or_else(|| {
+                        crate::driver_spec::DriverSpecError::Failed(format!(
+                            "no GPU or MIG device of this node is device {} of request {}",
+                            d.device, x.request
+                        ))
+                    })?;
+                    wanted.push(device);
+                    slots.push((ri, di));
+                }
+            }
+            let ids = driver.device_ids(&wanted)?;
+            for ((ri, di), id) in slots.into_iter().zip(ids) {
+                out[ri].per_device[di].cdi_device_ids.push(id);
+            }
+        }
+        for x in &mut out {
+            let claim_device = cdi::qualified_name(&cdi::device_name(uid, &x.request, single));
+            // The claim device serves the whole request: on its last device only.
+            if let Some(last) = x.per_device.last_mut() {
+                last.cdi_device_ids.push(claim_device);
+            }
+            x.cdi_device_ids = x
+                .per_device
+                .iter()
+                .flat_map(|d| d.cdi_device_ids.iter().cloned())
+                .collect();
+        }
+        Ok(out)
+    }
+
+    /// Refuses, before anything is changed, a claim whose whole GPUs the driver's spec has
+    /// no device for, or any claim on a node without the toolkit.
+    pub(super) fn check_driver_devices(
+        &self,
+        uid: &str,
+        plans: &[GroupPlan],
+    ) -> Result<(), ServiceError> {
+        let Some(driver) = &self.cfg.driver_spec else {
+            return Ok(());
+        };
+        let mut wanted: Vec<(String, String)> = Vec::new();
+        for p in plans {
+            if matches!(p.kind, PlanKind::Mig { .. }) {
+                continue;
+            }
+            for d in &p.devices {
+                if let Some(gpu) = self.backend.find(&d.uuid) {
+                    wanted.push((gpu.device_name(), gpu.uuid.clone()));
+                }
+            }
+        }
+        if wanted.is_empty() {
+            // A MIG-only claim still needs the toolkit.
+            driver.current().map(|_| ())
+        } else {
+            driver.device_ids(&wanted).map(|_| ())
+        }
+        .map_err(|e| driver_spec_error(uid, e))
+    }
+
+    /// Generates the driver's CDI spec again (after a MIG change, at start); a failure is
+    /// logged, and claims that need the spec are refused until it works.
+    pub(crate) fn regenerate_driver_spec(&self, when: &str) {
+        if let Some(d) = &self.cfg.driver_spec {
+            if let Err(e) = d.refresh() {
+                tracing::error!(error = %e, generator = %d.generator(), when, "cannot generate the NVIDIA driver's CDI spec; claims that need it are refused until it can be");
+            }
+        }
+    }
+
+    /// Records `requests` as a prepared claim's CDI device IDs (they changed under it: its MIG
+    /// device was made again with a new UUID).
+    pub(super) fn record_requests(
+        &self,
+        uid: &str,
+        requests: &[RequestDevices],
+    ) -> Result<(), ServiceError> {
+        let mut st = self.state();
+        if let Some(c) = st.claims.get_mut(uid) {
+            c.requests = requests.to_vec();
+        }
+        self.commit(st)
+    }
+}
+
+/// A driver-spec failure as a prepare's answer: `Unsupported` on a node without the toolkit,
+/// `Internal` otherwise; one line.
+pub(super) fn driver_spec_error(uid: &str, e: crate::driver_spec::DriverSpecError) -> ServiceError {
+    let code = match e {
+        crate::driver_spec::DriverSpecError::NotInstalled(_) => ErrorCode::Unsupported,
+        _ => ErrorCode::Internal,
+    };
+    ServiceError::new(code, format!("claim {uid}: {e}"))
+}
+
+pub(super) fn node_edit(node: &crate::gpu::DeviceNode) -> ContainerEdits {
+    ContainerEdits {
+        device_nodes: vec![cdi::device_node(&node.path, &node.host_path)],
+        ..ContainerEdits::default()
+    }
+}

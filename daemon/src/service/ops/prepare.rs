@@ -1,0 +1,193 @@
+//! `prepare`: guard (stopping, stale, a prepared claim asked again) → plan (`plan.rs`) → admit
+//! (the GPUs mode words) → transaction (`PrepareStarted` on disk, undone unless written) → apply
+//! (`apply.rs`) → commit (`Prepared` on disk, the tombstone lifted).
+
+use super::super::*;
+
+impl Service {
+    /// Prepares the claim in `claim` (a `ResourceClaim` object). Idempotent: a claim already
+    /// prepared is returned as it is with `already_prepared: true`. A refused or failed prepare
+    /// leaves nothing behind: no process, directory, mount, CDI file or checkpoint entry.
+    ///
+    /// # Errors
+    /// `InvalidRequest`/`InvalidConfig`/`WrongNode` for bad input, `UnknownDevice`,
+    /// `Unsupported` (MIG), `Conflict` with other claims, `Internal` for host failures.
+    pub fn prepare(&self, claim: &Value) -> Result<PrepareResult, ServiceError> {
+        let spec = config::parse_claim(claim, &self.ctx)?;
+        let _busy = self.begin_change()?;
+        // Taken before waiting for the claim's lock: a release that finishes while this
+        // request waits leaves a later generation, and this request is then stale.
+        let arrived = self.state().claim_generation;
+        let _claim = self.changes.lock(&spec.uid);
+        let resource_version = claim
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        self.refuse_stale_prepare(&spec.uid, arrived, resource_version.as_deref())?;
+        let existing = self.state().claims.get(&spec.uid).cloned();
+        // Containers still running on a claim that is prepared afresh keep their slots.
+        let mut carried: Vec<Attachment> = Vec::new();
+        if let Some(existing) = existing {
+            if matches!(existing.state, ClaimState::Prepared | ClaimState::Degraded) {
+                asked::refuse_changed(&spec, &existing)?;
+            }
+            if existing.state == ClaimState::Prepared && self.dead_mps_daemon(&existing).is_none() {
+                // The kubelet is about to hand these CDI IDs to the runtime: they must resolve
+                // (the driver's spec written again if it is gone)…
+                let not_ready = |m: String| {
+                    ServiceError::new(
+                        ErrorCode::NotReady,
+                        format!("claim {} is prepared but not usable: {m}", spec.uid),
+                    )
+                };
+                let requests = self
+                    .prepared_requests(&spec.uid, &existing.groups, &existing.requests)
+                    .map_err(|e| not_ready(e.to_string()))?;
+                if !Path::new(&existing.cdi_spec).exists() {
+                    tracing::warn!(claim = %spec.uid, path = %existing.cdi_spec, "CDI spec of a prepared claim is missing; writing it again");
+                    self.write_cdi(&spec.uid, &existing.groups, &existing)?;
+                }
+                // …and every device node they name must still be there: a GPU's node removed
+                // since (a driver reload, an administrator) would fail the container's start.
+                self.verify_cdi(&spec.uid, &requests).map_err(not_ready)?;
+                if requests != existing.requests {
+                    self.record_requests(&spec.uid, &requests)?;
+                }
+                return Ok(PrepareResult {
+                    uid: existing.uid,
+                    requests,
+                    already_prepared: true,
+                });
+            }
+            // Prepared (or Degraded) with a dead MPS control daemon: start it again in place,
+            // so that running containers, which have its pipe directory bind-mounted, reach
+            // the new one.
+            if matches!(existing.state, ClaimState::Prepared | ClaimState::Degraded)
+                && self.restart_dead_daemons(&spec.uid)
+            {
+                if let Ok(again) = self.get_claim(&spec.uid) {
+                    if !Path::new(&again.cdi_spec).exists() {
+                        self.write_cdi(&spec.uid, &again.groups, &again)?;
+                    }
+                    return Ok(PrepareResult {
+                        uid: again.uid,
+                        requests: again.requests,
+                        already_prepared: false,
+                    });
+                }
+            }
+            // Left half-done by a crash (PrepareStarted), by a release that failed part-way
+            // (Unpreparing), or prepared but with a dead MPS control daemon: nothing else works
+            // on it now (we hold its lock), so undo what is left and prepare afresh.
+            tracing::warn!(claim = %spec.uid, state = ?existing.state, "finishing the release of an interrupted claim before preparing it again");
+            carried = existing
+                .attached
+                .iter()
+                .filter(|a| a.pid.is_some_and(|pid| self.processes.alive(pid)))
+                .cloned()
+                .collect();
+            if let Some(e) = self.teardown(&spec.uid, None) {
+                return Err(ServiceError::new(
+                    e.code,
+                    format!(
+                        "claim {} was left {:?} and cannot be released yet: {}",
+                        spec.uid, existing.state, e.message
+                    ),
+                ));
+            }
+        }
+        let (plans, attach_limit) = self.plan(&spec)?;
+        // Before anything changes: a node without the toolkit, or whose toolkit spec lacks a
+        // GPU of the claim, refuses it here (MIG devices are checked once they exist).
+        self.check_driver_devices(&spec.uid, &plans)?;
+        let requests = self.request_devices(&spec);
+        let info = ClaimInfo {
+            uid: spec.uid.clone(),
+            namespace: spec.namespace.clone(),
+            name: spec.name.clone(),
+            state: ClaimState::PrepareStarted,
+            groups: plans.iter().map(|p| self.group_info(p, None)).collect(),
+            requests: requests.clone(),
+            cdi_spec: cdi::spec_path(&self.cfg.cdi_dir, &spec.uid)
+                .display()
+                .to_string(),
+            attach_limit,
+            attached: vec![],
+            last_error: None,
+            restarts: 0,
+            resource_version,
+            generation: 0,
+        };
+        let mut info = info;
+        let wants = wants_of(&info);
+        self.admit(&spec.uid, &wants)?;
+        {
+            // Undone unless `PrepareStarted` is on disk: the claim leaves the registry and
+            // its GPUs are given back.
+            let mut tx = Txn::begin(self);
+            tx.after_undo(|| self.modes.release(self.backend.as_ref(), &wants));
+            let mut st = self.state();
+            st.placement.record(&spec.uid, &wants);
+            let (uid, held) = (spec.uid.clone(), wants.clone());
+            tx.on_undo(move |st: &mut State| {
+                for (gpu, _, _) in &held {
+                    st.placement.release(&uid, gpu);
+                }
+                st.claims.remove(&uid);
+            });
+            st.claim_generation += 1;
+            info.generation = st.claim_generation;
+            st.claims.insert(spec.uid.clone(), info.clone());
+            tx.commit(st, |st| self.commit(st))?;
+        }
+        crate::crash::point("prepare.started_saved");
+        tracing::info!(claim = %spec.uid, namespace = %spec.namespace, name = %spec.name, "preparing claim");
+
+        match self.apply(&spec, &plans, &info) {
+            Ok((groups, requests)) => {
+                let mut tx = Txn::begin(self);
+                let mut st = self.state();
+                let (saved, uid) = (st.claims.get(&spec.uid).cloned(), spec.uid.clone());
+                tx.on_undo(move |st: &mut State| st.claims.restore(&uid, saved));
+                if let Some(c) = st.claims.get_mut(&spec.uid) {
+                    c.groups = groups;
+                    c.requests = requests.clone();
+                }
+                if let Some(a) = st.claims.attachments_mut(&spec.uid) {
+                    *a = carried;
+                }
+                if let Err(e) = st.claims.transition(&spec.uid, Event::Applied) {
+                    drop(st);
+                    drop(tx);
+                    self.teardown(&spec.uid, None);
+                    return Err(ServiceError::internal(format!("claim {}: {e}", spec.uid)));
+                }
+                // A prepare of this claim is what the kubelet wants now: an older release no
+                // longer stands against it.
+                let (tombstone, uid) = (st.tombstones.remove(&spec.uid), spec.uid.clone());
+                tx.on_undo(move |st: &mut State| st.tombstones.restore(&uid, tombstone));
+                let prepared = st.claims.get(&spec.uid).cloned();
+                if let Err(e) = tx.commit(st, |st| self.commit(st)) {
+                    self.teardown(&spec.uid, None);
+                    return Err(e);
+                }
+                if let Some(c) = &prepared {
+                    let _ = self.write_host_record(&c.uid);
+                }
+                crate::crash::point("prepare.completed_saved");
+                self.wake_supervisor();
+                tracing::info!(claim = %spec.uid, "claim prepared");
+                Ok(PrepareResult {
+                    uid: spec.uid,
+                    requests,
+                    already_prepared: false,
+                })
+            }
+            Err(e) => {
+                tracing::warn!(claim = %spec.uid, error = %e, "prepare failed; rolling back");
+                self.teardown(&spec.uid, None);
+                Err(e)
+            }
+        }
+    }
+}

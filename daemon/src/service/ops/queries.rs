@@ -1,0 +1,80 @@
+//! The reading requests: one claim, all claims, the GPUs, health. Served from the published
+//! view: they never wait for a change.
+
+use super::super::*;
+
+impl Service {
+    /// One claim.
+    ///
+    /// # Errors
+    /// `InvalidRequest` for a malformed UID, `NotFound`.
+    pub fn get_claim(&self, uid: &str) -> Result<ClaimInfo, ServiceError> {
+        config::validate_claim_uid(uid)?;
+        self.view
+            .load()
+            .claims
+            .get(uid)
+            .map(|c| ClaimInfo::clone(c))
+            .ok_or_else(|| {
+                ServiceError::new(ErrorCode::NotFound, format!("no claim {uid} on this node"))
+            })
+    }
+
+    /// All claims, by UID.
+    pub fn list_claims(&self) -> Vec<ClaimInfo> {
+        self.view
+            .load()
+            .claims
+            .values()
+            .map(|c| ClaimInfo::clone(c))
+            .collect()
+    }
+
+    /// All GPUs with their settings and holders.
+    pub fn list_gpus(&self) -> Vec<GpuInfo> {
+        let st = self.view.load();
+        self.backend
+            .gpus()
+            .iter()
+            .map(|g| {
+                let hold = st.placement.hold(&g.uuid);
+                let mut info = GpuInfo {
+                    compute_mode: self.backend.compute_mode(&g.uuid).unwrap_or_default(),
+                    time_slice: self.backend.time_slice(&g.uuid).unwrap_or_default(),
+                    sharing: hold.map_or(GpuSharing::Free, |h| h.sharing()),
+                    claims: hold.map(|h| h.claims()).unwrap_or_default(),
+                    ..g.info()
+                };
+                // MIG mode and instances change at runtime: read them live.
+                if let Some((mode, devices)) = self.live_mig(g) {
+                    info.mig_enabled = mode.current;
+                    info.mig_pending = Some(mode.pending);
+                    info.mig_devices = devices;
+                }
+                info
+            })
+            .collect()
+    }
+
+    /// Liveness and readiness.
+    pub fn health(&self) -> HealthInfo {
+        let st = self.view.load();
+        HealthInfo {
+            ready: st.ready,
+            node_name: self.cfg.node_name.clone(),
+            gpus: self.backend.gpus().len(),
+            claims: st.claims.len(),
+            backend: self.backend.describe(),
+            mps_control: self.mps.program().display().to_string(),
+            checkpoint_quarantined: st.quarantined.clone(),
+            checkpoint_error: st.checkpoint_error.clone(),
+            degraded_claims: st
+                .claims
+                .values()
+                .filter(|c| c.state == ClaimState::Degraded)
+                .count(),
+            stopping: st.stopping,
+            drivers: self.cfg.drivers.clone(),
+        }
+    }
+}

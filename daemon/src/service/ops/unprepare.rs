@@ -1,0 +1,150 @@
+//! `unprepare`, and the teardown every release goes through (an unprepare, a failed prepare, a
+//! rollback at start): `Unpreparing` on disk first, then every host step, the GPUs freed only
+//! when all of them succeeded.
+
+use super::super::*;
+
+impl Service {
+    /// Undoes everything a claim holds, whatever its state; used by unprepare (which passes
+    /// the tombstone's `resource_version`: `Some`), and by a failed prepare and the start-up
+    /// reconcile (`None`: a rollback leaves no tombstone, so the kubelet's retry may prepare
+    /// the claim). The state `Unpreparing` is written first, so a crash part-way is finished
+    /// at the next start instead of bringing the claim back. Errors are logged and the rest
+    /// still runs; returns the first error.
+    pub(in crate::service) fn teardown(
+        &self,
+        uid: &str,
+        tombstone: Option<Option<String>>,
+    ) -> Option<ServiceError> {
+        let info = self.state().claims.get(uid).cloned()?;
+        if info.state != ClaimState::Unpreparing {
+            let mut tx = Txn::begin(self);
+            let mut st = self.state();
+            let saved = Some(info.clone());
+            tx.on_undo(move |st: &mut State| st.claims.restore(uid, saved));
+            if let Err(e) = st.claims.transition(uid, Event::ReleaseStarted) {
+                return Some(ServiceError::internal(format!("claim {uid}: {e}")));
+            }
+            if matches!(info.state, ClaimState::Prepared | ClaimState::Degraded) {
+                // On disk the claim is still prepared: releasing it now would have a restart
+                // bring it back. Refuse, changing nothing.
+                if let Err(e) = tx.commit(st, |st| self.commit(st)) {
+                    return Some(e);
+                }
+            } else {
+                // A half-done prepare is rolled back at the next start anyway.
+                let _ = self.commit(st);
+                tx.keep();
+            }
+        }
+        crate::crash::point("unprepare.unpreparing_saved");
+        let mut errors: Vec<ServiceError> = Vec::new();
+        let note = |errors: &mut Vec<ServiceError>, e: ServiceError| {
+            tracing::error!(claim = %uid, error = %e, "releasing claim");
+            errors.push(e);
+        };
+        for g in &info.groups {
+            if let StrategyInfo::Mps(m) = &g.sharing {
+                let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
+                let pid = (m.control_daemon_pid > 0).then_some(m.control_daemon_pid);
+                if let Err(e) = self.mps.stop(&dirs, pid) {
+                    note(
+                        &mut errors,
+                        ServiceError::internal(format!("claim {uid}: {e}")),
+                    );
+                }
+            }
+        }
+        crate::crash::point("unprepare.mps_stopped");
+        // MIG instances go after the MPS control daemons that ran on them.
+        if let Err(e) = self.destroy_mig(&info) {
+            note(&mut errors, e);
+        }
+        if info.groups.iter().any(|g| !g.mig.is_empty()) {
+            self.regenerate_driver_spec("after destroying a claim's MIG devices");
+        }
+        if let Err(e) = fsutil::remove_file_if_exists(&cdi::spec_path(&self.cfg.cdi_dir, uid)) {
+            note(
+                &mut errors,
+                ServiceError::internal(format!("removing CDI spec of claim {uid}: {e}")),
+            );
+        }
+        crate::crash::point("unprepare.cdi_removed");
+        // No host record of the claim is being written meanwhile (one that began before saw
+        // the claim Prepared and is removed with the directory; one after sees Unpreparing).
+        let removed = {
+            let _writes = self
+                .host_record_writes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            fsutil::remove_dir_all_if_exists(&self.claim_dir(uid))
+        };
+        if let Err(e) = removed {
+            note(
+                &mut errors,
+                ServiceError::internal(format!("removing {}: {e}", self.claim_dir(uid).display())),
+            );
+        }
+        crate::crash::point("unprepare.dirs_removed");
+        let mut st = self.state();
+        st.restarts.remove(uid);
+        // Only a complete release frees the GPUs: while a daemon or mount may still be there,
+        // the claim keeps its holds (state Unpreparing), so no other claim is placed on top of
+        // it, and the next unprepare or prepare of this claim finishes the job.
+        let mut freed = Vec::new();
+        if errors.is_empty() {
+            freed = self.release_gpus(&mut st, &info);
+            if let Err(e) = st.claims.transition(uid, Event::Released) {
+                tracing::error!(claim = %uid, error = %e, "releasing claim");
+                st.claims.remove(uid);
+            }
+            if let Some(resource_version) = tombstone {
+                st.claim_generation += 1;
+                let t = Tombstone {
+                    generation: st.claim_generation,
+                    resource_version,
+                    released_at: now_secs(),
+                };
+                st.tombstones.insert(uid.to_string(), t, now_secs());
+            }
+        }
+        if let Err(e) = self.commit(st) {
+            note(&mut errors, e);
+        }
+        self.modes.release(self.backend.as_ref(), &freed);
+        errors.into_iter().next()
+    }
+
+    /// Releases a claim: stops its MPS control daemons (quit, bounded, then kill), restores
+    /// GPU settings the last holder leaves, removes its directories and CDI spec and its
+    /// checkpoint entry. Idempotent: an unknown claim returns `released: false`.
+    ///
+    /// # Errors
+    /// `InvalidRequest` for a malformed UID; `Internal` when some host step failed (the claim
+    /// stays recorded so a retry finishes the job).
+    pub fn unprepare(&self, uid: &str) -> Result<UnprepareResult, ServiceError> {
+        config::validate_claim_uid(uid)?;
+        let _busy = self.begin_change()?;
+        let _claim = self.changes.lock(uid);
+        let Some(info) = self.state().claims.get(uid).cloned() else {
+            return Ok(UnprepareResult {
+                uid: uid.to_string(),
+                released: false,
+            });
+        };
+        if !info.attached.is_empty() {
+            tracing::warn!(claim = %uid, containers = info.attached.len(), "releasing a claim that still has containers attached");
+        }
+        match self.teardown(uid, Some(info.resource_version.clone())) {
+            None => {
+                self.wake_supervisor();
+                tracing::info!(claim = %uid, "claim released");
+                Ok(UnprepareResult {
+                    uid: uid.to_string(),
+                    released: true,
+                })
+            }
+            Some(e) => Err(e),
+        }
+    }
+}
