@@ -45,9 +45,11 @@ mod locks;
 mod mig;
 mod mig_recover;
 mod ops;
+mod orphans;
 mod persisted;
 mod plan;
-mod recover;
+mod reconcile;
+mod restarts;
 mod stop;
 #[cfg(test)]
 mod testing;
@@ -55,7 +57,8 @@ mod view;
 use cdi_spec::driver_spec_error;
 use locks::ClaimLocks;
 use plan::{GroupPlan, PlanKind};
-pub use recover::{restart_backoff, SupervisedDaemon, BOOT_ID_PATH};
+pub use reconcile::BOOT_ID_PATH;
+pub use restarts::{restart_backoff, SupervisedDaemon};
 pub use stop::registry_answers;
 #[cfg(test)]
 pub(crate) use testing::RecordsOnDisk;
@@ -100,7 +103,7 @@ pub(crate) struct State {
     /// SIGTERM: changing requests are refused.
     stopping: bool,
     /// Restarts of dead MPS control daemons, by claim UID.
-    restarts: BTreeMap<String, recover::RestartPlan>,
+    restarts: BTreeMap<String, restarts::RestartPlan>,
     /// Counts changes; the published view and the checkpoint on disk say which they hold.
     generation: u64,
 }

@@ -1,0 +1,207 @@
+//! What is ours on the host and owned by no claim, found and removed at start: MPS control
+//! daemons and stray MPS processes, shm mounts and directories under the run directory, CDI
+//! specs of ours. Nothing is followed, and nothing outside our directories is touched.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use gpushare_proto::StrategyInfo;
+
+use super::reconcile::*;
+use super::Service;
+use crate::fsutil;
+use crate::strategy::mps::MpsDirs;
+
+impl Service {
+    /// Removes what is ours on the host and owned by no claim: MPS control daemons on, mounts
+    /// under and directories in `<run-dir>/claims/` (every entry there is ours), and CDI specs
+    /// named `gpushare.io-claim_<uid>.json` (and their temporaries) in the CDI directory.
+    pub(super) fn remove_orphans(&self) {
+        let (owned_claims, owned_groups): (Vec<String>, Vec<PathBuf>) = {
+            let st = self.state();
+            let groups = st
+                .claims
+                .values()
+                .flat_map(|c| c.groups.iter())
+                .filter_map(|g| match &g.sharing {
+                    StrategyInfo::Mps(m) => Some(MpsDirs::from_pipe(Path::new(&m.pipe_dir)).root),
+                    _ => None,
+                })
+                .collect();
+            (st.claims.keys().cloned().collect(), groups)
+        };
+        let claims_dir = self.cfg.run_dir.join("claims");
+        self.remove_orphan_dirs(&claims_dir, &owned_claims, &owned_groups);
+        self.kill_stray_mps_processes(&claims_dir, &owned_groups);
+        // A stray may have made its directories after the first sweep.
+        self.remove_orphan_dirs(&claims_dir, &owned_claims, &owned_groups);
+        self.remove_orphan_specs(&owned_claims);
+    }
+
+    /// Removes `gpushare.io-claim_<uid>.json` specs in the CDI directory that no claim owns and
+    /// that are provably this daemon's: their hooks name this daemon's socket. The CDI
+    /// directory is shared (with other vendors, and in tests with other gpushared instances),
+    /// so a spec of ours by name alone is not enough. Temporaries of interrupted writes go
+    /// when the process that wrote them (the pid in their name) is gone.
+    pub(super) fn remove_orphan_specs(&self, owned_claims: &[String]) {
+        let owned: BTreeSet<&str> = owned_claims.iter().map(String::as_str).collect();
+        let Ok(entries) = fs::read_dir(&self.cfg.cdi_dir) else {
+            return;
+        };
+        let socket = format!("{:?}", self.cfg.hook.socket.display().to_string());
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = entry.path();
+            let orphan = if let Some(rest) = name.strip_prefix(".gpushare.io-claim_") {
+                rest.split_once(".json.tmp-")
+                    .and_then(|(uid, _)| {
+                        fsutil::temporary_writer(&name, &format!("gpushare.io-claim_{uid}.json"))
+                    })
+                    .is_some_and(|pid| !self.processes.alive(pid))
+            } else if let Some(uid) = name
+                .strip_prefix("gpushare.io-claim_")
+                .and_then(|r| r.strip_suffix(".json"))
+            {
+                // Read as input: a regular file only, not through a link, bounded; a fifo
+                // opened for a blocking read would hold up the start for ever.
+                !owned.contains(uid)
+                    && fsutil::read_own_file(&path, MAX_SPEC_BYTES)
+                        .is_ok_and(|text| String::from_utf8_lossy(&text).contains(&socket))
+            } else {
+                false
+            };
+            if orphan {
+                tracing::warn!(path = %path.display(), "removing a CDI spec no claim owns");
+                if let Err(e) = fsutil::remove_file_if_exists(&path) {
+                    tracing::error!(path = %path.display(), error = %e, "removing an orphan CDI spec");
+                }
+            }
+        }
+    }
+
+    /// Stops the MPS groups and removes the claim directories under `claims_dir` that no claim
+    /// owns.
+    pub(super) fn remove_orphan_dirs(
+        &self,
+        claims_dir: &Path,
+        owned_claims: &[String],
+        owned_groups: &[PathBuf],
+    ) {
+        let owned: BTreeSet<&str> = owned_claims.iter().map(String::as_str).collect();
+        // Nothing is followed: a link (or any other non-directory) where a claim or MPS group
+        // directory should be is removed as the link it is, never read or stopped through.
+        let real_dir = |e: &fs::DirEntry| e.file_type().is_ok_and(|t| t.is_dir());
+        let not_a_dir = |path: &Path, what: &str| {
+            tracing::warn!(path = %path.display(), "removing what is not a directory where {what} should be");
+            if let Err(e) = fsutil::remove_file_if_exists(path) {
+                tracing::error!(path = %path.display(), error = %e, "removing it");
+            }
+        };
+        let mut orphan_groups: Vec<PathBuf> = Vec::new();
+        let mut orphan_dirs: Vec<PathBuf> = Vec::new();
+        if let Ok(entries) = fs::read_dir(claims_dir) {
+            for entry in entries.flatten() {
+                let dir = entry.path();
+                if !real_dir(&entry) {
+                    not_a_dir(&dir, "a claim directory");
+                    continue;
+                }
+                let owned = entry
+                    .file_name()
+                    .to_str()
+                    .is_some_and(|n| owned.contains(n));
+                let Ok(groups) = fs::read_dir(&dir) else {
+                    continue;
+                };
+                for g in groups.flatten() {
+                    let root = g.path();
+                    if !g.file_name().to_string_lossy().starts_with("mps-") {
+                        continue;
+                    }
+                    if !real_dir(&g) {
+                        not_a_dir(&root, "an MPS group directory");
+                    } else if !owned_groups.contains(&root) {
+                        orphan_groups.push(root);
+                    }
+                }
+                if !owned {
+                    orphan_dirs.push(dir);
+                }
+            }
+        }
+        // Each stop may wait out the MPS timeout: all at once.
+        in_parallel(&orphan_groups, |root| {
+            tracing::warn!(path = %root.display(), "stopping an MPS control daemon and removing directories no claim owns");
+            if let Err(e) = self.mps.stop(&MpsDirs::from_pipe(&root.join("pipe")), None) {
+                tracing::error!(path = %root.display(), error = %e, "removing an orphan MPS group");
+            }
+        });
+        for dir in orphan_dirs {
+            tracing::warn!(path = %dir.display(), "removing a claim directory no claim owns");
+            if let Err(e) = fsutil::remove_dir_all_if_exists(&dir) {
+                tracing::error!(path = %dir.display(), error = %e, "removing an orphan claim directory");
+            }
+        }
+    }
+
+    /// Kills MPS processes (control daemons, UI sessions, launchers) whose
+    /// `CUDA_MPS_PIPE_DIRECTORY` lies under `claims_dir` but in no group a claim owns. A crash
+    /// in the middle of a start can leave a daemon that took its lock only after the restart
+    /// looked (or whose directory is gone): the lock cannot find it, its environment can.
+    /// Processes on owned pipe directories (the daemons, and the MPS servers they spawn) are
+    /// left alone. Repeated until a scan finds none, so a process that forked meanwhile is
+    /// caught too; bounded.
+    pub(super) fn kill_stray_mps_processes(&self, claims_dir: &Path, owned_groups: &[PathBuf]) {
+        const ROUNDS: usize = 20;
+        for round in 0..ROUNDS {
+            let strays: Vec<(i32, PathBuf)> = self
+                .processes
+                .with_env_under("CUDA_MPS_PIPE_DIRECTORY", claims_dir)
+                .into_iter()
+                .filter(|(_, pipe)| !owned_groups.iter().any(|g| pipe.starts_with(g)))
+                .collect();
+            if strays.is_empty() {
+                return;
+            }
+            if round == 0 {
+                // First the polite way: `quit` to each daemon that holds its directory.
+                let pipes: BTreeSet<&PathBuf> = strays.iter().map(|(_, p)| p).collect();
+                let pipes: Vec<&PathBuf> = pipes.into_iter().collect();
+                in_parallel(&pipes, |pipe| {
+                    if let Err(e) = self.mps.stop(&MpsDirs::from_pipe(pipe), None) {
+                        tracing::error!(pipe = %pipe.display(), error = %e, "stopping a stray MPS control daemon");
+                    }
+                });
+                continue;
+            }
+            for (pid, pipe) in &strays {
+                tracing::warn!(pid, pipe = %pipe.display(), "killing an MPS process no claim owns");
+                self.processes.kill(*pid);
+            }
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while strays.iter().any(|(pid, _)| {
+                self.processes.reap(*pid);
+                self.processes.alive(*pid)
+            }) && Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            in_parallel(&strays, |(_, pipe)| {
+                // Its directory may have been created after the directory sweep.
+                if let Some(root) = pipe.parent().filter(|r| r.starts_with(claims_dir)) {
+                    let dirs = MpsDirs::from_pipe(pipe);
+                    if let Err(e) = self.mps.stop(&dirs, None) {
+                        tracing::error!(path = %root.display(), error = %e, "removing a stray MPS group");
+                    }
+                }
+            });
+        }
+        tracing::error!(
+            rounds = ROUNDS,
+            "MPS processes no claim owns keep appearing under {}",
+            claims_dir.display()
+        );
+    }
+}

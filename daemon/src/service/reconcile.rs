@@ -1,0 +1,431 @@
+//! Crash safety of the service: the start-up reconcile, tombstones against stale prepares,
+//! the restart of dead MPS control daemons (driven by [`crate::supervise`]) and the graceful
+//! stop.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use gpushare_proto::{ClaimInfo, ClaimState, ErrorCode, StrategyInfo};
+
+use super::persisted::{self, Quarantine, HOST_RECORD, MAX_HOST_RECORD_BYTES};
+use super::{mig, reapply_gpu_settings, wants_of, Service};
+use crate::error::ServiceError;
+use crate::fsutil;
+use crate::store::Loaded;
+use crate::strategy::mps::MpsDirs;
+
+pub use crate::sys::BOOT_ID_PATH;
+
+/// Largest CDI spec file read when looking for orphans of ours, in bytes (ours are a few KiB).
+pub(super) const MAX_SPEC_BYTES: u64 = 4 << 20;
+
+/// First delay before restarting a dead MPS control daemon; doubled after each failure.
+pub(super) const RESTART_BASE: Duration = Duration::from_millis(500);
+
+/// Longest delay between two restart attempts.
+pub(super) const RESTART_CAP: Duration = Duration::from_secs(30);
+
+/// A daemon that ran this long before it died counts as a new first failure.
+pub(super) const RESTART_STABLE: Duration = Duration::from_secs(60);
+
+/// Most threads the start-up reconcile runs claims (and orphan MPS daemons) on at once. A
+/// node has at most a few dozen MPS control daemons (one per GPU, or per MIG slice), so all
+/// of them are stopped or restarted at once and the reconcile takes about as long as its
+/// slowest claim, whose every step is bounded by the MPS timeout, however many there are.
+pub(super) const RECONCILE_THREADS: usize = 64;
+
+/// Runs `work` on every item, on up to [`RECONCILE_THREADS`] threads at once (inline for a
+/// single item, or when no thread can be started), and returns when all are done.
+pub(super) fn in_parallel<T: Sync>(items: &[T], work: impl Fn(&T) + Sync) {
+    if items.len() <= 1 {
+        items.iter().for_each(&work);
+        return;
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let run = || loop {
+        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let Some(item) = items.get(i) else { return };
+        work(item);
+    };
+    std::thread::scope(|s| {
+        for n in 0..items.len().min(RECONCILE_THREADS) {
+            let spawned = std::thread::Builder::new()
+                .name(format!("reconcile-{n}"))
+                .spawn_scoped(s, run);
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "cannot start another reconcile thread; going on with those running");
+                break;
+            }
+        }
+        // Whatever no thread took (none could be started) is done here.
+        run();
+    });
+}
+
+/// Joins the cause of a restart and why the restart failed, in `last_error`.
+pub(super) const RESTART_FAILED: &str = "; restarting the MPS control daemon failed";
+
+impl Service {
+    /// Refuses a prepare older than a release of the same claim: one that arrived before the
+    /// release's generation, or that carries the very claim object (same `resourceVersion`)
+    /// that was released.
+    pub(super) fn refuse_stale_prepare(
+        &self,
+        uid: &str,
+        arrived: u64,
+        resource_version: Option<&str>,
+    ) -> Result<(), ServiceError> {
+        let st = self.state();
+        let Some(t) = st.tombstones.get(uid) else {
+            return Ok(());
+        };
+        let same_object =
+            resource_version.is_some() && t.resource_version.as_deref() == resource_version;
+        if t.generation > arrived || same_object {
+            let why = if same_object {
+                format!(
+                    "it carries resourceVersion {} of the claim object that was released",
+                    resource_version.unwrap_or_default()
+                )
+            } else {
+                "it arrived before the release finished".to_string()
+            };
+            tracing::warn!(claim = %uid, generation = t.generation, "refusing a stale prepare of a released claim");
+            return Err(ServiceError::new(
+                ErrorCode::Stale,
+                format!(
+                    "claim {uid} was released (at {} s after the epoch, generation {}) and this prepare is older: {why}; nothing was changed",
+                    t.released_at, t.generation
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Writes `<run-dir>/claims/<uid>/claim.json`, the copy a missing or corrupt checkpoint is
+    /// rebuilt from, unless it already holds exactly this record: a restart re-checks every claim,
+    /// and a durable rewrite per claim made restart-to-ready grow by ~0.6 ms per claim
+    /// (BENCHMARKS.md, "Recovery"). A failure is logged only: the checkpoint stays the record.
+    /// Attachments are in it too (written at every attach and detach; the run directory is a
+    /// tmpfs, where this costs no disk flush), so a rebuilt claim keeps its containers' slots.
+    ///
+    /// What is written is the claim as the registry holds it when the write begins, under one
+    /// lock for all host-record writes, so that of two changes written at once the later one
+    /// is what stays on disk. Only a `Prepared` or `Degraded`
+    /// claim has one: a release under way (`Unpreparing`, set before its directory goes) is
+    /// never written back.
+    pub(super) fn write_host_record(&self, uid: &str) -> Result<(), ServiceError> {
+        let _writes = self
+            .host_record_writes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let Some(info) = self
+            .state()
+            .claims
+            .get(uid)
+            .filter(|c| matches!(c.state, ClaimState::Prepared | ClaimState::Degraded))
+            .cloned()
+        else {
+            return Ok(());
+        };
+        let dir = self.claim_dir(&info.uid);
+        let result = fsutil::create_dir_if_missing(&dir, 0o755).and_then(|()| {
+            let bytes = serde_json::to_vec(&info).map_err(std::io::Error::other)?;
+            let path = dir.join(HOST_RECORD);
+            if fsutil::read_own_file(&path, MAX_HOST_RECORD_BYTES)
+                .is_ok_and(|on_disk| on_disk == bytes)
+            {
+                return Ok(());
+            }
+            // No flush: what this record alone keeps (the attached containers) dies with the
+            // boot, and the run directory is a tmpfs; a crash of gpushared finds it whole.
+            fsutil::write_replace(&path, &bytes, 0o600)
+        });
+        result.map_err(|e| {
+            tracing::warn!(claim = %info.uid, error = %e, "writing the claim's host record");
+            ServiceError::internal(format!(
+                "writing the run-directory record of claim {}: {e}",
+                info.uid
+            ))
+        })
+    }
+
+    /// The claims to reconcile: the store's records that pass [`persisted::check_record`]
+    /// (with their containers from their host records), and the host record of every claim
+    /// the store does not hold (all of them when it was missing): a claim with a valid host
+    /// record is never taken for no claim's. A host record older than its claim's tombstone
+    /// is of a claim released since: its release is finished (as `Unpreparing`). Refused and
+    /// unreadable records are kept in the quarantine, alone. The flag says whether the
+    /// record must be written (it did not come from the store as it is).
+    fn claims_to_reconcile(&self, loaded: &mut Loaded) -> BTreeMap<String, (ClaimInfo, bool)> {
+        let quarantine = Quarantine::beside(&self.cfg.checkpoint);
+        let mut claims = BTreeMap::new();
+        let mut reports = Vec::new();
+        for u in std::mem::take(&mut loaded.unreadable) {
+            let key = u
+                .path
+                .file_stem()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            tracing::error!(record = %u.path.display(), reason = %u.why, "a claim record of the checkpoint was corrupt; moved aside, rebuilding the claim from its host record");
+            quarantine.keep(
+                "checkpoint-claim",
+                &u.path,
+                &key,
+                u.bytes.as_deref(),
+                &u.why,
+            );
+            // Whatever it is (a file, a link, a fifo, a directory), it goes as what it is.
+            let _ = if fs::symlink_metadata(&u.path).is_ok_and(|m| m.is_dir()) {
+                fsutil::remove_dir_all_if_exists(&u.path)
+            } else {
+                fsutil::remove_file_if_exists(&u.path)
+            };
+            reports.push(format!(
+                "claim record {} moved to {}: {}",
+                u.path.display(),
+                quarantine.dir().display(),
+                u.why
+            ));
+        }
+        if !reports.is_empty() {
+            self.state().quarantined = Some(reports.join("; "));
+        }
+        let from_v2 = loaded.migrated.is_some();
+        for (key, mut info) in std::mem::take(&mut loaded.claims) {
+            match persisted::check_record(&info, &key, &self.cfg.run_dir) {
+                Ok(()) => {
+                    persisted::normalize(&mut info, &self.cfg.cdi_dir);
+                    if !from_v2 {
+                        // Containers are kept in the claim's run-directory record alone.
+                        info.attached = persisted::host_attachments(&self.cfg.run_dir, &key);
+                    }
+                    claims.insert(key, (info, false));
+                }
+                Err(why) => {
+                    let bytes = serde_json::to_vec(&info).ok();
+                    let path = self.store.claim_path(&key);
+                    quarantine.keep("checkpoint-claim", &path, &key, bytes.as_deref(), &why);
+                    if crate::config::validate_claim_uid(&key).is_ok() {
+                        let _ = fsutil::remove_file_if_exists(&path);
+                    }
+                }
+            }
+        }
+        loaded
+            .tombstones
+            .retain(|uid, _| crate::config::validate_claim_uid(uid).is_ok());
+        let rebuilt =
+            persisted::host_records(&self.cfg.run_dir, &self.cfg.cdi_dir, &quarantine, |uid| {
+                claims.contains_key(uid)
+            });
+        if loaded.missing {
+            tracing::warn!(
+                path = %self.store.dir().display(),
+                host_records = rebuilt.len(),
+                "no checkpoint found; rebuilding the claims from their host records (a missing checkpoint is not a node without claims)"
+            );
+        } else if loaded.quarantined.is_none() && !rebuilt.is_empty() {
+            tracing::warn!(
+                claims = ?rebuilt.keys().collect::<Vec<_>>(),
+                "the checkpoint lacks claims that have host records; rebuilding them from those"
+            );
+        }
+        for (uid, mut info) in rebuilt {
+            if let Some(t) = loaded
+                .tombstones
+                .get(&uid)
+                .filter(|t| t.generation > info.generation)
+            {
+                tracing::warn!(claim = %uid, released_generation = t.generation, record_generation = info.generation, "the host record is of a claim released since; finishing its release");
+                let _ =
+                    crate::claim::lifecycle::apply(&mut info, crate::claim::Event::ReleaseStarted);
+            }
+            claims.insert(uid, (info, true));
+        }
+        claims
+    }
+
+    /// The start-up reconcile (see [`Service::with_boot_id`]).
+    pub(super) fn reconcile(&self, mut loaded: Loaded, boot_id: String) {
+        let claims = self.claims_to_reconcile(&mut loaded);
+        let rebooted =
+            !loaded.boot_id.is_empty() && !boot_id.is_empty() && loaded.boot_id != boot_id;
+        {
+            let mut st = self.state();
+            st.boot_id = boot_id;
+            st.claim_generation = loaded.generation;
+            st.tombstones =
+                crate::registry::Tombstones::loaded(std::mem::take(&mut loaded.tombstones));
+            if let Some((aside, why)) = &loaded.quarantined {
+                tracing::error!(moved_to = %aside.display(), reason = %why, "checkpoint was corrupt; moved aside, rebuilding the claims from their host records");
+                st.quarantined = Some(format!("moved to {}: {why}", aside.display()));
+            }
+        }
+        if rebooted {
+            tracing::warn!("the host was rebooted since the checkpoint was written; redoing every claim's host setup");
+        }
+        {
+            let mut st = self.state();
+            for (uid, (mut info, write)) in claims {
+                // Admitted by the same rules as a prepare, so that the rollbacks below release
+                // through the mode words (restoring a GPU's settings when its last holder goes)
+                // like any other release.
+                let wants = wants_of(&info);
+                if let Err(e) = self.modes.adopt(&uid, &wants) {
+                    tracing::error!(claim = %uid, error = %e, "checkpointed claim conflicts with another; not re-adopted");
+                    continue;
+                }
+                st.placement.record(&uid, &wants);
+                if rebooted {
+                    // No container survives a reboot.
+                    info.attached.clear();
+                }
+                st.claim_generation = st.claim_generation.max(info.generation);
+                st.claims.adopt(uid.clone(), info);
+                if write {
+                    st.claims.mark_durable(&uid);
+                }
+            }
+        }
+        let uids: Vec<(String, ClaimState)> = self
+            .state()
+            .claims
+            .values()
+            .map(|c| (c.uid.clone(), c.state))
+            .collect();
+        // Half-started MPS daemons of claims about to be rolled back (and of no claim at all)
+        // go first: one still starting holds no lock yet and would keep writing into the
+        // directories the rollback removes.
+        let live_groups: Vec<PathBuf> = self
+            .state()
+            .claims
+            .values()
+            .filter(|c| matches!(c.state, ClaimState::Prepared | ClaimState::Degraded))
+            .flat_map(|c| c.groups.iter())
+            .filter_map(|g| match &g.sharing {
+                StrategyInfo::Mps(m) => Some(MpsDirs::from_pipe(Path::new(&m.pipe_dir)).root),
+                _ => None,
+            })
+            .collect();
+        self.kill_stray_mps_processes(&self.cfg.run_dir.join("claims"), &live_groups);
+        // All claims at once: each claim's rollback or re-adoption waits on its own MPS
+        // control daemons (a `quit` that is not taken waits out the MPS timeout before the
+        // kill), so one after another a start that cannot re-adopt them (say, after the MPS
+        // control program changed) took that wait once per claim.
+        in_parallel(&uids, |(uid, state)| match state {
+            ClaimState::PrepareStarted | ClaimState::Unpreparing => {
+                tracing::warn!(claim = %uid, ?state, "rolling back a claim a crash left half-done");
+                if let Some(e) = self.teardown(uid, None) {
+                    tracing::error!(claim = %uid, error = %e, "rolling back; the next unprepare or prepare of the claim retries");
+                }
+            }
+            ClaimState::Prepared | ClaimState::Degraded => self.revive(uid, rebooted),
+        });
+        self.remove_orphans();
+        // After the rollbacks, so that only what the remaining claims asked is applied.
+        reapply_gpu_settings(self.backend.as_ref(), &self.state().placement);
+        // After the rollbacks too (which destroyed the rolled-back claims' MIG instances): the
+        // sweep destroys MIG instances that neither a remaining claim nor the node's MIG
+        // layout record owns, such as one a crash left between creating and recording it.
+        {
+            let st = self.state();
+            mig::sweep_at_start(self.backend.as_ref(), &self.cfg.run_dir, st.claims.values());
+        }
+        // Then the MIG slices of prepared claims that vanished while gpushared was away (a GPU
+        // reset, a destroy by hand): recreated at their placements, or the claim is Degraded
+        // (service/mig_recover.rs).
+        self.reconcile_mig_claims();
+        let mut st = self.state();
+        st.ready = true;
+        tracing::info!(
+            claims = st.claims.len(),
+            degraded = st
+                .claims
+                .values()
+                .filter(|c| c.state == ClaimState::Degraded)
+                .count(),
+            "reconciled the host with the checkpoint"
+        );
+        let meta = crate::store::StoreMeta {
+            format: crate::claim::RECORD_FORMAT,
+            boot_id: st.boot_id.clone(),
+            generation: st.claim_generation,
+            export: None,
+        };
+        let _ = self.commit(st);
+        // Written even when nothing changed: the store then holds this boot's ID.
+        if let Err(e) = self.store.write_meta(&meta) {
+            let msg = format!(
+                "writing checkpoint {}: {e}",
+                self.store.dir().join(crate::store::STORE_FILE).display()
+            );
+            tracing::error!(error = %msg, "cannot write the checkpoint at start; changing requests fail until it can be written");
+            self.state().checkpoint_error = Some(msg);
+        }
+    }
+
+    /// Re-adopts or restarts the MPS control daemons of a prepared claim and makes sure its
+    /// CDI spec exists.
+    fn revive(&self, uid: &str, rebooted: bool) {
+        let Some(info) = self.state().claims.get(uid).cloned() else {
+            return;
+        };
+        for g in &info.groups {
+            let StrategyInfo::Mps(m) = &g.sharing else {
+                continue;
+            };
+            if !rebooted && m.control_daemon_pid > 0 {
+                match self.mps.check_adoptable(m) {
+                    Ok(()) => {
+                        tracing::info!(claim = %uid, pid = m.control_daemon_pid, "re-adopted the running MPS control daemon");
+                        continue;
+                    }
+                    Err(why) => {
+                        tracing::warn!(claim = %uid, pid = m.control_daemon_pid, reason = %why, "MPS control daemon cannot be re-adopted; restarting it")
+                    }
+                }
+            }
+            let _ = self.restart_group(uid, &m.pipe_dir, !rebooted);
+        }
+        let info = self.state().claims.get(uid).cloned();
+        if let Some(info) = info {
+            // Ours is a regular file: anything else there (a link, a fifo) is replaced.
+            if !fs::symlink_metadata(&info.cdi_spec).is_ok_and(|m| m.is_file()) {
+                tracing::warn!(claim = %uid, "CDI spec missing; writing it again");
+                if let Err(e) = self.write_cdi(uid, &info.groups, &info) {
+                    tracing::error!(claim = %uid, error = %e, "rewriting the CDI spec");
+                }
+            }
+            let _ = self.write_host_record(uid);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+
+    #[test]
+    fn every_crash_point_is_used_in_the_code() {
+        let sources = [
+            include_str!("mod.rs"),
+            include_str!("apply.rs"),
+            include_str!("ops/prepare.rs"),
+            include_str!("ops/unprepare.rs"),
+            include_str!("../checkpoint.rs"),
+            include_str!("../store.rs"),
+            include_str!("reconcile.rs"),
+            include_str!("restarts.rs"),
+            include_str!("orphans.rs"),
+        ]
+        .concat();
+        for p in crate::crash::CRASH_POINTS {
+            assert!(
+                sources.contains(&format!("point(\"{p}\")")),
+                "crash point {p} is listed but never reached"
+            );
+        }
+    }
+}

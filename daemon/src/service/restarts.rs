@@ -1,0 +1,339 @@
+//! Dead MPS control daemons: reported by the supervisor (`crate::supervise`), their claims
+//! `Degraded`, started again with backoff, their limits read back, the claims `Prepared`
+//! again.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use gpushare_proto::{ClaimInfo, ClaimState, StrategyInfo};
+
+use super::reconcile::*;
+use super::{now_secs, Service};
+use crate::strategy::mps::{launch_of, Liveness, MpsDirs};
+
+impl Service {
+    /// Starts the MPS control daemon of `uid`'s group on `pipe_dir` again, with its limits as
+    /// asked, read back. `counted`: a restart after a death (counted in `restarts`), not the
+    /// redo after a reboot. On failure the claim is `Degraded` with the error and a retry is
+    /// scheduled with backoff.
+    pub(super) fn restart_group(
+        &self,
+        uid: &str,
+        pipe_dir: &str,
+        counted: bool,
+    ) -> Result<(), String> {
+        let old = self.state().claims.get(uid).and_then(|c| {
+            c.groups.iter().find_map(|g| match &g.sharing {
+                StrategyInfo::Mps(m) if m.pipe_dir == pipe_dir => Some(m.clone()),
+                _ => None,
+            })
+        });
+        let Some(old) = old else {
+            return Ok(());
+        };
+        let result = self.mps.restart(&launch_of(&old));
+        let mut guard = self.state();
+        let st = &mut *guard;
+        let Some(c) = st.claims.get_mut(uid) else {
+            return Ok(());
+        };
+        let outcome = match result {
+            Ok(mut new) => {
+                new.restarts = old.restarts + u32::from(counted);
+                if counted {
+                    c.restarts += 1;
+                    if c.state != ClaimState::Degraded {
+                        // Found dead at start, not by the supervisor: say so in the history.
+                        c.last_error = Some(format!("{}; started again", not_running(&old)));
+                    }
+                }
+                tracing::info!(claim = %uid, old_pid = old.control_daemon_pid, pid = new.control_daemon_pid, restarts = new.restarts, "MPS control daemon started again with its limits verified");
+                for g in &mut c.groups {
+                    if matches!(&g.sharing, StrategyInfo::Mps(m) if m.pipe_dir == pipe_dir) {
+                        g.sharing = StrategyInfo::Mps(new.clone());
+                    }
+                }
+                let plan = st.restarts.entry(uid.to_string()).or_default();
+                plan.due = None;
+                plan.started = Some(Instant::now());
+                Ok(())
+            }
+            Err(e) => {
+                let plan = st.restarts.entry(uid.to_string()).or_default();
+                let delay = restart_backoff(plan.failures);
+                plan.failures = plan.failures.saturating_add(1);
+                plan.due = Some(Instant::now() + delay);
+                // Keep why it was restarted in the first place (not the previous failure).
+                let cause = match (&c.last_error, counted) {
+                    (_, false) => "the host was rebooted".to_string(),
+                    (Some(l), true) if c.state == ClaimState::Degraded => {
+                        l.split(RESTART_FAILED).next().unwrap_or(l).to_string()
+                    }
+                    _ => not_running(&old),
+                };
+                let msg = format!(
+                    "{cause}{RESTART_FAILED} at {} s after the epoch (attempt {}): {e}",
+                    now_secs(),
+                    plan.failures
+                );
+                tracing::error!(claim = %uid, error = %e, retry_in_ms = delay.as_millis() as u64, "restarting the MPS control daemon failed");
+                c.last_error = Some(msg.clone());
+                if let Err(e) = st
+                    .claims
+                    .transition(uid, crate::claim::Event::RestartFailed)
+                {
+                    tracing::error!(claim = %uid, error = %e, "recording a failed restart");
+                }
+                Err(msg)
+            }
+        };
+        let c = st.claims.get(uid).cloned();
+        if let Some(c) = c {
+            if outcome.is_ok()
+                && c.state == ClaimState::Degraded
+                && self.all_daemons_run(&c)
+                && self.mig_intact(&c)
+            {
+                if let Err(e) = st.claims.transition(uid, crate::claim::Event::Healed) {
+                    tracing::error!(claim = %uid, error = %e, "recording a restarted daemon");
+                }
+            }
+            let _ = self.commit(guard);
+            let _ = self.write_host_record(uid);
+        }
+        self.wake_supervisor();
+        outcome
+    }
+
+    /// Starts every dead MPS control daemon of `uid` again in place (the caller holds the
+    /// claim's lock). Returns whether all of them run afterwards.
+    pub(super) fn restart_dead_daemons(&self, uid: &str) -> bool {
+        let Some(c) = self.state().claims.get(uid).cloned() else {
+            return false;
+        };
+        for g in &c.groups {
+            if let StrategyInfo::Mps(m) = &g.sharing {
+                let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
+                if self.mps.liveness(&dirs, m.control_daemon_pid) == Liveness::Gone
+                    && self.restart_group(uid, &m.pipe_dir, true).is_err()
+                {
+                    return false;
+                }
+            }
+        }
+        self.state()
+            .claims
+            .get(uid)
+            .is_some_and(|c| c.state == ClaimState::Prepared && self.all_daemons_run(c))
+    }
+
+    pub(super) fn all_daemons_run(&self, c: &ClaimInfo) -> bool {
+        c.groups.iter().all(|g| match &g.sharing {
+            StrategyInfo::Mps(m) => {
+                self.mps.liveness(
+                    &MpsDirs::from_pipe(Path::new(&m.pipe_dir)),
+                    m.control_daemon_pid,
+                ) != Liveness::Gone
+            }
+            _ => true,
+        })
+    }
+
+    /// Every MPS control daemon of a prepared or degraded claim, for the supervisor.
+    pub fn supervised(&self) -> Vec<SupervisedDaemon> {
+        self.state()
+            .claims
+            .values()
+            .filter(|c| matches!(c.state, ClaimState::Prepared | ClaimState::Degraded))
+            .flat_map(|c| {
+                c.groups.iter().filter_map(|g| match &g.sharing {
+                    StrategyInfo::Mps(m) if m.control_daemon_pid > 0 => Some(SupervisedDaemon {
+                        claim_uid: c.uid.clone(),
+                        pid: m.control_daemon_pid,
+                        start_time: m.control_daemon_start_time,
+                    }),
+                    _ => None,
+                })
+            })
+            .collect()
+    }
+
+    /// Gives the service the writing end of the supervisor's wake-up socket: a byte is sent
+    /// whenever the set of daemons to watch changes.
+    pub fn set_supervisor_wake(&self, wake: std::os::unix::net::UnixStream) {
+        *self
+            .supervisor_wake
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(wake);
+    }
+
+    pub(super) fn wake_supervisor(&self) {
+        use std::io::Write;
+        if let Some(w) = self
+            .supervisor_wake
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+        {
+            // Non-blocking: a full socket already holds a wake-up.
+            let _ = w.write(&[1]);
+        }
+        self.forget_watches();
+    }
+
+    /// Reports that the MPS control daemon `pid` of claim `uid` exited (the supervisor saw
+    /// its pidfd become readable). A daemon still running, or no longer the claim's, is
+    /// ignored. Otherwise the claim becomes `Degraded` with the reason in `last_error`, and a
+    /// restart is scheduled with backoff.
+    pub fn mps_daemon_exited(&self, uid: &str, pid: i32) {
+        let mut guard = self.state();
+        let Some(c) = guard.claims.get(uid) else {
+            return;
+        };
+        if !matches!(c.state, ClaimState::Prepared | ClaimState::Degraded) {
+            return;
+        }
+        // Already known and scheduled: the restart deals with every dead daemon of the claim.
+        if c.state == ClaimState::Degraded
+            && guard.restarts.get(uid).is_some_and(|p| p.due.is_some())
+        {
+            return;
+        }
+        let Some(m) = c.groups.iter().find_map(|g| match &g.sharing {
+            StrategyInfo::Mps(m) if m.control_daemon_pid == pid => Some(m.clone()),
+            _ => None,
+        }) else {
+            return;
+        };
+        let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
+        if self.mps.liveness(&dirs, pid) == Liveness::Running
+            && (m.control_daemon_start_time == 0
+                || self.processes.start_time(pid) == Some(m.control_daemon_start_time))
+        {
+            return;
+        }
+        self.processes.reap(pid);
+        let msg = format!(
+            "at {} s after the epoch: MPS control daemon (pid {pid}) on {} exited",
+            now_secs(),
+            m.pipe_dir
+        );
+        tracing::error!(claim = %uid, pid, "MPS control daemon exited; claim Degraded, restarting it");
+        let st = &mut *guard;
+        if let Some(c) = st.claims.get_mut(uid) {
+            c.last_error = Some(msg);
+        }
+        if let Err(e) = st.claims.transition(uid, crate::claim::Event::DaemonDied) {
+            tracing::error!(claim = %uid, error = %e, "recording an MPS control daemon's death");
+            return;
+        }
+        let plan = st.restarts.entry(uid.to_string()).or_default();
+        let ran_long = match plan.started {
+            Some(t) => t.elapsed() >= RESTART_STABLE,
+            None => true,
+        };
+        if ran_long {
+            plan.failures = 0;
+        }
+        let delay = restart_backoff(plan.failures);
+        plan.failures = plan.failures.saturating_add(1);
+        plan.due = Some(Instant::now() + delay);
+        let _ = self.commit(guard);
+    }
+
+    /// When the next scheduled restart is due, if any.
+    pub fn next_restart(&self) -> Option<Instant> {
+        self.state().restarts.values().filter_map(|p| p.due).min()
+    }
+
+    /// Restarts the dead MPS control daemons whose restart is due. Each claim is changed under
+    /// its lock, so a restart never interleaves with the claim's prepare or unprepare.
+    pub fn run_due_restarts(&self) {
+        let now = Instant::now();
+        let due: Vec<String> = self
+            .state()
+            .restarts
+            .iter()
+            .filter(|(_, p)| p.due.is_some_and(|d| d <= now))
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in due {
+            let _claim = self.changes.lock(&uid);
+            let Some(c) = self.state().claims.get(&uid).cloned() else {
+                self.state().restarts.remove(&uid);
+                continue;
+            };
+            if c.state != ClaimState::Degraded {
+                if let Some(p) = self.state().restarts.get_mut(&uid) {
+                    p.due = None;
+                }
+                continue;
+            }
+            for g in &c.groups {
+                if let StrategyInfo::Mps(m) = &g.sharing {
+                    let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
+                    if self.mps.liveness(&dirs, m.control_daemon_pid) != Liveness::Running
+                        && self.restart_group(&uid, &m.pipe_dir, true).is_err()
+                    {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The cause of a restart of a daemon found dead when gpushared started.
+pub(super) fn not_running(old: &gpushare_proto::MpsInfo) -> String {
+    format!(
+        "at {} s after the epoch: MPS control daemon (pid {}) on {} was not running when gpushared started",
+        now_secs(),
+        old.control_daemon_pid,
+        old.pipe_dir
+    )
+}
+
+/// Delay before restart attempt number `failures + 1` of a dead MPS control daemon:
+/// 0.5 s, 1 s, 2 s, … up to 30 s.
+pub fn restart_backoff(failures: u32) -> Duration {
+    RESTART_BASE
+        .checked_mul(1u32 << failures.min(16))
+        .unwrap_or(RESTART_CAP)
+        .min(RESTART_CAP)
+}
+
+/// An MPS control daemon the supervisor watches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SupervisedDaemon {
+    /// Its claim.
+    pub claim_uid: String,
+    /// Its pid.
+    pub pid: i32,
+    /// Its start time in clock ticks after boot (0: unknown).
+    pub start_time: u64,
+}
+
+/// Restart bookkeeping of one claim's MPS control daemons.
+#[derive(Debug, Default, Clone)]
+pub(super) struct RestartPlan {
+    /// When the next attempt is due; `None` while the daemons run.
+    due: Option<Instant>,
+    /// Failed attempts (or quick deaths) in a row.
+    failures: u32,
+    /// When a daemon of the claim was last started by a restart.
+    started: Option<Instant>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap() {
+        assert_eq!(restart_backoff(0), Duration::from_millis(500));
+        assert_eq!(restart_backoff(1), Duration::from_secs(1));
+        assert_eq!(restart_backoff(3), Duration::from_secs(4));
+        assert_eq!(restart_backoff(6), RESTART_CAP);
+        assert_eq!(restart_backoff(u32::MAX), RESTART_CAP);
+    }
+}
