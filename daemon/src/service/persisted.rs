@@ -45,6 +45,22 @@ const MAX_NAME_BYTES: usize = 256;
 ///
 /// # Errors
 /// What is wrong, in one line naming the field.
+/// Whether `id` is the driver's CDI device (from the toolkit's spec) of one of the claim's own
+/// GPUs or MIG devices: a valid qualified name of another kind than the claim's, whose device
+/// name is the UUID of a device the claim's groups hold. Those IDs reach containers too, so
+/// an ID naming any other device (`nvidia.com/gpu=all`) is refused.
+fn is_driver_device_of(info: &ClaimInfo, id: &str) -> bool {
+    let Ok(q) = gpushare_cdi::QualifiedName::parse(id) else {
+        return false;
+    };
+    if q.kind() == gpushare_proto::CDI_KIND {
+        return false;
+    }
+    info.groups.iter().any(|g| {
+        g.devices.iter().any(|d| d.uuid == q.name) || g.mig.iter().any(|m| m.uuid == q.name)
+    })
+}
+
 pub(super) fn check_record(info: &ClaimInfo, key: &str, run_dir: &Path) -> Result<(), String> {
     if info.uid != key {
         return Err(format!(
@@ -70,7 +86,10 @@ pub(super) fn check_record(info: &ClaimInfo, key: &str, run_dir: &Path) -> Resul
             .cdi_device_ids
             .iter()
             .chain(r.per_device.iter().flat_map(|d| d.cdi_device_ids.iter()));
-        if let Some(id) = ids.into_iter().find(|id| **id != own) {
+        if let Some(id) = ids
+            .into_iter()
+            .find(|id| **id != own && !is_driver_device_of(info, id))
+        {
             return Err(format!(
                 "request {}: CDI device ID {id:?} is not the claim's own ({own})",
                 r.request
