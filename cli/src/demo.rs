@@ -194,8 +194,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         format!("[cdi]\ndriver_spec = \"toolkit\"\ndriver_kind = \"{DEMO_DRIVER_KIND}\"\n"),
     )?;
     let driver_spec = {
-        let (vendor, class) =
-            split_kind(DEMO_DRIVER_KIND).map_err(anyhow::Error::msg)?;
+        let (vendor, class) = split_kind(DEMO_DRIVER_KIND).map_err(anyhow::Error::msg)?;
         cdi_dir.join(format!("{vendor}-{class}.json"))
     };
     let mut cmd = Command::new(&gpushared);
@@ -252,8 +251,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     step("Preparing the sample ResourceClaims");
     let mut prepared: Vec<String> = Vec::new();
     for (file, text) in CLAIMS {
-        let claim = parse_claim_document(text)
-            .map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
+        let claim = parse_claim_document(text).map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
         match client.call::<_, PrepareResult>(Method::Prepare, Some(&PrepareParams { claim })) {
             Ok(r) => {
                 let ids: Vec<String> = r

@@ -494,7 +494,7 @@ fn check_driver_spec(cfg: &DaemonConfig, simulate: Option<&str>, host: &dyn Doct
 
 /// The MPS control program gpushared runs: the answering daemon says which; without one,
 /// the one it would choose (`[mps] control`, else NVIDIA's from `PATH`, else the emulator
-/// beside gpushared: `gpushare::mps_program`). The emulator drives no GPU, so it passes only
+/// beside gpushared: [`default_program`]). The emulator drives no GPU, so it passes only
 /// for simulated GPUs.
 fn check_mps_control(ctx: &Context<'_>) -> Check {
     let hint = "install nvidia-cuda-mps-control (it comes with the NVIDIA driver's utilities) or set [mps] control";

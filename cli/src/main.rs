@@ -15,7 +15,8 @@ use gpushare_proto::{
 
 /// gpushare: inspect and control gpushared, the node's GPU sharing daemon.
 #[derive(Debug, Parser)]
-#[command(version)]
+// The package is gpushare-cli; the command, its man pages and completions are `gpushare`.
+#[command(name = "gpushare", version)]
 struct Args {
     /// gpushared's socket [default: /run/gpushare/gpushared.sock].
     #[arg(long, global = true)]

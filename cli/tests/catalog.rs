@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use gpushare::gpu::{catalog, GpuBackend, SimulatedBackend};
 use gpushare_cli::gpus_table;
-use gpushare_slice as resource_slice;
 use gpushare_proto::GpuInfo;
+use gpushare_slice as resource_slice;
 
 /// The node name the end-to-end harness uses, so its daemon's table matches these files.
 const NODE: &str = "ip-10-0-1-23.us-west-2.compute.internal";

@@ -50,7 +50,10 @@ fn the_finder_sees_every_way_of_naming_the_daemon_library() {
 #[test]
 fn the_cli_uses_the_daemon_library_through_cli_api_only() {
     let mut files = Vec::new();
-    sources(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut files);
+    sources(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut files,
+    );
     assert!(files.len() >= 5, "{files:?}");
     let mut wrong = Vec::new();
     for f in &files {
