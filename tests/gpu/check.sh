@@ -70,7 +70,7 @@ fi
 if [[ -z $BIN ]]; then
     command -v cargo >/dev/null 2>&1 || die_prereq "no gpushared/gpushare binaries and no cargo to build them (set GPUSHARE_BIN_DIR)"
     say "building gpushare (release)"
-    (cd "$REPO" && timeout 300 cargo build --release --locked -p gpushare -p gpushare-mps-control -p gpushare-runtime >&2) \
+    (cd "$REPO" && timeout 300 cargo build --release --locked -p gpushare -p gpushare-cli -p gpushare-mps-control -p gpushare-runtime >&2) \
         || die_prereq "cargo build failed"
     BIN="$REPO/target/release"
 fi

@@ -73,7 +73,7 @@ fn every_catalog_profile_served_by_gpushared_renders_its_stored_table() {
         child.wait().unwrap();
         let want = std::fs::read_to_string(
             Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../daemon/tests/data/gpus")
+                .join("../cli/tests/data/gpus")
                 .join(format!("{}.txt", profile.name)),
         )
         .unwrap();

@@ -6,7 +6,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
-use gpushare::cli::{self, Output};
+use gpushare::cli_api::{self as daemon, catalog};
+use gpushare_cli::{self as cli, Output};
 use gpushare_proto::{
     ClaimInfo, Client, GpuInfo, HealthInfo, Method, MigApplyParams, MigApplyResult, PrepareParams,
     PrepareResult, UidParams, UnprepareResult, VersionInfo,
@@ -14,7 +15,8 @@ use gpushare_proto::{
 
 /// gpushare: inspect and control gpushared, the node's GPU sharing daemon.
 #[derive(Debug, Parser)]
-#[command(version)]
+// The package is gpushare-cli; the command, its man pages and completions are `gpushare`.
+#[command(name = "gpushare", version)]
 struct Args {
     /// gpushared's socket [default: /run/gpushare/gpushared.sock].
     #[arg(long, global = true)]
@@ -155,7 +157,6 @@ fn require_root(what: &str) -> Result<()> {
 
 /// `gpushare profiles [PROFILE]`.
 fn profiles(profile: Option<&str>, output: Output) -> Result<()> {
-    use gpushare::gpu::catalog;
     match profile {
         None => {
             let all = catalog::catalog()?;
@@ -167,7 +168,7 @@ fn profiles(profile: Option<&str>, output: Output) -> Result<()> {
             let gpus: Vec<GpuInfo> = node
                 .gpus("simulated-node")
                 .iter()
-                .map(gpushare::gpu::Gpu::info)
+                .map(daemon::Gpu::info)
                 .collect();
             print_structured_or(&gpus, output, |g| cli::gpus_table(g))
         }
@@ -188,7 +189,7 @@ fn main() -> std::process::ExitCode {
 /// A claim UID given on the command line, checked before anything is asked: the daemon's
 /// refusal would name `metadata.uid`, which the user never typed.
 fn claim_uid_arg(uid: &str) -> Result<()> {
-    match gpushare::config::claim_uid_problem(uid) {
+    match daemon::claim_uid_problem(uid) {
         None => Ok(()),
         Some(why) => anyhow::bail!("{uid:?} is not a valid claim UID: it {why}"),
     }
@@ -214,7 +215,7 @@ fn run(args: Args) -> Result<()> {
             let paths = cli::doctor::DoctorPaths {
                 config: config
                     .clone()
-                    .unwrap_or_else(|| PathBuf::from(gpushare::daemon_config::DEFAULT_CONFIG_PATH)),
+                    .unwrap_or_else(|| PathBuf::from(daemon::DEFAULT_CONFIG_PATH)),
                 config_required: config.is_some(),
                 containerd_config: containerd_config.clone(),
                 socket: args.socket.clone(),
@@ -325,7 +326,7 @@ fn run(args: Args) -> Result<()> {
                 std::fs::read_to_string(file)
                     .with_context(|| format!("reading {}", file.display()))?
             };
-            let claim = gpushare::config::parse_claim_document(&text)
+            let claim = daemon::parse_claim_document(&text)
                 .map_err(|e| anyhow::anyhow!("{}: {}: {}", file.display(), e.code, e.message))?;
             let r: PrepareResult = client.call(Method::Prepare, Some(&PrepareParams { claim }))?;
             print_structured_or(&r, output, |r| {
