@@ -11,6 +11,7 @@
 //! outputs).
 
 pub mod layout;
+pub mod partitions;
 
 use std::fmt;
 
