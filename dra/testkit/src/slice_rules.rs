@@ -76,7 +76,9 @@ pub fn violations(slice: &Value, minor: u32) -> Vec<String> {
     for (i, set) in sets.iter().enumerate() {
         let name = set["name"].as_str().unwrap_or_default();
         if !dns_label(name) {
-            out.push(format!("spec.sharedCounters[{i}].name: Invalid value: {name:?}"));
+            out.push(format!(
+                "spec.sharedCounters[{i}].name: Invalid value: {name:?}"
+            ));
         }
         let counters = counter_names(&set["counters"]);
         if counters.is_empty() {
@@ -84,7 +86,9 @@ pub fn violations(slice: &Value, minor: u32) -> Vec<String> {
         }
         for c in &counters {
             if !dns_label(c) {
-                out.push(format!("spec.sharedCounters[{i}].counters: Invalid value: {c:?}"));
+                out.push(format!(
+                    "spec.sharedCounters[{i}].counters: Invalid value: {c:?}"
+                ));
             }
         }
         if split && counters.len() > 32 {
@@ -94,7 +98,9 @@ pub fn violations(slice: &Value, minor: u32) -> Vec<String> {
     }
     if split {
         if !devices.is_empty() && !sets.is_empty() {
-            out.push("spec: Invalid value: only one of devices and sharedCounters may be set".into());
+            out.push(
+                "spec: Invalid value: only one of devices and sharedCounters may be set".into(),
+            );
         }
         if sets.len() > 8 {
             out.push(format!(
@@ -143,7 +149,9 @@ pub fn violations(slice: &Value, minor: u32) -> Vec<String> {
             }
         }
         if !split && in_device > 32 {
-            out.push(format!("spec.devices[{i}].consumesCounters: Too many counters"));
+            out.push(format!(
+                "spec.devices[{i}].consumesCounters: Too many counters"
+            ));
         }
         consumed += in_device;
     }
