@@ -406,3 +406,93 @@ async fn counters_a_server_stops_keeping_turn_the_publisher_static() {
     );
     validate_pool(&ours(&api), Layout::Static).unwrap();
 }
+
+/// The stand-in refuses what each server version refuses, so the tests above prove
+/// something: a slice of one version's layout sent to the other, too many counters or
+/// devices, and without the feature the fields dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stand_in_refuses_what_each_version_refuses() {
+    use gpushare_dra::api::{client, Api};
+    use gpushare_proto::GpuInfo;
+    let api = ApiServer::start(NODE).await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.kubeconfig(NODE, &kubeconfig);
+    let c = Api::new(client(Some(&kubeconfig)).await.unwrap());
+    // Three H100s' worth of slices, as list_gpus reports a p5 node on which gpushared may
+    // cut them, built from a fixture: no daemon needed here.
+    let gpu = |minor: u32| -> GpuInfo {
+        let cap = json!({"memory_mib": 9984, "multiprocessors": 16, "copy_engines": 1,
+            "decoders": 1, "encoders": 0, "jpeg_engines": 1, "ofa_engines": 0});
+        serde_json::from_value(json!({
+            "name": format!("gpu-{minor}"), "minor": minor, "uuid": format!("GPU-{minor}"),
+            "product_name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559,
+            "compute_mode": "Default", "time_slice": "Default", "sharing": "Free", "claims": [],
+            "mig_partitions": {"whole_gpu": true, "slices": true, "memory_slices": 8,
+                "capacity": cap, "placements": (0..7).map(|i| json!({"profile": "1g.10gb",
+                "gi_profile_id": 19, "placement_start": i, "memory_slices": 1, "capacity": cap}))
+                .collect::<Vec<_>>()}
+        }))
+        .unwrap()
+    };
+    let gpus: Vec<GpuInfo> = (0..3).map(gpu).collect();
+    let pool = |layout| gpushare_slice::build_pool_in(&gpus, NODE, "gpu.nvidia.com", 1, layout);
+    let put = |s: &ResourceSlice| {
+        let mut o = s.to_api_object(ApiVersion::V1);
+        o["metadata"] = json!({"generateName": "t-"});
+        o
+    };
+    let refused = |r: Result<Value, gpushare_dra::api::ApiError>| -> String {
+        match r {
+            Err(e) if e.code() == Some(422) => e.to_string(),
+            other => panic!("not refused as invalid: {other:?}"),
+        }
+    };
+    api.set_partitionable(true);
+    // 1.34: a device slice of the split layout consumes counters of another slice.
+    let split = pool(Layout::Split);
+    let e = refused(c.create_slice(ApiVersion::V1, &put(&split[1])).await);
+    assert!(e.contains("must reference a counter set defined"), "{e}");
+    // 1.34: three GPUs' sets in one slice, 45 counters.
+    let mut three = pool(Layout::Combined)[0].clone();
+    for s in &pool(Layout::Combined)[1..] {
+        three
+            .spec
+            .shared_counters
+            .extend(s.spec.shared_counters.clone());
+    }
+    let e = refused(c.create_slice(ApiVersion::V1, &put(&three)).await);
+    assert!(e.contains("45 counters"), "{e}");
+    // The combined slice is what 1.34 takes, also as a dry run, which stores nothing.
+    let one = put(&pool(Layout::Combined)[0]);
+    let got = c.create_slice_dry_run(ApiVersion::V1, &one).await.unwrap();
+    assert_eq!(got["spec"]["sharedCounters"], one["spec"]["sharedCounters"]);
+    assert!(api.slices().is_empty());
+    assert_eq!(api.dry_runs(), 1);
+    // 1.35: devices and counters in one slice; more than 64 counter-consuming devices.
+    api.set_kubernetes_minor(35);
+    assert_eq!(c.server_minor().await.unwrap(), 35);
+    let e = refused(c.create_slice(ApiVersion::V1, &one).await);
+    assert!(e.contains("only one of devices and sharedCounters"), "{e}");
+    let mut many = split[1].clone();
+    let first = many.spec.devices[0].clone();
+    while many.spec.devices.len() <= 64 {
+        let name = format!("pad-{}", many.spec.devices.len());
+        many.spec.devices.push(gpushare_slice::Device {
+            name,
+            ..first.clone()
+        });
+    }
+    assert!(many.spec.devices.len() > 64);
+    let e = refused(c.create_slice(ApiVersion::V1, &put(&many)).await);
+    assert!(e.contains("at most 64 items"), "{e}");
+    for s in &split {
+        c.create_slice(ApiVersion::V1, &put(s)).await.unwrap();
+    }
+    assert!(api.invalid().len() == 4, "{:?}", api.invalid());
+    // Without the feature: nothing refused, the counters gone.
+    api.set_partitionable(false);
+    let got = c.create_slice(ApiVersion::V1, &one).await.unwrap();
+    assert!(got["spec"].get("sharedCounters").is_none(), "{got}");
+    assert!(got["spec"]["devices"][0].get("consumesCounters").is_none());
+}
