@@ -635,10 +635,10 @@ pub struct GpuInfo {
     #[serde(default)]
     pub mig_devices: Vec<MigDeviceInfo>,
     /// What gpushared can make of the GPU's MIG layout at a claim's prepare (dynamic MIG),
-    /// for the ResourceSlice's partitionable devices; `None` (absent) for GPUs whose layout
+    /// for the ResourceSlice's partitionable devices; `None` (null) for GPUs whose layout
     /// gpushare does not change (no MIG, or no profile tables for the model), and read as
     /// `None` from daemons before this field.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub mig_partitions: Option<MigPartitions>,
 }
 

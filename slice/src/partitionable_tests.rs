@@ -373,3 +373,19 @@ fn layout_rules_catch_what_each_server_refuses() {
     assert!(errs.contains("consumes multiprocessors = 133"), "{errs}");
     assert!(errs.contains("no counter set of the pool"), "{errs}");
 }
+
+#[test]
+fn a_daemon_before_mig_partitions_gets_its_existing_devices_in_every_layout() {
+    // list_gpus of an older gpushared: no mig_partitions field at all.
+    let mut v = serde_json::to_value(mig_a100(2)).unwrap();
+    v.as_object_mut().unwrap().remove("mig_partitions");
+    let old: GpuInfo = serde_json::from_value(v).unwrap();
+    assert!(old.mig_partitions.is_none());
+    for layout in [Layout::Static, Layout::Combined, Layout::Split] {
+        let pool = build_pool_in(std::slice::from_ref(&old), NODE, DRIVER, 1, layout);
+        assert_eq!(pool.len(), 1);
+        assert_eq!(names(&pool[0]), ["gpu-2-mig-3g20gb-9-4"]);
+        assert!(pool[0].spec.shared_counters.is_empty());
+        validate_pool(&pool, layout).unwrap();
+    }
+}
