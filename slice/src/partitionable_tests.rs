@@ -102,7 +102,7 @@ fn combined_puts_each_gpus_counter_set_with_its_devices() {
         ]
     );
     // Not created yet: a MIG device without a uuid, its parent named.
-    assert!(s4.attributes.get("uuid").is_none());
+    assert!(!s4.attributes.contains_key("uuid"));
     assert_eq!(s4.attributes["type"].string.as_deref(), Some("mig"));
     assert_eq!(
         s4.attributes["parentUUID"].string.as_deref(),
@@ -228,7 +228,7 @@ fn static_instances_are_published_as_they_are_and_claims_slices_as_slices() {
     // The claim's instance is its slice, without a uuid: the pool does not change when a
     // claim is prepared or released.
     let claimed = device(&pool, "gpu-1-mig-1g10gb-19-0");
-    assert!(claimed.attributes.get("uuid").is_none());
+    assert!(!claimed.attributes.contains_key("uuid"));
     let all: Vec<&str> = pool.iter().flat_map(names).collect();
     assert_eq!(
         all.iter().filter(|n| n.contains("-mig-")).count(),

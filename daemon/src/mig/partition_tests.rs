@@ -147,13 +147,11 @@ fn amount(q: &str) -> u128 {
     }
 }
 
+/// Counters by name, as numbers.
+type Amounts = BTreeMap<String, u128>;
+
 /// What each device takes from the GPU's counter set, and what the set holds.
-fn counters(
-    pool: &[gpushare_slice::ResourceSlice],
-) -> (
-    BTreeMap<String, u128>,
-    Vec<(Device, BTreeMap<String, u128>)>,
-) {
+fn counters(pool: &[gpushare_slice::ResourceSlice]) -> (Amounts, Vec<(Device, Amounts)>) {
     let sets: Vec<_> = pool.iter().flat_map(|s| &s.spec.shared_counters).collect();
     assert_eq!(sets.len(), 1);
     let have = sets[0]
@@ -179,13 +177,10 @@ fn counters(
 
 /// Every set of devices the scheduler could allocate together from `have` (each device
 /// at most once: it is one device), smallest first, by index.
-fn admissible(
-    have: &BTreeMap<String, u128>,
-    devices: &[(Device, BTreeMap<String, u128>)],
-) -> Vec<Vec<usize>> {
+fn admissible(have: &Amounts, devices: &[(Device, Amounts)]) -> Vec<Vec<usize>> {
     fn go(
-        left: &mut BTreeMap<String, u128>,
-        devices: &[(Device, BTreeMap<String, u128>)],
+        left: &mut Amounts,
+        devices: &[(Device, Amounts)],
         from: usize,
         chosen: &mut Vec<usize>,
         out: &mut Vec<Vec<usize>>,
