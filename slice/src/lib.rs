@@ -7,7 +7,11 @@
 //!
 //! Full GPUs are `gpu-<minor>` devices; a GPU in MIG mode publishes its MIG devices instead
 //! (static MIG), named `gpu-<minor>-mig-<profile>-<GI profile id>-<placement start>`.
-//! [`validate`] checks the API server's rules for names, attribute keys and value types.
+//! Where the API server keeps partitionable devices, [`build_pool_in`] publishes every MIG
+//! slice a GPU can still be cut into, with one counter set per GPU ([`Layout`], the
+//! `partitionable` module). [`validate`] checks the API server's rules for names, attribute
+//! keys and value types; [`validate_layout`] and [`validate_pool`] its counter rules of each
+//! version.
 
 use std::collections::BTreeMap;
 
@@ -19,7 +23,9 @@ mod partitionable;
 mod version;
 
 pub use limits::{validate_layout, validate_pool};
-pub use partitionable::{build_pool_in, counter_set_name, Layout};
+pub use partitionable::{
+    build_pool_in, counter_set_name, Layout, MAX_COUNTER_DEVICES, MAX_COUNTER_SETS,
+};
 pub use version::{counters_of_object, devices_of_object, ApiVersion};
 
 /// `apiVersion` of the slice.

@@ -88,10 +88,11 @@ pub fn kept(sent: &ResourceSlice, got: &Value, v: ApiVersion) -> bool {
 
 /// Learns the layout from the server: its version's partitionable layout where a dry-run
 /// slice with counters comes back with them, [`Layout::Static`] where the server drops
-/// them or refuses such a slice as invalid (422), each with the reason.
+/// them, refuses such a slice as invalid (422) or answers `GET /version` with an error,
+/// each with the reason.
 ///
 /// # Errors
-/// Any other failure (unreachable, forbidden, …): the publisher retries.
+/// Any other failure (unreachable, a dry run forbidden, …): the publisher retries.
 pub async fn learn(
     api: &Api,
     v: ApiVersion,
@@ -99,7 +100,19 @@ pub async fn learn(
     driver: &str,
     owner: &Value,
 ) -> Result<Learned, ApiError> {
-    let minor = api.server_minor().await?;
+    let minor = match api.server_minor().await {
+        Ok(minor) => minor,
+        // Answered, but not with a version we can read: where the counters go is unknown.
+        Err(e @ ApiError::Status { .. }) => {
+            return Ok(Learned {
+                layout: Layout::Static,
+                why: format!(
+                    "the API server's version could not be read ({e}): publishing only the MIG devices that exist, as for a server that keeps no partitionable devices"
+                ),
+            })
+        }
+        Err(e) => return Err(e),
+    };
     let layout = Layout::partitionable(minor);
     for probe in probe_slices(node, driver, layout) {
         let mut obj = probe.to_api_object(v);
