@@ -1,6 +1,6 @@
 //! Whether the API server keeps partitionable devices' fields (`spec.sharedCounters`,
 //! `devices[].consumesCounters`: the `DRAPartitionableDevices` feature, alpha and off by
-//! default in Kubernetes 1.33 and 1.34) and where its version wants the counter sets. A
+//! default in Kubernetes 1.33 to 1.35, beta and on from 1.36) and where its version wants the counter sets. A
 //! server without the feature does not refuse the fields: it drops them, which for MIG
 //! slices would publish devices that overlap with nothing to stop the scheduler handing two
 //! of them out. So the publisher asks before it publishes any: it creates, with
