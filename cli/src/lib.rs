@@ -322,6 +322,32 @@ pub fn resource_slice_yaml(gpus: &[GpuInfo], node_name: &str) -> anyhow::Result<
     Ok(serde_norway::to_string(&slice)?)
 }
 
+/// `gpushare gpus -o resourceslice --partitionable <version>`: the pool a DRA driver
+/// publishes in `layout` (a server that keeps partitionable devices), as a YAML stream of
+/// ResourceSlices, checked against that server's rules first.
+///
+/// # Errors
+/// A slice breaks a rule, or serialization failed.
+pub fn resource_pool_yaml(
+    gpus: &[GpuInfo],
+    node_name: &str,
+    layout: gpushare_slice::Layout,
+) -> anyhow::Result<String> {
+    let pool = gpushare_slice::build_pool_in(gpus, node_name, RESOURCE_SLICE_DRIVER, 1, layout);
+    gpushare_slice::validate_pool(&pool, layout).map_err(|errs| {
+        anyhow::anyhow!(
+            "the ResourceSlices for node {node_name:?} would be refused: {}",
+            errs.join("; ")
+        )
+    })?;
+    let mut out = String::new();
+    for s in &pool {
+        out += "---\n";
+        out += &serde_norway::to_string(s)?;
+    }
+    Ok(out)
+}
+
 /// The `gpushare claims` table.
 pub fn claims_table(claims: &[ClaimInfo]) -> String {
     let mut t = table(&[

@@ -37,7 +37,14 @@ enum Command {
     Status,
     /// The node's GPUs with their compute mode, time-slice and holders; `-o resourceslice`
     /// prints the ResourceSlice a DRA driver would publish for them.
-    Gpus,
+    Gpus {
+        /// With `-o resourceslice`: the slices published where the API server, of this
+        /// Kubernetes version (e.g. 1.34, 1.35), keeps partitionable devices (every MIG slice
+        /// gpushared can make, with one counter set per GPU). Without it: what a server that
+        /// drops them gets, the devices that exist.
+        #[arg(long, value_name = "KUBERNETES_VERSION", value_parser = kubernetes_minor)]
+        partitionable: Option<u32>,
+    },
     /// All claims.
     Claims,
     /// One claim: strategy, devices, MPS daemon pid, limits as read back, containers, CDI IDs.
@@ -195,13 +202,43 @@ fn claim_uid_arg(uid: &str) -> Result<()> {
     }
 }
 
+/// `--partitionable`'s Kubernetes version (`1.34`, `v1.35`) as its minor; partitionable
+/// devices exist from 1.33.
+fn kubernetes_minor(s: &str) -> Result<u32, String> {
+    let bad = || format!("{s:?} is not a Kubernetes version such as 1.34 or 1.35");
+    let (major, minor) = s.trim_start_matches('v').split_once('.').ok_or_else(bad)?;
+    let minor: u32 = minor
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .ok_or_else(bad)?;
+    if major != "1" {
+        return Err(bad());
+    }
+    if minor < 33 {
+        return Err(format!(
+            "Kubernetes 1.{minor} has no partitionable devices (they came in 1.33)"
+        ));
+    }
+    Ok(minor)
+}
+
 fn run(args: Args) -> Result<()> {
     // Before any command runs: only `gpus` has this output, and a silent fallback (or YAML
     // under another name) would hide the mistake.
-    if args.output == Some(Output::ResourceSlice) && !matches!(args.command, Command::Gpus) {
+    if args.output == Some(Output::ResourceSlice) && !matches!(args.command, Command::Gpus { .. }) {
         anyhow::bail!(
             "-o resourceslice applies to `gpushare gpus` only; use -o table, json or yaml here"
         );
+    }
+    if matches!(
+        args.command,
+        Command::Gpus {
+            partitionable: Some(_)
+        }
+    ) && args.output != Some(Output::ResourceSlice)
+    {
+        anyhow::bail!("--partitionable applies to `gpushare gpus -o resourceslice` only");
     }
     match &args.command {
         Command::Doctor {
@@ -300,11 +337,21 @@ fn run(args: Args) -> Result<()> {
             let both = serde_json::json!({"health": h, "version": v});
             print_structured_or(&both, output, |_| cli::status_text(&h, &v))?;
         }
-        Command::Gpus => {
+        Command::Gpus { partitionable } => {
             let gpus: Vec<GpuInfo> = client.call(Method::ListGpus, none)?;
             if output == Output::ResourceSlice {
                 let h: HealthInfo = client.call(Method::Health, none)?;
-                print!("{}", cli::resource_slice_yaml(&gpus, &h.node_name)?);
+                match partitionable {
+                    None => print!("{}", cli::resource_slice_yaml(&gpus, &h.node_name)?),
+                    Some(minor) => print!(
+                        "{}",
+                        cli::resource_pool_yaml(
+                            &gpus,
+                            &h.node_name,
+                            gpushare_slice::Layout::partitionable(*minor)
+                        )?
+                    ),
+                }
             } else {
                 print_structured_or(&gpus, output, |g| cli::gpus_table(g))?;
             }
