@@ -14,9 +14,10 @@ use std::path::PathBuf;
 use gpushare_proto::{
     AttachParams, Attachment, ClaimDevice, ClaimInfo, ClaimState, ComputeMode, DetachParams,
     DetachResult, ErrorBody, ErrorCode, GpuInfo, GpuSharing, GroupInfo, HealthInfo, Method,
-    MigApplyParams, MigApplyResult, MigDeviceInfo, MigGpuPlan, MigInstanceInfo, MpsInfo,
-    PrepareParams, PrepareResult, PreparedDevice, Request, RequestDevices, Response, StrategyInfo,
-    TimeSliceInterval, UidParams, UnprepareResult, VersionInfo, PROTOCOL_VERSION,
+    MigApplyParams, MigApplyResult, MigCapacity, MigDeviceInfo, MigGpuPlan, MigInstanceInfo,
+    MigPartitions, MigSlot, MpsInfo, PrepareParams, PrepareResult, PreparedDevice, Request,
+    RequestDevices, Response, StrategyInfo, TimeSliceInterval, UidParams, UnprepareResult,
+    VersionInfo, PROTOCOL_VERSION,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -480,6 +481,47 @@ fn gpu_info() -> GpuInfo {
         mig_enabled: true,
         mig_pending: Some(false),
         mig_devices: vec![mig_device()],
+        mig_partitions: Some(mig_partitions()),
+    }
+}
+
+fn mig_capacity() -> MigCapacity {
+    MigCapacity {
+        memory_mib: 19968,
+        multiprocessors: 42,
+        copy_engines: 3,
+        decoders: 2,
+        encoders: 0,
+        jpeg_engines: 0,
+        ofa_engines: 0,
+    }
+}
+
+fn mig_slot() -> MigSlot {
+    MigSlot {
+        profile: "3g.20gb".into(),
+        gi_profile_id: 9,
+        placement_start: 0,
+        memory_slices: 4,
+        capacity: mig_capacity(),
+    }
+}
+
+fn mig_partitions() -> MigPartitions {
+    MigPartitions {
+        whole_gpu: false,
+        slices: true,
+        memory_slices: 8,
+        capacity: MigCapacity {
+            memory_mib: 40192,
+            multiprocessors: 98,
+            copy_engines: 7,
+            decoders: 5,
+            encoders: 0,
+            jpeg_engines: 1,
+            ofa_engines: 1,
+        },
+        placements: vec![mig_slot()],
     }
 }
 
@@ -740,6 +782,16 @@ fn samples() -> Vec<(&'static str, Value)> {
         ("ListClaimsResult", json!([])),
         ("GpuInfo", to_json(&gpu_info())),
         ("MigDeviceInfo", to_json(&mig_device())),
+        ("MigPartitions", to_json(&mig_partitions())),
+        ("MigCapacity", to_json(&mig_capacity())),
+        ("MigSlot", to_json(&mig_slot())),
+        (
+            "GpuInfo",
+            to_json(&GpuInfo {
+                mig_partitions: None,
+                ..gpu_info()
+            }),
+        ),
         ("MigInstanceInfo", to_json(&mig_instance(true))),
         ("MigInstanceInfo", to_json(&mig_instance(false))),
         ("MigApplyParams", to_json(&mig_apply_params())),
@@ -854,6 +906,9 @@ fn schema_has_a_def_for_every_wire_type() {
         "Attachment",
         "GpuInfo",
         "MigDeviceInfo",
+        "MigPartitions",
+        "MigCapacity",
+        "MigSlot",
         "MigInstanceInfo",
         "MigApplyParams",
         "MigApplyResult",

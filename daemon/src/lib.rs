@@ -1,4 +1,5 @@
-//! `gpushared`'s library: everything the daemon and the `gpushare` CLI are made of.
+//! `gpushared`'s library: everything the daemon is made of. The operators' CLI (`gpushare`,
+//! its demo and doctor) is the `gpushare-cli` crate (`cli/`); it uses only [`cli_api`].
 //!
 //! Pure logic and effects live apart, so that most of the code runs in tests without
 //! privileges:
@@ -27,13 +28,13 @@
 //! | [`metrics`] | Prometheus metrics: recorded per request, gathered from the service at scrape | async I/O |
 //! | [`notify`] | systemd readiness, watchdog and reload notifications | leaf |
 //! | [`server`] | the Unix-socket server speaking `gpushare-proto` | async I/O |
-//! | [`cli`] | the operators' CLI (`gpushare`) and its demo | binary support |
+//! | [`cli_api`] | what the operators' CLI (`gpushare-cli`) takes from this library: config, checkpoint and catalog readers, the daemon's own choices | re-exports |
 
 pub mod admission;
 pub mod cdi;
 pub mod checkpoint;
 pub mod claim;
-pub mod cli;
+pub mod cli_api;
 pub mod config;
 pub mod crash;
 pub mod daemon_config;

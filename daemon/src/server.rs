@@ -647,7 +647,10 @@ fn log_claim_event(
     error: Option<(ErrorCode, &str)>,
     took: Duration,
 ) {
-    let strategy = info.map_or_else(|| "-".to_string(), crate::cli::strategy_summary);
+    let strategy = info.map_or_else(
+        || "-".to_string(),
+        gpushare_proto::ClaimInfo::strategy_summary,
+    );
     let devices = info.map_or_else(
         || "-".to_string(),
         |c| {

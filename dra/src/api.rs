@@ -378,6 +378,49 @@ impl Api {
         self.call("POST", &Self::slices_path(v), Some(slice)).await
     }
 
+    /// Creates a slice without storing it (`dryRun=All`): the server authorizes, defaults,
+    /// validates and drops what it does not keep exactly as for a create, and answers with
+    /// the object it would store. How the publisher learns whether the server keeps
+    /// partitionable devices' fields, without publishing anything.
+    ///
+    /// # Errors
+    /// As [`Api::get_claim`]; a 422 for a slice the server refuses.
+    pub async fn create_slice_dry_run(
+        &self,
+        v: ApiVersion,
+        slice: &Value,
+    ) -> Result<Value, ApiError> {
+        self.call(
+            "POST",
+            &format!("{}?dryRun=All", Self::slices_path(v)),
+            Some(slice),
+        )
+        .await
+    }
+
+    /// The server's Kubernetes minor version (`GET /version`, which every authenticated user
+    /// may read): `34` for 1.34. Managed control planes write `minor` as `34+`; the digits
+    /// count.
+    ///
+    /// # Errors
+    /// The call failed, or the answer has no `major` 1 and numeric `minor`.
+    pub async fn server_minor(&self) -> Result<u32, ApiError> {
+        let v = self.call("GET", "/version", None).await?;
+        let digits = |key: &str| -> Option<u32> {
+            let s = v[key].as_str()?;
+            let d: String = s.chars().take_while(char::is_ascii_digit).collect();
+            d.parse().ok()
+        };
+        match (digits("major"), digits("minor")) {
+            (Some(1), Some(minor)) => Ok(minor),
+            _ => Err(ApiError::Transport {
+                verb: "GET",
+                path: "/version".into(),
+                message: format!("not a Kubernetes 1.x version: {v}"),
+            }),
+        }
+    }
+
     /// Replaces a slice (its `metadata.resourceVersion` makes the update conditional).
     ///
     /// # Errors

@@ -9,6 +9,7 @@
 //! and runs at every container start, so it must start fast.
 
 mod client;
+mod summary;
 mod types;
 
 pub use client::{Client, ClientError};

@@ -646,6 +646,94 @@ pub struct GpuInfo {
     /// MIG devices that exist on it now (only when MIG mode is enabled).
     #[serde(default)]
     pub mig_devices: Vec<MigDeviceInfo>,
+    /// What gpushared can make of the GPU's MIG layout at a claim's prepare (dynamic MIG),
+    /// for the ResourceSlice's partitionable devices; `None` (null) for GPUs whose layout
+    /// gpushare does not change (no MIG, or no profile tables for the model), and read as
+    /// `None` from daemons before this field.
+    #[serde(default)]
+    pub mig_partitions: Option<MigPartitions>,
+}
+
+/// What gpushared can make of one MIG-capable GPU's layout now, computed from its MIG model
+/// (profile tables, placements, MIG mode and the instances that exist): what a DRA driver
+/// publishes as partitionable devices (KEP-4815), as NVIDIA's DynamicMIG does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigPartitions {
+    /// A whole-GPU claim can have the GPU now: MIG mode off with no change pending, or on
+    /// (no change pending, no instance that no claim owns) on a GPU that turns it off without
+    /// a reset (Hopper and later). `false` on Ampere in MIG mode.
+    pub whole_gpu: bool,
+    /// MIG slices can be created at a claim's prepare now: MIG mode on with no change
+    /// pending, or off on a GPU that turns it on without a reset. `false` on Ampere with MIG
+    /// mode off (enabling it needs a reset) and on any GPU with a mode change pending.
+    pub slices: bool,
+    /// Memory slices of the GPU (placements lie in `0..memory_slices`; 8 on A100/H100/H200).
+    pub memory_slices: u32,
+    /// What the GPU's slices draw from, per dimension: the most that any valid layout of the
+    /// GPU uses (at least the largest profile's). The ResourceSlice's counter set.
+    pub capacity: MigCapacity,
+    /// Every (profile, placement) a claim can be given: empty unless `slices`; placements
+    /// that overlap a MIG instance no claim owns (made by `gpushare mig apply`, mig-parted or
+    /// nvidia-smi), or that its profile's instance count rules out beside them, are left out.
+    /// Placements of instances claims own are listed (those claims hold them).
+    pub placements: Vec<MigSlot>,
+}
+
+/// Capacities of a MIG slice, or of a whole GPU's counter set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigCapacity {
+    /// Memory in MiB (NVML's profile `memorySizeMB`, summed for a layout).
+    pub memory_mib: u64,
+    /// Streaming multiprocessors.
+    pub multiprocessors: u32,
+    /// Copy engines.
+    pub copy_engines: u32,
+    /// Video decoders.
+    pub decoders: u32,
+    /// Video encoders.
+    pub encoders: u32,
+    /// JPEG engines.
+    pub jpeg_engines: u32,
+    /// Optical-flow accelerators.
+    pub ofa_engines: u32,
+}
+
+/// One (GPU-instance profile, placement) of a GPU: a MIG slice a claim can be given. Its
+/// device name is the MIG device's it becomes,
+/// `gpu-<minor>-mig-<profile, letters and digits only>-<gi_profile_id>-<placement_start>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigSlot {
+    /// GPU-instance profile name, e.g. `3g.20gb`.
+    pub profile: String,
+    /// GPU-instance profile ID as `nvidia-smi mig -lgip` shows it, e.g. 9 for `3g.20gb`.
+    pub gi_profile_id: u32,
+    /// First memory slice of the placement.
+    pub placement_start: u32,
+    /// Memory slices the placement spans.
+    pub memory_slices: u32,
+    /// What the slice has (and draws from the GPU's counter set).
+    pub capacity: MigCapacity,
+}
+
+impl MigSlot {
+    /// The device name NVIDIA's DRA driver gives the slice (the same as the MIG device's
+    /// once it exists, [`MigDeviceInfo::device_name`]).
+    pub fn device_name(&self, parent_minor: u32) -> String {
+        mig_device_name(
+            parent_minor,
+            &self.profile,
+            self.gi_profile_id,
+            self.placement_start,
+        )
+    }
+}
+
+fn mig_device_name(parent_minor: u32, profile: &str, gi_profile_id: u32, start: u32) -> String {
+    let profile: String = profile
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .collect();
+    format!("gpu-{parent_minor}-mig-{profile}-{gi_profile_id}-{start}")
 }
 
 /// A MIG device (GPU instance with one full compute instance) of a GPU in MIG mode.
@@ -687,14 +775,11 @@ impl MigDeviceInfo {
     /// The device name NVIDIA's DRA driver gives it:
     /// `gpu-<minor>-mig-<profile, letters and digits only>-<GI profile id>-<placement start>`.
     pub fn device_name(&self, parent_minor: u32) -> String {
-        let profile: String = self
-            .profile
-            .chars()
-            .filter(char::is_ascii_alphanumeric)
-            .collect();
-        format!(
-            "gpu-{parent_minor}-mig-{profile}-{}-{}",
-            self.gi_profile_id, self.placement_start
+        mig_device_name(
+            parent_minor,
+            &self.profile,
+            self.gi_profile_id,
+            self.placement_start,
         )
     }
 }

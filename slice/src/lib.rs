@@ -7,16 +7,26 @@
 //!
 //! Full GPUs are `gpu-<minor>` devices; a GPU in MIG mode publishes its MIG devices instead
 //! (static MIG), named `gpu-<minor>-mig-<profile>-<GI profile id>-<placement start>`.
-//! [`validate`] checks the API server's rules for names, attribute keys and value types.
+//! Where the API server keeps partitionable devices, [`build_pool_in`] publishes every MIG
+//! slice a GPU can still be cut into, with one counter set per GPU ([`Layout`], the
+//! `partitionable` module). [`validate`] checks the API server's rules for names, attribute
+//! keys and value types; [`validate_layout`] and [`validate_pool`] its counter rules of each
+//! version.
 
 use std::collections::BTreeMap;
 
 use gpushare_proto::{GpuInfo, MigDeviceInfo};
 use serde::{Deserialize, Serialize};
 
+mod limits;
+mod partitionable;
 mod version;
 
-pub use version::{devices_of_object, ApiVersion};
+pub use limits::{validate_layout, validate_pool};
+pub use partitionable::{
+    build_pool_in, counter_set_name, Layout, MAX_COUNTER_DEVICES, MAX_COUNTER_SETS,
+};
+pub use version::{counters_of_object, devices_of_object, ApiVersion};
 
 /// `apiVersion` of the slice.
 pub const API_VERSION: &str = "resource.k8s.io/v1";
@@ -58,8 +68,13 @@ pub struct ResourceSliceSpec {
     pub pool: Pool,
     /// The node whose devices these are.
     pub node_name: String,
-    /// The devices.
+    /// The devices (none in a slice of counter sets only, [`Layout::Split`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<Device>,
+    /// Counter sets the pool's devices draw from (partitionable devices, KEP-4815): one per
+    /// GPU that can be cut into MIG slices, `gpu-<minor>-counter-set`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared_counters: Vec<CounterSet>,
 }
 
 /// `spec.pool`.
@@ -83,6 +98,42 @@ pub struct Device {
     pub attributes: BTreeMap<String, Attribute>,
     /// Capacities by qualified name.
     pub capacity: BTreeMap<String, Capacity>,
+    /// What allocating the device takes from the pool's counter sets (partitionable
+    /// devices): a MIG slice its capacities and the memory slices of its placement, a whole
+    /// GPU all of its GPU's counters.
+    #[serde(
+        rename = "consumesCounters",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub consumes_counters: Vec<DeviceCounterConsumption>,
+}
+
+/// A named set of counters devices draw from (`spec.sharedCounters[]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CounterSet {
+    /// A DNS label, unique in the pool: `gpu-<minor>-counter-set`.
+    pub name: String,
+    /// Counters by name (DNS labels): `multiprocessors`, `copy-engines`, `decoders`,
+    /// `encoders`, `jpeg-engines`, `ofa-engines`, `memory`, `memory-slice-<i>`.
+    pub counters: BTreeMap<String, Counter>,
+}
+
+/// A counter's value, a Kubernetes quantity (`98`, `40192Mi`, `1`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counter {
+    /// The quantity.
+    pub value: String,
+}
+
+/// What a device takes from one counter set (`devices[].consumesCounters[]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceCounterConsumption {
+    /// The counter set's name.
+    #[serde(rename = "counterSet")]
+    pub counter_set: String,
+    /// Counters taken, by name, each at most the set's.
+    pub counters: BTreeMap<String, Counter>,
 }
 
 /// A device attribute: exactly one field set.
@@ -239,6 +290,7 @@ fn mig_device(g: &GpuInfo, m: &MigDeviceInfo) -> Device {
         name: m.device_name(g.minor),
         attributes,
         capacity,
+        consumes_counters: Vec::new(),
     }
 }
 
@@ -312,6 +364,7 @@ fn slice(
             },
             node_name: node_name.into(),
             devices,
+            shared_counters: Vec::new(),
         },
     }
 }
@@ -325,22 +378,28 @@ pub fn devices(gpus: &[GpuInfo]) -> Vec<Device> {
             devices.extend(g.mig_devices.iter().map(|m| mig_device(g, m)));
             continue;
         }
-        let mut attributes = common_attributes(g);
-        attributes.insert("type".into(), string("gpu"));
-        attributes.insert("uuid".into(), string(&g.uuid));
-        let capacity = BTreeMap::from([(
-            "memory".to_string(),
-            Capacity {
-                value: quantity(g.memory_mib << 20),
-            },
-        )]);
-        devices.push(Device {
-            name: g.name.clone(),
-            attributes,
-            capacity,
-        });
+        devices.push(whole_gpu_device(g));
     }
     devices
+}
+
+/// `gpu-<minor>`: the whole GPU with its `memory`.
+fn whole_gpu_device(g: &GpuInfo) -> Device {
+    let mut attributes = common_attributes(g);
+    attributes.insert("type".into(), string("gpu"));
+    attributes.insert("uuid".into(), string(&g.uuid));
+    let capacity = BTreeMap::from([(
+        "memory".to_string(),
+        Capacity {
+            value: quantity(g.memory_mib << 20),
+        },
+    )]);
+    Device {
+        name: g.name.clone(),
+        attributes,
+        capacity,
+        consumes_counters: Vec::new(),
+    }
 }
 
 fn is_dns_label(s: &str) -> bool {

@@ -25,6 +25,7 @@ pub fn a10g(minor: u32) -> GpuInfo {
         mig_enabled: false,
         mig_devices: Vec::new(),
         mig_pending: None,
+        mig_partitions: None,
     }
 }
 
@@ -52,6 +53,71 @@ pub fn mig_a100(minor: u32) -> GpuInfo {
             gi_id: Some(2),
             owner: None,
         }],
+        ..a10g(minor)
+    }
+}
+
+/// An H100 80GB with minor `minor` whose MIG layout gpushared may change, with three of its
+/// profiles (1g.10gb at 0..=6, 3g.40gb at 0 and 4, 7g.80gb at 0; figures from its table),
+/// offered whole or not and cut into slices or not as `whole` and `slices` say; placements
+/// overlapping `taken` (start, size) are left out, as gpushared leaves out those of static
+/// instances.
+pub fn h100(minor: u32, whole: bool, slices: bool, taken: &[(u32, u32)]) -> GpuInfo {
+    use gpushare_proto::{MigCapacity, MigPartitions, MigSlot};
+    let cap = |memory_mib, multiprocessors, ce, dec, jpg, ofa| MigCapacity {
+        memory_mib,
+        multiprocessors,
+        copy_engines: ce,
+        decoders: dec,
+        encoders: 0,
+        jpeg_engines: jpg,
+        ofa_engines: ofa,
+    };
+    let rows = [
+        (
+            "1g.10gb",
+            19,
+            1,
+            &[0, 1, 2, 3, 4, 5, 6][..],
+            cap(9984, 16, 1, 1, 1, 0),
+        ),
+        ("3g.40gb", 9, 4, &[0, 4][..], cap(40448, 60, 3, 3, 3, 0)),
+        ("7g.80gb", 0, 8, &[0][..], cap(81152, 132, 8, 7, 7, 1)),
+    ];
+    let mut placements = Vec::new();
+    for (profile, id, size, starts, capacity) in rows {
+        for &start in starts {
+            if taken
+                .iter()
+                .any(|&(s, n)| start < s + n && s < start + size)
+            {
+                continue;
+            }
+            placements.push(MigSlot {
+                profile: profile.into(),
+                gi_profile_id: id,
+                placement_start: start,
+                memory_slices: size,
+                capacity,
+            });
+        }
+    }
+    if !slices {
+        placements.clear();
+    }
+    GpuInfo {
+        product_name: "NVIDIA H100 80GB HBM3".into(),
+        architecture: "Hopper".into(),
+        memory_mib: 81559,
+        cuda_compute_capability: "9.0".into(),
+        mig_capable: true,
+        mig_partitions: Some(MigPartitions {
+            whole_gpu: whole,
+            slices,
+            memory_slices: 8,
+            capacity: cap(81152, 132, 8, 7, 7, 1),
+            placements,
+        }),
         ..a10g(minor)
     }
 }

@@ -1,11 +1,11 @@
 //! The `resource.k8s.io` versions a slice can be written in. v1 (Kubernetes 1.34+) and
 //! v1beta2 (1.33) give each device its `attributes` and `capacity` directly; v1beta1 (1.32,
-//! still served by 1.33) wraps them in `basic`. Everything else of a slice is the same in
-//! the three.
+//! still served by 1.33) wraps them in `basic` (`consumesCounters` too). Everything else of a
+//! slice, `sharedCounters` included, is the same in the three.
 
 use serde_json::{json, Value};
 
-use crate::{Device, ResourceSlice};
+use crate::{CounterSet, Device, ResourceSlice};
 
 /// A `resource.k8s.io` version, in the order a publisher prefers them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -56,7 +56,7 @@ impl std::fmt::Display for ApiVersion {
 }
 
 fn device_value(d: &Device, version: ApiVersion) -> Value {
-    match version {
+    let mut v = match version {
         ApiVersion::V1 | ApiVersion::V1beta2 => json!({
             "name": d.name,
             "attributes": d.attributes,
@@ -66,7 +66,15 @@ fn device_value(d: &Device, version: ApiVersion) -> Value {
             "name": d.name,
             "basic": {"attributes": d.attributes, "capacity": d.capacity},
         }),
+    };
+    if !d.consumes_counters.is_empty() {
+        let at = match version {
+            ApiVersion::V1beta1 => &mut v["basic"],
+            ApiVersion::V1 | ApiVersion::V1beta2 => &mut v,
+        };
+        at["consumesCounters"] = json!(d.consumes_counters);
     }
+    v
 }
 
 impl ResourceSlice {
@@ -79,7 +87,7 @@ impl ResourceSlice {
             .iter()
             .map(|d| device_value(d, version))
             .collect();
-        json!({
+        let mut obj = json!({
             "apiVersion": version.api_version(),
             "kind": "ResourceSlice",
             "metadata": {"name": self.metadata.name},
@@ -89,7 +97,31 @@ impl ResourceSlice {
                 "nodeName": self.spec.node_name,
                 "devices": devices,
             }
-        })
+        });
+        if !self.spec.shared_counters.is_empty() {
+            obj["spec"]["sharedCounters"] = json!(self.spec.shared_counters);
+            // From 1.35 a slice holds one of the two.
+            if self.spec.devices.is_empty() {
+                if let Some(spec) = obj["spec"].as_object_mut() {
+                    spec.remove("devices");
+                }
+            }
+        }
+        obj
+    }
+}
+
+/// The counter sets of a ResourceSlice object as the API server returns it (empty when it
+/// has none: never written, or dropped by a server that does not keep them).
+///
+/// # Errors
+/// `spec.sharedCounters` does not have the API's shape.
+pub fn counters_of_object(object: &Value) -> Result<Vec<CounterSet>, String> {
+    match object.pointer("/spec/sharedCounters") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(v) => {
+            serde_json::from_value(v.clone()).map_err(|e| format!("spec.sharedCounters: {e}"))
+        }
     }
 }
 

@@ -7,6 +7,7 @@
 #
 # What it does: starts gpushared on NVML with compute-mode and time-slice management switched
 # off (so it never changes compute mode, time-slice or MIG), prints the NVML inventory,
+# compares gpushare's MIG profile tables with what NVML reports of each MIG-capable GPU,
 # prepares an MPS claim at 100 % active threads and measures a compute-bound kernel, prepares
 # one at 25 % with a 2 GiB pinned device memory limit, runs two CUDA clients on it (shown by
 # the control daemon's get_server_list and ps), measures the same kernel, tries an allocation
@@ -34,7 +35,7 @@ PROFILE=""
 case "${1:-}" in
     "") ;;
     --simulate) MODE=sim; PROFILE="${2:-p4d.24xlarge}" ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "check.sh: unknown argument ${1}; see --help" >&2; exit "$EXIT_PREREQ" ;;
 esac
 
@@ -70,7 +71,7 @@ fi
 if [[ -z $BIN ]]; then
     command -v cargo >/dev/null 2>&1 || die_prereq "no gpushared/gpushare binaries and no cargo to build them (set GPUSHARE_BIN_DIR)"
     say "building gpushare (release)"
-    (cd "$REPO" && timeout 300 cargo build --release --locked -p gpushare -p gpushare-mps-control -p gpushare-runtime >&2) \
+    (cd "$REPO" && timeout 300 cargo build --release --locked -p gpushare -p gpushare-cli -p gpushare-mps-control -p gpushare-runtime >&2) \
         || die_prereq "cargo build failed"
     BIN="$REPO/target/release"
 fi
@@ -180,6 +181,106 @@ gs gpus | tee "$WORK/gpus.txt"
 GPUS_JSON=$(gs gpus -o json)
 SUMMARY=$(json '", ".join(sorted({"%d x %s (%s, CC %s, %d MiB)" % (sum(1 for h in d if h["product_name"] == g["product_name"]), g["product_name"], g["architecture"], g["cuda_compute_capability"], g["memory_mib"]) for g in d})) + "; driver %s, CUDA %s" % (d[0]["driver_version"], d[0]["cuda_driver_version"])' <<<"$GPUS_JSON")
 pass "NVML inventory" "$SUMMARY"
+# 2b. gpushare's MIG profile tables against what NVML reports (read only:
+# nvmlDeviceGetGpuInstanceProfileInfoV and GetGpuInstancePossiblePlacements change nothing and
+# need no MIG mode on Hopper): name, memory, SMs, engines and placements of every profile of
+# each GPU gpushared offers slices of. Some of the tables' figures are inferred, not read (the
+# H200's memory and its 1g.35gb / 4g.71gb SMs, the A100-80GB's memory: daemon/src/mig/mod.rs);
+# this is where they are checked. A difference fails the row and prints NVML's figures.
+ROW_MIG="MIG profile tables match NVML"
+if [[ $MODE == sim ]]; then
+    row "$ROW_MIG" "skipped (simulated node: no NVML)"
+else
+    cat >"$WORK/migprofiles.py" <<'EOF'
+import ctypes, json, sys
+gpus = json.load(open(sys.argv[1]))
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint) for n in ("version", "id", "isP2pSupported", "sliceCount",
+        "instanceCount", "multiprocessorCount", "copyEngineCount", "decoderCount",
+        "encoderCount", "jpegCount", "ofaCount")] + [("memorySizeMB", ctypes.c_ulonglong),
+        ("name", ctypes.c_char * 96)]
+class Placement(ctypes.Structure):
+    _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
+nvml = ctypes.CDLL("libnvidia-ml.so.1")
+assert nvml.nvmlInit_v2() == 0, "nvmlInit_v2 failed"
+problems, checked = [], []
+for g in gpus:
+    parts = g.get("mig_partitions")
+    if not parts or not parts["placements"]:
+        continue
+    dev = ctypes.c_void_p()
+    rc = nvml.nvmlDeviceGetHandleByUUID(g["uuid"].encode(), ctypes.byref(dev))
+    if rc:
+        problems.append(f'{g["name"]}: nvmlDeviceGetHandleByUUID: error {rc}')
+        continue
+    ours = {}
+    for s in parts["placements"]:
+        ours.setdefault(s["gi_profile_id"], {"profile": s["profile"], "capacity": s["capacity"],
+            "size": s["memory_slices"], "starts": set()})["starts"].add(s["placement_start"])
+    theirs = {}
+    for index in range(64):
+        info = Info(version=ctypes.sizeof(Info) | (2 << 24))
+        rc = nvml.nvmlDeviceGetGpuInstanceProfileInfoV(dev, index, ctypes.byref(info))
+        if rc == 2:  # INVALID_ARGUMENT: past the last profile index
+            break
+        if rc == 3:  # NOT_SUPPORTED: no such profile on this GPU
+            continue
+        if rc:
+            problems.append(f'{g["name"]}: nvmlDeviceGetGpuInstanceProfileInfoV({index}): error {rc}')
+            break
+        count = ctypes.c_uint(0)
+        nvml.nvmlDeviceGetGpuInstancePossiblePlacements_v2(dev, info.id, None, ctypes.byref(count))
+        places = (Placement * max(count.value, 1))()
+        nvml.nvmlDeviceGetGpuInstancePossiblePlacements_v2(dev, info.id, places, ctypes.byref(count))
+        theirs[info.id] = {"profile": info.name.decode().replace("MIG ", "", 1),
+            "capacity": {"memory_mib": info.memorySizeMB, "multiprocessors": info.multiprocessorCount,
+                "copy_engines": info.copyEngineCount, "decoders": info.decoderCount,
+                "encoders": info.encoderCount, "jpeg_engines": info.jpegCount,
+                "ofa_engines": info.ofaCount},
+            "size": places[0].size if count.value else None,
+            "starts": {places[i].start for i in range(count.value)}}
+    if not theirs:
+        problems.append(f'{g["name"]}: NVML reported no GPU-instance profile')
+        continue
+    # Instances of the node's layout make gpushared leave placements out: then only what it
+    # lists is compared.
+    complete = not [m for m in g["mig_devices"] if m.get("owner") is None]
+    at = f'{g["name"]} ({g["product_name"]})'
+    for pid in sorted(set(ours) | set(theirs)):
+        o, t = ours.get(pid), theirs.get(pid)
+        if t is None:
+            problems.append(f"{at}: profile ID {pid} ({o['profile']}) is not NVML's")
+            continue
+        if o is None:
+            if complete:
+                problems.append(f"{at}: NVML's profile ID {pid} is not in gpushare's table: {t['profile']} {t['capacity']} size {t['size']} starts {sorted(t['starts'])}")
+            continue
+        for k in ("profile", "capacity", "size", "starts"):
+            same = o[k] == t[k] or (k == "starts" and not complete and o[k] <= t[k])
+            if not same:
+                show = (lambda v: sorted(v)) if k == "starts" else (lambda v: v)
+                problems.append(f"{at}: profile ID {pid} {k}: gpushare {show(o[k])}, NVML {show(t[k])}")
+    checked.append(f'{g["product_name"]}: {len(theirs)} profiles')
+print(json.dumps({"checked": sorted(set(checked)), "problems": problems}))
+EOF
+    echo "$GPUS_JSON" >"$WORK/gpus.json"
+    if MIGCMP=$(timeout 60 "$PY" "$WORK/migprofiles.py" "$WORK/gpus.json" 2>"$WORK/migprofiles.err"); then
+        MIG_CHECKED=$(json '"; ".join(d["checked"])' <<<"$MIGCMP")
+        MIG_PROBLEMS=$(json '"\n".join(d["problems"])' <<<"$MIGCMP")
+        if [[ -n $MIG_PROBLEMS ]]; then
+            echo "== MIG profile tables: differences from NVML ==" >&2
+            echo "$MIG_PROBLEMS" >&2
+            fail "$ROW_MIG" "$(wc -l <<<"$MIG_PROBLEMS") difference(s), on stderr"
+        elif [[ -z $MIG_CHECKED ]]; then
+            row "$ROW_MIG" "skipped (no GPU gpushared offers MIG slices of)"
+        else
+            pass "$ROW_MIG" "$MIG_CHECKED"
+        fi
+    else
+        fail "$ROW_MIG" "reading NVML: $(tail -n 1 "$WORK/migprofiles.err")"
+    fi
+fi
+
 DEVICE=$(json 'next((g["name"] for g in d if not g["mig_enabled"]), "")' <<<"$GPUS_JSON")
 if [[ -z $DEVICE ]]; then
     fail "a GPU without MIG mode for the MPS claims" "every GPU is in MIG mode"

@@ -414,7 +414,7 @@ pub fn unique_uid(tag: &str) -> String {
 
 /// A busybox root filesystem with `extra` host programs and their libraries.
 pub fn busybox_rootfs(dir: &Path, extra: &[PathBuf]) -> PathBuf {
-    gpushare::cli::container::busybox_rootfs(dir, extra).expect("building a busybox rootfs")
+    gpushare_cli::container::busybox_rootfs(dir, extra).expect("building a busybox rootfs")
 }
 
 /// Polls `f` until it returns true or `timeout` passes.

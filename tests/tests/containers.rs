@@ -77,7 +77,7 @@ fn podman_container_uses_the_claims_mps_daemon() {
              echo atp=$(echo get_default_active_thread_percentage | {}); sleep 3",
             program.display()
         );
-        let child = gpushare::cli::container::podman_run(
+        let child = gpushare_cli::container::podman_run(
             &format!("gpushare.io/claim={uid}"),
             &rootfs,
             &script,
@@ -144,7 +144,7 @@ fn runc_bundle(dir: &Path, cdi_spec: &Path, device: &str, cmd: &str) -> PathBuf 
         .iter()
         .find(|d| d.name == device)
         .expect("device in spec");
-    gpushare::cli::container::runc_config(&bundle, cmd, &dev.container_edits).unwrap();
+    gpushare_cli::container::runc_config(&bundle, cmd, &dev.container_edits).unwrap();
     bundle
 }
 
@@ -223,7 +223,7 @@ fn runc_container_attaches_detaches_and_fails_without_claim() {
         ..Default::default()
     };
     d.unprepare(&uid);
-    gpushare::cli::container::runc_config(&bundle, "true", &hooks_only).unwrap();
+    gpushare_cli::container::runc_config(&bundle, "true", &hooks_only).unwrap();
     let out = run("gs-runc-2").wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "runc must fail without the claim");
@@ -274,7 +274,7 @@ fn podman_container_sees_the_mig_capability_device_nodes() {
     let ci_cap = gi_cap + 1 + rec.ci_id.unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let rootfs = busybox_rootfs(tmp.path(), &[]);
-    let out = gpushare::cli::container::podman_run(
+    let out = gpushare_cli::container::podman_run(
         &format!("gpushare.io/claim={uid}"),
         &rootfs,
         "ls -l /dev/nvidia2 /dev/nvidia-caps/",

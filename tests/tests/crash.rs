@@ -796,7 +796,7 @@ fn an_mps_daemon_keeps_its_pid_across_20_restarts_while_a_container_stays_attach
         &fs::read(node.cdi_dir.join(format!("gpushare.io-claim_{uid}.json"))).unwrap(),
     )
     .unwrap();
-    gpushare::cli::container::runc_config(&bundle, "sleep 600", &spec.devices[0].container_edits)
+    gpushare_cli::container::runc_config(&bundle, "sleep 600", &spec.devices[0].container_edits)
         .unwrap();
     let runc_root = tmp.path().join("runc-root");
     let id = format!("gs-keep-{}", std::process::id());
@@ -1217,7 +1217,7 @@ fn the_hook_refuses_a_container_on_a_degraded_claim_with_the_reason_until_it_rec
         &fs::read(node.cdi_dir.join(format!("gpushare.io-claim_{uid}.json"))).unwrap(),
     )
     .unwrap();
-    gpushare::cli::container::runc_config(&bundle, "true", &spec.devices[0].container_edits)
+    gpushare_cli::container::runc_config(&bundle, "true", &spec.devices[0].container_edits)
         .unwrap();
     let runc_root = tmp.path().join("runc-root");
     let run = |id: &str| {

@@ -65,7 +65,7 @@ fn podman_on_an_mps_claim_sees_the_drivers_files_its_own_pipe_and_no_other_gpu()
     );
     let files = driver_files(&d.driver_spec());
     let rootfs = busybox_rootfs(tmp.path(), &[]);
-    let out = gpushare::cli::container::podman_run_devices(
+    let out = gpushare_cli::container::podman_run_devices(
         &ids,
         &["NVIDIA_VISIBLE_DEVICES=all"],
         &rootfs,
@@ -199,7 +199,7 @@ fn the_later_device_wins_where_two_specs_name_one_path_in_podman_and_gpushare_ru
         ("claim last", vec![clash.id.clone(), claim_id.clone()]),
         ("claim first", vec![claim_id.clone(), clash.id.clone()]),
     ] {
-        let podman = gpushare::cli::container::podman_run_devices(&ids, &[], &rootfs, script)
+        let podman = gpushare_cli::container::podman_run_devices(&ids, &[], &rootfs, script)
             .output()
             .unwrap();
         let dir = tmp.path().join(order.replace(' ', "-"));

@@ -73,7 +73,7 @@ fn every_catalog_profile_served_by_gpushared_renders_its_stored_table() {
         child.wait().unwrap();
         let want = std::fs::read_to_string(
             Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../daemon/tests/data/gpus")
+                .join("../cli/tests/data/gpus")
                 .join(format!("{}.txt", profile.name)),
         )
         .unwrap();
@@ -118,6 +118,86 @@ fn gpushare_gpus_resourceslice_for_p4d_is_valid() {
     let out = gpushare(&d, &["claims", "-o", "resourceslice"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("gpushare gpus"));
+}
+
+#[test]
+fn gpushare_gpus_resourceslice_partitionable_shows_each_servers_pool() {
+    if !need(is_root(), "root (device nodes)") {
+        return;
+    }
+    // gpu-2 in MIG mode (Ampere: slices, not the whole GPU), the others off (whole only).
+    let d = Daemon::start_on(
+        DaemonOptions {
+            mps_control: bin("gpushare-mps-control"),
+            cdi_dir: None,
+            run_dir: None,
+        },
+        &p4d_mig_profile(),
+    );
+    let pool = |version: &str| -> Vec<ResourceSlice> {
+        let out = gpushare(
+            &d,
+            &["gpus", "-o", "resourceslice", "--partitionable", version],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_norway::Deserializer::from_slice(&out.stdout)
+            .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+            .collect()
+    };
+    let names = |s: &ResourceSlice| -> Vec<String> {
+        s.spec.devices.iter().map(|d| d.name.clone()).collect()
+    };
+    // 1.34: the whole GPUs together, gpu-2's counter set with its 25 slices.
+    let combined = pool("1.34");
+    resource_slice::validate_pool(&combined, resource_slice::Layout::Combined).unwrap();
+    assert_eq!(combined.len(), 2);
+    assert_eq!(
+        names(&combined[0]),
+        ["gpu-0", "gpu-1", "gpu-3", "gpu-4", "gpu-5", "gpu-6", "gpu-7"]
+    );
+    assert_eq!(
+        combined[1].spec.shared_counters[0].name,
+        "gpu-2-counter-set"
+    );
+    assert_eq!(combined[1].spec.devices.len(), 25);
+    assert!(names(&combined[1]).contains(&"gpu-2-mig-3g20gb-9-4".to_string()));
+    // 1.35: the counter set in a slice of its own.
+    let split = pool("v1.35");
+    resource_slice::validate_pool(&split, resource_slice::Layout::Split).unwrap();
+    assert_eq!(split.len(), 3);
+    assert!(split[1].spec.devices.is_empty());
+    assert_eq!(split[1].spec.shared_counters.len(), 1);
+    assert_eq!(names(&split[2]), names(&combined[1]));
+    // Without the flag: what a server that drops the counters gets (gpu-2 has no instance).
+    let out = gpushare(&d, &["gpus", "-o", "resourceslice"]);
+    let static_: ResourceSlice = serde_norway::from_slice(&out.stdout).unwrap();
+    assert!(static_.spec.shared_counters.is_empty());
+    assert_eq!(static_.spec.devices.len(), 7);
+    for (args, why) in [
+        (
+            &["gpus", "--partitionable", "1.35"][..],
+            "applies to `gpushare gpus -o resourceslice` only",
+        ),
+        (
+            &["gpus", "-o", "resourceslice", "--partitionable", "1.30"][..],
+            "came in 1.33",
+        ),
+        (
+            &["gpus", "-o", "resourceslice", "--partitionable", "latest"][..],
+            "not a Kubernetes version",
+        ),
+    ] {
+        let out = gpushare(&d, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(why),
+            "{args:?}: {err}"
+        );
+    }
 }
 
 /// A daemon on the simulated node `profile` with `gpus_section` added to its config file's

@@ -89,6 +89,7 @@ impl Gpu {
             mig_enabled: self.mig_enabled,
             mig_pending: None,
             mig_devices: self.mig_devices.clone(),
+            mig_partitions: None,
         }
     }
 }

@@ -4,7 +4,7 @@
 
 mod state;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -37,6 +37,10 @@ struct Settings {
     instances: Vec<MigInstance>,
     /// Compute processes on the GPU (set by tests: a busy GPU).
     processes: Vec<u32>,
+    /// Handles other clients hold open (set by tests): on the whole GPU (`None`: an NVML
+    /// client such as nvidia-smi, DCGM or nvidia-persistenced) or on a GPU instance (a
+    /// process using its MIG device), with how many.
+    handles: BTreeMap<Option<u32>, u32>,
     /// MIG UUIDs handed out so far: every new compute instance gets a fresh one.
     serial: u32,
 }
@@ -251,6 +255,25 @@ impl Settings {
         self.mig.current = self.mig.pending;
         self.instances.clear();
     }
+
+    /// NVML's `IN_USE` while other clients hold handles: on GPU instance `gi`, or (`None`)
+    /// on any part of the GPU.
+    fn refuse_if_held(&self, uuid: &str, gi: Option<u32>) -> Result<(), GpuError> {
+        let held: u32 = self
+            .handles
+            .iter()
+            .filter(|(on, _)| gi.is_none() || **on == gi)
+            .map(|(_, n)| n)
+            .sum();
+        if held == 0 {
+            return Ok(());
+        }
+        Err(GpuError::Busy(format!(
+            "GPU {uuid}{}: In use by another client ({held} open handle(s))",
+            gi.map(|id| format!(", GPU instance {id}"))
+                .unwrap_or_default()
+        )))
+    }
 }
 
 impl SimulatedBackend {
@@ -271,10 +294,10 @@ impl SimulatedBackend {
     }
 
     /// Performs a GPU reset: a pending MIG mode takes effect and every MIG instance is gone,
-    /// as on hardware. Refused while processes hold the GPU.
+    /// as on hardware. Refused while processes or other clients' handles hold the GPU.
     ///
     /// # Errors
-    /// `Busy` with processes, unknown GPU.
+    /// `Busy` with processes or open handles, unknown GPU.
     pub fn reset(&self, uuid: &str) -> Result<(), GpuError> {
         self.change_mig(uuid, |s| {
             if !s.processes.is_empty() {
@@ -283,8 +306,46 @@ impl SimulatedBackend {
                     s.processes.len()
                 )));
             }
+            s.refuse_if_held(uuid, None)?;
             s.reset();
             Ok(())
+        })
+    }
+
+    /// Opens a handle on a GPU as another client would (`gi: None`: the whole GPU, e.g.
+    /// nvidia-smi or DCGM; `Some(id)`: GPU instance `id`, a process on its MIG device). While
+    /// it is open, what hardware answers "In use by another client" is refused as
+    /// [`GpuError::Busy`]: destroying that instance or its compute instance, changing MIG
+    /// mode, a reset.
+    ///
+    /// # Errors
+    /// Unknown GPU, or (`NotFound`) no such GPU instance.
+    pub fn open_handle(&self, uuid: &str, gi: Option<u32>) -> Result<(), GpuError> {
+        self.with_settings(uuid, |s| {
+            if let Some(id) = gi {
+                if !s.instances.iter().any(|i| i.gi_id == id) {
+                    return Err(GpuError::NotFound(format!(
+                        "GPU {uuid}: no GPU instance {id}"
+                    )));
+                }
+            }
+            *s.handles.entry(gi).or_default() += 1;
+            Ok(())
+        })?
+    }
+
+    /// Closes a handle [`SimulatedBackend::open_handle`] opened (nothing when none is open).
+    ///
+    /// # Errors
+    /// Unknown GPU.
+    pub fn close_handle(&self, uuid: &str, gi: Option<u32>) -> Result<(), GpuError> {
+        self.with_settings(uuid, |s| {
+            if let Some(n) = s.handles.get_mut(&gi) {
+                *n -= 1;
+                if *n == 0 {
+                    s.handles.remove(&gi);
+                }
+            }
         })
     }
 
@@ -423,6 +484,7 @@ impl GpuBackend for SimulatedBackend {
                     s.processes
                 )));
             }
+            s.refuse_if_held(uuid, None)?;
             if !enabled && !s.instances.is_empty() {
                 return Err(GpuError::Busy(format!(
                     "GPU {uuid}: {} MIG GPU instance(s) exist; destroy them first",
@@ -543,6 +605,9 @@ impl GpuBackend for SimulatedBackend {
 
     fn destroy_compute_instance(&self, uuid: &str, gi_id: u32, ci_id: u32) -> Result<(), GpuError> {
         self.change_mig(uuid, |s| {
+            if s.instances.iter().any(|i| i.gi_id == gi_id) {
+                s.refuse_if_held(uuid, Some(gi_id))?;
+            }
             let gi = s
                 .instances
                 .iter_mut()
@@ -577,6 +642,7 @@ impl GpuBackend for SimulatedBackend {
                     "GPU {uuid}: GPU instance {gi_id} still has a compute instance"
                 )));
             }
+            s.refuse_if_held(uuid, Some(gi_id))?;
             if fail {
                 return Err(GpuError::Busy(format!(
                     "GPU {uuid}: GPU instance {gi_id}: In use by another client (injected)"
@@ -620,6 +686,148 @@ mod tests {
 
     fn uuid(b: &SimulatedBackend, name: &str) -> String {
         b.find(name).unwrap().uuid.clone()
+    }
+
+    fn memory_node(profile: &str) -> SimulatedBackend {
+        SimulatedBackend::without_device_nodes(profile, "node", Path::new("/x")).unwrap()
+    }
+
+    #[test]
+    fn taken_placements_are_insufficient_resources_and_bad_ones_invalid_as_on_hardware() {
+        let b = memory_node("p5.48xlarge");
+        let g = uuid(&b, "gpu-0");
+        b.set_mig_mode(&g, true).unwrap();
+        let three = b.create_gpu_instance(&g, GiProfileId(9), 4).unwrap();
+        b.create_gpu_instance(&g, GiProfileId(5), 0).unwrap();
+        // An occupied placement is INSUFFICIENT_RESOURCES, not ALREADY_EXISTS: the same
+        // one, and one that overlaps it.
+        for (profile, start) in [(9, 4), (19, 5), (14, 4), (0, 0)] {
+            let e = b
+                .create_gpu_instance(&g, GiProfileId(profile), start)
+                .unwrap_err();
+            assert!(
+                matches!(e, GpuError::InsufficientResources(_)),
+                "{profile}@{start}: {e:?}"
+            );
+        }
+        // A profile's instance count: one +me a GPU.
+        let g1 = uuid(&b, "gpu-1");
+        b.set_mig_mode(&g1, true).unwrap();
+        b.create_gpu_instance(&g1, GiProfileId(20), 0).unwrap();
+        let e = b.create_gpu_instance(&g1, GiProfileId(20), 1).unwrap_err();
+        assert!(matches!(e, GpuError::InsufficientResources(_)), "{e:?}");
+        // A placement the profile never takes, a profile the GPU lacks: INVALID_ARGUMENT.
+        for (profile, start) in [(9, 2), (3, 0)] {
+            let e = b
+                .create_gpu_instance(&g1, GiProfileId(profile), start)
+                .unwrap_err();
+            assert!(
+                matches!(e, GpuError::InvalidArgument(_)),
+                "{profile}@{start}: {e:?}"
+            );
+        }
+        // Nothing changed by the refusals.
+        let live: Vec<(u32, u32)> = b
+            .mig_instances(&g)
+            .unwrap()
+            .iter()
+            .map(|i| (i.profile.0, i.placement.start))
+            .collect();
+        assert_eq!(live.len(), 2);
+        assert!(live.contains(&(9, 4)) && live.contains(&(5, 0)));
+        // Freed, the memory slices can be had again.
+        b.destroy_gpu_instance(&g, three).unwrap();
+        b.create_gpu_instance(&g, GiProfileId(19), 5).unwrap();
+    }
+
+    #[test]
+    fn a_handle_another_client_holds_is_in_use_by_another_client() {
+        let b = memory_node("p5.48xlarge");
+        let g = uuid(&b, "gpu-3");
+        b.set_mig_mode(&g, true).unwrap();
+        let gi = b.create_gpu_instance(&g, GiProfileId(14), 2).unwrap();
+        let ci = b
+            .create_compute_instance(&g, gi, CiProfileIndex(1))
+            .unwrap();
+        assert!(matches!(
+            b.open_handle(&g, Some(gi + 1)),
+            Err(GpuError::NotFound(_))
+        ));
+        // A process on the MIG device: neither its compute nor its GPU instance goes.
+        b.open_handle(&g, Some(gi)).unwrap();
+        let busy = |r: Result<(), GpuError>| match r {
+            Err(GpuError::Busy(m)) => assert!(m.contains("In use by another client"), "{m}"),
+            other => panic!("not in use: {other:?}"),
+        };
+        busy(b.destroy_compute_instance(&g, gi, ci.ci_id));
+        assert!(b.mig_instances(&g).unwrap()[0].compute.is_some());
+        b.close_handle(&g, Some(gi)).unwrap();
+        b.destroy_compute_instance(&g, gi, ci.ci_id).unwrap();
+        b.open_handle(&g, Some(gi)).unwrap();
+        busy(b.destroy_gpu_instance(&g, gi));
+        assert_eq!(b.mig_instances(&g).unwrap().len(), 1);
+        b.close_handle(&g, Some(gi)).unwrap();
+        b.destroy_gpu_instance(&g, gi).unwrap();
+        // An NVML client on the GPU (nvidia-smi, DCGM): no mode change, no reset; handles
+        // on another GPU change nothing here.
+        b.open_handle(&g, None).unwrap();
+        b.open_handle(&g, None).unwrap();
+        b.open_handle(&uuid(&b, "gpu-4"), None).unwrap();
+        busy(b.set_mig_mode(&g, false).map(|_| ()));
+        busy(b.reset(&g));
+        assert!(b.mig_mode(&g).unwrap().current);
+        b.close_handle(&g, None).unwrap();
+        busy(b.set_mig_mode(&g, false).map(|_| ()));
+        b.close_handle(&g, None).unwrap();
+        assert!(!b.set_mig_mode(&g, false).unwrap().current);
+        b.reset(&g).unwrap();
+    }
+
+    #[test]
+    fn mode_changes_that_need_a_reset_stay_pending_until_one() {
+        // Ampere: the change waits for a reset, and no GPU instance can be made meanwhile.
+        let b = memory_node("p4d.24xlarge");
+        let g = uuid(&b, "gpu-0");
+        assert_eq!(
+            b.set_mig_mode(&g, true).unwrap(),
+            MigMode {
+                current: false,
+                pending: true
+            }
+        );
+        let e = b.create_gpu_instance(&g, GiProfileId(9), 0).unwrap_err();
+        match e {
+            GpuError::Unsupported(m) => assert!(m.contains("pending a GPU reset"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(b.mig_instances(&g).unwrap().is_empty());
+        b.reset(&g).unwrap();
+        assert!(b.mig_mode(&g).unwrap().current);
+        let gi = b.create_gpu_instance(&g, GiProfileId(9), 0).unwrap();
+        // Leaving MIG mode: refused while instances exist, then pending until a reset, which
+        // takes the instances with it.
+        assert!(matches!(b.set_mig_mode(&g, false), Err(GpuError::Busy(_))));
+        b.destroy_gpu_instance(&g, gi).unwrap();
+        assert_eq!(
+            b.set_mig_mode(&g, false).unwrap(),
+            MigMode {
+                current: true,
+                pending: false
+            }
+        );
+        b.reset(&g).unwrap();
+        assert_eq!(b.mig_mode(&g).unwrap(), MigMode::default());
+        // Hopper: in effect at once, both ways.
+        let b = memory_node("p5e.48xlarge");
+        let g = uuid(&b, "gpu-0");
+        assert_eq!(
+            b.set_mig_mode(&g, true).unwrap(),
+            MigMode {
+                current: true,
+                pending: true
+            }
+        );
+        assert_eq!(b.set_mig_mode(&g, false).unwrap(), MigMode::default());
     }
 
     #[test]

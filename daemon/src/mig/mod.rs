@@ -11,6 +11,7 @@
 //! outputs).
 
 pub mod layout;
+pub mod partitions;
 
 use std::fmt;
 
@@ -185,6 +186,9 @@ type Row = (
     &'static [u32],
 );
 
+// Where the figures come from (`shared/research/mps-mig-nvml.md` §3.2). A100-40GB: memory is
+// NVML's `memorySizeMB` (go-nvml's tables, which match real `nvidia-smi mig -lgip` outputs:
+// 4864 MiB = 4.75 GiB), SMs and engines the MIG user guide's. Read, not inferred.
 #[rustfmt::skip]
 const A100_40: &[Row] = &[
     ("1g.5gb",     19, 0, 1, 1,  4864, 14, 1, 0, 0, 0, 0, 7, STARTS_1),
@@ -196,6 +200,10 @@ const A100_40: &[Row] = &[
     ("7g.40gb",     0, 4, 7, 8, 40192, 98, 7, 5, 0, 1, 1, 1, STARTS_0),
 ];
 
+// A100-80GB: IDs, placements, SMs and engines as the A100-40GB (the guide gives the same
+// geometry). The memory figures are INFERRED: go-nvml's mock values, while real `-lgip`
+// outputs show e.g. 9.50 GiB (9728 MiB) for 1g.10gb, not 9856. tests/gpu/check.sh compares
+// them with NVML on a host that has one.
 #[rustfmt::skip]
 const A100_80: &[Row] = &[
     ("1g.10gb",    19, 0, 1, 1,  9856, 14, 1, 0, 0, 0, 0, 7, STARTS_1),
@@ -207,7 +215,8 @@ const A100_80: &[Row] = &[
     ("7g.80gb",     0, 4, 7, 8, 80384, 98, 7, 5, 0, 1, 1, 1, STARTS_0),
 ];
 
-// Real `nvidia-smi mig -lgip` of an H100 80GB HBM3 (GiB × 1024).
+// H100 80GB HBM3: a real `nvidia-smi mig -lgip` (memory its GiB × 1024, SMs and engines as
+// it lists them). Read, not inferred.
 #[rustfmt::skip]
 const H100_80: &[Row] = &[
     ("1g.10gb",    19, 0, 1, 1,  9984,  16, 1, 1, 0, 1, 0, 7, STARTS_1),
@@ -219,6 +228,12 @@ const H100_80: &[Row] = &[
     ("7g.80gb",     0, 4, 7, 8, 81152, 132, 8, 7, 0, 7, 1, 1, STARTS_0),
 ];
 
+// H200: profiles, instance counts, placements and engines from the MIG user guide; SMs of
+// 1g.18gb, 2g.35gb, 3g.71gb and 7g.141gb seen in public outputs. INFERRED: the SMs of
+// 1g.35gb (26) and 4g.71gb (64), from H100's geometry, and every memory figure (go-nvml's
+// mock values; real outputs show e.g. 16.00 GiB for 1g.18gb, where the mock has 18432 MiB).
+// tests/gpu/check.sh compares them with NVML on a lent H200; the counter set's capacities
+// (`partitions`) stay sound whatever the figures.
 #[rustfmt::skip]
 const H200: &[Row] = &[
     ("1g.18gb",    19, 0, 1, 1,  18432,  16, 1, 1, 0, 1, 0, 7, STARTS_1),

@@ -113,7 +113,7 @@ fn seed_mig_3g20gb_creates_the_slice_at_4_with_caps_and_unprepare_destroys_it() 
     assert_eq!((rec.gi_id, rec.ci_id), (live[0].gi_id, Some(ci.ci_id)));
     assert_eq!(info.groups[0].sharing, StrategyInfo::Exclusive);
     // `gpushare claim` says what was made, not "nothing changed on the GPU".
-    let detail = crate::cli::claim_detail(&info);
+    let detail = gpushare_cli::claim_detail(&info);
     assert!(
         detail.contains("MIG slice: gpu-2-mig-3g20gb-9-4"),
         "{detail}"

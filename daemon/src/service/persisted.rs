@@ -45,6 +45,22 @@ const MAX_NAME_BYTES: usize = 256;
 ///
 /// # Errors
 /// What is wrong, in one line naming the field.
+/// Whether `id` is the driver's CDI device (from the toolkit's spec) of one of the claim's own
+/// GPUs or MIG devices: a valid qualified name of another kind than the claim's, whose device
+/// name is the UUID of a device the claim's groups hold. Those IDs reach containers too, so
+/// an ID naming any other device (`nvidia.com/gpu=all`) is refused.
+fn is_driver_device_of(info: &ClaimInfo, id: &str) -> bool {
+    let Ok(q) = gpushare_cdi::QualifiedName::parse(id) else {
+        return false;
+    };
+    if q.kind() == gpushare_proto::CDI_KIND {
+        return false;
+    }
+    info.groups.iter().any(|g| {
+        g.devices.iter().any(|d| d.uuid == q.name) || g.mig.iter().any(|m| m.uuid == q.name)
+    })
+}
+
 pub(super) fn check_record(info: &ClaimInfo, key: &str, run_dir: &Path) -> Result<(), String> {
     if info.uid != key {
         return Err(format!(
@@ -70,20 +86,10 @@ pub(super) fn check_record(info: &ClaimInfo, key: &str, run_dir: &Path) -> Resul
             .cdi_device_ids
             .iter()
             .chain(r.per_device.iter().flat_map(|d| d.cdi_device_ids.iter()));
-        // Besides the claim's own device, the NVIDIA driver's device of each of its GPUs and
-        // MIG devices (`<kind>=GPU-<uuid>`, `=MIG-<uuid>`), which every prepared device gets
-        // first: never a path, and only of the claim's own devices.
-        let driver_device = |id: &str| {
-            id.split_once('=').is_some_and(|(kind, name)| {
-                kind.contains('/')
-                    && safe_name("CDI kind", kind.replace('/', "-").as_str()).is_ok()
-                    && info.groups.iter().any(|g| {
-                        g.devices.iter().any(|d| d.uuid == name)
-                            || g.mig.iter().any(|m| !m.uuid.is_empty() && m.uuid == name)
-                    })
-            })
-        };
-        if let Some(id) = ids.into_iter().find(|id| **id != own && !driver_device(id)) {
+        if let Some(id) = ids
+            .into_iter()
+            .find(|id| **id != own && !is_driver_device_of(info, id))
+        {
             return Err(format!(
                 "request {}: CDI device ID {id:?} is not the claim's own ({own})",
                 r.request

@@ -7,7 +7,14 @@
 //! are written in the highest `resource.k8s.io` version the server serves, owned by the
 //! Node (`controller: true`) so they go with it. An ordinary stop leaves them (kubelet wipes
 //! them 30 s after the plugin goes away); [`remove_all`] removes them.
+//!
+//! Where gpushared reports GPUs it can cut into MIG slices, the publisher first learns
+//! ([`partitionable::learn`]) whether the server keeps partitionable devices' counters, and
+//! publishes every slice with one counter set per GPU where it does (in the layout its
+//! version wants), only the MIG devices that exist where it does not, saying once which and
+//! why. A write that comes back without the counters it carried turns the publisher static.
 
+pub mod partitionable;
 pub mod plan;
 
 use std::collections::BTreeMap;
@@ -16,13 +23,14 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use gpushare_proto::GpuInfo;
-use gpushare_slice::{build_pool, ApiVersion, Device};
+use gpushare_slice::{build_pool_in, ApiVersion, Layout, ResourceSlice};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
 use crate::api::{Api, ApiError, WatchEvent};
 use crate::gpushared::Gpushared;
 use crate::metrics::Metrics;
+use partitionable::{kept, learn, Learned};
 use plan::{plan, Change};
 
 /// How often gpushared's devices are read.
@@ -45,6 +53,27 @@ enum PassError {
     Api(#[from] ApiError),
     #[error("{0}")]
     Other(String),
+}
+
+/// The layout learned from the server, and what was last said about it.
+#[derive(Debug, Default)]
+struct Learning {
+    learned: Option<Learned>,
+    said: Option<Learned>,
+}
+
+impl Learning {
+    fn set(&mut self, l: Learned) {
+        if self.said.as_ref() != Some(&l) {
+            if l.layout == Layout::Static {
+                tracing::warn!(layout = %l.layout, "{}", l.why);
+            } else {
+                tracing::info!(layout = %l.layout, "{}", l.why);
+            }
+            self.said = Some(l.clone());
+        }
+        self.learned = Some(l);
+    }
 }
 
 struct Backoff(Duration);
@@ -86,14 +115,20 @@ impl Publisher {
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         let mut backoff = Backoff(Duration::from_millis(250));
         let mut gpus: Option<Vec<GpuInfo>> = None;
+        let mut learning = Learning::default();
         while !*shutdown.borrow() {
-            match self.pass(&mut gpus, &mut shutdown, &mut backoff).await {
+            match self
+                .pass(&mut gpus, &mut learning, &mut shutdown, &mut backoff)
+                .await
+            {
                 Ok(()) => {}
                 Err(e) => {
                     tracing::warn!(error = %e, "publishing ResourceSlices: retrying");
                     if let PassError::Api(a) = &e {
                         if a.is_not_served() {
                             self.api.forget_version();
+                            // Another server version: learn it again.
+                            learning.learned = None;
                         }
                     }
                     backoff.wait(&mut shutdown).await;
@@ -119,6 +154,7 @@ impl Publisher {
     async fn pass(
         &self,
         gpus: &mut Option<Vec<GpuInfo>>,
+        learning: &mut Learning,
         shutdown: &mut watch::Receiver<bool>,
         backoff: &mut Backoff,
     ) -> Result<(), PassError> {
@@ -149,7 +185,7 @@ impl Publisher {
         loop {
             if dirty {
                 if let Some(g) = gpus.as_deref() {
-                    self.reconcile(v, &owner, g, &mut cache).await?;
+                    self.reconcile(v, &owner, g, learning, &mut cache).await?;
                     backoff.reset();
                 }
                 dirty = false;
@@ -175,9 +211,9 @@ impl Publisher {
                 _ = ticker.tick() => {
                     match self.gpushared.list_gpus().await {
                         Ok(now) => {
-                            let changed = gpus.as_deref().is_none_or(|old| {
-                                gpushare_slice::devices(old) != gpushare_slice::devices(&now)
-                            });
+                            let changed = gpus
+                                .as_deref()
+                                .is_none_or(|old| self.published(old) != self.published(&now));
                             if changed {
                                 if gpus.is_some() {
                                     tracing::info!("the node's devices changed; publishing them");
@@ -195,25 +231,73 @@ impl Publisher {
         }
     }
 
+    /// What a pool of `gpus` would be in either layout: a change of anything else (a
+    /// claim's holders, a compute mode) publishes nothing.
+    fn published(&self, gpus: &[GpuInfo]) -> [Vec<ResourceSlice>; 2] {
+        [Layout::Static, Layout::Combined]
+            .map(|l| build_pool_in(gpus, &self.node, &self.driver, 0, l))
+    }
+
+    /// The layout to publish `gpus` in: static where no GPU has counters to publish (nothing
+    /// to learn), else what the server was found to keep.
+    async fn layout(
+        &self,
+        v: ApiVersion,
+        owner: &Value,
+        gpus: &[GpuInfo],
+        learning: &mut Learning,
+    ) -> Result<Layout, PassError> {
+        let has_counters = build_pool_in(gpus, &self.node, &self.driver, 0, Layout::Combined)
+            .iter()
+            .any(|s| !s.spec.shared_counters.is_empty());
+        if !has_counters {
+            return Ok(Layout::Static);
+        }
+        if let Some(l) = &learning.learned {
+            return Ok(l.layout);
+        }
+        let l = learn(&self.api, v, &self.node, &self.driver, owner)
+            .await
+            .inspect_err(|_| self.metrics.api_error("learn_partitionable"))?;
+        let layout = l.layout;
+        learning.set(l);
+        Ok(layout)
+    }
+
     async fn reconcile(
         &self,
         v: ApiVersion,
         owner: &Value,
         gpus: &[GpuInfo],
+        learning: &mut Learning,
         cache: &mut BTreeMap<String, Value>,
     ) -> Result<(), PassError> {
-        let pool = build_pool(gpus, &self.node, &self.driver, 0);
-        let wanted: Vec<Vec<Device>> = pool.iter().map(|s| s.spec.devices.clone()).collect();
+        let layout = self.layout(v, owner, gpus, learning).await?;
+        let pool = build_pool_in(gpus, &self.node, &self.driver, 0, layout);
         let existing: Vec<Value> = cache.values().cloned().collect();
-        let p = plan(&existing, &wanted, &self.node, v);
-        let spec_of = |index: usize| {
+        let p = plan(&existing, &pool, &self.node, v);
+        let slice_of = |index: usize| -> ResourceSlice {
             let mut s = pool[index].clone();
             s.spec.pool.generation = p.generation;
-            s.to_api_object(v)["spec"].clone()
+            s
+        };
+        // A write that lost the counters it carried: the server stopped keeping them.
+        let dropped = |learning: &mut Learning, sent: &ResourceSlice, got: &Value| {
+            if layout.is_partitionable() && !kept(sent, got, v) {
+                learning.set(Learned {
+                    layout: Layout::Static,
+                    why: "the API server dropped the counters of a ResourceSlice it stored (its DRAPartitionableDevices feature was turned off): publishing only the MIG devices that exist".into(),
+                });
+                return Err(PassError::Other(
+                    "counters dropped by the API server; publishing again without them".into(),
+                ));
+            }
+            Ok(())
         };
         for change in &p.changes {
             match change {
                 Change::Create { index } => {
+                    let sent = slice_of(*index);
                     let obj = json!({
                         "apiVersion": v.api_version(),
                         "kind": "ResourceSlice",
@@ -221,28 +305,31 @@ impl Publisher {
                             "generateName": format!("{}-{}-", self.node, self.driver),
                             "ownerReferences": [owner],
                         },
-                        "spec": spec_of(*index),
+                        "spec": sent.to_api_object(v)["spec"],
                     });
                     let made = self
                         .api
                         .create_slice(v, &obj)
                         .await
                         .inspect_err(|_| self.metrics.api_error("create_slice"))?;
-                    tracing::info!(slice = %name_of(&made), generation = p.generation, devices = wanted[*index].len(), "ResourceSlice created");
-                    cache.insert(name_of(&made).to_string(), made);
+                    tracing::info!(slice = %name_of(&made), generation = p.generation, devices = sent.spec.devices.len(), counter_sets = sent.spec.shared_counters.len(), "ResourceSlice created");
+                    cache.insert(name_of(&made).to_string(), made.clone());
+                    dropped(learning, &sent, &made)?;
                 }
                 Change::Update { name, index } => {
+                    let sent = slice_of(*index);
                     let mut obj = cache.get(name).cloned().unwrap_or_else(|| json!({}));
                     obj["apiVersion"] = json!(v.api_version());
                     obj["kind"] = json!("ResourceSlice");
-                    obj["spec"] = spec_of(*index);
+                    obj["spec"] = sent.to_api_object(v)["spec"].clone();
                     let made = self
                         .api
                         .update_slice(v, &obj)
                         .await
                         .inspect_err(|_| self.metrics.api_error("update_slice"))?;
-                    tracing::info!(slice = %name, generation = p.generation, devices = wanted[*index].len(), "ResourceSlice updated");
-                    cache.insert(name.clone(), made);
+                    tracing::info!(slice = %name, generation = p.generation, devices = sent.spec.devices.len(), counter_sets = sent.spec.shared_counters.len(), "ResourceSlice updated");
+                    cache.insert(name.clone(), made.clone());
+                    dropped(learning, &sent, &made)?;
                 }
                 Change::Delete { name, uid } => {
                     self.api
@@ -257,9 +344,10 @@ impl Publisher {
         self.metrics
             .published_slices
             .set(i64::try_from(cache.len()).unwrap_or(i64::MAX));
-        self.metrics
-            .published_devices
-            .set(i64::try_from(wanted.iter().map(Vec::len).sum::<usize>()).unwrap_or(i64::MAX));
+        self.metrics.published_devices.set(
+            i64::try_from(pool.iter().map(|s| s.spec.devices.len()).sum::<usize>())
+                .unwrap_or(i64::MAX),
+        );
         Ok(())
     }
 }

@@ -1,12 +1,15 @@
 //! Pure: what to create, update and delete so that the API server holds exactly the pool
 //! we want, the way the Go helper's ResourceSlice controller decides it
 //! (`research/kubelet-dra.md` §3.5): existing slices are matched to wanted ones by their
-//! device names, changed ones are updated, missing ones created, obsolete ones deleted; the
-//! pool generation is bumped unless at most one update and no create is needed.
+//! device names (and counter-set names: a slice of counter sets has no devices), changed ones
+//! are updated, missing ones created, obsolete ones deleted; the pool generation is bumped
+//! unless at most one update and no create is needed.
 
 use std::collections::BTreeSet;
 
-use gpushare_slice::{devices_of_object, ApiVersion, Device};
+use gpushare_slice::{
+    counters_of_object, devices_of_object, ApiVersion, CounterSet, Device, ResourceSlice,
+};
 use serde_json::Value;
 
 /// One API change.
@@ -42,8 +45,16 @@ pub struct Plan {
     pub changes: Vec<Change>,
 }
 
-fn names(devices: &[Device]) -> BTreeSet<&str> {
-    devices.iter().map(|d| d.name.as_str()).collect()
+/// What a slice holds, compared by meaning.
+type Content = (Vec<Device>, Vec<CounterSet>);
+
+/// Device names, and counter-set names marked as such.
+fn names((devices, sets): &Content) -> BTreeSet<String> {
+    devices
+        .iter()
+        .map(|d| d.name.clone())
+        .chain(sets.iter().map(|s| format!("counter set {}", s.name)))
+        .collect()
 }
 
 fn i64_at(v: &Value, p: &str) -> i64 {
@@ -55,14 +66,21 @@ fn str_at<'a>(v: &'a Value, p: &str) -> &'a str {
 }
 
 /// Plans the changes that turn `existing` (this node's slices of our driver, as listed and
-/// watched) into `wanted` (device lists of the slices of pool `pool`).
-pub fn plan(existing: &[Value], wanted: &[Vec<Device>], pool: &str, version: ApiVersion) -> Plan {
+/// watched) into `wanted` (the slices of pool `pool`: their devices and counter sets count).
+pub fn plan(existing: &[Value], wanted: &[ResourceSlice], pool: &str, version: ApiVersion) -> Plan {
+    let wanted: Vec<Content> = wanted
+        .iter()
+        .map(|s| (s.spec.devices.clone(), s.spec.shared_counters.clone()))
+        .collect();
     let mut changes = Vec::new();
     // Slices of another pool (a renamed node) are obsolete.
-    let mut ours: Vec<(&Value, Option<Vec<Device>>)> = Vec::new();
+    let mut ours: Vec<(&Value, Option<Content>)> = Vec::new();
     for s in existing {
         if str_at(s, "/spec/pool/name") == pool {
-            ours.push((s, devices_of_object(s, version).ok()));
+            let content = devices_of_object(s, version)
+                .and_then(|d| Ok((d, counters_of_object(s)?)))
+                .ok();
+            ours.push((s, content));
         } else {
             changes.push(Change::Delete {
                 name: str_at(s, "/metadata/name").into(),
@@ -95,8 +113,8 @@ pub fn plan(existing: &[Value], wanted: &[Vec<Device>], pool: &str, version: Api
     }
     let count = i64::try_from(wanted.len()).unwrap_or(i64::MAX);
     let differs = |i: usize, j: usize, generation: i64| {
-        let (s, devices) = &ours[i];
-        devices.as_deref() != Some(wanted[j].as_slice())
+        let (s, content) = &ours[i];
+        content.as_ref() != Some(&wanted[j])
             || i64_at(s, "/spec/pool/resourceSliceCount") != count
             || i64_at(s, "/spec/pool/generation") != generation
     };
@@ -144,7 +162,7 @@ pub fn plan(existing: &[Value], wanted: &[Vec<Device>], pool: &str, version: Api
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpushare_slice::build_pool;
+    use gpushare_slice::{build_pool, build_pool_in, Layout};
     use serde_json::json;
 
     fn gpu(minor: u32) -> gpushare_proto::GpuInfo {
@@ -165,18 +183,15 @@ mod tests {
         v
     }
 
-    fn wanted(gpus: &[u32]) -> Vec<Vec<Device>> {
+    fn wanted(gpus: &[u32]) -> Vec<ResourceSlice> {
         let g: Vec<_> = gpus.iter().map(|m| gpu(*m)).collect();
         build_pool(&g, "node-a", "gpu.nvidia.com", 0)
-            .into_iter()
-            .map(|s| s.spec.devices)
-            .collect()
     }
 
     #[test]
     fn nothing_to_do_when_the_server_holds_the_pool() {
         let w = wanted(&[0, 1]);
-        let existing = [stored(&w[0], "a", 3, 1)];
+        let existing = [stored(&w[0].spec.devices, "a", 3, 1)];
         let p = plan(&existing, &w, "node-a", ApiVersion::V1);
         assert_eq!(p.changes, []);
         assert_eq!(p.generation, 3);
@@ -190,7 +205,7 @@ mod tests {
         assert_eq!(p.generation, 1);
 
         let old = wanted(&[0]);
-        let existing = [stored(&old[0], "a", 2, 1)];
+        let existing = [stored(&old[0].spec.devices, "a", 2, 1)];
         let p = plan(&existing, &w, "node-a", ApiVersion::V1);
         assert_eq!(
             p.changes,
@@ -206,8 +221,8 @@ mod tests {
     fn duplicates_and_other_pools_are_deleted_and_the_generation_bumped_on_create() {
         let w = wanted(&[0]);
         let existing = [
-            stored(&w[0], "a", 1, 1),
-            stored(&w[0], "b", 1, 1),
+            stored(&w[0].spec.devices, "a", 1, 1),
+            stored(&w[0].spec.devices, "b", 1, 1),
             json!({"metadata": {"name": "old", "uid": "u-old"}, "spec": {"pool": {"name": "renamed-node"}}}),
         ];
         let p = plan(&existing, &w, "node-a", ApiVersion::V1);
@@ -227,7 +242,7 @@ mod tests {
         // Two slices wanted where one exists: a create, so a new generation for both.
         let gpus: Vec<u32> = (0..130).collect();
         let w = wanted(&gpus);
-        let existing = [stored(&w[0], "a", 4, 1)];
+        let existing = [stored(&w[0].spec.devices, "a", 4, 1)];
         let p = plan(&existing, &w, "node-a", ApiVersion::V1);
         assert_eq!(p.generation, 5);
         assert_eq!(
@@ -240,5 +255,77 @@ mod tests {
                 }
             ]
         );
+    }
+
+    fn partitioned(minor: u32) -> gpushare_proto::GpuInfo {
+        let mut g = gpu(minor);
+        let cap = json!({"memory_mib": 9984, "multiprocessors": 16, "copy_engines": 1,
+            "decoders": 1, "encoders": 0, "jpeg_engines": 1, "ofa_engines": 0});
+        g.mig_partitions = Some(
+            serde_json::from_value(
+                json!({"whole_gpu": true, "slices": true, "memory_slices": 8,
+                "capacity": cap, "placements": (0..7).map(|i| json!({"profile": "1g.10gb",
+                "gi_profile_id": 19, "placement_start": i, "memory_slices": 1, "capacity": cap}))
+                .collect::<Vec<_>>()}),
+            )
+            .unwrap(),
+        );
+        g
+    }
+
+    fn stored_slice(s: &ResourceSlice, name: &str, generation: i64) -> Value {
+        let mut s = s.clone();
+        s.spec.pool.generation = generation;
+        let mut v = s.to_api_object(ApiVersion::V1);
+        v["metadata"] = json!({"name": name, "uid": format!("uid-{name}"), "resourceVersion": "5"});
+        v
+    }
+
+    #[test]
+    fn counter_sets_count_and_counters_only_slices_match_by_their_sets() {
+        let gpus: Vec<_> = (0..9).map(partitioned).collect();
+        let w = build_pool_in(&gpus, "node-a", "gpu.nvidia.com", 0, Layout::Split);
+        // Two counters-only slices (8 sets and 1), nine device slices.
+        assert_eq!(w.len(), 11);
+        let existing: Vec<Value> = w
+            .iter()
+            .enumerate()
+            .rev()
+            .map(|(i, s)| stored_slice(s, &format!("s{i}"), 2))
+            .collect();
+        let p = plan(&existing, &w, "node-a", ApiVersion::V1);
+        assert_eq!(
+            p.changes,
+            [],
+            "each slice matched to its own, whatever the order"
+        );
+        assert_eq!(p.generation, 2);
+        // The server dropped the counters of one slice: that one is updated, at the same
+        // generation; likewise a device's consumption.
+        for (name, index) in [("s1", 1), ("s5", 5)] {
+            let mut lost = existing.clone();
+            let at = lost
+                .iter()
+                .position(|s| s["metadata"]["name"] == name)
+                .unwrap();
+            let spec = &mut lost[at]["spec"];
+            if index == 1 {
+                spec.as_object_mut().unwrap().remove("sharedCounters");
+            } else {
+                spec["devices"][0]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("consumesCounters");
+            }
+            let p = plan(&lost, &w, "node-a", ApiVersion::V1);
+            assert_eq!(
+                p.changes,
+                [Change::Update {
+                    name: name.into(),
+                    index
+                }]
+            );
+            assert_eq!(p.generation, 2);
+        }
     }
 }

@@ -12,6 +12,13 @@
 //!   create only with `spec.nodeName == node`, get/update/delete only of the node's own
 //!   slices (403 otherwise, also for a missing one: no graph edge), conditional updates
 //!   (resourceVersion) and deletes (uid precondition);
+//! - `GET /version`: the Kubernetes version it plays (1.34 unless
+//!   [`ApiServer::set_kubernetes_minor`]; every authenticated user may read it, so it is not
+//!   recorded among the RBAC verbs);
+//! - slices written (created, updated, or created with `dryRun=All`, which stores and tells
+//!   nothing) go through [`crate::slice_rules`]: partitionable devices' fields dropped unless
+//!   [`ApiServer::set_partitionable`], else that version's limits, a violation answered 422
+//!   `Invalid` and recorded ([`ApiServer::invalid`]);
 //! - faults: down (connections dropped), slow (every answer delayed);
 //! - [`ApiServer::wipe_node_slices`]: what kubelet's DeleteCollection does at its start.
 //!
@@ -47,6 +54,12 @@ struct Store {
     delay: Duration,
     refused: Vec<String>,
     claim_gets: Vec<String>,
+    /// Kubernetes 1.<minor> played.
+    minor: u32,
+    /// `DRAPartitionableDevices` on: counters kept.
+    partitionable: bool,
+    invalid: Vec<String>,
+    dry_runs: usize,
 }
 
 /// The stand-in; cheap to clone.
@@ -118,6 +131,7 @@ impl ApiServer {
         let mut store = Store {
             served: vec!["v1".into(), "v1beta2".into(), "v1beta1".into()],
             rv: 100,
+            minor: 34,
             ..Store::default()
         };
         store.nodes.insert(
@@ -170,6 +184,46 @@ impl ApiServer {
     /// Serves only these `resource.k8s.io` versions.
     pub fn serve_versions(&self, versions: &[&str]) {
         self.lock().served = versions.iter().map(|v| v.to_string()).collect();
+    }
+
+    /// Plays Kubernetes 1.`minor` (`GET /version`, and the slice rules of that version).
+    pub fn set_kubernetes_minor(&self, minor: u32) {
+        self.lock().minor = minor;
+    }
+
+    /// Keeps partitionable devices' fields (`DRAPartitionableDevices` on) or drops them (off,
+    /// the default, as on a 1.34 server without alpha features).
+    pub fn set_partitionable(&self, on: bool) {
+        self.lock().partitionable = on;
+    }
+
+    /// Slice writes refused as invalid, one line each.
+    pub fn invalid(&self) -> Vec<String> {
+        self.lock().invalid.clone()
+    }
+
+    /// Slice creates made with `dryRun=All` so far.
+    pub fn dry_runs(&self) -> usize {
+        self.lock().dry_runs
+    }
+
+    /// What the server does to a slice it is asked to store: drops or checks the counters.
+    fn admit(st: &mut Store, slice: &mut Value) -> Result<(), (u16, Value)> {
+        if !st.partitionable {
+            crate::slice_rules::drop_counters(slice);
+            return Ok(());
+        }
+        let errs = crate::slice_rules::violations(slice, st.minor);
+        if errs.is_empty() {
+            return Ok(());
+        }
+        let message = format!(
+            "ResourceSlice.resource.k8s.io {:?} is invalid: {}",
+            slice["metadata"]["name"].as_str().unwrap_or_default(),
+            errs.join(", ")
+        );
+        st.invalid.push(message.clone());
+        Err(status(422, "Invalid", &message, None))
     }
 
     /// Adds a claim, referenced by a pod on `node` (or on no node of ours when `None`).
@@ -336,6 +390,14 @@ impl ApiServer {
                     "versions": versions, "preferredVersion": versions.first()}),
                 )
             }
+            ["version"] => {
+                let minor = st.minor;
+                (
+                    200,
+                    json!({"major": "1", "minor": minor.to_string(),
+                        "gitVersion": format!("v1.{minor}.0"), "platform": "linux/amd64"}),
+                )
+            }
             ["api", "v1", "nodes", name] => {
                 st.seen.insert(("get".into(), "nodes".into()));
                 if *name != node {
@@ -423,6 +485,9 @@ impl ApiServer {
                             );
                         }
                         let mut obj = body.clone();
+                        if let Err(refused) = Self::admit(&mut st, &mut obj) {
+                            return refused;
+                        }
                         let name = match obj["metadata"]["name"].as_str() {
                             Some(n) => n.to_string(),
                             None => format!(
@@ -434,8 +499,14 @@ impl ApiServer {
                         if st.slices.contains_key(&name) {
                             return status(409, "AlreadyExists", "exists", None);
                         }
-                        st.rv += 1;
                         obj["metadata"]["name"] = json!(name);
+                        if q.get("dryRun").is_some_and(|d| d == "All") {
+                            // Everything a create does, but nothing stored or told.
+                            st.dry_runs += 1;
+                            obj["metadata"]["uid"] = json!(format!("uid-{name}-dry-run"));
+                            return (201, obj);
+                        }
+                        st.rv += 1;
                         obj["metadata"]["uid"] = json!(format!("uid-{name}-{}", st.rv));
                         obj["metadata"]["resourceVersion"] = json!(st.rv.to_string());
                         st.slices.insert(name, obj.clone());
@@ -486,8 +557,11 @@ impl ApiServer {
                                         None,
                                     );
                                 }
-                                st.rv += 1;
                                 let mut obj = body.clone();
+                                if let Err(refused) = Self::admit(&mut st, &mut obj) {
+                                    return refused;
+                                }
+                                st.rv += 1;
                                 obj["metadata"]["uid"] = old["metadata"]["uid"].clone();
                                 obj["metadata"]["resourceVersion"] = json!(st.rv.to_string());
                                 st.slices.insert(name.to_string(), obj.clone());

@@ -11,3 +11,4 @@
 
 pub mod apiserver;
 pub mod kubelet;
+pub mod slice_rules;

@@ -38,7 +38,7 @@ fn a_pending_mig_mode_is_shown_and_a_later_layout_cancels_it() {
     );
     let g = gpu(&f, "gpu-7");
     assert_eq!((g.mig_enabled, g.mig_pending), (false, Some(true)));
-    let table = crate::cli::gpus_table(&f.service.list_gpus());
+    let table = gpushare_cli::gpus_table(&f.service.list_gpus());
     let row = table
         .lines()
         .find(|l| l.trim_start().starts_with("gpu-7 "))
@@ -90,7 +90,7 @@ fn a_plan_of_a_gpu_claims_hold_marks_it_and_apply_refuses() {
     assert_eq!(plan.gpus.len(), 1);
     assert_eq!(plan.gpus[0].held_by, vec!["holds".to_string()]);
     assert_eq!(plan.gpus[0].set_mig_mode, Some(false));
-    let text = crate::cli::mig_plan_text(&plan);
+    let text = gpushare_cli::mig_plan_text(&plan);
     assert!(text.contains("held by claim(s) holds"), "{text}");
     let e = layout(&f, "off", false).unwrap_err();
     assert_eq!(e.code, ErrorCode::Conflict);
@@ -111,7 +111,7 @@ fn listings_show_the_mig_device_a_claim_got() {
     f.service
         .prepare(&claim("mps", &["gpu-1-mig-2g20gb-14-2"], Some(mps)))
         .unwrap();
-    let table = crate::cli::claims_table(&f.service.list_claims());
+    let table = gpushare_cli::claims_table(&f.service.list_claims());
     let row = |uid: &str| {
         table
             .lines()
@@ -120,19 +120,19 @@ fn listings_show_the_mig_device_a_claim_got() {
             .to_string()
     };
     assert!(row("short").contains("gpu-5-mig-3g40gb-9-0"), "{table}");
-    let gpus = crate::cli::gpus_table(&f.service.list_gpus());
+    let gpus = gpushare_cli::gpus_table(&f.service.list_gpus());
     let gpu5 = gpus
         .lines()
         .find(|l| l.trim_start().starts_with("gpu-5 "))
         .unwrap();
     assert!(gpu5.contains("on (1 device)"), "{gpu5}");
     assert!(row("mps").contains("gpu-1-mig-2g20gb-14-2"), "{table}");
-    let detail = crate::cli::claim_detail(&f.service.get_claim("short").unwrap());
+    let detail = gpushare_cli::claim_detail(&f.service.get_claim("short").unwrap());
     assert!(
         detail.contains("Request gpu: devices gpu-5-mig-3g40gb-9-0"),
         "{detail}"
     );
-    let detail = crate::cli::claim_detail(&f.service.get_claim("mps").unwrap());
+    let detail = gpushare_cli::claim_detail(&f.service.get_claim("mps").unwrap());
     assert!(
         detail.contains("CUDA device 0 = gpu-1-mig-2g20gb-14-2 (read back): 4G"),
         "{detail}"

@@ -50,6 +50,12 @@ impl Service {
                     info.mig_enabled = mode.current;
                     info.mig_pending = Some(mode.pending);
                     info.mig_devices = devices;
+                    info.mig_partitions = crate::mig::partitions::for_gpu(
+                        &g.product_name,
+                        mode.current,
+                        mode.pending,
+                        &info.mig_devices,
+                    );
                 }
                 info
             })

@@ -382,3 +382,31 @@ fn mig_apply_generates_the_driver_spec_again() {
         assert!(!before.devices.iter().any(|x| &x.name == m));
     }
 }
+
+#[test]
+fn a_host_record_with_the_driver_devices_of_its_own_gpus_is_accepted_and_others_are_not() {
+    // Found by the crash suite after merging: host records carry the driver's IDs, and the
+    // start-up reconcile refused them as "not the claim's own", losing every claim.
+    let d = with_driver("p4d.24xlarge", &[], None);
+    let f = &d.f;
+    f.service
+        .prepare(&claim("u1", &["gpu-5", "gpu-4"], Some(mps(30))))
+        .unwrap();
+    let text = std::fs::read_to_string(f.cfg.run_dir.join("claims/u1/claim.json")).unwrap();
+    let info: ClaimInfo = serde_json::from_str(&text).unwrap();
+    assert!(info.requests[0]
+        .cdi_device_ids
+        .iter()
+        .any(|id| id.starts_with("gpushare.io/gpu=GPU-")));
+    crate::service::persisted::check_record(&info, "u1", &f.cfg.run_dir).unwrap();
+    // A driver ID of a GPU the claim does not hold, or of all GPUs, is refused.
+    for foreign in [
+        format!("gpushare.io/gpu={}", uuid(&d, "gpu-1")),
+        "nvidia.com/gpu=all".to_string(),
+    ] {
+        let mut bad = info.clone();
+        bad.requests[0].per_device[0].cdi_device_ids = vec![foreign.clone()];
+        let e = crate::service::persisted::check_record(&bad, "u1", &f.cfg.run_dir).unwrap_err();
+        assert!(e.contains("is not the claim's own"), "{foreign}: {e}");
+    }
+}

@@ -17,8 +17,8 @@ use gpushare_proto::{
 };
 use serde_json::Value;
 
-use super::{claim_detail, claims_table, container, gpus_table};
-use crate::sys::pid_alive;
+use crate::{claim_detail, claims_table, container, gpus_table, mig_table};
+use gpushare::cli_api::{parse_claim_document, pid_alive, split_kind};
 
 /// Node name of the sample claims' allocations.
 pub const DEMO_NODE: &str = "ip-10-0-1-23.us-west-2.compute.internal";
@@ -32,27 +32,27 @@ pub const DEMO_DRIVER_KIND: &str = "gpushare.io/demo-gpu";
 const CLAIMS: &[(&str, &str)] = &[
     (
         "seed-mps.yaml",
-        include_str!("../../examples/claims/seed-mps.yaml"),
+        include_str!("../../daemon/examples/claims/seed-mps.yaml"),
     ),
     (
         "seed-timeslicing.yaml",
-        include_str!("../../examples/claims/seed-timeslicing.yaml"),
+        include_str!("../../daemon/examples/claims/seed-timeslicing.yaml"),
     ),
     (
         "seed-basic-v1beta1.yaml",
-        include_str!("../../examples/claims/seed-basic-v1beta1.yaml"),
+        include_str!("../../daemon/examples/claims/seed-basic-v1beta1.yaml"),
     ),
     (
         "nvidia-mps-2gpu.json",
-        include_str!("../../examples/claims/nvidia-mps-2gpu.json"),
+        include_str!("../../daemon/examples/claims/nvidia-mps-2gpu.json"),
     ),
     (
         "nvidia-two-requests.yaml",
-        include_str!("../../examples/claims/nvidia-two-requests.yaml"),
+        include_str!("../../daemon/examples/claims/nvidia-two-requests.yaml"),
     ),
     (
         "seed-mig-3g20gb.yaml",
-        include_str!("../../examples/claims/seed-mig-3g20gb.yaml"),
+        include_str!("../../daemon/examples/claims/seed-mig-3g20gb.yaml"),
     ),
 ];
 
@@ -185,7 +185,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     let profile = tmp.path().join("p4d.24xlarge-mig2.toml");
     fs::write(
         &profile,
-        include_str!("../../examples/profiles/p4d.24xlarge-mig2.toml"),
+        include_str!("../../daemon/examples/profiles/p4d.24xlarge-mig2.toml"),
     )?;
     // A config of our own: the host's /etc/gpushare/config.toml is not the demo's.
     let config = tmp.path().join("config.toml");
@@ -194,8 +194,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         format!("[cdi]\ndriver_spec = \"toolkit\"\ndriver_kind = \"{DEMO_DRIVER_KIND}\"\n"),
     )?;
     let driver_spec = {
-        let (vendor, class) =
-            crate::driver_spec::split_kind(DEMO_DRIVER_KIND).map_err(anyhow::Error::msg)?;
+        let (vendor, class) = split_kind(DEMO_DRIVER_KIND).map_err(anyhow::Error::msg)?;
         cdi_dir.join(format!("{vendor}-{class}.json"))
     };
     let mut cmd = Command::new(&gpushared);
@@ -252,8 +251,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     step("Preparing the sample ResourceClaims");
     let mut prepared: Vec<String> = Vec::new();
     for (file, text) in CLAIMS {
-        let claim = crate::config::parse_claim_document(text)
-            .map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
+        let claim = parse_claim_document(text).map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
         match client.call::<_, PrepareResult>(Method::Prepare, Some(&PrepareParams { claim })) {
             Ok(r) => {
                 let ids: Vec<String> = r
@@ -275,7 +273,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     let gpus: Vec<GpuInfo> = client.call(Method::ListGpus, None::<&()>)?;
     print!("{}", gpus_table(&gpus));
     step("MIG devices (gpushare mig list)");
-    print!("{}", crate::cli::mig_table(&gpus));
+    print!("{}", mig_table(&gpus));
     step("Claims (gpushare claims)");
     let claims: Vec<ClaimInfo> = client.call(Method::ListClaims, None::<&()>)?;
     print!("{}", claims_table(&claims));

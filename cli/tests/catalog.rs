@@ -6,9 +6,10 @@
 
 use std::path::{Path, PathBuf};
 
-use gpushare::cli::gpus_table;
-use gpushare::gpu::{catalog, resource_slice, GpuBackend, SimulatedBackend};
+use gpushare::gpu::{catalog, GpuBackend, SimulatedBackend};
+use gpushare_cli::gpus_table;
 use gpushare_proto::GpuInfo;
+use gpushare_slice as resource_slice;
 
 /// The node name the end-to-end harness uses, so its daemon's table matches these files.
 const NODE: &str = "ip-10-0-1-23.us-west-2.compute.internal";
@@ -67,7 +68,7 @@ fn every_catalog_entry_yields_a_valid_resource_slice() {
 #[test]
 fn p4d_resource_slice_has_nvidia_s_attributes_and_round_trips() {
     let gpus = fresh_node("p4d.24xlarge");
-    let yaml = gpushare::cli::resource_slice_yaml(&gpus, NODE).unwrap();
+    let yaml = gpushare_cli::resource_slice_yaml(&gpus, NODE).unwrap();
     let slice: resource_slice::ResourceSlice = serde_norway::from_str(&yaml).unwrap();
     resource_slice::validate(&slice).unwrap();
     assert_eq!(slice.api_version, "resource.k8s.io/v1");

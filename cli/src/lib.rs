@@ -1,4 +1,12 @@
-//! The operators' CLI: rendering what the daemon reports, and the demo.
+//! `gpushare`, the operators' CLI for gpushared: rendering what the daemon reports (this
+//! file: tables, the detail views, `-o json|yaml|resourceslice`, man pages), the demo
+//! ([`demo`]) and the node check ([`doctor`]), and the containers both the demo and the
+//! end-to-end tests start ([`container`]).
+//!
+//! It talks to the daemon through `gpushare-proto` only. What it takes from the daemon's
+//! library (the config file and checkpoint readers, the node catalog, the daemon's own choice
+//! of MPS control program and toolkit) is `gpushare::cli_api`, and nothing else: not the claim
+//! service, the socket server, the strategies or the registry (`tests/layout.rs` checks it).
 
 pub mod container;
 pub mod demo;
@@ -7,6 +15,7 @@ pub mod doctor;
 use std::fmt::Write as _;
 
 use comfy_table::{presets, Table};
+use gpushare::cli_api::{catalog, NodeProfile};
 use gpushare_proto::{ClaimInfo, GpuInfo, HealthInfo, StrategyInfo, VersionInfo};
 use serde::Serialize;
 
@@ -52,35 +61,6 @@ fn table(header: &[&str]) -> Table {
     let mut t = Table::new();
     t.load_preset(presets::NOTHING).set_header(header.to_vec());
     t
-}
-
-/// Short description of a claim's strategies, e.g. `MPS(50.0%)+TimeSlicing(Short)`.
-pub fn strategy_summary(c: &ClaimInfo) -> String {
-    c.groups
-        .iter()
-        .map(|g| match &g.sharing {
-            _ if !g.mig.is_empty() => {
-                let profiles: Vec<&str> = g.mig.iter().map(|m| m.profile.as_str()).collect();
-                match &g.sharing {
-                    StrategyInfo::Mps(m) => {
-                        format!(
-                            "MIG({})+MPS({}%)",
-                            profiles.join(","),
-                            m.active_thread_percentage
-                        )
-                    }
-                    _ => format!("MIG({})", profiles.join(",")),
-                }
-            }
-            StrategyInfo::Exclusive => "Exclusive".to_string(),
-            StrategyInfo::TimeSlicing { interval } => format!("TimeSlicing({})", interval.as_str()),
-            StrategyInfo::Mps(m) if m.active_thread_percentage.is_empty() => {
-                "MPS(starting)".to_string()
-            }
-            StrategyInfo::Mps(m) => format!("MPS({}%)", m.active_thread_percentage),
-        })
-        .collect::<Vec<_>>()
-        .join("+")
 }
 
 /// The `gpushare gpus` table, the same for real and simulated nodes. MIG: `-` for a GPU
@@ -278,8 +258,8 @@ pub struct ProfileRow {
 
 impl ProfileRow {
     /// The row for `p`.
-    pub fn of(p: &crate::gpu::NodeProfile) -> ProfileRow {
-        let join = |f: &dyn Fn(&crate::gpu::catalog::GpuGroup) -> String| {
+    pub fn of(p: &NodeProfile) -> ProfileRow {
+        let join = |f: &dyn Fn(&catalog::GpuGroup) -> String| {
             let mut v: Vec<String> = p.gpus.iter().map(f).collect();
             v.dedup();
             v.join("+")
@@ -332,14 +312,40 @@ pub const RESOURCE_SLICE_DRIVER: &str = "gpu.nvidia.com";
 /// The slice breaks a rule (e.g. a node name that is not a DNS subdomain), or serialization
 /// failed.
 pub fn resource_slice_yaml(gpus: &[GpuInfo], node_name: &str) -> anyhow::Result<String> {
-    let slice = crate::gpu::resource_slice::build(gpus, node_name, RESOURCE_SLICE_DRIVER);
-    crate::gpu::resource_slice::validate(&slice).map_err(|errs| {
+    let slice = gpushare_slice::build(gpus, node_name, RESOURCE_SLICE_DRIVER);
+    gpushare_slice::validate(&slice).map_err(|errs| {
         anyhow::anyhow!(
             "the ResourceSlice for node {node_name:?} would be refused: {}",
             errs.join("; ")
         )
     })?;
     Ok(serde_norway::to_string(&slice)?)
+}
+
+/// `gpushare gpus -o resourceslice --partitionable <version>`: the pool a DRA driver
+/// publishes in `layout` (a server that keeps partitionable devices), as a YAML stream of
+/// ResourceSlices, checked against that server's rules first.
+///
+/// # Errors
+/// A slice breaks a rule, or serialization failed.
+pub fn resource_pool_yaml(
+    gpus: &[GpuInfo],
+    node_name: &str,
+    layout: gpushare_slice::Layout,
+) -> anyhow::Result<String> {
+    let pool = gpushare_slice::build_pool_in(gpus, node_name, RESOURCE_SLICE_DRIVER, 1, layout);
+    gpushare_slice::validate_pool(&pool, layout).map_err(|errs| {
+        anyhow::anyhow!(
+            "the ResourceSlices for node {node_name:?} would be refused: {}",
+            errs.join("; ")
+        )
+    })?;
+    let mut out = String::new();
+    for s in &pool {
+        out += "---\n";
+        out += &serde_norway::to_string(s)?;
+    }
+    Ok(out)
 }
 
 /// The `gpushare claims` table.
@@ -366,7 +372,7 @@ pub fn claims_table(claims: &[ClaimInfo]) -> String {
             c.uid.clone(),
             clean(&format!("{}/{}", c.namespace, c.name)),
             format!("{:?}", c.state),
-            strategy_summary(c),
+            c.strategy_summary(),
             devices.join(","),
             attached,
         ]);

@@ -10,7 +10,8 @@ use std::process::Command;
 
 use serde_json::{json, Value};
 
-use crate::cdi::ContainerEdits;
+use gpushare::cli_api::{apply_to_oci_config, remove_file_if_exists};
+use gpushare_cdi::ContainerEdits;
 
 /// Where `busybox-static` installs its binary.
 pub const BUSYBOX: &str = "/bin/busybox";
@@ -128,7 +129,7 @@ pub fn podman_run_devices<S: AsRef<str>>(
 /// missing.
 pub fn runc_config(bundle: &Path, script: &str, edits: &ContainerEdits) -> io::Result<()> {
     let path = bundle.join("config.json");
-    crate::fsutil::remove_file_if_exists(&path)?;
+    remove_file_if_exists(&path)?;
     let st = Command::new("runc")
         .args(["spec", "--bundle"])
         .arg(bundle)
@@ -143,7 +144,7 @@ pub fn runc_config(bundle: &Path, script: &str, edits: &ContainerEdits) -> io::R
     config["process"]["terminal"] = json!(false);
     config["process"]["args"] = json!(["/bin/sh", "-c", script]);
     config["root"]["readonly"] = json!(false);
-    crate::cdi::apply_to_oci_config(&mut config, edits)?;
+    apply_to_oci_config(&mut config, edits)?;
     fs::write(&path, serde_json::to_vec_pretty(&config)?)
 }
 

@@ -21,8 +21,10 @@ use std::path::{Path, PathBuf};
 use gpushare_proto::{ClaimInfo, ClaimState, ComputeMode, GpuInfo, GpuSharing, HealthInfo};
 use serde::Serialize;
 
-use crate::checkpoint::Checkpoint;
-use crate::daemon_config::DaemonConfig;
+use gpushare::cli_api::{
+    catalog, default_program, find_lock_holder, is_emulator, nvidia_ctk, split_kind, store,
+    Checkpoint, DaemonConfig, DriverSpecMode, DEFAULT_CONFIG_PATH,
+};
 
 /// The outcome of one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -241,7 +243,7 @@ pub const NODEADM_DROPIN: &str = "50-gpushare.yaml";
 impl Default for DoctorPaths {
     fn default() -> Self {
         DoctorPaths {
-            config: PathBuf::from(crate::daemon_config::DEFAULT_CONFIG_PATH),
+            config: PathBuf::from(DEFAULT_CONFIG_PATH),
             config_required: false,
             containerd_config: PathBuf::from("/etc/containerd/config.toml"),
             nodeadm_dir: PathBuf::from("/etc/eks/nodeadm.d"),
@@ -406,7 +408,7 @@ fn check_socket(ctx: &Context<'_>) -> Check {
 
 fn check_driver(simulate: Option<&str>, host: &dyn DoctorHost) -> Check {
     if let Some(profile) = simulate {
-        return match crate::gpu::catalog::resolve(profile) {
+        return match catalog::resolve(profile) {
             Ok(p) => {
                 let gpus: Vec<String> = p
                     .gpus
@@ -443,7 +445,6 @@ fn check_driver(simulate: Option<&str>, host: &dyn DoctorHost) -> Check {
 /// without it gpushared refuses every claim; and the spec it generates at start should be in
 /// the CDI directory.
 fn check_driver_spec(cfg: &DaemonConfig, simulate: Option<&str>, host: &dyn DoctorHost) -> Check {
-    use crate::daemon_config::DriverSpecMode;
     if cfg.cdi.driver_spec == DriverSpecMode::None {
         return check(
             "driver-spec",
@@ -452,14 +453,14 @@ fn check_driver_spec(cfg: &DaemonConfig, simulate: Option<&str>, host: &dyn Doct
             "",
         );
     }
-    let spec = match crate::driver_spec::split_kind(&cfg.cdi.driver_kind) {
+    let spec = match split_kind(&cfg.cdi.driver_kind) {
         Ok((vendor, class)) => cfg.paths.cdi_dir.join(format!("{vendor}-{class}.json")),
         Err(e) => return check("driver-spec", Status::Fail, e, "fix [cdi] driver_kind"),
     };
     let generator = if simulate.is_some() && cfg.cdi.nvidia_ctk.as_os_str().is_empty() {
         "the simulated toolkit".to_string()
     } else {
-        match crate::driver_spec::nvidia_ctk::find(&cfg.cdi.nvidia_ctk, |p| host.executable(p)) {
+        match nvidia_ctk::find(&cfg.cdi.nvidia_ctk, |p| host.executable(p)) {
             Ok(p) => p.display().to_string(),
             Err(e) => {
                 return check(
@@ -493,7 +494,7 @@ fn check_driver_spec(cfg: &DaemonConfig, simulate: Option<&str>, host: &dyn Doct
 
 /// The MPS control program gpushared runs: the answering daemon says which; without one,
 /// the one it would choose (`[mps] control`, else NVIDIA's from `PATH`, else the emulator
-/// beside gpushared: [`crate::mps_program`]). The emulator drives no GPU, so it passes only
+/// beside gpushared: [`default_program`]). The emulator drives no GPU, so it passes only
 /// for simulated GPUs.
 fn check_mps_control(ctx: &Context<'_>) -> Check {
     let hint = "install nvidia-cuda-mps-control (it comes with the NVIDIA driver's utilities) or set [mps] control";
@@ -507,7 +508,7 @@ fn check_mps_control(ctx: &Context<'_>) -> Check {
             (ctx.cfg.mps.control.clone(), "mps.control".to_string())
         }
         _ => {
-            let chosen = crate::mps_program::default_program(
+            let chosen = default_program(
                 |n| host.which(n),
                 &host.gpushared_dir(),
                 |p| host.executable(p),
@@ -526,7 +527,7 @@ fn check_mps_control(ctx: &Context<'_>) -> Check {
             hint,
         );
     }
-    if crate::mps_program::is_emulator(&program) {
+    if is_emulator(&program) {
         return match &ctx.simulate {
             Some(profile) => check(
                 "mps-control",
@@ -924,8 +925,8 @@ fn check_checkpoint(path: &Path, daemon: Option<&DaemonView>) -> Check {
     // Since per-claim records (`crate::store`), `checkpoint.json` exists only between a stop
     // and the next start (the downgrade export), or before the first start of this release.
     let state_dir = path.parent().unwrap_or(Path::new("."));
-    if state_dir.join(crate::store::STORE_FILE).exists() {
-        let (cp, problems) = crate::store::snapshot(state_dir);
+    if state_dir.join(store::STORE_FILE).exists() {
+        let (cp, problems) = store::snapshot(state_dir);
         if !problems.is_empty() {
             return check(
                 "checkpoint",
@@ -934,7 +935,7 @@ fn check_checkpoint(path: &Path, daemon: Option<&DaemonView>) -> Check {
                 "gpushared quarantines a corrupt record at start and rebuilds its claim from the claim's host record: restart it",
             );
         }
-        return checkpoint_claims(&state_dir.join(crate::store::CLAIMS_DIR), &cp);
+        return checkpoint_claims(&state_dir.join(store::CLAIMS_DIR), &cp);
     }
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
@@ -1090,7 +1091,7 @@ impl DoctorHost for RealHost {
     }
 
     fn lock_holder(&self, path: &Path) -> Result<Option<i32>, String> {
-        match crate::sys::find_lock_holder(path) {
+        match find_lock_holder(path) {
             Ok(holder) => Ok(holder),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(format!("{}: {e}", path.display())),

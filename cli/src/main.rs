@@ -6,7 +6,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
-use gpushare::cli::{self, Output};
+use gpushare::cli_api::{self as daemon, catalog};
+use gpushare_cli::{self as cli, Output};
 use gpushare_proto::{
     ClaimInfo, Client, GpuInfo, HealthInfo, Method, MigApplyParams, MigApplyResult, PrepareParams,
     PrepareResult, UidParams, UnprepareResult, VersionInfo,
@@ -14,7 +15,8 @@ use gpushare_proto::{
 
 /// gpushare: inspect and control gpushared, the node's GPU sharing daemon.
 #[derive(Debug, Parser)]
-#[command(version)]
+// The package is gpushare-cli; the command, its man pages and completions are `gpushare`.
+#[command(name = "gpushare", version)]
 struct Args {
     /// gpushared's socket [default: /run/gpushare/gpushared.sock].
     #[arg(long, global = true)]
@@ -35,7 +37,14 @@ enum Command {
     Status,
     /// The node's GPUs with their compute mode, time-slice and holders; `-o resourceslice`
     /// prints the ResourceSlice a DRA driver would publish for them.
-    Gpus,
+    Gpus {
+        /// With `-o resourceslice`: the slices published where the API server, of this
+        /// Kubernetes version (e.g. 1.34, 1.35), keeps partitionable devices (every MIG slice
+        /// gpushared can make, with one counter set per GPU). Without it: what a server that
+        /// drops them gets, the devices that exist.
+        #[arg(long, value_name = "KUBERNETES_VERSION", value_parser = kubernetes_minor)]
+        partitionable: Option<u32>,
+    },
     /// All claims.
     Claims,
     /// One claim: strategy, devices, MPS daemon pid, limits as read back, containers, CDI IDs.
@@ -155,7 +164,6 @@ fn require_root(what: &str) -> Result<()> {
 
 /// `gpushare profiles [PROFILE]`.
 fn profiles(profile: Option<&str>, output: Output) -> Result<()> {
-    use gpushare::gpu::catalog;
     match profile {
         None => {
             let all = catalog::catalog()?;
@@ -167,7 +175,7 @@ fn profiles(profile: Option<&str>, output: Output) -> Result<()> {
             let gpus: Vec<GpuInfo> = node
                 .gpus("simulated-node")
                 .iter()
-                .map(gpushare::gpu::Gpu::info)
+                .map(daemon::Gpu::info)
                 .collect();
             print_structured_or(&gpus, output, |g| cli::gpus_table(g))
         }
@@ -188,19 +196,49 @@ fn main() -> std::process::ExitCode {
 /// A claim UID given on the command line, checked before anything is asked: the daemon's
 /// refusal would name `metadata.uid`, which the user never typed.
 fn claim_uid_arg(uid: &str) -> Result<()> {
-    match gpushare::config::claim_uid_problem(uid) {
+    match daemon::claim_uid_problem(uid) {
         None => Ok(()),
         Some(why) => anyhow::bail!("{uid:?} is not a valid claim UID: it {why}"),
     }
 }
 
+/// `--partitionable`'s Kubernetes version (`1.34`, `v1.35`) as its minor; partitionable
+/// devices exist from 1.33.
+fn kubernetes_minor(s: &str) -> Result<u32, String> {
+    let bad = || format!("{s:?} is not a Kubernetes version such as 1.34 or 1.35");
+    let (major, minor) = s.trim_start_matches('v').split_once('.').ok_or_else(bad)?;
+    let minor: u32 = minor
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .ok_or_else(bad)?;
+    if major != "1" {
+        return Err(bad());
+    }
+    if minor < 33 {
+        return Err(format!(
+            "Kubernetes 1.{minor} has no partitionable devices (they came in 1.33)"
+        ));
+    }
+    Ok(minor)
+}
+
 fn run(args: Args) -> Result<()> {
     // Before any command runs: only `gpus` has this output, and a silent fallback (or YAML
     // under another name) would hide the mistake.
-    if args.output == Some(Output::ResourceSlice) && !matches!(args.command, Command::Gpus) {
+    if args.output == Some(Output::ResourceSlice) && !matches!(args.command, Command::Gpus { .. }) {
         anyhow::bail!(
             "-o resourceslice applies to `gpushare gpus` only; use -o table, json or yaml here"
         );
+    }
+    if matches!(
+        args.command,
+        Command::Gpus {
+            partitionable: Some(_)
+        }
+    ) && args.output != Some(Output::ResourceSlice)
+    {
+        anyhow::bail!("--partitionable applies to `gpushare gpus -o resourceslice` only");
     }
     match &args.command {
         Command::Doctor {
@@ -214,7 +252,7 @@ fn run(args: Args) -> Result<()> {
             let paths = cli::doctor::DoctorPaths {
                 config: config
                     .clone()
-                    .unwrap_or_else(|| PathBuf::from(gpushare::daemon_config::DEFAULT_CONFIG_PATH)),
+                    .unwrap_or_else(|| PathBuf::from(daemon::DEFAULT_CONFIG_PATH)),
                 config_required: config.is_some(),
                 containerd_config: containerd_config.clone(),
                 socket: args.socket.clone(),
@@ -299,11 +337,21 @@ fn run(args: Args) -> Result<()> {
             let both = serde_json::json!({"health": h, "version": v});
             print_structured_or(&both, output, |_| cli::status_text(&h, &v))?;
         }
-        Command::Gpus => {
+        Command::Gpus { partitionable } => {
             let gpus: Vec<GpuInfo> = client.call(Method::ListGpus, none)?;
             if output == Output::ResourceSlice {
                 let h: HealthInfo = client.call(Method::Health, none)?;
-                print!("{}", cli::resource_slice_yaml(&gpus, &h.node_name)?);
+                match partitionable {
+                    None => print!("{}", cli::resource_slice_yaml(&gpus, &h.node_name)?),
+                    Some(minor) => print!(
+                        "{}",
+                        cli::resource_pool_yaml(
+                            &gpus,
+                            &h.node_name,
+                            gpushare_slice::Layout::partitionable(*minor)
+                        )?
+                    ),
+                }
             } else {
                 print_structured_or(&gpus, output, |g| cli::gpus_table(g))?;
             }
@@ -325,7 +373,7 @@ fn run(args: Args) -> Result<()> {
                 std::fs::read_to_string(file)
                     .with_context(|| format!("reading {}", file.display()))?
             };
-            let claim = gpushare::config::parse_claim_document(&text)
+            let claim = daemon::parse_claim_document(&text)
                 .map_err(|e| anyhow::anyhow!("{}: {}: {}", file.display(), e.code, e.message))?;
             let r: PrepareResult = client.call(Method::Prepare, Some(&PrepareParams { claim }))?;
             print_structured_or(&r, output, |r| {
