@@ -9,7 +9,7 @@
 //! there uses the directories checked here, the checkpoint, degraded claims, the compute
 //! mode of GPUs shared with MPS, and the DRA kubelet plugin (`gpushare-dra probe`). Files are read where [`DoctorPaths`] says (the config file,
 //! with `--state-dir`/`--run-dir`/`--cdi-dir` laid over it as gpushared does; tests point them
-//! at temporary directories); everything that asks the driver, `PATH`, `/proc/locks` or the
+//! at temporary directories); everything that asks the driver, `PATH`, lock holders or the
 //! daemon goes through [`DoctorHost`]. Nothing is changed: a corrupt checkpoint is reported,
 //! not moved aside as `gpushared` would.
 //!
@@ -133,10 +133,10 @@ pub trait DoctorHost {
     /// The directory `gpushared` is installed in (where it finds its MPS control emulator);
     /// the CLI's own, as the package installs both side by side.
     fn gpushared_dir(&self) -> PathBuf;
-    /// The pid holding a lock on `path` (`/proc/locks`), `None` when nobody does.
+    /// The pid holding a POSIX lock on `path` (`fcntl(F_GETLK)`), `None` when nobody does.
     ///
     /// # Errors
-    /// `path` or `/proc/locks` cannot be read (the message says which and why).
+    /// `path` cannot be opened or asked (the message says which and why).
     fn lock_holder(&self, path: &Path) -> Result<Option<i32>, String>;
     /// Runs `gpushare-dra probe --json` (the DRA kubelet plugin checks its own sockets and
     /// names, with its own config), bounded to 15 s: `None` when the plugin is not

@@ -1,6 +1,5 @@
 //! MPS control commands and replies: the command parser of our `nvidia-cuda-mps-control`
-//! stand-in (what the daemon's set/get commands and operators' scripts go through), and the
-//! `/proc/locks` parser `gpushared` finds control daemons with.
+//! stand-in (what the daemon's set/get commands and operators' scripts go through).
 #![no_main]
 
 use gpushare_mps_emulator::command::{
@@ -12,7 +11,6 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    let _ = gpushare::sys::parse_proc_locks(text);
     let _ = parse_percentage(text);
     let _ = parse_limit_bytes(text);
     let (mut state, _) = ControlState::new(&StartEnv::default());

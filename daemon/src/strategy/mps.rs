@@ -556,7 +556,7 @@ impl MpsControl {
                 ))
             }
             Ok(None) => return Err(format!("MPS control daemon (pid {pid}) is not running")),
-            Err(e) => return Err(format!("reading /proc/locks: {e}")),
+            Err(e) => return Err(format!("asking who holds its control_lock: {e}")),
         }
         let started = self.ops.processes.start_time(pid);
         if info.control_daemon_start_time != 0 && started != Some(info.control_daemon_start_time) {
@@ -609,7 +609,7 @@ impl MpsControl {
     /// have handed on to an unrelated process. Idempotent: no daemon or directory is fine.
     ///
     /// # Errors
-    /// `/proc/locks` cannot be read (then nothing is signalled), or the tmpfs cannot be
+    /// The holder of `control_lock` cannot be asked (then nothing is signalled), or the tmpfs cannot be
     /// unmounted or the directories removed.
     pub fn stop(&self, dirs: &MpsDirs, recorded: Option<i32>) -> Result<(), MpsError> {
         self.stop_daemon(dirs, recorded)?;
@@ -632,10 +632,10 @@ impl MpsControl {
     /// directories and shm tmpfs alone.
     ///
     /// # Errors
-    /// `/proc/locks` cannot be read (then nothing is signalled).
+    /// The holder of `control_lock` cannot be asked (then nothing is signalled).
     pub fn stop_daemon(&self, dirs: &MpsDirs, recorded: Option<i32>) -> Result<(), MpsError> {
         let holder = self.holder(dirs).map_err(|source| MpsError::Dir {
-            action: "finding the daemon (through /proc/locks) of",
+            action: "finding the daemon (the holder of control_lock) of",
             path: dirs.pipe.clone(),
             source,
         })?;

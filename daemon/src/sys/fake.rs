@@ -83,7 +83,7 @@ pub(crate) struct FakeState {
     pub ignore_quit: bool,
     /// Unmounting fails (EBUSY).
     pub fail_unmount: bool,
-    /// Reading `/proc/locks` fails (out of file descriptors).
+    /// Asking for a lock holder fails (out of file descriptors).
     pub fail_proc: bool,
     /// Every program run takes this long (a slow or stuck control daemon).
     pub delay: Option<std::time::Duration>,

@@ -14,8 +14,8 @@ pub use host::{reap_orphans, HostMounter, HostProcesses, HostRunner};
 pub use peer::peer_groups;
 pub use pidfd::{readable_now, wait_readable, PidFd};
 pub use proc::{
-    find_lock_holder, parse_proc_locks, parse_status_groups, pid_alive, process_start_time,
-    processes_with_env_under, read_cgroup, read_groups,
+    find_lock_holder, parse_status_groups, pid_alive, process_start_time, processes_with_env_under,
+    read_cgroup, read_groups,
 };
 
 use std::collections::BTreeMap;
@@ -115,8 +115,8 @@ pub trait Processes: Send + Sync + std::fmt::Debug {
     /// nobody holds one or the file is gone.
     ///
     /// # Errors
-    /// `/proc/locks` could not be read (say, out of file descriptors): then nothing is known,
-    /// and callers must not take it for "no daemon".
+    /// The lock file could not be opened or asked (say, out of file descriptors): then
+    /// nothing is known, and callers must not take it for "no daemon".
     fn lock_holder(&self, path: &Path) -> io::Result<Option<i32>>;
 
     /// Whether `pid` runs (zombies count as gone).

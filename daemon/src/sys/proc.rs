@@ -1,67 +1,59 @@
-//! Reading `/proc`: lock holders, liveness, cgroups.
+//! Reading `/proc` (liveness, cgroups, environments) and asking the kernel for lock holders.
 
 use std::fs;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
 
-/// One POSIX or flock lock from `/proc/locks`: the holder's pid and the file's device and
-/// inode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LockEntry {
-    /// Holder's pid (in our pid namespace).
-    pub pid: i32,
-    /// Major device number of the locked file.
-    pub major: u32,
-    /// Minor device number of the locked file.
-    pub minor: u32,
-    /// Inode of the locked file.
-    pub inode: u64,
-}
-
-/// Parses `/proc/locks` text. Lines look like
-/// `1: POSIX  ADVISORY  WRITE 2238 fe:00:10010780 0 EOF`; `->` lines (waiters) are skipped.
-pub fn parse_proc_locks(text: &str) -> Vec<LockEntry> {
-    text.lines()
-        .filter(|l| !l.contains("->"))
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let pid = fields.get(4)?.parse().ok()?;
-            let mut dev = fields.get(5)?.split(':');
-            let major = u32::from_str_radix(dev.next()?, 16).ok()?;
-            let minor = u32::from_str_radix(dev.next()?, 16).ok()?;
-            let inode = dev.next()?.parse().ok()?;
-            Some(LockEntry {
-                pid,
-                major,
-                minor,
-                inode,
-            })
-        })
-        .collect()
-}
-
-/// The pid holding a lock on `path`, if any.
+/// The pid holding a POSIX lock on `path`, if any; `Ok(None)` as well when `path` is not a
+/// regular file (no MPS control daemon locks anything else).
 ///
 /// NVIDIA's MPS control daemon holds a POSIX lock on `<pipe>/control_lock` for its whole life
 /// and (in 535) writes no pid file, so the lock is the one reliable way to learn the pid of a
-/// daemon that `-d` double-forked away from us.
+/// daemon that `-d` double-forked away from us. The kernel is asked directly (`fcntl(F_GETLK)`
+/// for a write lock over the whole file), which is exact and O(1): a scan of `/proc/locks`
+/// costs what the host's every lock costs and, read in pieces while other locks come and go,
+/// skips entries, which once made a running daemon look gone (a start on its pipe directory
+/// then failed with "An instance of this daemon is already running").
+///
+/// Locks held by this process itself do not conflict with the probe and are never reported:
+/// gpushared holds none on MPS files.
 ///
 /// # Errors
-/// `path` or `/proc/locks` cannot be read.
+/// `path` cannot be opened, or the holder is outside this pid namespace (its pid reads 0).
 pub fn find_lock_holder(path: &Path) -> io::Result<Option<i32>> {
-    let meta = fs::metadata(path)?;
-    let dev = meta.dev();
-    let (major, minor) = (libc::major(dev), libc::minor(dev));
-    let text = fs::read_to_string("/proc/locks")?;
-    Ok(parse_proc_locks(&text)
-        .into_iter()
-        .find(|l| l.inode == meta.ino() && l.major == major && l.minor == minor)
-        .map(|l| l.pid))
+    if !fs::symlink_metadata(path)?.is_file() {
+        return Ok(None);
+    }
+    // O_NONBLOCK and O_NOFOLLOW: a file swapped for a fifo or a link after the check above
+    // neither blocks the open nor leads elsewhere.
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    let mut probe = libc::flock {
+        l_type: libc::F_WRLCK as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    };
+    nix::fcntl::fcntl(file.as_raw_fd(), nix::fcntl::FcntlArg::F_GETLK(&mut probe))?;
+    if probe.l_type == libc::F_UNLCK as libc::c_short {
+        return Ok(None);
+    }
+    if probe.l_pid <= 0 {
+        return Err(io::Error::other(format!(
+            "{} is locked by a process outside this pid namespace",
+            path.display()
+        )));
+    }
+    Ok(Some(probe.l_pid))
 }
 
 /// Whether a process with this pid exists (a zombie counts as gone).
@@ -170,52 +162,89 @@ pub fn read_groups(pid: i32) -> Option<Vec<u32>> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn parses_proc_locks_lines() {
-        let text = "1: POSIX  ADVISORY  WRITE 2238 fe:00:10010780 0 EOF\n\
-                    2: FLOCK  ADVISORY  WRITE 17 00:1a:42 0 EOF\n\
-                    2: -> FLOCK  ADVISORY  WRITE 18 00:1a:42 0 EOF\n";
-        let locks = parse_proc_locks(text);
-        assert_eq!(
-            locks,
-            vec![
-                LockEntry {
-                    pid: 2238,
-                    major: 0xfe,
-                    minor: 0,
-                    inode: 10010780
-                },
-                LockEntry {
-                    pid: 17,
-                    major: 0,
-                    minor: 0x1a,
-                    inode: 42
-                },
-            ]
-        );
+    /// A process other than ours holding a POSIX write lock on `path` until a byte is written
+    /// to the returned pipe (the child holds a copy of its write end, so closing ours is not
+    /// enough); returns its pid once the lock is held.
+    fn hold_lock_in_child(path: &Path) -> (i32, std::os::fd::OwnedFd) {
+        use std::ffi::CString;
+        let cpath = CString::new(path.as_os_str().as_bytes()).unwrap();
+        let (ready_r, ready_w) = nix::unistd::pipe().unwrap();
+        let (release_r, release_w) = nix::unistd::pipe().unwrap();
+        // SAFETY: the child calls only async-signal-safe functions (open, fcntl, write, read,
+        // _exit) on memory prepared before the fork, so another thread's lock held at the
+        // fork cannot be waited on.
+        match unsafe { nix::unistd::fork() }.unwrap() {
+            // SAFETY: raw libc calls on a NUL-terminated path, a valid flock struct and
+            // one-byte buffers that live through each call; the child never returns.
+            nix::unistd::ForkResult::Child => unsafe {
+                let fd = libc::open(cpath.as_ptr(), libc::O_RDWR);
+                let lock = libc::flock {
+                    l_type: libc::F_WRLCK as libc::c_short,
+                    l_whence: libc::SEEK_SET as libc::c_short,
+                    l_start: 0,
+                    l_len: 0,
+                    l_pid: 0,
+                };
+                if fd < 0 || libc::fcntl(fd, libc::F_SETLK, &lock) != 0 {
+                    libc::_exit(1);
+                }
+                libc::write(ready_w.as_raw_fd(), b"x".as_ptr().cast(), 1);
+                let mut b = 0u8;
+                libc::read(release_r.as_raw_fd(), (&mut b as *mut u8).cast(), 1);
+                libc::_exit(0);
+            },
+            nix::unistd::ForkResult::Parent { child } => {
+                drop(ready_w);
+                drop(release_r);
+                let mut b = [0u8; 1];
+                assert_eq!(nix::unistd::read(ready_r.as_raw_fd(), &mut b).unwrap(), 1);
+                (child.as_raw(), release_w)
+            }
+        }
     }
 
     #[test]
-    fn finds_our_own_lock() {
-        use std::os::fd::AsRawFd;
+    fn finds_another_process_lock_while_other_locks_come_and_go() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("control_lock");
-        let file = fs::File::create(&path).unwrap();
-        assert_eq!(find_lock_holder(&path).unwrap(), None);
-        let lock = libc::flock {
-            l_type: libc::F_WRLCK as libc::c_short,
-            l_whence: libc::SEEK_SET as libc::c_short,
-            l_start: 0,
-            l_len: 0,
-            l_pid: 0,
-        };
-        // SAFETY: `lock` is a valid flock struct and the fd is open for the call's duration.
-        let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &lock) };
-        assert_eq!(rc, 0);
-        assert_eq!(
-            find_lock_holder(&path).unwrap(),
-            Some(std::process::id() as i32)
-        );
+        fs::File::create(&path).unwrap();
+        let churn: Vec<fs::File> = (0..32)
+            .map(|i| fs::File::create(dir.path().join(format!("other-{i}"))).unwrap())
+            .collect();
+        assert_eq!(find_lock_holder(&path).unwrap(), None, "not locked yet");
+        let (pid, release) = hold_lock_in_child(&path);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let missed = std::thread::scope(|s| {
+            // Other locks taken and dropped all the time, as on a node where MPS daemons,
+            // package managers and databases come and go: a listing of /proc/locks read in
+            // pieces skips entries that moved between two reads.
+            s.spawn(|| {
+                let set = |f: &fs::File, t: libc::c_int| {
+                    let lock = libc::flock {
+                        l_type: t as libc::c_short,
+                        l_whence: libc::SEEK_SET as libc::c_short,
+                        l_start: 0,
+                        l_len: 0,
+                        l_pid: 0,
+                    };
+                    // SAFETY: a valid flock struct; the fd is open for the call's duration.
+                    unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLK, &lock) };
+                };
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    churn.iter().for_each(|f| set(f, libc::F_WRLCK));
+                    churn.iter().for_each(|f| set(f, libc::F_UNLCK));
+                }
+            });
+            let missed = (0..3000)
+                .filter(|_| find_lock_holder(&path).unwrap() != Some(pid))
+                .count();
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            missed
+        });
+        nix::unistd::write(&release, b"x").unwrap();
+        nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).unwrap();
+        assert_eq!(missed, 0, "the holder was missed {missed} times in 3000");
+        assert_eq!(find_lock_holder(&path).unwrap(), None, "released at exit");
     }
 
     #[test]

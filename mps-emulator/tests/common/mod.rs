@@ -1,10 +1,9 @@
 //! Helpers shared by the integration tests: running the program, a daemon guard that
-//! always stops its daemon, and lock-holder lookup through /proc/locks.
+//! always stops its daemon, and lock-holder lookup.
 
 #![allow(dead_code)]
 
 use std::io::Write;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -70,25 +69,20 @@ pub fn text(output: &Output) -> (String, String, Option<i32>) {
     )
 }
 
-/// Pid holding a POSIX lock on `path`, read from /proc/locks like gpushared does.
+/// Pid holding a POSIX lock on `path`, asked of the kernel (`fcntl(F_GETLK)`) like gpushared
+/// does: a scan of /proc/locks skips entries while other locks come and go.
 pub fn lock_holder(path: &Path) -> Option<i32> {
-    let meta = std::fs::metadata(path).ok()?;
-    let dev = meta.dev();
-    let id = format!(
-        "{:02x}:{:02x}:{}",
-        libc::major(dev),
-        libc::minor(dev),
-        meta.ino()
-    );
-    let locks = std::fs::read_to_string("/proc/locks").ok()?;
-    locks.lines().find_map(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        // "N: POSIX  ADVISORY  WRITE <pid> <maj:min:inode> <start> <end>"; waiters have "->".
-        match fields.as_slice() {
-            [_, "POSIX", _, "WRITE", pid, file, ..] if *file == id => pid.parse().ok(),
-            _ => None,
-        }
-    })
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).ok()?;
+    let mut probe = libc::flock {
+        l_type: libc::F_WRLCK as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    };
+    nix::fcntl::fcntl(file.as_raw_fd(), nix::fcntl::FcntlArg::F_GETLK(&mut probe)).ok()?;
+    (probe.l_type != libc::F_UNLCK as libc::c_short && probe.l_pid > 0).then_some(probe.l_pid)
 }
 
 /// Whether `/proc/<pid>/environ` sets `CUDA_MPS_PIPE_DIRECTORY=<pipe>`.
