@@ -1,0 +1,319 @@
+//! Unit tests of `server.rs`.
+
+use super::*;
+use crate::cdi::HookConfig;
+use crate::gpu::SimulatedBackend;
+use crate::service::ServiceConfig;
+use crate::strategy::mps::MpsControl;
+use crate::sys::fake::FakeHost;
+
+async fn start(max_connections: usize, idle: Duration) -> (tempfile::TempDir, PathBuf) {
+    let (dir, socket, _) = start_with(
+        max_connections,
+        (FIRST_REQUEST_TIMEOUT, idle),
+        REQUEST_TIMEOUT,
+        FakeHost::default(),
+    )
+    .await;
+    (dir, socket)
+}
+
+/// A server on a fake host; `(first, idle)` are the first-request and idle timeouts.
+async fn start_with(
+    max_connections: usize,
+    (first, idle): (Duration, Duration),
+    request_timeout: Duration,
+    host: FakeHost,
+) -> (tempfile::TempDir, PathBuf, FakeHost) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ServiceConfig {
+        node_name: "n".into(),
+        drivers: vec!["gpu.nvidia.com".into()],
+        run_dir: dir.path().join("run"),
+        cdi_dir: dir.path().join("cdi"),
+        checkpoint: dir.path().join("cp.json"),
+        hook: HookConfig {
+            path: "/h".into(),
+            socket: "/s".into(),
+            timeout_secs: 1,
+        },
+        shm_bytes: Some(1),
+        driver_spec: None,
+    };
+    let backend = Arc::new(
+        SimulatedBackend::without_device_nodes("g5.xlarge", "n", Path::new("/d")).unwrap(),
+    );
+    let mps = MpsControl::new("/m".into(), host.ops(), Duration::from_millis(100));
+    let service = Arc::new(Service::new(cfg, backend, mps).unwrap());
+    let socket = dir.path().join("s");
+    let server_cfg = Arc::new(ServerConfig {
+        socket: socket.clone(),
+        mode: 0o660,
+        group: 0,
+        changing_uids: vec![],
+        max_connections,
+        reserved_connections: 0,
+        max_connections_per_uid: max_connections,
+        first_request_timeout: first,
+        idle_timeout: idle,
+        request_timeout,
+        metrics: None,
+    });
+    let listener = bind(&server_cfg).unwrap();
+    tokio::spawn(serve(listener, service, server_cfg));
+    (dir, socket, host)
+}
+
+async fn call(stream: &mut UnixStream, line: &str) -> Response {
+    stream
+        .write_all(format!("{line}\n").as_bytes())
+        .await
+        .unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut out = String::new();
+    reader.read_line(&mut out).await.unwrap();
+    serde_json::from_str(&out).unwrap()
+}
+
+#[tokio::test]
+async fn methods_without_params_refuse_params() {
+    let (_dir, socket) = start(8, IDLE_TIMEOUT).await;
+    let mut s = UnixStream::connect(&socket).await.unwrap();
+    let ok = call(
+        &mut s,
+        r#"{"version":1,"id":1,"method":"list_gpus","params":{}}"#,
+    )
+    .await;
+    assert_eq!(ok.result.unwrap().as_array().unwrap().len(), 1);
+    let bad = call(
+        &mut s,
+        r#"{"version":1,"id":2,"method":"health","params":{"verbose":true}}"#,
+    )
+    .await;
+    assert_eq!(bad.error.unwrap().code, ErrorCode::InvalidRequest);
+    assert_eq!(bad.id, 2);
+}
+
+#[tokio::test]
+async fn a_bad_uid_parameter_is_named_as_the_parameter() {
+    let (_dir, socket) = start(8, IDLE_TIMEOUT).await;
+    let mut s = UnixStream::connect(&socket).await.unwrap();
+    for (id, line) in [
+            r#"{"version":1,"id":1,"method":"get_claim","params":{"uid":"not/a/uid"}}"#,
+            r#"{"version":1,"id":2,"method":"unprepare","params":{"uid":"not/a/uid"}}"#,
+            r#"{"version":1,"id":3,"method":"detach","params":{"claim_uid":"not/a/uid","container_id":"c"}}"#,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let r = call(&mut s, line).await;
+            let e = r.error.unwrap();
+            assert_eq!(e.code, ErrorCode::InvalidRequest, "{line}");
+            assert!(
+                e.message.contains(r#""not/a/uid" is not a valid claim UID: it contains '/'"#),
+                "{}",
+                e.message
+            );
+            assert!(!e.message.contains("metadata.uid"), "{}", e.message);
+            assert_eq!(r.id, id as u64 + 1);
+        }
+}
+
+#[tokio::test]
+async fn connections_past_the_cap_are_refused_and_idle_ones_closed() {
+    let (_dir, socket) = start(2, Duration::from_millis(300)).await;
+    let _a = UnixStream::connect(&socket).await.unwrap();
+    let _b = UnixStream::connect(&socket).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut c = UnixStream::connect(&socket).await.unwrap();
+    let mut text = String::new();
+    c.read_to_string(&mut text).await.unwrap();
+    assert!(text.contains("serving 2 connections already"), "{text}");
+    assert!(text.contains("\"code\":\"Busy\""), "{text}");
+    // The idle ones are closed after the idle timeout, and their slots serve again.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut d = UnixStream::connect(&socket).await.unwrap();
+    let r = call(&mut d, r#"{"version":1,"id":7,"method":"version"}"#).await;
+    assert_eq!(r.id, 7);
+    assert!(r.result.is_some());
+}
+
+#[tokio::test]
+async fn a_connection_that_sends_nothing_gives_its_slot_back_at_the_first_request_deadline() {
+    let (_dir, socket, _) = start_with(
+        8,
+        (Duration::from_millis(300), IDLE_TIMEOUT),
+        REQUEST_TIMEOUT,
+        FakeHost::default(),
+    )
+    .await;
+    // Half a line, then silence: closed at the first-request deadline, not after the
+    // 60 s idle timeout.
+    let mut silent = UnixStream::connect(&socket).await.unwrap();
+    silent
+        .write_all(br#"{"version":1,"id":1,"meth"#)
+        .await
+        .unwrap();
+    let mut rest = String::new();
+    let closed =
+        tokio::time::timeout(Duration::from_secs(10), silent.read_to_string(&mut rest)).await;
+    assert!(closed.is_ok(), "still open after 10 s");
+    assert_eq!(rest, "");
+    // A client at work: after its first request only the idle timeout applies.
+    let mut busy = UnixStream::connect(&socket).await.unwrap();
+    let r = call(&mut busy, r#"{"version":1,"id":1,"method":"version"}"#).await;
+    assert!(r.result.is_some());
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let r = call(&mut busy, r#"{"version":1,"id":2,"method":"version"}"#).await;
+    assert_eq!(r.id, 2);
+    assert!(r.result.is_some());
+}
+
+#[test]
+fn root_and_changing_uids_are_privileged_holders() {
+    let cfg = policy(2000, &[1500]);
+    assert_eq!(holder_of(&cfg, Some(&peer(0, 0, &[]))), Holder::Privileged);
+    assert_eq!(
+        holder_of(&cfg, Some(&peer(1500, 1500, &[]))),
+        Holder::Privileged
+    );
+    // A reader of the socket's group is not: it reads, and shares the other slots.
+    assert_eq!(
+        holder_of(&cfg, Some(&peer(1000, 2000, &[]))),
+        Holder::Unprivileged(1000)
+    );
+    assert_eq!(holder_of(&cfg, None), Holder::Unprivileged(u32::MAX));
+}
+
+fn policy(group: u32, changing: &[u32]) -> ServerConfig {
+    ServerConfig {
+        socket: "/s".into(),
+        mode: 0o660,
+        group,
+        changing_uids: changing.to_vec(),
+        max_connections: 1,
+        reserved_connections: 0,
+        max_connections_per_uid: 1,
+        first_request_timeout: FIRST_REQUEST_TIMEOUT,
+        idle_timeout: IDLE_TIMEOUT,
+        request_timeout: REQUEST_TIMEOUT,
+        metrics: None,
+    }
+}
+
+fn peer(uid: u32, gid: u32, groups: &[u32]) -> Peer {
+    Peer {
+        uid,
+        gid,
+        pid: None,
+        groups: groups.to_vec(),
+    }
+}
+
+#[test]
+fn authorize_by_uid_and_group() {
+    let cfg = policy(2000, &[1500]);
+    for m in Method::ALL {
+        assert!(
+            authorize(&cfg, Some(&peer(0, 0, &[])), m).is_ok(),
+            "root {m}"
+        );
+        assert!(
+            authorize(&cfg, Some(&peer(1500, 1500, &[])), m).is_ok(),
+            "changing uid {m}"
+        );
+        // Group members read, by primary or supplementary gid, and never change.
+        for member in [peer(1000, 2000, &[]), peer(1000, 1000, &[4, 2000])] {
+            assert_eq!(
+                authorize(&cfg, Some(&member), m).is_ok(),
+                !m.is_changing(),
+                "{m}"
+            );
+        }
+        let stranger = authorize(&cfg, Some(&peer(1001, 1001, &[4])), m).unwrap_err();
+        assert!(stranger.contains("peer uid 1001"), "{stranger}");
+        assert!(authorize(&cfg, None, m).is_err());
+    }
+}
+
+#[test]
+fn nesting_is_counted_outside_strings() {
+    assert!(!nesting_exceeds(br#"{"a":[1,{"b":2}]}"#, 3));
+    assert!(nesting_exceeds(br#"{"a":[1,{"b":[]}]}"#, 3));
+    // Brackets inside strings, escaped quotes included, do not count.
+    assert!(!nesting_exceeds(br#"{"a":"[[[[\"[[[["}"#, 1));
+    let deep = "[".repeat(100_000);
+    assert!(nesting_exceeds(deep.as_bytes(), MAX_JSON_DEPTH));
+    let err = decode_request(deep.as_bytes()).unwrap_err();
+    assert!(err.error.unwrap().message.contains("nested deeper than 64"));
+}
+
+#[tokio::test]
+async fn garbage_and_deep_json_get_an_error_and_the_connection_closed() {
+    let (_dir, socket) = start(8, IDLE_TIMEOUT).await;
+    for garbage in [
+        "not json at all".to_string(),
+        format!("{}1{}", "[".repeat(10_000), "]".repeat(10_000)),
+        format!(
+            r#"{{"version":1,"id":3,"method":"health","params":{}}}"#,
+            "{\"a\":".repeat(200) + "1" + &"}".repeat(200)
+        ),
+    ] {
+        let mut s = UnixStream::connect(&socket).await.unwrap();
+        let r = call(&mut s, &garbage).await;
+        assert_eq!(r.error.unwrap().code, ErrorCode::InvalidRequest);
+        let mut rest = String::new();
+        s.read_to_string(&mut rest).await.unwrap();
+        assert_eq!(rest, "", "the connection is closed after a malformed line");
+    }
+    let mut ok = UnixStream::connect(&socket).await.unwrap();
+    let r = call(&mut ok, r#"{"version":1,"id":9,"method":"version"}"#).await;
+    assert!(r.result.is_some(), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_past_its_time_is_answered_and_finishes_in_the_background() {
+    let host = FakeHost::default();
+    // Every MPS control program run takes 300 ms; a prepare runs it several times.
+    host.state().delay = Some(Duration::from_millis(300));
+    let (_dir, socket, host) = start_with(
+        8,
+        (FIRST_REQUEST_TIMEOUT, IDLE_TIMEOUT),
+        Duration::from_millis(100),
+        host,
+    )
+    .await;
+    let claim = serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"uid": "slow", "name": "c", "namespace": "ns"},
+        "status": {"allocation": {"devices": {
+            "results": [{"request": "gpus", "driver": "gpu.nvidia.com", "pool": "n", "device": "gpu-0"}],
+            "config": [{"source": "FromClaim", "requests": ["gpus"], "opaque": {"driver": "gpu.nvidia.com",
+                "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                    "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}}}}]}}}
+    });
+    let line =
+        serde_json::json!({"version": 1, "id": 5, "method": "prepare", "params": {"claim": claim}});
+    let mut s = UnixStream::connect(&socket).await.unwrap();
+    let r = call(&mut s, &line.to_string()).await;
+    let e = r.error.unwrap();
+    assert_eq!((r.id, e.code), (5, ErrorCode::Internal));
+    assert!(
+        e.message.contains("did not finish within 100ms"),
+        "{}",
+        e.message
+    );
+    // The connection still serves, and the prepare completes on its own.
+    let get = r#"{"version":1,"id":6,"method":"get_claim","params":{"uid":"slow"}}"#;
+    let mut done = false;
+    for _ in 0..100 {
+        let r = call(&mut s, get).await;
+        if r.result.is_some_and(|c| c["state"] == "Prepared") {
+            done = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(done, "the prepare finished in the background");
+    host.state().delay = None;
+}

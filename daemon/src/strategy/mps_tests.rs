@@ -1,0 +1,99 @@
+//! Unit tests of `mps.rs`.
+
+use super::*;
+
+#[test]
+fn displays_match_nvidia_read_back() {
+    assert_eq!(percentage_display(Some(50)), "50.0");
+    assert_eq!(percentage_display(None), "100.0");
+    assert_eq!(pinned_limit_display(Some(8192)), "8G");
+    assert_eq!(pinned_limit_display(Some(20480)), "20G");
+    assert_eq!(pinned_limit_display(Some(1536)), "1G");
+    assert_eq!(pinned_limit_display(Some(800)), "800M");
+    assert_eq!(pinned_limit_display(Some(1024)), "1G");
+    assert_eq!(pinned_limit_display(None), "");
+}
+
+#[test]
+fn pinned_limits_are_keyed_by_ordinal_never_uuid() {
+    let launch = MpsLaunch {
+        dirs: MpsDirs::for_group(Path::new("/run/x"), &["GPU-a".into(), "GPU-b".into()]),
+        visible_devices: vec!["GPU-a".into(), "GPU-b".into()],
+        multi_user: false,
+        active_thread_percentage: Some(30),
+        pinned_limits_mib: vec![Some(8192), Some(20480)],
+        shm_bytes: 1 << 20,
+    };
+    assert_eq!(
+        set_commands(&launch),
+        vec![
+            "set_default_active_thread_percentage 30",
+            "set_default_device_pinned_mem_limit 0 8192M",
+            "set_default_device_pinned_mem_limit 1 20480M",
+        ]
+    );
+    assert!(set_commands(&launch).iter().all(|c| !c.contains("GPU-")));
+}
+
+#[test]
+fn devices_without_a_pinned_limit_are_verified_but_not_listed() {
+    let host = crate::sys::fake::FakeHost::default();
+    let mps = MpsControl::new("/m".into(), host.ops(), Duration::from_millis(200));
+    let claim = tempfile::tempdir().unwrap();
+    let uuids = vec!["GPU-a".to_string(), "GPU-b".to_string()];
+    let dirs = MpsDirs::for_group(claim.path(), &uuids);
+    for d in [&dirs.pipe, &dirs.log, &dirs.shm] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let launch = |pinned: Vec<Option<u64>>| MpsLaunch {
+        dirs: dirs.clone(),
+        visible_devices: uuids.clone(),
+        multi_user: false,
+        active_thread_percentage: Some(50),
+        pinned_limits_mib: pinned,
+        shm_bytes: 1 << 20,
+    };
+    // Device 0 without a limit, device 1 with one: both read back, only the limit shown
+    // (an empty string for "no limit" read as a limit of nothing).
+    let info = mps.start(&launch(vec![None, None])).unwrap();
+    assert_eq!(info.active_thread_percentage, "50.0");
+    assert!(
+        info.pinned_device_memory_limits.is_empty(),
+        "{:?}",
+        info.pinned_device_memory_limits
+    );
+    mps.stop(&dirs, Some(info.control_daemon_pid)).unwrap();
+    let info = mps.start(&launch(vec![None, Some(8192)])).unwrap();
+    assert_eq!(
+        info.pinned_device_memory_limits,
+        BTreeMap::from([("1".to_string(), "8G".to_string())])
+    );
+    assert_eq!(info.requested.pinned_limits_mib, vec![None, Some(8192)]);
+    // A limit where none was asked for is still caught by the read-back.
+    let wrong = mps.read_back(&launch(vec![Some(1024), Some(8192)]));
+    assert!(matches!(wrong, Err(MpsError::Verify { .. })), "{wrong:?}");
+    mps.stop(&dirs, Some(info.control_daemon_pid)).unwrap();
+}
+
+#[test]
+fn group_dirs_are_stable_and_distinct() {
+    let a = MpsDirs::for_group(Path::new("/c"), &["GPU-1".into()]);
+    assert_eq!(a, MpsDirs::for_group(Path::new("/c"), &["GPU-1".into()]));
+    assert_ne!(
+        a.root,
+        MpsDirs::for_group(Path::new("/c"), &["GPU-2".into()]).root
+    );
+    assert_eq!(a.pipe, a.root.join("pipe"));
+}
+
+#[test]
+fn mem_total_parse() {
+    use crate::sys::parse_mem_total_kib;
+    assert_eq!(
+        parse_mem_total_kib("MemTotal:       24576000 kB\nMemFree: 1 kB\n"),
+        Some(24576000)
+    );
+    assert_eq!(parse_mem_total_kib("nothing"), None);
+    assert_eq!(default_shm_bytes(Some(1024)), 512 * 1024);
+    assert_eq!(default_shm_bytes(None), 64 << 20);
+}
