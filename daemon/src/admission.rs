@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 
 use gpushare_core::{GpuModeWord, Mode, Released, Want};
-use gpushare_proto::{ComputeMode, TimeSliceInterval};
+use gpushare_proto::TimeSliceInterval;
 
 use crate::gpu::{Gpu, GpuBackend};
 use crate::placement::Hold;
@@ -160,21 +160,8 @@ impl GpuModes {
             };
             match word.release(*want) {
                 Ok(Released::Last(guard)) => {
-                    match want {
-                        Want::TimeSliced(_) => {
-                            if let Err(e) = backend.set_time_slice(uuid, TimeSliceInterval::Default)
-                            {
-                                tracing::error!(gpu = %name, error = %e, "restoring time-slice Default");
-                            }
-                        }
-                        Want::Mps => {
-                            if let Err(e) = backend.set_compute_mode(uuid, ComputeMode::Default) {
-                                tracing::error!(gpu = %name, error = %e, "restoring compute mode DEFAULT");
-                            }
-                        }
-                        // MIG mode and instances are the MIG strategy's to undo.
-                        Want::Exclusive | Want::Mig => {}
-                    }
+                    // MIG mode and instances are the MIG strategy's to undo, with its claim.
+                    crate::strategy::of_want(*want).restore(backend, uuid, name);
                     drop(guard);
                 }
                 Ok(Released::Shared { .. }) => {}

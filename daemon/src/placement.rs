@@ -38,6 +38,19 @@ impl Hold {
         }
     }
 
+    /// The strategy that holds the GPU, for its GPU setting.
+    pub fn strategy(&self) -> Box<dyn crate::strategy::Strategy> {
+        use crate::strategy::{Exclusive, Mig, Mps, TimeSlicing};
+        match self {
+            Hold::Exclusive(_) => Box::new(Exclusive),
+            Hold::TimeSliced { interval, .. } => Box::new(TimeSlicing {
+                interval: *interval,
+            }),
+            Hold::Mps(_) => Box::new(Mps),
+            Hold::Mig(_) => Box::new(Mig),
+        }
+    }
+
     /// The sharing mode as the protocol reports it.
     pub fn sharing(&self) -> GpuSharing {
         match self {

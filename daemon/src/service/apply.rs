@@ -19,51 +19,19 @@ impl Service {
                     self.leave_mig_mode(d)?;
                 }
             }
-            let started = match &plan.kind {
-                PlanKind::Exclusive => None,
-                PlanKind::TimeSlicing(interval) => {
-                    for d in &plan.devices {
-                        self.backend
-                            .set_time_slice(&d.uuid, *interval)
-                            .map_err(|e| {
-                                ServiceError::new(
-                                    match e {
-                                        crate::gpu::GpuError::Unsupported(_) => {
-                                            ErrorCode::Unsupported
-                                        }
-                                        crate::gpu::GpuError::Busy(_) => ErrorCode::Conflict,
-                                        _ => ErrorCode::Internal,
-                                    },
-                                    format!(
-                                        "setting time-slice {} on {}: {e}",
-                                        interval.as_str(),
-                                        d.device
-                                    ),
-                                )
-                            })?;
-                    }
-                    crate::crash::point("prepare.gpu_settings_applied");
-                    None
+            // Whole GPUs first get what their strategy needs of them (a MIG group's GPUs
+            // enter MIG mode as its devices are made, below).
+            if let Some(strategy) = plan.kind.whole_gpu_strategy() {
+                for d in &plan.devices {
+                    strategy.set_up(self.backend.as_ref(), &d.uuid, &d.device)?;
                 }
-                PlanKind::Mps(launch) => {
-                    for d in &plan.devices {
-                        self.backend
-                            .set_compute_mode(&d.uuid, ComputeMode::ExclusiveProcess)
-                            .map_err(|e| {
-                                let code = match e {
-                                    crate::gpu::GpuError::Busy(_) => ErrorCode::Conflict,
-                                    _ => ErrorCode::Internal,
-                                };
-                                ServiceError::new(
-                                    code,
-                                    format!(
-                                        "setting compute mode EXCLUSIVE_PROCESS on {}: {e}",
-                                        d.device
-                                    ),
-                                )
-                            })?;
-                    }
+                if !matches!(plan.kind, PlanKind::Exclusive) {
                     crate::crash::point("prepare.gpu_settings_applied");
+                }
+            }
+            let started = match &plan.kind {
+                PlanKind::Exclusive | PlanKind::TimeSlicing(_) => None,
+                PlanKind::Mps(launch) => {
                     let started = self
                         .mps
                         .start(launch)

@@ -14,8 +14,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use gpushare_proto::{
-    Attachment, ClaimDevice, ClaimInfo, ClaimState, ComputeMode, ErrorCode, GpuInfo, GpuSharing,
-    GroupInfo, HealthInfo, MpsInfo, PrepareResult, PreparedDevice, RequestDevices, StrategyInfo,
+    Attachment, ClaimDevice, ClaimInfo, ClaimState, ErrorCode, GpuInfo, GpuSharing, GroupInfo,
+    HealthInfo, MpsInfo, PrepareResult, PreparedDevice, RequestDevices, StrategyInfo,
     UnprepareResult,
 };
 use serde_json::Value;
@@ -28,7 +28,7 @@ use crate::config::{self, ClaimSpec, ParseContext, Sharing};
 use crate::error::ServiceError;
 use crate::fsutil;
 use crate::gpu::{Gpu, GpuBackend};
-use crate::placement::{Hold, Placement};
+use crate::placement::Placement;
 use crate::registry::{Claims, Registry, Tombstones, Txn};
 use crate::store::Store;
 use crate::strategy::mig::MigTarget;
@@ -373,26 +373,8 @@ impl Registry for Service {
 fn reapply_gpu_settings(backend: &dyn GpuBackend, placement: &Placement) {
     for gpu in backend.gpus() {
         let name = gpu.device_name();
-        match placement.hold(&gpu.uuid) {
-            Some(Hold::TimeSliced { interval, .. }) => {
-                if backend.time_slice(&gpu.uuid).ok() != Some(*interval) {
-                    tracing::warn!(gpu = %name, interval = interval.as_str(), "time-slice interval differs from what its claims asked; re-applying");
-                    if let Err(e) = backend.set_time_slice(&gpu.uuid, *interval) {
-                        tracing::error!(gpu = %name, error = %e, "re-applying the time-slice interval");
-                    }
-                }
-            }
-            Some(Hold::Mps(_)) => {
-                if backend.compute_mode(&gpu.uuid).ok() != Some(ComputeMode::ExclusiveProcess) {
-                    tracing::warn!(gpu = %name, "compute mode is not EXCLUSIVE_PROCESS under an MPS claim; re-applying");
-                    if let Err(e) =
-                        backend.set_compute_mode(&gpu.uuid, ComputeMode::ExclusiveProcess)
-                    {
-                        tracing::error!(gpu = %name, error = %e, "re-applying compute mode");
-                    }
-                }
-            }
-            Some(Hold::Exclusive(_) | Hold::Mig(_)) | None => {}
+        if let Some(hold) = placement.hold(&gpu.uuid) {
+            hold.strategy().check_again(backend, &gpu.uuid, &name);
         }
     }
 }
@@ -428,7 +410,7 @@ fn wants_of(info: &ClaimInfo) -> Vec<(String, String, Want)> {
 }
 
 #[cfg(test)]
-use gpushare_proto::{AttachParams, DetachParams};
+use gpushare_proto::{AttachParams, ComputeMode, DetachParams};
 
 #[cfg(test)]
 mod mig_tests;

@@ -317,3 +317,19 @@ pub(super) enum PlanKind {
         mps: Option<MpsLaunch>,
     },
 }
+
+impl PlanKind {
+    /// The strategy holding a whole GPU of this plan's group, for its GPU setting; `None`
+    /// for MIG, whose GPUs hold MIG devices rather than the group.
+    pub(super) fn whole_gpu_strategy(&self) -> Option<Box<dyn crate::strategy::Strategy>> {
+        use crate::strategy::{Exclusive, Mps, TimeSlicing};
+        match self {
+            PlanKind::Exclusive => Some(Box::new(Exclusive)),
+            PlanKind::TimeSlicing(interval) => Some(Box::new(TimeSlicing {
+                interval: *interval,
+            })),
+            PlanKind::Mps(_) => Some(Box::new(Mps)),
+            PlanKind::Mig { .. } => None,
+        }
+    }
+}

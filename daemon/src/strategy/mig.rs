@@ -15,6 +15,15 @@ use crate::error::ServiceError;
 use crate::gpu::{Gpu, GpuBackend, GpuError, MigInstance};
 use crate::mig::{self, GiProfile, MigDeviceName, MigModel, Occupied, PlacementError};
 
+/// MIG's hold on a GPU: no setting of the GPU itself. MIG mode is entered where the GPU
+/// allows it without a reset and its instances are made and destroyed per claim
+/// ([`create`] and [`destroy`], driven by the service), so nothing is restored when the last
+/// holder leaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mig;
+
+impl super::Strategy for Mig {}
+
 /// A MIG device a claim asks for, resolved against the node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MigTarget {

@@ -1,6 +1,71 @@
-//! Sharing strategies that need more than a GPU setting. Time-slicing and exclusive use are a
-//! backend setting and a placement rule, handled by the service; MPS needs a control daemon.
+//! Sharing strategies, one file each: [`exclusive`], [`time_slicing`], [`mps`] (per-claim MPS
+//! control daemons; [`mps_support`], which GPUs can keep an MPS claim's settings) and [`mig`]
+//! (MIG devices made and destroyed per claim).
+//!
+//! What every strategy does to a whole GPU it holds is the [`Strategy`] trait: the setting it
+//! needs there (a time-slice interval, compute mode `EXCLUSIVE_PROCESS`), set when a group is
+//! prepared, checked again at start, and put back to the node's default by the GPU's last
+//! holder. The service and admission reach a GPU's setting through it only, never through a
+//! match on the strategy; which claims may share a GPU is admission's (`crate::admission`).
 
+use gpushare_core::Want;
+use gpushare_proto::TimeSliceInterval;
+
+use crate::error::ServiceError;
+use crate::gpu::GpuBackend;
+
+pub mod exclusive;
 pub mod mig;
 pub mod mps;
 pub mod mps_support;
+pub mod time_slicing;
+
+pub use exclusive::Exclusive;
+pub use mig::Mig;
+pub use mps::Mps;
+pub use time_slicing::TimeSlicing;
+
+/// A strategy's hold on one whole GPU. `uuid` names the GPU to the backend, `device` (its DRA
+/// device name, `gpu-<minor>`) names it in errors and logs. A strategy that needs no setting
+/// keeps the defaults, which do nothing.
+pub trait Strategy: Send + Sync {
+    /// Sets the GPU up for a group of this strategy, before anything else of the group is
+    /// made (the backend's NVML or `nvidia-smi` call).
+    ///
+    /// # Errors
+    /// The backend's refusal: `Unsupported` where the GPU cannot take the setting,
+    /// `Conflict` where another client holds it busy, `Internal` otherwise; the message names
+    /// the setting and the device.
+    fn set_up(
+        &self,
+        _backend: &dyn GpuBackend,
+        _uuid: &str,
+        _device: &str,
+    ) -> Result<(), ServiceError> {
+        Ok(())
+    }
+
+    /// At start, for a GPU its claims still hold: sets it up again (logged) where the GPU lost
+    /// the setting while gpushared was down (a driver reload, someone's `nvidia-smi`).
+    fn check_again(&self, _backend: &dyn GpuBackend, _uuid: &str, _device: &str) {}
+
+    /// The GPU's last holder is gone: puts the setting back to the node's default (logged on
+    /// failure; the GPU is free either way).
+    fn restore(&self, _backend: &dyn GpuBackend, _uuid: &str, _device: &str) {}
+}
+
+/// The strategy that holds a GPU as `want` says (admission's word for it). An interval code
+/// the proto does not know is time-slicing at `Default`, which only a restore reads.
+pub fn of_want(want: Want) -> Box<dyn Strategy> {
+    match want {
+        Want::Exclusive => Box::new(Exclusive),
+        Want::TimeSliced(code) => Box::new(TimeSlicing {
+            interval: TimeSliceInterval::from_int(code).unwrap_or(TimeSliceInterval::Default),
+        }),
+        Want::Mps => Box::new(Mps),
+        Want::Mig => Box::new(Mig),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -11,11 +11,57 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gpushare_proto::{MpsInfo, MpsRequested};
+use gpushare_proto::{ComputeMode, ErrorCode, MpsInfo, MpsRequested};
 use sha2::{Digest, Sha256};
 
+use super::Strategy;
+use crate::error::ServiceError;
 use crate::fsutil;
+use crate::gpu::{GpuBackend, GpuError};
 use crate::sys::{CommandSpec, HostOps};
+
+/// MPS's hold on a whole GPU: compute mode `EXCLUSIVE_PROCESS`, so that the claim's control
+/// daemon is the GPU's only client and every CUDA process of the claim goes through it. One
+/// claim per GPU (admission's rule); the last holder puts `DEFAULT` back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mps;
+
+impl Strategy for Mps {
+    fn set_up(
+        &self,
+        backend: &dyn GpuBackend,
+        uuid: &str,
+        device: &str,
+    ) -> Result<(), ServiceError> {
+        backend
+            .set_compute_mode(uuid, ComputeMode::ExclusiveProcess)
+            .map_err(|e| {
+                let code = match e {
+                    GpuError::Busy(_) => ErrorCode::Conflict,
+                    _ => ErrorCode::Internal,
+                };
+                ServiceError::new(
+                    code,
+                    format!("setting compute mode EXCLUSIVE_PROCESS on {device}: {e}"),
+                )
+            })
+    }
+
+    fn check_again(&self, backend: &dyn GpuBackend, uuid: &str, device: &str) {
+        if backend.compute_mode(uuid).ok() != Some(ComputeMode::ExclusiveProcess) {
+            tracing::warn!(gpu = %device, "compute mode is not EXCLUSIVE_PROCESS under an MPS claim; re-applying");
+            if let Err(e) = backend.set_compute_mode(uuid, ComputeMode::ExclusiveProcess) {
+                tracing::error!(gpu = %device, error = %e, "re-applying compute mode");
+            }
+        }
+    }
+
+    fn restore(&self, backend: &dyn GpuBackend, uuid: &str, device: &str) {
+        if let Err(e) = backend.set_compute_mode(uuid, ComputeMode::Default) {
+            tracing::error!(gpu = %device, error = %e, "restoring compute mode DEFAULT");
+        }
+    }
+}
 
 /// Why an MPS operation failed. Each message names the claim's pipe directory or the value.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,56 @@
+//! Time-slicing: claims at one interval share a GPU, the driver switching between their
+//! contexts at that interval (`nvidia-smi compute-policy --set-timeslice`; NVIDIA's codes 0–3:
+//! Default, Short, Medium, Long). Claims share it only at equal intervals (admission's rule);
+//! the last holder puts `Default` back.
+
+use gpushare_proto::{ErrorCode, TimeSliceInterval};
+
+use super::Strategy;
+use crate::error::ServiceError;
+use crate::gpu::{GpuBackend, GpuError};
+
+/// Time-slicing at `interval`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeSlicing {
+    /// The interval the claims asked.
+    pub interval: TimeSliceInterval,
+}
+
+impl Strategy for TimeSlicing {
+    fn set_up(
+        &self,
+        backend: &dyn GpuBackend,
+        uuid: &str,
+        device: &str,
+    ) -> Result<(), ServiceError> {
+        backend.set_time_slice(uuid, self.interval).map_err(|e| {
+            ServiceError::new(
+                match e {
+                    GpuError::Unsupported(_) => ErrorCode::Unsupported,
+                    GpuError::Busy(_) => ErrorCode::Conflict,
+                    _ => ErrorCode::Internal,
+                },
+                format!(
+                    "setting time-slice {} on {device}: {e}",
+                    self.interval.as_str()
+                ),
+            )
+        })
+    }
+
+    fn check_again(&self, backend: &dyn GpuBackend, uuid: &str, device: &str) {
+        let interval = self.interval;
+        if backend.time_slice(uuid).ok() != Some(interval) {
+            tracing::warn!(gpu = %device, interval = interval.as_str(), "time-slice interval differs from what its claims asked; re-applying");
+            if let Err(e) = backend.set_time_slice(uuid, interval) {
+                tracing::error!(gpu = %device, error = %e, "re-applying the time-slice interval");
+            }
+        }
+    }
+
+    fn restore(&self, backend: &dyn GpuBackend, uuid: &str, device: &str) {
+        if let Err(e) = backend.set_time_slice(uuid, TimeSliceInterval::Default) {
+            tracing::error!(gpu = %device, error = %e, "restoring time-slice Default");
+        }
+    }
+}
