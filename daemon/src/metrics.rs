@@ -229,6 +229,12 @@ fn encode_health(encoder: &mut DescriptorEncoder, health: &HealthInfo) -> Result
     )?;
     encode_gauge(
         encoder,
+        "gpushare_quarantined_records",
+        "Claim records refused at start and kept in quarantine (their claims not re-adopted); see gpushare status.",
+        i64::try_from(health.quarantined_records.len()).unwrap_or(i64::MAX),
+    )?;
+    encode_gauge(
+        encoder,
         "gpushare_checkpoint_write_error",
         "Whether the last checkpoint write failed (1: changing requests fail until one succeeds) or not (0).",
         i64::from(health.checkpoint_error.is_some()),
@@ -570,6 +576,7 @@ mod tests {
             mps_control: "/bin/true".into(),
             checkpoint_quarantined: quarantined.map(str::to_string),
             checkpoint_error: error.map(str::to_string),
+            quarantined_records: (0..degraded).map(|i| format!("claim {i}")).collect(),
             degraded_claims: degraded,
             stopping: false,
             drivers: vec!["gpu.nvidia.com".into()],
@@ -583,6 +590,7 @@ mod tests {
         for line in [
             "gpushare_degraded_claims 0",
             "gpushare_checkpoint_quarantined 0",
+            "gpushare_quarantined_records 0",
             "gpushare_checkpoint_write_error 0",
         ] {
             assert!(ok.lines().any(|l| l == line), "{line}: {ok}");
@@ -591,6 +599,7 @@ mod tests {
         for line in [
             "gpushare_degraded_claims 2",
             "gpushare_checkpoint_quarantined 1",
+            "gpushare_quarantined_records 2",
             "gpushare_checkpoint_write_error 1",
         ] {
             assert!(bad.lines().any(|l| l == line), "{line}: {bad}");

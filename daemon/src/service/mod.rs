@@ -79,6 +79,8 @@ struct State {
     tombstones: BTreeMap<String, Tombstone>,
     /// A corrupt checkpoint found at start: where it went and why.
     quarantined: Option<String>,
+    /// Claim records refused at start, one line each (see `HealthInfo::quarantined_records`).
+    quarantined_records: Vec<String>,
     /// Error of the last checkpoint write, cleared by the next one that succeeds.
     checkpoint_error: Option<String>,
     /// SIGTERM: changing requests are refused.
@@ -1525,6 +1527,7 @@ impl Service {
             backend: self.backend.describe(),
             mps_control: self.mps.program().display().to_string(),
             checkpoint_quarantined: st.quarantined.clone(),
+            quarantined_records: st.quarantined_records.clone(),
             checkpoint_error: st.checkpoint_error.clone(),
             degraded_claims: st
                 .claims

@@ -247,7 +247,12 @@ impl Service {
             persisted::host_records(&self.cfg.run_dir, &self.cfg.cdi_dir, &quarantine, |uid| {
                 claims.contains_key(uid)
             });
-        if loaded.missing {
+        if loaded.missing && rebuilt.is_empty() {
+            tracing::info!(
+                path = %self.cfg.checkpoint.display(),
+                "no checkpoint and no host records: a node without claims (a first start)"
+            );
+        } else if loaded.missing {
             tracing::warn!(
                 path = %self.cfg.checkpoint.display(),
                 host_records = rebuilt.len(),
@@ -270,6 +275,7 @@ impl Service {
             }
             claims.insert(uid, info);
         }
+        self.state().quarantined_records = quarantine.refused();
         claims
     }
 

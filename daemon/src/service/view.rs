@@ -32,6 +32,8 @@ pub(super) struct View {
     pub(super) tombstones: Arc<BTreeMap<String, Tombstone>>,
     /// A corrupt checkpoint found at start: where it went and why.
     pub(super) quarantined: Option<String>,
+    /// Claim records refused at start, one line each.
+    pub(super) quarantined_records: Vec<String>,
     /// The error of the last checkpoint write, if it failed.
     pub(super) checkpoint_error: Option<String>,
     /// SIGTERM: changing requests are refused.
@@ -76,6 +78,7 @@ impl View {
             claim_generation: state.claim_generation,
             tombstones,
             quarantined: state.quarantined.clone(),
+            quarantined_records: state.quarantined_records.clone(),
             checkpoint_error: state.checkpoint_error.clone(),
             stopping: state.stopping,
         }
