@@ -812,6 +812,9 @@ fn samples() -> Vec<(&'static str, Value)> {
                     "moved to /var/lib/gpushare/checkpoint.json.corrupt-1767225600: EOF".into(),
                 ),
                 checkpoint_error: None,
+                quarantined_records: vec![
+                    "claim \"x\" (from /var/lib/gpushare/checkpoint.json): request name \"-\" is not a valid one; kept at /var/lib/gpushare/quarantine/checkpoint-claim-1796131673-42-0.json".into(),
+                ],
                 degraded_claims: 1,
                 stopping: false,
                 drivers: vec!["gpu.nvidia.com".into()],

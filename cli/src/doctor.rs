@@ -659,22 +659,38 @@ fn check_claims(ctx: &Context<'_>) -> Check {
             None => format!("{} ({}/{})", c.uid, c.namespace, c.name),
         })
         .collect();
+    let refused = &d.health.quarantined_records;
+    let refused_note = if refused.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; {} claim record(s) refused at start and not re-adopted: {}",
+            refused.len(),
+            refused.join("; ")
+        )
+    };
+    const REFUSED_HINT: &str = "a refused record is kept under the state directory's quarantine/ with why; its claim is prepared afresh by the kubelet's next prepare, or released by draining its pods";
     if degraded.is_empty() {
-        return check(
-            "claims",
-            Status::Ok,
-            match d.claims.len() {
-                1 => "1 claim, not degraded".to_string(),
-                n => format!("{n} claims, none degraded"),
-            },
-            "",
-        );
+        let held = match d.claims.len() {
+            1 => "1 claim, not degraded".to_string(),
+            n => format!("{n} claims, none degraded"),
+        };
+        return if refused.is_empty() {
+            check("claims", Status::Ok, held, "")
+        } else {
+            check(
+                "claims",
+                Status::Warn,
+                format!("{held}{refused_note}"),
+                REFUSED_HINT,
+            )
+        };
     }
     check(
         "claims",
         Status::Fail,
         format!(
-            "{} of {} claims degraded (new containers are refused): {}",
+            "{} of {} claims degraded (new containers are refused): {}{refused_note}",
             degraded.len(),
             d.claims.len(),
             degraded.join("; ")
@@ -1277,6 +1293,7 @@ mod tests {
                 mps_control: "/usr/bin/nvidia-cuda-mps-control".into(),
                 checkpoint_quarantined: None,
                 checkpoint_error: None,
+                quarantined_records: vec![],
                 degraded_claims: 0,
                 stopping: false,
                 drivers: vec![],
@@ -1637,6 +1654,28 @@ mod tests {
         // Without a daemon there is nothing to say.
         let r = run(&n.paths, Some("g5.xlarge"), &FakeHost::default());
         assert_eq!(get(&r, "claims").status, Status::Skip);
+    }
+
+    #[test]
+    fn records_refused_at_start_are_a_warning_naming_each() {
+        let n = node(CDI_ON);
+        let mut view = healthy(vec![]);
+        view.claims = vec![claim("ok-1", ClaimState::Prepared, Path::new(""))];
+        let refused = "claim \"m\" (from /run/gpushare/claims/m/claim.json): CDI device ID \"gpushare.io/gpu=MIG-old\" is not the claim's; kept at /var/lib/gpushare/quarantine/host-record-1-2-0.json";
+        view.health.quarantined_records = vec![refused.into()];
+        let host = FakeHost {
+            daemon: Some(view),
+            ..FakeHost::default()
+        };
+        let r = run(&n.paths, Some("g5.xlarge"), &host);
+        let c = get(&r, "claims");
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert!(
+            c.detail.contains("1 claim record(s) refused at start"),
+            "{c:?}"
+        );
+        assert!(c.detail.contains(refused), "{c:?}");
+        assert!(c.hint.contains("quarantine/"), "{c:?}");
     }
 }
 

@@ -529,6 +529,16 @@ pub fn status_text(h: &HealthInfo, v: &VersionInfo) -> String {
     if let Some(q) = &h.checkpoint_quarantined {
         let _ = writeln!(s, "CHECKPOINT WAS CORRUPT: {}", clean(q));
     }
+    if !h.quarantined_records.is_empty() {
+        let _ = writeln!(
+            s,
+            "RECORDS REFUSED AT START: {} (those claims were not re-adopted)",
+            h.quarantined_records.len()
+        );
+        for r in &h.quarantined_records {
+            let _ = writeln!(s, "  {}", clean(r));
+        }
+    }
     if let Some(e) = &h.checkpoint_error {
         let _ = writeln!(s, "CHECKPOINT NOT WRITABLE: {}", clean(e));
     }
@@ -584,6 +594,28 @@ mod tests {
             "mig_devices": vec![device; mig_devices],
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn status_shows_each_record_refused_at_start() {
+        let h: HealthInfo = serde_json::from_value(serde_json::json!({
+            "ready": true, "node_name": "n", "gpus": 1, "claims": 0, "backend": "nvml",
+            "mps_control": "/usr/bin/nvidia-cuda-mps-control",
+            "quarantined_records": ["claim \"a\" (from x): bad; kept at q/1.json", "claim \"b\" (from y): worse; kept at q/2.json"],
+        }))
+        .unwrap();
+        let v = VersionInfo {
+            daemon: "0.1.0".into(),
+            protocol: 1,
+        };
+        let text = status_text(&h, &v);
+        assert!(text.contains("RECORDS REFUSED AT START: 2 (those claims were not re-adopted)\n  claim \"a\" (from x): bad; kept at q/1.json\n  claim \"b\""), "{text}");
+        let quiet: HealthInfo = serde_json::from_value(serde_json::json!({
+            "ready": true, "node_name": "n", "gpus": 1, "claims": 0, "backend": "nvml",
+            "mps_control": "/usr/bin/nvidia-cuda-mps-control",
+        }))
+        .unwrap();
+        assert!(!status_text(&quiet, &v).contains("REFUSED"));
     }
 
     #[test]

@@ -229,6 +229,12 @@ fn encode_health(encoder: &mut DescriptorEncoder, health: &HealthInfo) -> Result
     )?;
     encode_gauge(
         encoder,
+        "gpushare_quarantined_records",
+        "Claim records refused at start and kept in quarantine (their claims not re-adopted); see gpushare status.",
+        i64::try_from(health.quarantined_records.len()).unwrap_or(i64::MAX),
+    )?;
+    encode_gauge(
+        encoder,
         "gpushare_checkpoint_write_error",
         "Whether the last checkpoint write failed (1: changing requests fail until one succeeds) or not (0).",
         i64::from(health.checkpoint_error.is_some()),

@@ -81,6 +81,7 @@ fn health_gauges_show_degraded_claims_and_the_checkpoint_state() {
         mps_control: "/bin/true".into(),
         checkpoint_quarantined: quarantined.map(str::to_string),
         checkpoint_error: error.map(str::to_string),
+        quarantined_records: (0..degraded).map(|i| format!("claim {i}")).collect(),
         degraded_claims: degraded,
         stopping: false,
         drivers: vec!["gpu.nvidia.com".into()],
@@ -94,6 +95,7 @@ fn health_gauges_show_degraded_claims_and_the_checkpoint_state() {
     for line in [
         "gpushare_degraded_claims 0",
         "gpushare_checkpoint_quarantined 0",
+        "gpushare_quarantined_records 0",
         "gpushare_checkpoint_write_error 0",
     ] {
         assert!(ok.lines().any(|l| l == line), "{line}: {ok}");
@@ -102,6 +104,7 @@ fn health_gauges_show_degraded_claims_and_the_checkpoint_state() {
     for line in [
         "gpushare_degraded_claims 2",
         "gpushare_checkpoint_quarantined 1",
+        "gpushare_quarantined_records 2",
         "gpushare_checkpoint_write_error 1",
     ] {
         assert!(bad.lines().any(|l| l == line), "{line}: {bad}");

@@ -836,6 +836,13 @@ pub struct HealthInfo {
     /// was refused. The daemon rebuilt what it could from the host.
     #[serde(default)]
     pub checkpoint_quarantined: Option<String>,
+    /// Claim records refused at start (from the checkpoint or a host record: an invalid
+    /// UID, a path outside the claim's directories, a CDI device ID not the claim's), one
+    /// line each: the claim, why, and where the refused record is kept
+    /// (`<state-dir>/quarantine/`). Those claims were not re-adopted. Empty from daemons
+    /// before this field.
+    #[serde(default)]
+    pub quarantined_records: Vec<String>,
     /// Set while the checkpoint cannot be written (say, the disk is full): the error of the
     /// last attempt. Changing requests fail meanwhile and change nothing.
     #[serde(default)]

@@ -194,6 +194,13 @@ fn one_directory_as_run_and_state_directory_serves_restarts_and_cleans_up() {
     );
     let (status, log) = stop(p, daemon);
     assert!(status.success(), "{log}");
+    // A first start on a fresh node is not a lost checkpoint: no warning says so.
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("WARN") && l.contains("checkpoint")),
+        "{log}"
+    );
+    assert!(log.contains("no checkpoint and no host records"), "{log}");
     // A restart on the same layout re-adopts the claim's MPS control daemon.
     let daemon = start();
     let c: ClaimInfo = client(p)

@@ -179,10 +179,15 @@ fn default_mps_control() -> Result<PathBuf> {
         .map_err(|e| anyhow::anyhow!("{e}; pass --mps-control"))
 }
 
-/// Holds `<dir>/gpushared.lock` (the directory exists: see [`real_dir`]) for the daemon's
-/// life; a second daemon on the same `what` directory (`"state"` or `"run"`) is refused at
-/// once.
-fn lock_instance(dir: &Path, what: &str) -> Result<nix::fcntl::Flock<std::fs::File>> {
+/// Holds a POSIX write lock on `<dir>/gpushared.lock` (the directory exists: see
+/// [`real_dir`]) for the daemon's life, as long as the returned file stays open; a second
+/// daemon on the same `what` directory (`"state"` or `"run"`) is refused at once.
+///
+/// A POSIX lock, not a flock: the kernel names its holder to anyone who asks
+/// (`fcntl(F_GETLK)`, which `gpushare doctor` uses to tell which gpushared owns a
+/// directory), and forked children do not inherit it. gpushared never opens this file
+/// elsewhere (closing any descriptor of it would drop the lock).
+fn lock_instance(dir: &Path, what: &str) -> Result<std::fs::File> {
     let path = dir.join("gpushared.lock");
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -192,21 +197,33 @@ fn lock_instance(dir: &Path, what: &str) -> Result<nix::fcntl::Flock<std::fs::Fi
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&path)
         .with_context(|| format!("opening {}", path.display()))?;
-    // A gpushared killed while it was forking a child (an MPS control program) leaves the
-    // lock with that child until it execs, a few milliseconds: wait that out (bounded) rather
-    // than fail the restart.
+    // A previous gpushared that is still exiting (killed a moment ago) holds the lock until
+    // it is gone: wait that out (bounded) rather than fail the restart.
     let deadline = std::time::Instant::now() + INSTANCE_LOCK_WAIT;
-    let mut file = file;
+    let lock = libc::flock {
+        l_type: libc::F_WRLCK as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    };
     loop {
-        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-            Ok(lock) => return Ok(lock),
-            Err((f, nix::errno::Errno::EWOULDBLOCK)) if std::time::Instant::now() < deadline => {
-                file = f;
+        use std::os::fd::AsRawFd;
+        match nix::fcntl::fcntl(file.as_raw_fd(), nix::fcntl::FcntlArg::F_SETLK(&lock)) {
+            Ok(_) => return Ok(file),
+            Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES)
+                if std::time::Instant::now() < deadline =>
+            {
                 std::thread::sleep(Duration::from_millis(20));
             }
-            Err((_, e)) => {
+            Err(e) => {
+                let holder = gpushare::sys::find_lock_holder(&path)
+                    .ok()
+                    .flatten()
+                    .map(|pid| format!(", held by pid {pid}"))
+                    .unwrap_or_default();
                 bail!(
-                    "another gpushared already runs on {what} directory {} ({}: {e})",
+                    "another gpushared already runs on {what} directory {} ({}: {e}{holder})",
                     dir.display(),
                     path.display()
                 )
@@ -565,8 +582,8 @@ async fn run(
         .map_err(anyhow::Error::msg)?;
     // Two daemons on one state directory would each believe they own every claim; two on one
     // run directory would each remove the other's claim directories as orphans at start.
-    // One directory serving as both is locked once (a second flock of the same file from
-    // this process would conflict with the first).
+    // One directory serving as both is locked once (a second descriptor of the lock file,
+    // closed, would drop the process's lock).
     let _instance = lock_instance(&state_dir, "state")?;
     let _run = if run_dir == state_dir {
         None

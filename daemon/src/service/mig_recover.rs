@@ -102,6 +102,22 @@ impl Service {
                 tracing::error!(claim = %uid, error = %e, "rewriting the CDI spec for recreated MIG slices");
                 lost.push(format!("rewriting the CDI spec: {}", e.message));
             }
+            // The driver spec's device of a MIG slice is named by its MIG UUID, which the new
+            // instance does not share: the claim's CDI device IDs follow it (a record naming
+            // a device the claim does not hold is quarantined at the next start).
+            match self.prepared_requests(uid, &after.groups, &after.requests) {
+                Ok(requests) => {
+                    if let Some(c) = self.state().claims.get_mut(uid) {
+                        c.requests = requests;
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(claim = %uid, error = %e, "the driver's CDI spec lacks a recreated MIG slice");
+                    lost.push(format!(
+                        "naming the recreated MIG slice(s) in the driver's CDI spec: {e}"
+                    ));
+                }
+            }
         }
         {
             let mut st = self.state();

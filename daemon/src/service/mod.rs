@@ -98,6 +98,8 @@ pub(crate) struct State {
     tombstones: Tombstones,
     /// A corrupt checkpoint found at start: where it went and why.
     quarantined: Option<String>,
+    /// Claim records refused at start, one line each (see `HealthInfo::quarantined_records`).
+    quarantined_records: Vec<String>,
     /// Error of the last checkpoint write, cleared by the next one that succeeds.
     checkpoint_error: Option<String>,
     /// SIGTERM: changing requests are refused.

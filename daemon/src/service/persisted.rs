@@ -233,6 +233,8 @@ fn check_mps_dirs(claim_dir: &Path, m: &gpushare_proto::MpsInfo) -> Result<(), S
 #[derive(Debug)]
 pub(super) struct Quarantine {
     dir: PathBuf,
+    /// One line per record refused through this quarantine: what `health` shows.
+    refused: std::sync::Mutex<Vec<String>>,
 }
 
 /// Distinguishes quarantine files written within one second.
@@ -251,7 +253,17 @@ impl Quarantine {
                 .parent()
                 .unwrap_or(Path::new("."))
                 .join(QUARANTINE_DIR),
+            refused: std::sync::Mutex::new(Vec::new()),
         }
+    }
+
+    /// What was refused through this quarantine so far, one line per record: the claim it
+    /// was filed under, where it was read, why, and where it is kept.
+    pub(super) fn refused(&self) -> Vec<String> {
+        self.refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Logs why a record was refused and keeps it as
@@ -290,6 +302,18 @@ impl Quarantine {
                 fsutil::create_dir_if_missing(&self.dir, 0o700)?;
                 fsutil::write_atomic(&path, &text, 0o600)
             });
+        let line = format!(
+            "claim {filed_under:?} (from {}): {why}; {}",
+            origin.display(),
+            match &kept {
+                Ok(()) => format!("kept at {}", path.display()),
+                Err(e) => format!("keeping a copy failed: {e}"),
+            }
+        );
+        self.refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(line);
         match kept {
             Ok(()) => {
                 tracing::error!(record = %origin.display(), filed_under, reason = %why, kept_at = %path.display(), "refused a claim record read back from disk and kept it in quarantine; the claim is not re-adopted from it");

@@ -221,7 +221,12 @@ impl Service {
             persisted::host_records(&self.cfg.run_dir, &self.cfg.cdi_dir, &quarantine, |uid| {
                 claims.contains_key(uid)
             });
-        if loaded.missing {
+        if loaded.missing && rebuilt.is_empty() {
+            tracing::info!(
+                path = %self.store.dir().display(),
+                "no checkpoint and no host records: a node without claims (a first start)"
+            );
+        } else if loaded.missing {
             tracing::warn!(
                 path = %self.store.dir().display(),
                 host_records = rebuilt.len(),
@@ -245,6 +250,7 @@ impl Service {
             }
             claims.insert(uid, (info, true));
         }
+        self.state().quarantined_records = quarantine.refused();
         claims
     }
 

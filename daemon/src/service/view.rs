@@ -26,6 +26,8 @@ pub(super) struct View {
     pub(super) ready: bool,
     /// A corrupt checkpoint or record found at start: where it went and why.
     pub(super) quarantined: Option<String>,
+    /// Claim records refused at start, one line each.
+    pub(super) quarantined_records: Vec<String>,
     /// The error of the last record write, if it failed.
     pub(super) checkpoint_error: Option<String>,
     /// SIGTERM: changing requests are refused.
@@ -79,6 +81,7 @@ impl View {
             placement,
             ready: state.ready,
             quarantined: state.quarantined.clone(),
+            quarantined_records: state.quarantined_records.clone(),
             checkpoint_error: state.checkpoint_error.clone(),
             stopping: state.stopping,
         }

@@ -430,3 +430,160 @@ fn a_slice_whose_placement_was_taken_while_away_leaves_the_claim_degraded() {
     );
     s2.unprepare("other").unwrap();
 }
+
+/// gpushared starts on `node` with the driver's CDI spec made by the simulated toolkit over
+/// the GPUs of that start.
+fn start_with_driver_spec(node: &Node) -> (Arc<SimulatedBackend>, Service) {
+    use crate::driver_spec::{sim::SimulatedToolkit, DriverSpecs, DEFAULT_KIND};
+    let backend = node.gpus();
+    let driver_root = node.dir.path().join("driver");
+    std::fs::create_dir_all(driver_root.join("tmp/nvidia-mps")).unwrap();
+    let mut cfg = node.cfg.clone();
+    cfg.driver_spec = Some(Arc::new(
+        DriverSpecs::new(
+            Arc::new(SimulatedToolkit::new(
+                Arc::clone(&backend) as Arc<dyn GpuBackend>,
+                &driver_root,
+            )),
+            DEFAULT_KIND,
+            &cfg.cdi_dir,
+            &cfg.run_dir.join("driver-spec"),
+        )
+        .unwrap(),
+    ));
+    let service = start(&cfg, &node.host, &backend);
+    (backend, service)
+}
+
+/// Every CDI device ID a claim hands out, in the flat list and per device.
+fn handed_out(c: &ClaimInfo) -> Vec<String> {
+    c.requests
+        .iter()
+        .flat_map(|r| {
+            r.cdi_device_ids
+                .iter()
+                .chain(r.per_device.iter().flat_map(|d| d.cdi_device_ids.iter()))
+        })
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn a_recreated_slice_s_driver_cdi_ids_follow_its_new_mig_uuid_across_restarts() {
+    let Some(node) = Node::new(&p4d_mig2()) else {
+        return;
+    };
+    let (_b1, s1) = start_with_driver_spec(&node);
+    s1.prepare(&claim("m", &["gpu-2-mig-3g20gb-9-0"], None))
+        .unwrap();
+    let old = slice(&s1, "m");
+    let old_id = format!("gpushare.io/gpu={}", old.uuid);
+    assert!(
+        handed_out(&s1.get_claim("m").unwrap()).contains(&old_id),
+        "the driver spec's MIG device"
+    );
+    drop(s1);
+
+    node.reset_before_next_start("gpu-2\n");
+    let (_b2, s2) = start_with_driver_spec(&node);
+    let c = s2.get_claim("m").unwrap();
+    assert_eq!(c.state, ClaimState::Prepared, "{:?}", c.last_error);
+    let new = slice(&s2, "m");
+    assert_ne!(new.uuid, old.uuid);
+    let ids = handed_out(&c);
+    assert!(
+        ids.contains(&format!("gpushare.io/gpu={}", new.uuid)),
+        "{ids:?}"
+    );
+    assert!(!ids.iter().any(|i| i.contains(&old.uuid)), "{ids:?}");
+    // A retried prepare (the kubelet's, after its own restart) answers the same IDs.
+    let again = s2
+        .prepare(&claim("m", &["gpu-2-mig-3g20gb-9-0"], None))
+        .unwrap();
+    assert_eq!(again.requests, c.requests);
+    drop(s2);
+
+    // The next start finds the claim as it was left: its record names only devices it holds.
+    let (b3, s3) = start_with_driver_spec(&node);
+    let c = s3
+        .get_claim("m")
+        .expect("the claim is not quarantined at the next start");
+    assert_eq!(c.state, ClaimState::Prepared, "{:?}", c.last_error);
+    assert_eq!(slice(&s3, "m"), new);
+    assert_eq!(live(&b3, "gpu-2").len(), 1, "the slice is kept");
+    s3.unprepare("m").unwrap();
+    assert!(live(&b3, "gpu-2").is_empty());
+}
+
+/// A reboot: the GPUs' MIG instances are gone (MIG mode stays, as on hardware), so are every
+/// process, mount, the run directory and the CDI specs; gpushared starts under a new boot ID.
+#[test]
+fn after_a_reboot_mig_slices_of_prepared_claims_are_made_again_before_ready() {
+    let Some(node) = Node::new(&p4d_mig2()) else {
+        return;
+    };
+    let (_b1, s1) = node.start();
+    let mps = json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 40}}});
+    s1.prepare(&claim("with-mps", &["gpu-2-mig-3g20gb-9-0"], Some(mps)))
+        .unwrap();
+    s1.prepare(&claim("plain", &["gpu-2-mig-3g20gb-9-4"], None))
+        .unwrap();
+    let before = [slice(&s1, "with-mps"), slice(&s1, "plain")];
+    drop(s1);
+
+    node.reset_before_next_start("all\n");
+    {
+        let mut st = node.host.state();
+        for d in st.daemons.values_mut() {
+            d.alive = false;
+        }
+        st.mounts.clear();
+    }
+    std::fs::remove_dir_all(&node.cfg.run_dir).unwrap();
+    std::fs::remove_dir_all(&node.cfg.cdi_dir).unwrap();
+    let backend = node.gpus();
+    let mpsc = MpsControl::new(
+        "/usr/bin/nvidia-cuda-mps-control".into(),
+        node.host.ops(),
+        Duration::from_millis(200),
+    );
+    let s2 = Service::with_boot_id(
+        node.cfg.clone(),
+        Arc::clone(&backend) as Arc<dyn GpuBackend>,
+        mpsc,
+        "a-boot-after-the-reboot".into(),
+    )
+    .unwrap();
+    // Ready (the constructor returned) with every slice there again.
+    assert!(s2.health().ready);
+    let now = live(&backend, "gpu-2");
+    assert_eq!(now.len(), 2, "{now:?}");
+    for (uid, old) in ["with-mps", "plain"].iter().zip(&before) {
+        let c = s2.get_claim(uid).unwrap();
+        assert_eq!(c.state, ClaimState::Prepared, "{uid}: {:?}", c.last_error);
+        let new = slice(&s2, uid);
+        assert_eq!(
+            (new.placement_start, new.memory_slices, &new.profile),
+            (old.placement_start, old.memory_slices, &old.profile),
+            "{uid}: same profile and placement"
+        );
+        assert_ne!(new.uuid, old.uuid, "{uid}: a new MIG UUID");
+        assert!(
+            Path::new(&c.cdi_spec).is_file(),
+            "{uid}: CDI spec rewritten"
+        );
+        assert_eq!(cap_paths(&node.cfg, uid), caps_of(2, &new), "{uid}");
+    }
+    let c = s2.get_claim("with-mps").unwrap();
+    let StrategyInfo::Mps(m) = &c.groups[0].sharing else {
+        panic!("not MPS")
+    };
+    assert_eq!(m.visible_devices, vec![slice(&s2, "with-mps").uuid]);
+    assert_eq!(m.active_thread_percentage, "40.0");
+    assert!(node.host.state().daemons[Path::new(&m.pipe_dir)].alive);
+    assert_eq!(c.restarts, 0, "a reboot is not a crash");
+    s2.unprepare("with-mps").unwrap();
+    s2.unprepare("plain").unwrap();
+    assert!(live(&backend, "gpu-2").is_empty());
+}

@@ -73,6 +73,7 @@ impl Service {
             backend: self.backend.describe(),
             mps_control: self.mps.program().display().to_string(),
             checkpoint_quarantined: st.quarantined.clone(),
+            quarantined_records: st.quarantined_records.clone(),
             checkpoint_error: st.checkpoint_error.clone(),
             degraded_claims: st
                 .claims

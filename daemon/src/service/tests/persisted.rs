@@ -301,6 +301,21 @@ fn hostile_checkpoint_entries_are_quarantined_alone_and_nothing_outside_is_remov
     // The refused entries are out of the fresh checkpoint.
     let cp = RecordsOnDisk::new(f.cfg.checkpoint.clone()).load().unwrap();
     assert_eq!(cp.checkpoint.claims.keys().collect::<Vec<_>>(), ["good"]);
+    // And an operator sees them without reading the log: health (status, doctor, metrics)
+    // names each, why, and where it is kept.
+    let shown = again.health().quarantined_records;
+    assert_eq!(shown.len(), 5, "{shown:#?}");
+    for (needle, why) in [
+        ("\"misfiled\"", "names claim \"good\""),
+        ("\"ids\"", "nvidia.com/gpu=all"),
+    ] {
+        let line = shown
+            .iter()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("{needle} shown: {shown:#?}"));
+        assert!(line.contains(why), "{line}");
+        assert!(line.contains("/quarantine/checkpoint-claim-"), "{line}");
+    }
 }
 
 #[test]
