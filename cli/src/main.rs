@@ -182,8 +182,21 @@ fn profiles(profile: Option<&str>, output: Output) -> Result<()> {
     }
 }
 
+/// Output into a closed pipe (`gpushare completion bash | head -1`) ends the process quietly,
+/// as it does for other command-line tools: Rust ignores SIGPIPE, so every `print!` would
+/// panic on EPIPE instead. Not for `demo`, which must live on to release its claims and stop
+/// its daemon (its output is diagnostics; losing the rest of it is harmless).
+fn die_on_sigpipe() {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    // SAFETY: SIG_DFL installs no handler of ours, and no other thread exists yet.
+    let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
+}
+
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    if !matches!(args.command, Command::Demo(_)) {
+        die_on_sigpipe();
+    }
     match run(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
