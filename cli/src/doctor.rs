@@ -144,19 +144,20 @@ pub trait DoctorHost {
     ///
     /// # Errors
     /// The probe could not run or its output is unreadable.
-    fn dra_probe(&self) -> Option<Result<Vec<ProbeCheck>, String>> {
+    fn dra_probe(&self, args: &[String]) -> Option<Result<Vec<ProbeCheck>, String>> {
         let program = self.which("gpushare-dra")?;
-        Some(run_dra_probe(&program))
+        Some(run_dra_probe(&program, args))
     }
 }
 
 /// One check of `gpushare-dra probe`: (name, passed, detail).
 pub type ProbeCheck = (String, bool, String);
 
-fn run_dra_probe(program: &Path) -> Result<Vec<ProbeCheck>, String> {
+fn run_dra_probe(program: &Path, args: &[String]) -> Result<Vec<ProbeCheck>, String> {
     use std::process::{Command, Stdio};
     let mut child = Command::new(program)
         .args(["probe", "--json"])
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -188,9 +189,9 @@ fn run_dra_probe(program: &Path) -> Result<Vec<ProbeCheck>, String> {
 
 /// The DRA kubelet plugin: its registration socket answers `GetInfo`, its DRA socket
 /// answers, and its node and driver names agree with gpushared's (`gpushare-dra probe`).
-fn check_dra_plugin(host: &dyn DoctorHost) -> Check {
+fn check_dra_plugin(host: &dyn DoctorHost, args: &[String]) -> Check {
     let hint = "systemctl status gpushare-dra; journalctl -u gpushare-dra (node and driver names: /etc/gpushare/dra.toml)";
-    match host.dra_probe() {
+    match host.dra_probe(args) {
         None => check(
             "dra-plugin",
             Status::Skip,
@@ -214,6 +215,26 @@ fn check_dra_plugin(host: &dyn DoctorHost) -> Check {
     }
 }
 
+/// `gpushare-dra probe`'s flags for this doctor run: the socket doctor checks (so that the
+/// plugin's check asks the same gpushared), and the plugin's config file and kubelet
+/// directories where doctor was given them (else the probe reads its own config).
+fn dra_probe_args(ctx: &Context<'_>) -> Vec<String> {
+    let mut args = vec![
+        "--gpushared-socket".to_string(),
+        ctx.socket.display().to_string(),
+    ];
+    for (flag, value) in [
+        ("--config", &ctx.paths.dra_config),
+        ("--plugins-dir", &ctx.paths.dra_plugins_dir),
+        ("--registry-dir", &ctx.paths.dra_registry_dir),
+    ] {
+        if let Some(v) = value {
+            args.extend([flag.to_string(), v.display().to_string()]);
+        }
+    }
+    args
+}
+
 /// Where `doctor` reads files; [`DoctorPaths::default`] is a real node.
 #[derive(Debug, Clone)]
 pub struct DoctorPaths {
@@ -235,6 +256,13 @@ pub struct DoctorPaths {
     pub run_dir: Option<PathBuf>,
     /// Overrides the config's `paths.cdi_dir` (`--cdi-dir`).
     pub cdi_dir: Option<PathBuf>,
+    /// The DRA kubelet plugin's config file, passed to `gpushare-dra probe --config`
+    /// (`--dra-config`; the probe's default is `/etc/gpushare/dra.toml`).
+    pub dra_config: Option<PathBuf>,
+    /// kubelet's plugins directory the plugin serves in (`--dra-plugins-dir`).
+    pub dra_plugins_dir: Option<PathBuf>,
+    /// kubelet's plugin registry directory (`--dra-registry-dir`).
+    pub dra_registry_dir: Option<PathBuf>,
 }
 
 /// Where our `nodeadm` drop-in is installed.
@@ -252,6 +280,9 @@ impl Default for DoctorPaths {
             state_dir: None,
             run_dir: None,
             cdi_dir: None,
+            dra_config: None,
+            dra_plugins_dir: None,
+            dra_registry_dir: None,
         }
     }
 }
@@ -313,6 +344,19 @@ pub const CHECKS: &[CheckFn] = &[
     check_socket,
     check_paths,
     |c| {
+        // A daemon on other directories writes its checkpoint elsewhere: this file says
+        // nothing about it (the paths check names the mismatch).
+        if check_paths(c).status == Status::Fail {
+            return check(
+                "checkpoint",
+                Status::Skip,
+                format!(
+                    "{}: not the directory of the daemon answering (see paths)",
+                    c.cfg.paths.state_dir.join("checkpoint.json").display()
+                ),
+                "fix the paths check first",
+            );
+        }
         check_checkpoint(
             &c.cfg.paths.state_dir.join("checkpoint.json"),
             c.daemon.as_ref().ok(),
@@ -320,7 +364,7 @@ pub const CHECKS: &[CheckFn] = &[
     },
     check_claims,
     |c| check_compute_mode(c.simulate.as_deref(), c.daemon.as_ref().ok()),
-    |c| check_dra_plugin(c.host),
+    |c| check_dra_plugin(c.host, &dra_probe_args(c)),
 ];
 
 /// A directory as gpushared resolves it (the daemon reports real paths), when it exists.
@@ -410,10 +454,22 @@ fn check_driver(simulate: Option<&str>, host: &dyn DoctorHost) -> Check {
     if let Some(profile) = simulate {
         return match catalog::resolve(profile) {
             Ok(p) => {
-                let gpus: Vec<String> = p
-                    .gpus
+                // One entry per product, in the profile's order: a profile lists GPUs in
+                // groups of equal settings (MIG mode), not of products.
+                let mut products: Vec<(&str, u32, u32)> = Vec::new();
+                for g in &p.gpus {
+                    let mig = if g.mig_enabled { g.count } else { 0 };
+                    match products.iter_mut().find(|e| e.0 == g.product_name) {
+                        Some(e) => (e.1, e.2) = (e.1 + g.count, e.2 + mig),
+                        None => products.push((&g.product_name, g.count, mig)),
+                    }
+                }
+                let gpus: Vec<String> = products
                     .iter()
-                    .map(|g| format!("{} x {}", g.count, g.product_name))
+                    .map(|(name, count, mig)| match mig {
+                        0 => format!("{count} x {name}"),
+                        m => format!("{count} x {name} (MIG mode on for {m})"),
+                    })
                     .collect();
                 check(
                     "nvml",
@@ -748,14 +804,19 @@ fn leaves<'a>(v: &'a toml::Value, at: String, out: &mut Vec<(String, &'a toml::V
     }
 }
 
+/// What serves DRA claims (containerd applying CDI itself: kubelet passes their CDI IDs only
+/// in CRI's CDI field) and what does not (gpushare-runtime, which sees only annotations and
+/// the environment), for the containerd check's hints.
+const CONTAINERD_DRA_HINT: &str = "DRA claims need containerd to apply CDI itself: containerd 1.7: set enable_cdi = true and cdi_spec_dirs = [\"/etc/cdi\", \"/var/run/cdi\"] under [plugins.\"io.containerd.grpc.v1.cri\"] (on EKS AL2023, in a NodeConfig's spec.containerd.config under /etc/eks/nodeadm.d/, applied at nodeadm's next run), or containerd 2.x (CDI on by default)";
+
 fn check_containerd(main: &Path) -> Check {
-    let hint_missing = "install containerd; gpushare needs containerd 1.7+ with enable_cdi = true, or the gpushare runtime (packaging/containerd/gpushare-runtime.toml)";
+    let hint_missing = format!("install containerd; {CONTAINERD_DRA_HINT}");
     if !main.exists() {
         return check(
             "containerd",
             Status::Fail,
             format!("{} not found", main.display()),
-            hint_missing,
+            &hint_missing,
         );
     }
     let files = match containerd_files(main) {
@@ -770,13 +831,18 @@ fn check_containerd(main: &Path) -> Check {
         }
     };
     let mut cdi = None;
+    let mut cdi_off = None;
     let mut runtime = None;
     for (path, v) in &files {
         let mut all = Vec::new();
         leaves(v, String::new(), &mut all);
         for (key, value) in all {
-            if key.ends_with(".enable_cdi") && value.as_bool() == Some(true) {
-                cdi = Some(path.clone());
+            if key.ends_with(".enable_cdi") {
+                match value.as_bool() {
+                    Some(true) => cdi = Some(path.clone()),
+                    Some(false) => cdi_off = Some(path.clone()),
+                    None => {}
+                }
             }
             if key.ends_with(".BinaryName")
                 && value
@@ -787,27 +853,57 @@ fn check_containerd(main: &Path) -> Check {
             }
         }
     }
-    match (cdi, runtime) {
-        (Some(p), _) => check(
+    // Config version 3 is containerd 2.x's, whose CRI plugin has CDI on by default.
+    let version = files
+        .first()
+        .and_then(|(_, v)| v.get("version"))
+        .and_then(toml::Value::as_integer)
+        .unwrap_or(1);
+    let runtime_note = runtime.as_ref().map_or_else(String::new, |(p, key)| {
+        format!(
+            "; gpushare-runtime also configured ({key} in {})",
+            p.display()
+        )
+    });
+    match (cdi, cdi_off, runtime) {
+        (Some(p), _, _) => check(
             "containerd",
             Status::Ok,
-            format!("CDI enabled (enable_cdi = true in {})", p.display()),
-            "",
-        ),
-        (None, Some((p, key))) => check(
-            "containerd",
-            Status::Ok,
-            format!("gpushare-runtime configured ({key} in {})", p.display()),
-            "",
-        ),
-        (None, None) => check(
-            "containerd",
-            Status::Fail,
             format!(
-                "{}: neither enable_cdi = true nor a runtime with BinaryName gpushare-runtime",
+                "CDI enabled (enable_cdi = true in {}): DRA claims are served{runtime_note}",
+                p.display()
+            ),
+            "",
+        ),
+        (None, None, _) if version >= 3 => check(
+            "containerd",
+            Status::Ok,
+            format!(
+                "containerd 2.x config (version = {version} in {}): CDI on by default, DRA claims are served{runtime_note}",
                 main.display()
             ),
-            "containerd 1.7+: set enable_cdi = true under [plugins.\"io.containerd.grpc.v1.cri\"]; 1.6: add the tables of /usr/share/doc/gpushare/examples/containerd-gpushare-runtime.toml to this file (on EKS, nodeadm does it from /etc/eks/nodeadm.d/50-gpushare.yaml)",
+            "",
+        ),
+        (None, _, Some((p, key))) => check(
+            "containerd",
+            Status::Warn,
+            format!(
+                "gpushare-runtime configured ({key} in {}), CDI off: it serves cdi.k8s.io annotations and GPUSHARE_VISIBLE_DEVICES only, not DRA claims",
+                p.display()
+            ),
+            CONTAINERD_DRA_HINT,
+        ),
+        (None, off, None) => check(
+            "containerd",
+            Status::Fail,
+            match off {
+                Some(p) => format!("enable_cdi = false in {}, and no runtime with BinaryName gpushare-runtime", p.display()),
+                None => format!(
+                    "{}: neither enable_cdi = true nor a runtime with BinaryName gpushare-runtime",
+                    main.display()
+                ),
+            },
+            &format!("{CONTAINERD_DRA_HINT}; without DRA, containerd 1.6 serves annotation and GPUSHARE_VISIBLE_DEVICES requests through gpushare-runtime (the tables of /usr/share/doc/gpushare/examples/containerd-gpushare-runtime.toml; on EKS the RPM's /etc/eks/nodeadm.d/50-gpushare.yaml)"),
         ),
     }
 }
@@ -900,22 +996,40 @@ fn check_cdi(static_dir: &Path, dynamic_dir: &Path) -> Check {
     if !problems.is_empty() {
         return check("cdi-specs", Status::Fail, problems.join("; "), hint);
     }
-    let missing = if dynamic_dir.is_dir() {
+    // Only directories that exist hold specs; the others are named as absent.
+    let (present, absent): (Vec<&Path>, Vec<&Path>) = [static_dir, dynamic_dir]
+        .into_iter()
+        .partition(|d| d.is_dir());
+    let listed = |dirs: &[&Path]| {
+        dirs.iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" and ")
+    };
+    let place = if present.is_empty() {
+        "no CDI directory".to_string()
+    } else {
+        format!("valid in {}", listed(&present))
+    };
+    let mut notes = Vec::new();
+    if !absent.is_empty() {
+        notes.push(format!("{} does not exist", listed(&absent)));
+    }
+    if !dynamic_dir.is_dir() {
+        notes.push("gpushared creates its CDI directory at start".to_string());
+    }
+    let notes = if notes.is_empty() {
         String::new()
     } else {
-        format!(
-            " ({} does not exist yet; gpushared creates it)",
-            dynamic_dir.display()
-        )
+        format!(" ({})", notes.join("; "))
     };
+    let n = registry.specs().len();
     check(
         "cdi-specs",
         Status::Ok,
         format!(
-            "{} specs valid in {} and {}, {our_specs} of them gpushare claims, no device defined twice{missing}",
-            registry.specs().len(),
-            static_dir.display(),
-            dynamic_dir.display()
+            "{n} spec{} {place}, {our_specs} of them gpushare claims, no device defined twice{notes}",
+            if n == 1 { "" } else { "s" }
         ),
         "",
     )
@@ -1024,7 +1138,11 @@ fn check_compute_mode(simulate: Option<&str>, daemon: Option<&DaemonView>) -> Ch
         check(
             "compute-mode",
             Status::Ok,
-            format!("{} GPUs shared with MPS, all EXCLUSIVE_PROCESS", mps.len()),
+            match mps.len() {
+                0 => "no GPU shared with MPS".to_string(),
+                1 => "1 GPU shared with MPS, EXCLUSIVE_PROCESS".to_string(),
+                n => format!("{n} GPUs shared with MPS, all EXCLUSIVE_PROCESS"),
+            },
             "",
         )
     } else {
@@ -1386,8 +1504,14 @@ mod tests {
         )
         .unwrap();
         let c = check_containerd(&n.paths.containerd_config);
-        assert_eq!(c.status, Status::Ok, "{c:?}");
+        // Enough for annotation and environment requests, not for DRA: kubelet hands DRA's
+        // CDI IDs only in CRI's CDI field, which the runtime wrapper never sees.
+        assert_eq!(c.status, Status::Warn, "{c:?}");
         assert!(c.detail.contains("gpushare-runtime configured"), "{c:?}");
+        assert!(
+            c.detail.contains("CDI off") && c.hint.contains("DRA") && c.hint.contains("enable_cdi"),
+            "{c:?}"
+        );
         // The shipped drop-in itself is recognised.
         let shipped = concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -1400,7 +1524,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             check_containerd(&n.paths.containerd_config).status,
-            Status::Ok
+            Status::Warn
         );
         // A TOML error is named.
         std::fs::write(&n.paths.containerd_config, "version = = 2\n").unwrap();
@@ -1569,6 +1693,10 @@ mod tests {
         );
         assert!(c.detail.contains("claim u1's CDI spec"), "{c:?}");
         assert!(c.hint.contains("--state-dir"), "{c:?}");
+        // The checkpoint of directories the daemon does not use says nothing about it.
+        let c = get(&r, "checkpoint");
+        assert_eq!(c.status, Status::Skip, "{}", r.text());
+        assert!(c.detail.contains("see paths"), "{c:?}");
         // Another gpushared holds them.
         let c = get(&run(&n.paths, Some("g5.xlarge"), &host(Some(7))), "paths").clone();
         assert!(
@@ -1590,6 +1718,78 @@ mod tests {
         assert!(get(&r, "checkpoint")
             .detail
             .contains(&own.join("state").display().to_string()));
+    }
+
+    #[test]
+    fn containerd_hints_say_what_serves_dra_and_what_does_not() {
+        // Neither: the hint says what DRA needs, and does not send EKS users to the nodeadm
+        // drop-in (which adds only gpushare-runtime).
+        let n = node("version = 2\n");
+        let c = check_containerd(&n.paths.containerd_config);
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(
+            c.hint.contains("DRA") && c.hint.contains("enable_cdi = true"),
+            "{c:?}"
+        );
+        assert!(!c.hint.contains("nodeadm does it"), "{c:?}");
+        // containerd 2.x (config version 3) has CDI on unless it is turned off.
+        std::fs::write(&n.paths.containerd_config, "version = 3\n").unwrap();
+        let c = check_containerd(&n.paths.containerd_config);
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(c.detail.contains("containerd 2.x"), "{c:?}");
+        std::fs::write(
+            &n.paths.containerd_config,
+            "version = 3\n[plugins.\"io.containerd.cri.v1.runtime\"]\nenable_cdi = false\n",
+        )
+        .unwrap();
+        let c = check_containerd(&n.paths.containerd_config);
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+    }
+
+    #[test]
+    fn a_simulated_profile_counts_each_product_once_with_its_mig_gpus() {
+        let profile = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../daemon/examples/profiles/p4d.24xlarge-mig2.toml"
+        );
+        let c = check_driver(Some(profile), &FakeHost::default());
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(
+            c.detail
+                .contains(": 8 x NVIDIA A100-SXM4-40GB (MIG mode on for 1) (no NVML used)"),
+            "{c:?}"
+        );
+    }
+
+    #[test]
+    fn counts_and_directories_are_worded_as_they_are() {
+        let n = node(CDI_ON);
+        let host = FakeHost {
+            daemon: Some(healthy(vec![gpu(
+                GpuSharing::Mps,
+                ComputeMode::ExclusiveProcess,
+            )])),
+            ..FakeHost::default()
+        };
+        std::fs::remove_dir(&n.paths.static_cdi_dir).unwrap();
+        let r = run(&n.paths, Some("g5.xlarge"), &host);
+        let c = get(&r, "compute-mode");
+        assert_eq!(
+            c.detail, "1 GPU shared with MPS, EXCLUSIVE_PROCESS",
+            "{c:?}"
+        );
+        let c = get(&r, "cdi-specs");
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(
+            c.detail.starts_with(&format!(
+                "0 specs valid in {},",
+                n.dir.path().join("run-cdi").display()
+            )) && c.detail.contains(&format!(
+                "{} does not exist",
+                n.paths.static_cdi_dir.display()
+            )),
+            "{c:?}"
+        );
     }
 
     #[test]
@@ -1624,7 +1824,14 @@ mod tests {
 mod dra_check_tests {
     use super::*;
 
-    struct Probe(Option<Result<Vec<ProbeCheck>, String>>);
+    struct Probe(
+        Option<Result<Vec<ProbeCheck>, String>>,
+        std::cell::RefCell<Vec<String>>,
+    );
+
+    fn probe(answer: Option<Result<Vec<ProbeCheck>, String>>) -> Probe {
+        Probe(answer, std::cell::RefCell::default())
+    }
 
     impl DoctorHost for Probe {
         fn driver_version(&self) -> Result<String, String> {
@@ -1645,30 +1852,73 @@ mod dra_check_tests {
         fn lock_holder(&self, _: &Path) -> Result<Option<i32>, String> {
             Ok(None)
         }
-        fn dra_probe(&self) -> Option<Result<Vec<ProbeCheck>, String>> {
+        fn dra_probe(&self, args: &[String]) -> Option<Result<Vec<ProbeCheck>, String>> {
+            self.1.replace(args.to_vec());
             self.0.clone()
         }
     }
 
     #[test]
     fn the_plugin_check_skips_passes_and_fails_with_the_probe() {
-        assert_eq!(check_dra_plugin(&Probe(None)).status, Status::Skip);
+        assert_eq!(check_dra_plugin(&probe(None), &[]).status, Status::Skip);
         let ok = |n: &str| (n.to_string(), true, format!("{n} fine"));
-        let c = check_dra_plugin(&Probe(Some(Ok(vec![ok("registration"), ok("names")]))));
+        let c = check_dra_plugin(&probe(Some(Ok(vec![ok("registration"), ok("names")]))), &[]);
         assert_eq!(c.status, Status::Ok, "{c:?}");
         let bad = (
             "names".to_string(),
             false,
             "node name mismatch: \"a\" vs \"b\"".to_string(),
         );
-        let c = check_dra_plugin(&Probe(Some(Ok(vec![ok("registration"), bad]))));
+        let c = check_dra_plugin(&probe(Some(Ok(vec![ok("registration"), bad]))), &[]);
         assert_eq!(c.status, Status::Fail);
         assert!(
             c.detail.contains("node name mismatch") && !c.detail.contains("registration"),
             "{c:?}"
         );
         assert!(c.hint.contains("journalctl -u gpushare-dra"));
-        let c = check_dra_plugin(&Probe(Some(Err("no answer".into()))));
+        let c = check_dra_plugin(&probe(Some(Err("no answer".into()))), &[]);
         assert_eq!(c.status, Status::Fail);
+    }
+
+    #[test]
+    fn the_probe_gets_doctors_socket_and_the_plugins_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = DoctorPaths {
+            config: dir.path().join("absent.toml"),
+            containerd_config: dir.path().join("containerd.toml"),
+            socket: Some(PathBuf::from("/tmp/gs/sock")),
+            dra_config: Some(PathBuf::from("/tmp/gs/dra.toml")),
+            dra_plugins_dir: Some(PathBuf::from("/tmp/gs/plugins")),
+            dra_registry_dir: Some(PathBuf::from("/tmp/gs/registry")),
+            ..DoctorPaths::default()
+        };
+        let host = probe(None);
+        run(&paths, Some("g5.xlarge"), &host);
+        assert_eq!(
+            *host.1.borrow(),
+            [
+                "--gpushared-socket",
+                "/tmp/gs/sock",
+                "--config",
+                "/tmp/gs/dra.toml",
+                "--plugins-dir",
+                "/tmp/gs/plugins",
+                "--registry-dir",
+                "/tmp/gs/registry"
+            ]
+        );
+        // Without doctor's flags, the socket it checks is still the plugin's gpushared.
+        let paths = DoctorPaths {
+            socket: None,
+            dra_config: None,
+            dra_plugins_dir: None,
+            dra_registry_dir: None,
+            ..paths
+        };
+        run(&paths, Some("g5.xlarge"), &host);
+        assert_eq!(
+            *host.1.borrow(),
+            ["--gpushared-socket", "/run/gpushare/gpushared.sock"]
+        );
     }
 }

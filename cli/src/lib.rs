@@ -29,8 +29,9 @@ pub enum Output {
     /// The same as YAML.
     Yaml,
     /// `gpushare gpus` only: the `resource.k8s.io/v1` ResourceSlice a DRA driver would
-    /// publish for the node, as YAML.
-    #[value(name = "resourceslice")]
+    /// publish for the node, as YAML. Hidden from the `-o` value list, which every command
+    /// shares: `gpus`' own help offers it, the others refuse it.
+    #[value(name = "resourceslice", hide = true)]
     ResourceSlice,
 }
 

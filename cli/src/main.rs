@@ -21,7 +21,7 @@ struct Args {
     /// gpushared's socket [default: /run/gpushare/gpushared.sock].
     #[arg(long, global = true)]
     socket: Option<PathBuf>,
-    /// Output format [default: table].
+    /// Output format [default: table]; `gpushare gpus --help` names one more of its own.
     #[arg(short, long, global = true, value_enum)]
     output: Option<Output>,
     /// Seconds to wait for the daemon's answer.
@@ -35,8 +35,9 @@ struct Args {
 enum Command {
     /// Daemon health, version, backend and counts.
     Status,
-    /// The node's GPUs with their compute mode, time-slice and holders; `-o resourceslice`
-    /// prints the ResourceSlice a DRA driver would publish for them.
+    /// The node's GPUs with their compute mode, time-slice and holders.
+    ///
+    /// `-o resourceslice` prints the ResourceSlice a DRA driver would publish for them.
     Gpus {
         /// With `-o resourceslice`: the slices published where the API server, of this
         /// Kubernetes version (e.g. 1.34, 1.35), keeps partitionable devices (every MIG slice
@@ -74,7 +75,9 @@ enum Command {
     /// Check this node's setup (driver, MPS, containerd, nodeadm, CDI specs, socket, the
     /// daemon's directories, checkpoint, degraded claims, compute modes): one line per check
     /// with a fix hint; exits 1 when any fails. For a gpushared started by hand, give the same
-    /// --socket, --state-dir, --run-dir and --cdi-dir.
+    /// --socket, --state-dir, --run-dir and --cdi-dir; for a gpushare-dra started by hand, its
+    /// --dra-plugins-dir and --dra-registry-dir (the plugin's check asks the gpushared at
+    /// --socket).
     Doctor {
         /// Check against simulated GPUs of this node profile (as gpushared --simulate) instead
         /// of NVML.
@@ -100,6 +103,18 @@ enum Command {
         /// gpushared's CDI directory, when it was started with --cdi-dir [paths.cdi_dir].
         #[arg(long, value_name = "DIR")]
         cdi_dir: Option<PathBuf>,
+        /// The DRA kubelet plugin's config file, for its check (`gpushare-dra probe
+        /// --config`) [default: /etc/gpushare/dra.toml].
+        #[arg(long, value_name = "FILE")]
+        dra_config: Option<PathBuf>,
+        /// kubelet's plugins directory the DRA plugin was started with (its
+        /// --plugins-dir) [default: its config's].
+        #[arg(long, value_name = "DIR")]
+        dra_plugins_dir: Option<PathBuf>,
+        /// kubelet's plugin registry directory the DRA plugin was started with (its
+        /// --registry-dir) [default: its config's].
+        #[arg(long, value_name = "DIR")]
+        dra_registry_dir: Option<PathBuf>,
     },
     /// Print a shell completion script (bash, zsh, fish, elvish or powershell).
     Completion {
@@ -261,6 +276,9 @@ fn run(args: Args) -> Result<()> {
             state_dir,
             run_dir,
             cdi_dir,
+            dra_config,
+            dra_plugins_dir,
+            dra_registry_dir,
         } => {
             let paths = cli::doctor::DoctorPaths {
                 config: config
@@ -272,6 +290,9 @@ fn run(args: Args) -> Result<()> {
                 state_dir: state_dir.clone(),
                 run_dir: run_dir.clone(),
                 cdi_dir: cdi_dir.clone(),
+                dra_config: dra_config.clone(),
+                dra_plugins_dir: dra_plugins_dir.clone(),
+                dra_registry_dir: dra_registry_dir.clone(),
                 ..cli::doctor::DoctorPaths::default()
             };
             let host = cli::doctor::RealHost {
