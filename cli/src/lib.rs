@@ -188,7 +188,7 @@ pub fn mig_plan_text(r: &gpushare_proto::MigApplyResult) -> String {
         "config {}{}\n",
         r.config,
         if r.dry_run {
-            " (plan: nothing changed)"
+            ": plan only, nothing is changed (gpushare mig apply makes it)"
         } else {
             " applied"
         }
@@ -592,5 +592,19 @@ mod tests {
         assert!(gpus_table(&[gpu(1)]).contains("on (1 device) "));
         assert!(gpus_table(&[gpu(2)]).contains("on (2 devices)"));
         assert!(gpus_table(&[gpu(0)]).contains("on (0 devices)"));
+    }
+
+    #[test]
+    fn a_plan_says_it_is_one_and_an_apply_what_it_did() {
+        let r = |dry_run| gpushare_proto::MigApplyResult {
+            config: "all-balanced".into(),
+            dry_run,
+            gpus: vec![],
+        };
+        assert_eq!(
+            mig_plan_text(&r(true)),
+            "config all-balanced: plan only, nothing is changed (gpushare mig apply makes it)\n"
+        );
+        assert_eq!(mig_plan_text(&r(false)), "config all-balanced applied\n");
     }
 }
