@@ -93,11 +93,25 @@ pub fn gpus_table(gpus: &[GpuInfo]) -> String {
             mig,
             format!("{:?}", g.compute_mode),
             g.time_slice.as_str().to_string(),
-            format!("{:?}", g.sharing),
+            sharing_label(g.sharing).to_string(),
             g.claims.join(","),
         ]);
     }
     t.to_string() + "\n"
+}
+
+/// A GPU's sharing in the words `gpushare claims` uses for strategies (`MPS(50.0%)`,
+/// `MIG(3g.20gb)`) and the metrics' `mode` label: `Free`, `Exclusive`, `TimeSlicing`, `MPS`,
+/// `MIG`.
+fn sharing_label(s: gpushare_proto::GpuSharing) -> &'static str {
+    use gpushare_proto::GpuSharing;
+    match s {
+        GpuSharing::Free => "Free",
+        GpuSharing::Exclusive => "Exclusive",
+        GpuSharing::TimeSlicing => "TimeSlicing",
+        GpuSharing::Mps => "MPS",
+        GpuSharing::Mig => "MIG",
+    }
 }
 
 fn mig_column(g: &GpuInfo) -> String {
@@ -606,5 +620,13 @@ mod tests {
             "config all-balanced: plan only, nothing is changed (gpushare mig apply makes it)\n"
         );
         assert_eq!(mig_plan_text(&r(false)), "config all-balanced applied\n");
+    }
+
+    #[test]
+    fn the_sharing_column_speaks_as_the_claims_table() {
+        // gpu(1) is shared through MIG: `MIG`, as `gpushare claims` writes `MIG(3g.20gb)`.
+        let table = gpus_table(&[gpu(1)]);
+        let row = table.lines().nth(1).unwrap();
+        assert!(row.contains(" MIG ") && !row.contains("Mig"), "{table}");
     }
 }
