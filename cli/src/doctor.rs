@@ -150,8 +150,37 @@ pub trait DoctorHost {
     }
 }
 
-/// One check of `gpushare-dra probe`: (name, passed, detail).
-pub type ProbeCheck = (String, bool, String);
+/// One check of `gpushare-dra probe`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeCheck {
+    /// The probe's name for it (`registration`, `dra-socket`, `names`).
+    pub name: String,
+    /// Passed.
+    pub passed: bool,
+    /// What was found.
+    pub detail: String,
+    /// The probe's fix hint (empty when it passed, or from a plugin without hints).
+    pub hint: String,
+}
+
+/// `gpushare-dra probe --json`'s checks: `{"name", "status": "ok"|"fail", "detail", "hint"}`
+/// (plugins before the status field wrote `"ok": bool` and no hint). `None` when it is
+/// not such a list.
+fn parse_probe_json(stdout: &[u8]) -> Option<Vec<ProbeCheck>> {
+    let checks: Vec<serde_json::Value> = serde_json::from_slice(stdout).ok()?;
+    let text = |c: &serde_json::Value, k: &str| c[k].as_str().unwrap_or_default().to_string();
+    Some(
+        checks
+            .iter()
+            .map(|c| ProbeCheck {
+                name: text(c, "name"),
+                passed: c["status"] == "ok" || c["ok"] == true,
+                detail: text(c, "detail"),
+                hint: text(c, "hint"),
+            })
+            .collect(),
+    )
+}
 
 fn run_dra_probe(program: &Path, args: &[String]) -> Result<Vec<ProbeCheck>, String> {
     use std::process::{Command, Stdio};
@@ -173,18 +202,8 @@ fn run_dra_probe(program: &Path, args: &[String]) -> Result<Vec<ProbeCheck>, Str
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let out = child.wait_with_output().map_err(|e| e.to_string())?;
-    let checks: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout)
-        .map_err(|_| String::from_utf8_lossy(&out.stderr).trim().to_string())?;
-    Ok(checks
-        .iter()
-        .map(|c| {
-            (
-                c["name"].as_str().unwrap_or_default().to_string(),
-                c["ok"].as_bool().unwrap_or(false),
-                c["detail"].as_str().unwrap_or_default().to_string(),
-            )
-        })
-        .collect())
+    parse_probe_json(&out.stdout)
+        .ok_or_else(|| String::from_utf8_lossy(&out.stderr).trim().to_string())
 }
 
 /// The DRA kubelet plugin: its registration socket answers `GetInfo`, its DRA socket
@@ -200,16 +219,28 @@ fn check_dra_plugin(host: &dyn DoctorHost, args: &[String]) -> Check {
         ),
         Some(Err(e)) => check("dra-plugin", Status::Fail, e, hint),
         Some(Ok(checks)) => {
-            let failed: Vec<String> = checks
-                .iter()
-                .filter(|c| !c.1)
-                .map(|c| format!("{}: {}", c.0, c.2))
-                .collect();
+            let failed: Vec<&ProbeCheck> = checks.iter().filter(|c| !c.passed).collect();
             if failed.is_empty() && !checks.is_empty() {
-                let shown: Vec<&str> = checks.iter().map(|c| c.2.as_str()).collect();
+                let shown: Vec<&str> = checks.iter().map(|c| c.detail.as_str()).collect();
                 check("dra-plugin", Status::Ok, shown.join("; "), "")
             } else {
-                check("dra-plugin", Status::Fail, failed.join("; "), hint)
+                let detail: Vec<String> = failed
+                    .iter()
+                    .map(|c| format!("{}: {}", c.name, c.detail))
+                    .collect();
+                // The probe's own hints where it gives them, each once.
+                let mut hints: Vec<&str> = Vec::new();
+                for c in &failed {
+                    if !c.hint.is_empty() && !hints.contains(&c.hint.as_str()) {
+                        hints.push(&c.hint);
+                    }
+                }
+                let hint = if hints.is_empty() {
+                    hint.to_string()
+                } else {
+                    hints.join("; ")
+                };
+                check("dra-plugin", Status::Fail, detail.join("; "), &hint)
             }
         }
     }
@@ -1861,14 +1892,20 @@ mod dra_check_tests {
     #[test]
     fn the_plugin_check_skips_passes_and_fails_with_the_probe() {
         assert_eq!(check_dra_plugin(&probe(None), &[]).status, Status::Skip);
-        let ok = |n: &str| (n.to_string(), true, format!("{n} fine"));
+        let ok = |n: &str| ProbeCheck {
+            name: n.to_string(),
+            passed: true,
+            detail: format!("{n} fine"),
+            hint: String::new(),
+        };
         let c = check_dra_plugin(&probe(Some(Ok(vec![ok("registration"), ok("names")]))), &[]);
         assert_eq!(c.status, Status::Ok, "{c:?}");
-        let bad = (
-            "names".to_string(),
-            false,
-            "node name mismatch: \"a\" vs \"b\"".to_string(),
-        );
+        let bad = ProbeCheck {
+            name: "names".to_string(),
+            passed: false,
+            detail: "node name mismatch: \"a\" vs \"b\"".to_string(),
+            hint: String::new(),
+        };
         let c = check_dra_plugin(&probe(Some(Ok(vec![ok("registration"), bad]))), &[]);
         assert_eq!(c.status, Status::Fail);
         assert!(
@@ -1878,6 +1915,26 @@ mod dra_check_tests {
         assert!(c.hint.contains("journalctl -u gpushare-dra"));
         let c = check_dra_plugin(&probe(Some(Err("no answer".into()))), &[]);
         assert_eq!(c.status, Status::Fail);
+    }
+
+    #[test]
+    fn the_probes_json_is_read_in_both_shapes_with_its_hints() {
+        let now = br#"[{"name":"registration","status":"ok","detail":"fine"},
+            {"name":"names","status":"fail","detail":"node name mismatch","hint":"make them agree"}]"#;
+        let checks = parse_probe_json(now).unwrap();
+        assert_eq!(
+            checks.iter().map(|c| c.passed).collect::<Vec<_>>(),
+            [true, false]
+        );
+        let c = check_dra_plugin(&probe(Some(Ok(checks))), &[]);
+        assert_eq!(
+            (c.status, c.hint.as_str()),
+            (Status::Fail, "make them agree")
+        );
+        // A plugin from before the status field.
+        let before = br#"[{"name":"registration","ok":true,"detail":"fine"}]"#;
+        assert!(parse_probe_json(before).unwrap()[0].passed);
+        assert!(parse_probe_json(b"not json").is_none());
     }
 
     #[test]

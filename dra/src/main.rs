@@ -11,6 +11,9 @@ use gpushare_dra::config::{self, Config, FileConfig, Overrides};
 
 /// The DRA kubelet plugin of gpushare: serves kubelet's DRA gRPC (v1 and v1beta1) and
 /// registration, publishes the node's ResourceSlices, and prepares claims through gpushared.
+///
+/// Flags that `probe` reads too are global; the plugin's own (API server, metrics, claim
+/// timeout, device health) are not, so that `probe --help` offers only what it uses.
 #[derive(Debug, Parser)]
 #[command(name = "gpushare-dra", version)]
 struct Cli {
@@ -24,7 +27,7 @@ struct Cli {
     #[arg(long, global = true)]
     node_name: Option<String>,
     /// kubeconfig [default: the in-cluster service account, else /var/lib/kubelet/kubeconfig].
-    #[arg(long, global = true)]
+    #[arg(long)]
     kubeconfig: Option<PathBuf>,
     /// gpushared's socket [default: /run/gpushare/gpushared.sock].
     #[arg(long, global = true)]
@@ -36,13 +39,13 @@ struct Cli {
     #[arg(long, global = true)]
     registry_dir: Option<PathBuf>,
     /// host:port of /metrics and /healthz, or `off` [default: 127.0.0.1:9472].
-    #[arg(long, global = true)]
+    #[arg(long)]
     metrics_address: Option<String>,
     /// Most seconds one claim's prepare or unprepare may take, 1-40 [default: 30].
-    #[arg(long, global = true)]
+    #[arg(long)]
     claim_timeout_seconds: Option<u64>,
     /// Serve v1alpha1.DRAResourceHealth (kubelet's ResourceHealthStatus feature gate).
-    #[arg(long, global = true)]
+    #[arg(long)]
     device_health: bool,
     /// Delete this node's ResourceSlices of this driver and exit (the RPM's erase runs it).
     #[arg(long)]
@@ -126,15 +129,20 @@ async fn main_async(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string(&checks)?);
         } else {
             for c in &checks {
+                let hint = if c.hint.is_empty() {
+                    String::new()
+                } else {
+                    format!(" -> {}", c.hint)
+                };
                 println!(
-                    "{:<5} {:<13} {}",
-                    if c.ok { "OK" } else { "FAIL" },
+                    "{:<5} {:<13} {}{hint}",
+                    if c.ok() { "OK" } else { "FAIL" },
                     c.name,
                     c.detail
                 );
             }
         }
-        return Ok(if checks.iter().all(|c| c.ok) {
+        return Ok(if checks.iter().all(|c| c.ok()) {
             ExitCode::SUCCESS
         } else {
             ExitCode::FAILURE
