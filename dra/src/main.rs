@@ -106,7 +106,12 @@ fn load(cli: &Cli) -> anyhow::Result<Config> {
 }
 
 fn init_logging(level: &str) {
+    // kube's client logs every failed request at ERROR ("failed with error client error
+    // (Connect)") beside our own line, which names the server and what was being done: off
+    // unless RUST_LOG asks for it.
+    const KUBE_REQUEST_LOG: &str = "kube_client::client::builder=off";
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(format!("{level},{KUBE_REQUEST_LOG}")))
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let journal = std::env::var_os("JOURNAL_STREAM").is_some();
@@ -149,8 +154,7 @@ async fn main_async(cli: Cli) -> anyhow::Result<ExitCode> {
         });
     }
     init_logging(&cfg.log_level);
-    let client = gpushare_dra::api::client(cfg.kubeconfig.as_deref()).await?;
-    let api = Arc::new(gpushare_dra::api::Api::new(client));
+    let api = Arc::new(gpushare_dra::api::connect(cfg.kubeconfig.as_deref()).await?);
     if cli.remove_slices {
         let n = gpushare_dra::slices::remove_all(&api, &cfg.driver_name, &cfg.node_name)
             .await
