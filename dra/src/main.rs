@@ -53,6 +53,13 @@ struct Cli {
     /// Print the documented default config file and exit.
     #[arg(long)]
     print_default_config: bool,
+    /// Write the man pages gpushare-dra.8 and gpushare-dra-probe.8 into this directory and
+    /// exit (for packaging).
+    #[arg(long, value_name = "DIR", hide = true)]
+    generate_man: Option<PathBuf>,
+    /// Print a shell completion script and exit (for packaging).
+    #[arg(long, value_name = "SHELL", hide = true)]
+    completion: Option<clap_complete::Shell>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -66,6 +73,31 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `gpushare-dra.8` and one page per subcommand (`gpushare-dra-probe.8`), from the clap
+/// definition, so that they always match the binary that ships.
+fn write_man_pages(dir: &std::path::Path) -> anyhow::Result<()> {
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    cmd.build();
+    let write = |c: &clap::Command, name: &str| -> anyhow::Result<()> {
+        let mut out = Vec::new();
+        clap_mangen::Man::new(
+            c.clone()
+                .display_name(name.to_string())
+                .bin_name(name.to_string()),
+        )
+        .section("8")
+        .render(&mut out)
+        .with_context(|| format!("rendering the man page of {name}"))?;
+        let path = dir.join(format!("{name}.8"));
+        std::fs::write(&path, out).with_context(|| format!("writing {}", path.display()))
+    };
+    write(&cmd, "gpushare-dra")?;
+    for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+        write(sub, &format!("gpushare-dra-{}", sub.get_name()))?;
+    }
+    Ok(())
 }
 
 fn default_node() -> String {
@@ -185,6 +217,24 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if cli.print_default_config {
         print!("{}", config::DEFAULT_CONFIG_TEXT);
+        return ExitCode::SUCCESS;
+    }
+    if let Some(dir) = &cli.generate_man {
+        return match write_man_pages(dir) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("gpushare-dra: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Some(shell) = cli.completion {
+        clap_complete::generate(
+            shell,
+            &mut <Cli as clap::CommandFactory>::command(),
+            "gpushare-dra",
+            &mut std::io::stdout(),
+        );
         return ExitCode::SUCCESS;
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()
