@@ -59,10 +59,15 @@ enum Command {
         #[arg(short, long)]
         file: PathBuf,
     },
-    /// Release a claim.
+    /// Release a claim, or with --all every claim of the node (one line per claim; asks
+    /// nothing: drain the node's pods first).
     Unprepare {
         /// The claim's UID.
-        uid: String,
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        uid: Option<String>,
+        /// Release every claim gpushared holds.
+        #[arg(long)]
+        all: bool,
     },
     /// The node profiles `gpushared --simulate` knows (no daemon needed); with a name or a
     /// profile file, that node's GPUs as `gpushare gpus` shows them on a fresh node.
@@ -166,6 +171,51 @@ fn print_structured_or<T: serde::Serialize>(
     match cli::render_structured(value, output)? {
         Some(text) => print!("{text}"),
         None => print!("{}", table(value)),
+    }
+    Ok(())
+}
+
+/// The line of one unprepare's answer.
+fn unprepared_line(r: &UnprepareResult) -> String {
+    if r.released {
+        format!("claim {} released\n", r.uid)
+    } else {
+        format!("claim {} was not prepared; nothing to do\n", r.uid)
+    }
+}
+
+/// `gpushare unprepare --all`: every claim gpushared lists, released one by one with one
+/// line each, as it goes (a claim released meanwhile by kubelet reads "was not prepared").
+/// All are tried; each failure is a line on stderr, and the command then fails.
+fn unprepare_all(client: &mut Client, output: Output) -> Result<()> {
+    let claims: Vec<ClaimInfo> = client.call(Method::ListClaims, None::<&()>)?;
+    if claims.is_empty() && output == Output::Table {
+        println!("no claim is prepared; nothing to do");
+        return Ok(());
+    }
+    let mut results = Vec::new();
+    let mut failed = 0;
+    for c in &claims {
+        match client
+            .call::<_, UnprepareResult>(Method::Unprepare, Some(&UidParams { uid: c.uid.clone() }))
+        {
+            Ok(r) => {
+                if output == Output::Table {
+                    print!("{}", unprepared_line(&r));
+                }
+                results.push(r);
+            }
+            Err(e) => {
+                eprintln!("gpushare: claim {} not released: {e}", c.uid);
+                failed += 1;
+            }
+        }
+    }
+    if output != Output::Table {
+        print_structured_or(&results, output, |_| String::new())?;
+    }
+    if failed > 0 {
+        anyhow::bail!("{failed} of {} claims not released (above)", claims.len());
     }
     Ok(())
 }
@@ -338,9 +388,11 @@ fn run(args: Args) -> Result<()> {
     // connect (the socket is 0660 root:root), and "permission denied" would hide why.
     match &args.command {
         Command::Prepare { .. } => require_root("prepare")?,
-        Command::Unprepare { uid } => {
+        Command::Unprepare { uid, .. } => {
             require_root("unprepare")?;
-            claim_uid_arg(uid)?;
+            if let Some(uid) = uid {
+                claim_uid_arg(uid)?;
+            }
         }
         Command::Claim { uid } => claim_uid_arg(uid)?,
         Command::Mig {
@@ -426,17 +478,15 @@ fn run(args: Args) -> Result<()> {
                 s
             })?;
         }
-        Command::Unprepare { uid } => {
+        Command::Unprepare { uid: Some(uid), .. } => {
             require_root("unprepare")?;
             let r: UnprepareResult =
                 client.call(Method::Unprepare, Some(&UidParams { uid: uid.clone() }))?;
-            print_structured_or(&r, output, |r| {
-                if r.released {
-                    format!("claim {} released\n", r.uid)
-                } else {
-                    format!("claim {} was not prepared; nothing to do\n", r.uid)
-                }
-            })?;
+            print_structured_or(&r, output, |r| unprepared_line(r))?;
+        }
+        Command::Unprepare { uid: None, .. } => {
+            require_root("unprepare --all")?;
+            unprepare_all(&mut client, output)?;
         }
         Command::Mig {
             command: MigCommand::List,
