@@ -123,6 +123,16 @@ fn expected_files() -> Vec<(&'static str, u32, bool)> {
         ),
         ("/usr/share/licenses/gpushare/LICENSE", 0o644, false),
         ("/usr/share/doc/gpushare/README.md", 0o644, false),
+        (
+            "/usr/share/doc/gpushare/deployments/deviceclasses.yaml",
+            0o644,
+            false,
+        ),
+        (
+            "/usr/share/doc/gpushare/deployments/examples/mps-shared-claim.yaml",
+            0o644,
+            false,
+        ),
     ];
     v.sort();
     v
