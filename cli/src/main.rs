@@ -482,7 +482,7 @@ fn run(args: Args) -> Result<()> {
             require_root("unprepare")?;
             let r: UnprepareResult =
                 client.call(Method::Unprepare, Some(&UidParams { uid: uid.clone() }))?;
-            print_structured_or(&r, output, |r| unprepared_line(r))?;
+            print_structured_or(&r, output, unprepared_line)?;
         }
         Command::Unprepare { uid: None, .. } => {
             require_root("unprepare --all")?;
