@@ -138,6 +138,12 @@ pub trait DoctorHost {
     /// # Errors
     /// `path` or `/proc/locks` cannot be read (the message says which and why).
     fn lock_holder(&self, path: &Path) -> Result<Option<i32>, String>;
+    /// The command line and working directory of process `pid` (`/proc/<pid>/cmdline` and
+    /// `cwd`), `None` when they cannot be read: where a hand-started gpushared's
+    /// `--state-dir`, `--run-dir`, `--cdi-dir` and `--config` are found.
+    fn daemon_command_line(&self, _pid: i32) -> Option<(Vec<String>, PathBuf)> {
+        None
+    }
     /// Runs `gpushare-dra probe --json` (the DRA kubelet plugin checks its own sockets and
     /// names, with its own config), bounded to 15 s: `None` when the plugin is not
     /// installed, else each check as (name, passed, detail).
@@ -345,6 +351,9 @@ pub struct Context<'a> {
     pub socket: PathBuf,
     /// The daemon's answer, or why there is none.
     pub daemon: Result<DaemonView, String>,
+    /// Where the directories came from when not from doctor's flags or config file (the
+    /// daemon's command line), for the paths check to say.
+    pub paths_source: Option<String>,
     /// Effects.
     pub host: &'a dyn DoctorHost,
 }
@@ -356,6 +365,7 @@ impl std::fmt::Debug for Context<'_> {
             .field("cfg", &self.cfg)
             .field("simulate", &self.simulate)
             .field("socket", &self.socket)
+            .field("paths_source", &self.paths_source)
             .field("daemon", &self.daemon.as_ref().map(|_| "answered"))
             .finish_non_exhaustive()
     }
@@ -398,6 +408,21 @@ pub const CHECKS: &[CheckFn] = &[
     |c| check_dra_plugin(c.host, &dra_probe_args(c)),
 ];
 
+/// The value of `flag` in a command line: `--flag VALUE` or `--flag=VALUE` (the last one
+/// wins, as clap takes it).
+fn daemon_flag<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    let mut found = None;
+    let mut it = args.iter().skip(1);
+    while let Some(a) = it.next() {
+        if a == flag {
+            found = it.next().map(String::as_str);
+        } else if let Some(v) = a.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
+            found = Some(v);
+        }
+    }
+    found
+}
+
 /// A directory as gpushared resolves it (the daemon reports real paths), when it exists.
 fn resolved(p: &Path) -> PathBuf {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
@@ -435,18 +460,58 @@ pub fn run(paths: &DoctorPaths, simulate: Option<&str>, host: &dyn DoctorHost) -
         if let Some(p) = src {
             dst.clone_from(p);
         }
+    }
+    let socket = paths.socket.clone().unwrap_or(cfg.paths.socket.clone());
+    let daemon = host.daemon(&socket);
+    // Without doctor's own directory flags, a gpushared started by hand says where it runs:
+    // its command line (which overrides its config file, as it does for the daemon).
+    let mut paths_source = None;
+    let no_dir_flags =
+        paths.state_dir.is_none() && paths.run_dir.is_none() && paths.cdi_dir.is_none();
+    if let (true, Ok(DaemonView { pid: Some(pid), .. })) = (no_dir_flags, &daemon) {
+        if let Some((args, cwd)) = host.daemon_command_line(*pid) {
+            let before = cfg.paths.clone();
+            let mut theirs_note = String::new();
+            if let Some(file) = daemon_flag(&args, "--config").filter(|_| !paths.config_required) {
+                let file = cwd.join(file);
+                if let Ok(theirs) = DaemonConfig::load(&file, true) {
+                    cfg = theirs;
+                    theirs_note = format!(", its config file {}", file.display());
+                }
+            }
+            for (dst, flag) in [
+                (&mut cfg.paths.state_dir, "--state-dir"),
+                (&mut cfg.paths.run_dir, "--run-dir"),
+                (&mut cfg.paths.cdi_dir, "--cdi-dir"),
+            ] {
+                if let Some(v) = daemon_flag(&args, flag) {
+                    *dst = cwd.join(v);
+                }
+            }
+            if cfg.paths != before || !theirs_note.is_empty() {
+                paths_source = Some(format!(
+                    "directories from gpushared's command line (pid {pid}{theirs_note})"
+                ));
+            }
+        }
+    }
+    for dst in [
+        &mut cfg.paths.state_dir,
+        &mut cfg.paths.run_dir,
+        &mut cfg.paths.cdi_dir,
+    ] {
         *dst = resolved(dst);
     }
     let simulate = simulate
         .map(str::to_string)
         .or_else(|| (!cfg.gpus.simulate.is_empty()).then(|| cfg.gpus.simulate.clone()));
-    let socket = paths.socket.clone().unwrap_or(cfg.paths.socket.clone());
     let ctx = Context {
         paths,
-        daemon: host.daemon(&socket),
+        daemon,
         cfg,
         simulate,
         socket,
+        paths_source,
         host,
     };
     checks.extend(CHECKS.iter().map(|f| f(&ctx)));
@@ -700,12 +765,16 @@ fn check_paths(ctx: &Context<'_>) -> Check {
             }
         }
     }
+    let source = ctx
+        .paths_source
+        .as_ref()
+        .map_or_else(String::new, |s| format!(" ({s})"));
     if wrong.is_empty() {
         return check(
             "paths",
             Status::Ok,
             format!(
-                "gpushared at {} uses state directory {}, run directory {} and CDI directory {}",
+                "gpushared at {} uses state directory {}, run directory {} and CDI directory {}{source}",
                 ctx.socket.display(),
                 p.state_dir.display(),
                 p.run_dir.display(),
@@ -718,7 +787,7 @@ fn check_paths(ctx: &Context<'_>) -> Check {
         "paths",
         Status::Fail,
         format!(
-            "gpushared at {} uses other directories than checked here: {}",
+            "gpushared at {} uses other directories than checked here{source}: {}",
             ctx.socket.display(),
             wrong.join("; ")
         ),
@@ -1212,6 +1281,17 @@ fn daemon_pid(socket: &Path) -> Option<i32> {
 }
 
 impl DoctorHost for RealHost {
+    fn daemon_command_line(&self, pid: i32) -> Option<(Vec<String>, PathBuf)> {
+        let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let args = raw
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
+        Some((args, cwd))
+    }
+
     fn gpushared_dir(&self) -> PathBuf {
         std::env::current_exe()
             .ok()
@@ -1300,6 +1380,8 @@ mod tests {
         lock_pid: Option<i32>,
         /// Programs installed beside gpushared (in /usr/bin).
         beside: Vec<&'static str>,
+        /// The daemon's command line and working directory.
+        command_line: Option<(Vec<String>, PathBuf)>,
     }
 
     impl DoctorHost for FakeHost {
@@ -1329,6 +1411,10 @@ mod tests {
             self.daemon
                 .clone()
                 .ok_or_else(|| "connection refused".to_string())
+        }
+        fn daemon_command_line(&self, pid: i32) -> Option<(Vec<String>, PathBuf)> {
+            assert_eq!(pid, 4242);
+            self.command_line.clone()
         }
     }
 
@@ -1749,6 +1835,46 @@ mod tests {
         assert!(get(&r, "checkpoint")
             .detail
             .contains(&own.join("state").display().to_string()));
+
+        // Without doctor's flags, the directories come from the daemon's own command line
+        // (`--state-dir DIR`, `--run-dir=DIR`, relative to its working directory), and the
+        // paths check says so.
+        let by_hand = FakeHost {
+            command_line: Some((
+                [
+                    "gpushared",
+                    "--simulate",
+                    "g5.xlarge",
+                    "--state-dir",
+                    "state",
+                    "--run-dir=run",
+                    "--cdi-dir",
+                    own.join("cdi").to_str().unwrap(),
+                ]
+                .map(String::from)
+                .to_vec(),
+                own.clone(),
+            )),
+            ..host(Some(4242))
+        };
+        let r = run(&n.paths, Some("g5.xlarge"), &by_hand);
+        for name in ["paths", "checkpoint", "claims"] {
+            assert_eq!(get(&r, name).status, Status::Ok, "{name}: {}", r.text());
+        }
+        assert!(
+            get(&r, "paths")
+                .detail
+                .contains("directories from gpushared's command line (pid 4242)"),
+            "{}",
+            r.text()
+        );
+        // Flags given to doctor win over the daemon's command line.
+        let r = run(&paths, Some("g5.xlarge"), &by_hand);
+        assert!(
+            !get(&r, "paths").detail.contains("command line"),
+            "{}",
+            r.text()
+        );
     }
 
     #[test]

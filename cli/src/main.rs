@@ -80,7 +80,8 @@ enum Command {
     /// Check this node's setup (driver, MPS, containerd, nodeadm, CDI specs, socket, the
     /// daemon's directories, checkpoint, degraded claims, compute modes): one line per check
     /// with a fix hint; exits 1 when any fails. For a gpushared started by hand, give the same
-    /// --socket, --state-dir, --run-dir and --cdi-dir; for a gpushare-dra started by hand, its
+    /// --socket (its --state-dir, --run-dir and --cdi-dir are then read from its command line
+    /// unless given here); for a gpushare-dra started by hand, its
     /// --dra-plugins-dir and --dra-registry-dir (the plugin's check asks the gpushared at
     /// --socket).
     Doctor {
