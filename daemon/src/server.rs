@@ -662,16 +662,17 @@ fn log_claim_event(
             d.join(",")
         },
     );
-    let duration_ms = took.as_secs_f64() * 1000.0;
+    // To 0.1 ms, as gpushare-dra logs it: more digits are float noise, not precision.
+    let duration_ms = format!("{:.1}", took.as_secs_f64() * 1000.0);
     match error {
         None => tracing::info!(
-            claim = %uid, %strategy, %devices, outcome = %"ok", duration_ms, "{method}"
+            claim = %uid, %strategy, %devices, outcome = %"ok", %duration_ms, "{method}"
         ),
         Some((code @ ErrorCode::Internal, message)) => tracing::error!(
-            claim = %uid, %strategy, %devices, outcome = %code.as_str(), error = message, duration_ms, "{method}"
+            claim = %uid, %strategy, %devices, outcome = %code.as_str(), error = message, %duration_ms, "{method}"
         ),
         Some((code, message)) => tracing::warn!(
-            claim = %uid, %strategy, %devices, outcome = %code.as_str(), error = message, duration_ms, "{method}"
+            claim = %uid, %strategy, %devices, outcome = %code.as_str(), error = message, %duration_ms, "{method}"
         ),
     }
 }
@@ -1000,5 +1001,52 @@ mod tests {
         }
         assert!(done, "the prepare finished in the background");
         host.state().delay = None;
+    }
+
+    /// A `tracing` writer into a shared buffer, to read back what a log call printed.
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn claim_event_duration_is_rounded_to_a_tenth_of_a_millisecond() {
+        let out = Captured::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            log_claim_event(
+                Method::Unprepare,
+                "u-1",
+                None,
+                None,
+                Duration::from_nanos(553_272_485),
+            );
+            log_claim_event(
+                Method::Unprepare,
+                "u-2",
+                None,
+                Some((ErrorCode::NotFound, "gone")),
+                Duration::from_nanos(400_011),
+            );
+        });
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let durations: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.split("duration_ms=").nth(1))
+            .map(|rest| rest.split_whitespace().next().unwrap_or(""))
+            .collect();
+        assert_eq!(durations, ["553.3", "0.4"], "{text}");
     }
 }
