@@ -60,10 +60,14 @@ fi
 "$gen/gpushared" --generate-man "$stage/man8"
 "$gen/gpushare-cdi-hook" --generate-man "$stage/man8"
 "$gen/gpushare-runtime" --generate-man "$stage/man8"
+"$gen/gpushare-dra" --generate-man "$stage/man8"
 gzip -9n "$stage"/man1/*.1 "$stage"/man8/*.8
 "$gen/gpushare" completion bash >"$stage/completions/gpushare.bash"
 "$gen/gpushare" completion zsh >"$stage/completions/_gpushare"
 "$gen/gpushare" completion fish >"$stage/completions/gpushare.fish"
+"$gen/gpushare-dra" --completion bash >"$stage/completions/gpushare-dra.bash"
+"$gen/gpushare-dra" --completion zsh >"$stage/completions/_gpushare-dra"
+"$gen/gpushare-dra" --completion fish >"$stage/completions/gpushare-dra.fish"
 
 # Reproducible: file times from the last commit.
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}

@@ -243,9 +243,12 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         "gpushared runs on a simulated p4d.24xlarge with MIG mode on gpu-2 (node {DEMO_NODE}, {} GPUs), MPS control program {}",
         health.gpus, health.mps_control
     ));
+    // As gpushared reports the claims' specs: resolved (/var/run/cdi is a link to /run/cdi).
     println!(
         "  the driver's CDI spec (what NVIDIA's nvidia-ctk cdi generate writes, simulated): {}",
-        driver_spec.display()
+        fs::canonicalize(&driver_spec)
+            .unwrap_or_else(|_| driver_spec.clone())
+            .display()
     );
 
     step("Preparing the sample ResourceClaims");

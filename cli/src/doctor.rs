@@ -138,25 +138,61 @@ pub trait DoctorHost {
     /// # Errors
     /// `path` cannot be opened or asked (the message says which and why).
     fn lock_holder(&self, path: &Path) -> Result<Option<i32>, String>;
+    /// The command line and working directory of process `pid` (`/proc/<pid>/cmdline` and
+    /// `cwd`), `None` when they cannot be read: where a hand-started gpushared's
+    /// `--state-dir`, `--run-dir`, `--cdi-dir` and `--config` are found.
+    fn daemon_command_line(&self, _pid: i32) -> Option<(Vec<String>, PathBuf)> {
+        None
+    }
     /// Runs `gpushare-dra probe --json` (the DRA kubelet plugin checks its own sockets and
     /// names, with its own config), bounded to 15 s: `None` when the plugin is not
     /// installed, else each check as (name, passed, detail).
     ///
     /// # Errors
     /// The probe could not run or its output is unreadable.
-    fn dra_probe(&self) -> Option<Result<Vec<ProbeCheck>, String>> {
+    fn dra_probe(&self, args: &[String]) -> Option<Result<Vec<ProbeCheck>, String>> {
         let program = self.which("gpushare-dra")?;
-        Some(run_dra_probe(&program))
+        Some(run_dra_probe(&program, args))
     }
 }
 
-/// One check of `gpushare-dra probe`: (name, passed, detail).
-pub type ProbeCheck = (String, bool, String);
+/// One check of `gpushare-dra probe`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeCheck {
+    /// The probe's name for it (`registration`, `dra-socket`, `names`).
+    pub name: String,
+    /// Passed.
+    pub passed: bool,
+    /// What was found.
+    pub detail: String,
+    /// The probe's fix hint (empty when it passed, or from a plugin without hints).
+    pub hint: String,
+}
 
-fn run_dra_probe(program: &Path) -> Result<Vec<ProbeCheck>, String> {
+/// `gpushare-dra probe --json`'s checks: `{"name", "status": "ok"|"fail", "detail", "hint"}`
+/// (plugins before the status field wrote `"ok": bool` and no hint). `None` when it is
+/// not such a list.
+fn parse_probe_json(stdout: &[u8]) -> Option<Vec<ProbeCheck>> {
+    let checks: Vec<serde_json::Value> = serde_json::from_slice(stdout).ok()?;
+    let text = |c: &serde_json::Value, k: &str| c[k].as_str().unwrap_or_default().to_string();
+    Some(
+        checks
+            .iter()
+            .map(|c| ProbeCheck {
+                name: text(c, "name"),
+                passed: c["status"] == "ok" || c["ok"] == true,
+                detail: text(c, "detail"),
+                hint: text(c, "hint"),
+            })
+            .collect(),
+    )
+}
+
+fn run_dra_probe(program: &Path, args: &[String]) -> Result<Vec<ProbeCheck>, String> {
     use std::process::{Command, Stdio};
     let mut child = Command::new(program)
         .args(["probe", "--json"])
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -172,25 +208,15 @@ fn run_dra_probe(program: &Path) -> Result<Vec<ProbeCheck>, String> {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let out = child.wait_with_output().map_err(|e| e.to_string())?;
-    let checks: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout)
-        .map_err(|_| String::from_utf8_lossy(&out.stderr).trim().to_string())?;
-    Ok(checks
-        .iter()
-        .map(|c| {
-            (
-                c["name"].as_str().unwrap_or_default().to_string(),
-                c["ok"].as_bool().unwrap_or(false),
-                c["detail"].as_str().unwrap_or_default().to_string(),
-            )
-        })
-        .collect())
+    parse_probe_json(&out.stdout)
+        .ok_or_else(|| String::from_utf8_lossy(&out.stderr).trim().to_string())
 }
 
 /// The DRA kubelet plugin: its registration socket answers `GetInfo`, its DRA socket
 /// answers, and its node and driver names agree with gpushared's (`gpushare-dra probe`).
-fn check_dra_plugin(host: &dyn DoctorHost) -> Check {
+fn check_dra_plugin(host: &dyn DoctorHost, args: &[String]) -> Check {
     let hint = "systemctl status gpushare-dra; journalctl -u gpushare-dra (node and driver names: /etc/gpushare/dra.toml)";
-    match host.dra_probe() {
+    match host.dra_probe(args) {
         None => check(
             "dra-plugin",
             Status::Skip,
@@ -199,19 +225,51 @@ fn check_dra_plugin(host: &dyn DoctorHost) -> Check {
         ),
         Some(Err(e)) => check("dra-plugin", Status::Fail, e, hint),
         Some(Ok(checks)) => {
-            let failed: Vec<String> = checks
-                .iter()
-                .filter(|c| !c.1)
-                .map(|c| format!("{}: {}", c.0, c.2))
-                .collect();
+            let failed: Vec<&ProbeCheck> = checks.iter().filter(|c| !c.passed).collect();
             if failed.is_empty() && !checks.is_empty() {
-                let shown: Vec<&str> = checks.iter().map(|c| c.2.as_str()).collect();
+                let shown: Vec<&str> = checks.iter().map(|c| c.detail.as_str()).collect();
                 check("dra-plugin", Status::Ok, shown.join("; "), "")
             } else {
-                check("dra-plugin", Status::Fail, failed.join("; "), hint)
+                let detail: Vec<String> = failed
+                    .iter()
+                    .map(|c| format!("{}: {}", c.name, c.detail))
+                    .collect();
+                // The probe's own hints where it gives them, each once.
+                let mut hints: Vec<&str> = Vec::new();
+                for c in &failed {
+                    if !c.hint.is_empty() && !hints.contains(&c.hint.as_str()) {
+                        hints.push(&c.hint);
+                    }
+                }
+                let hint = if hints.is_empty() {
+                    hint.to_string()
+                } else {
+                    hints.join("; ")
+                };
+                check("dra-plugin", Status::Fail, detail.join("; "), &hint)
             }
         }
     }
+}
+
+/// `gpushare-dra probe`'s flags for this doctor run: the socket doctor checks (so that the
+/// plugin's check asks the same gpushared), and the plugin's config file and kubelet
+/// directories where doctor was given them (else the probe reads its own config).
+fn dra_probe_args(ctx: &Context<'_>) -> Vec<String> {
+    let mut args = vec![
+        "--gpushared-socket".to_string(),
+        ctx.socket.display().to_string(),
+    ];
+    for (flag, value) in [
+        ("--config", &ctx.paths.dra_config),
+        ("--plugins-dir", &ctx.paths.dra_plugins_dir),
+        ("--registry-dir", &ctx.paths.dra_registry_dir),
+    ] {
+        if let Some(v) = value {
+            args.extend([flag.to_string(), v.display().to_string()]);
+        }
+    }
+    args
 }
 
 /// Where `doctor` reads files; [`DoctorPaths::default`] is a real node.
@@ -235,6 +293,13 @@ pub struct DoctorPaths {
     pub run_dir: Option<PathBuf>,
     /// Overrides the config's `paths.cdi_dir` (`--cdi-dir`).
     pub cdi_dir: Option<PathBuf>,
+    /// The DRA kubelet plugin's config file, passed to `gpushare-dra probe --config`
+    /// (`--dra-config`; the probe's default is `/etc/gpushare/dra.toml`).
+    pub dra_config: Option<PathBuf>,
+    /// kubelet's plugins directory the plugin serves in (`--dra-plugins-dir`).
+    pub dra_plugins_dir: Option<PathBuf>,
+    /// kubelet's plugin registry directory (`--dra-registry-dir`).
+    pub dra_registry_dir: Option<PathBuf>,
 }
 
 /// Where our `nodeadm` drop-in is installed.
@@ -252,6 +317,9 @@ impl Default for DoctorPaths {
             state_dir: None,
             run_dir: None,
             cdi_dir: None,
+            dra_config: None,
+            dra_plugins_dir: None,
+            dra_registry_dir: None,
         }
     }
 }
@@ -283,6 +351,9 @@ pub struct Context<'a> {
     pub socket: PathBuf,
     /// The daemon's answer, or why there is none.
     pub daemon: Result<DaemonView, String>,
+    /// Where the directories came from when not from doctor's flags or config file (the
+    /// daemon's command line), for the paths check to say.
+    pub paths_source: Option<String>,
     /// Effects.
     pub host: &'a dyn DoctorHost,
 }
@@ -294,6 +365,7 @@ impl std::fmt::Debug for Context<'_> {
             .field("cfg", &self.cfg)
             .field("simulate", &self.simulate)
             .field("socket", &self.socket)
+            .field("paths_source", &self.paths_source)
             .field("daemon", &self.daemon.as_ref().map(|_| "answered"))
             .finish_non_exhaustive()
     }
@@ -313,6 +385,19 @@ pub const CHECKS: &[CheckFn] = &[
     check_socket,
     check_paths,
     |c| {
+        // A daemon on other directories writes its checkpoint elsewhere: this file says
+        // nothing about it (the paths check names the mismatch).
+        if check_paths(c).status == Status::Fail {
+            return check(
+                "checkpoint",
+                Status::Skip,
+                format!(
+                    "{}: not the directory of the daemon answering (see paths)",
+                    c.cfg.paths.state_dir.join("checkpoint.json").display()
+                ),
+                "fix the paths check first",
+            );
+        }
         check_checkpoint(
             &c.cfg.paths.state_dir.join("checkpoint.json"),
             c.daemon.as_ref().ok(),
@@ -320,8 +405,23 @@ pub const CHECKS: &[CheckFn] = &[
     },
     check_claims,
     |c| check_compute_mode(c.simulate.as_deref(), c.daemon.as_ref().ok()),
-    |c| check_dra_plugin(c.host),
+    |c| check_dra_plugin(c.host, &dra_probe_args(c)),
 ];
+
+/// The value of `flag` in a command line: `--flag VALUE` or `--flag=VALUE` (the last one
+/// wins, as clap takes it).
+fn daemon_flag<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    let mut found = None;
+    let mut it = args.iter().skip(1);
+    while let Some(a) = it.next() {
+        if a == flag {
+            found = it.next().map(String::as_str);
+        } else if let Some(v) = a.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
+            found = Some(v);
+        }
+    }
+    found
+}
 
 /// A directory as gpushared resolves it (the daemon reports real paths), when it exists.
 fn resolved(p: &Path) -> PathBuf {
@@ -360,18 +460,58 @@ pub fn run(paths: &DoctorPaths, simulate: Option<&str>, host: &dyn DoctorHost) -
         if let Some(p) = src {
             dst.clone_from(p);
         }
+    }
+    let socket = paths.socket.clone().unwrap_or(cfg.paths.socket.clone());
+    let daemon = host.daemon(&socket);
+    // Without doctor's own directory flags, a gpushared started by hand says where it runs:
+    // its command line (which overrides its config file, as it does for the daemon).
+    let mut paths_source = None;
+    let no_dir_flags =
+        paths.state_dir.is_none() && paths.run_dir.is_none() && paths.cdi_dir.is_none();
+    if let (true, Ok(DaemonView { pid: Some(pid), .. })) = (no_dir_flags, &daemon) {
+        if let Some((args, cwd)) = host.daemon_command_line(*pid) {
+            let before = cfg.paths.clone();
+            let mut theirs_note = String::new();
+            if let Some(file) = daemon_flag(&args, "--config").filter(|_| !paths.config_required) {
+                let file = cwd.join(file);
+                if let Ok(theirs) = DaemonConfig::load(&file, true) {
+                    cfg = theirs;
+                    theirs_note = format!(", its config file {}", file.display());
+                }
+            }
+            for (dst, flag) in [
+                (&mut cfg.paths.state_dir, "--state-dir"),
+                (&mut cfg.paths.run_dir, "--run-dir"),
+                (&mut cfg.paths.cdi_dir, "--cdi-dir"),
+            ] {
+                if let Some(v) = daemon_flag(&args, flag) {
+                    *dst = cwd.join(v);
+                }
+            }
+            if cfg.paths != before || !theirs_note.is_empty() {
+                paths_source = Some(format!(
+                    "directories from gpushared's command line (pid {pid}{theirs_note})"
+                ));
+            }
+        }
+    }
+    for dst in [
+        &mut cfg.paths.state_dir,
+        &mut cfg.paths.run_dir,
+        &mut cfg.paths.cdi_dir,
+    ] {
         *dst = resolved(dst);
     }
     let simulate = simulate
         .map(str::to_string)
         .or_else(|| (!cfg.gpus.simulate.is_empty()).then(|| cfg.gpus.simulate.clone()));
-    let socket = paths.socket.clone().unwrap_or(cfg.paths.socket.clone());
     let ctx = Context {
         paths,
-        daemon: host.daemon(&socket),
+        daemon,
         cfg,
         simulate,
         socket,
+        paths_source,
         host,
     };
     checks.extend(CHECKS.iter().map(|f| f(&ctx)));
@@ -410,10 +550,22 @@ fn check_driver(simulate: Option<&str>, host: &dyn DoctorHost) -> Check {
     if let Some(profile) = simulate {
         return match catalog::resolve(profile) {
             Ok(p) => {
-                let gpus: Vec<String> = p
-                    .gpus
+                // One entry per product, in the profile's order: a profile lists GPUs in
+                // groups of equal settings (MIG mode), not of products.
+                let mut products: Vec<(&str, u32, u32)> = Vec::new();
+                for g in &p.gpus {
+                    let mig = if g.mig_enabled { g.count } else { 0 };
+                    match products.iter_mut().find(|e| e.0 == g.product_name) {
+                        Some(e) => (e.1, e.2) = (e.1 + g.count, e.2 + mig),
+                        None => products.push((&g.product_name, g.count, mig)),
+                    }
+                }
+                let gpus: Vec<String> = products
                     .iter()
-                    .map(|g| format!("{} x {}", g.count, g.product_name))
+                    .map(|(name, count, mig)| match mig {
+                        0 => format!("{count} x {name}"),
+                        m => format!("{count} x {name} (MIG mode on for {m})"),
+                    })
                     .collect();
                 check(
                     "nvml",
@@ -613,12 +765,16 @@ fn check_paths(ctx: &Context<'_>) -> Check {
             }
         }
     }
+    let source = ctx
+        .paths_source
+        .as_ref()
+        .map_or_else(String::new, |s| format!(" ({s})"));
     if wrong.is_empty() {
         return check(
             "paths",
             Status::Ok,
             format!(
-                "gpushared at {} uses state directory {}, run directory {} and CDI directory {}",
+                "gpushared at {} uses state directory {}, run directory {} and CDI directory {}{source}",
                 ctx.socket.display(),
                 p.state_dir.display(),
                 p.run_dir.display(),
@@ -631,7 +787,7 @@ fn check_paths(ctx: &Context<'_>) -> Check {
         "paths",
         Status::Fail,
         format!(
-            "gpushared at {} uses other directories than checked here: {}",
+            "gpushared at {} uses other directories than checked here{source}: {}",
             ctx.socket.display(),
             wrong.join("; ")
         ),
@@ -764,14 +920,19 @@ fn leaves<'a>(v: &'a toml::Value, at: String, out: &mut Vec<(String, &'a toml::V
     }
 }
 
+/// What serves DRA claims (containerd applying CDI itself: kubelet passes their CDI IDs only
+/// in CRI's CDI field) and what does not (gpushare-runtime, which sees only annotations and
+/// the environment), for the containerd check's hints.
+const CONTAINERD_DRA_HINT: &str = "DRA claims need containerd to apply CDI itself: containerd 1.7: set enable_cdi = true and cdi_spec_dirs = [\"/etc/cdi\", \"/var/run/cdi\"] under [plugins.\"io.containerd.grpc.v1.cri\"] (on EKS AL2023, in a NodeConfig's spec.containerd.config under /etc/eks/nodeadm.d/, applied at nodeadm's next run), or containerd 2.x (CDI on by default)";
+
 fn check_containerd(main: &Path) -> Check {
-    let hint_missing = "install containerd; gpushare needs containerd 1.7+ with enable_cdi = true, or the gpushare runtime (packaging/containerd/gpushare-runtime.toml)";
+    let hint_missing = format!("install containerd; {CONTAINERD_DRA_HINT}");
     if !main.exists() {
         return check(
             "containerd",
             Status::Fail,
             format!("{} not found", main.display()),
-            hint_missing,
+            &hint_missing,
         );
     }
     let files = match containerd_files(main) {
@@ -786,13 +947,18 @@ fn check_containerd(main: &Path) -> Check {
         }
     };
     let mut cdi = None;
+    let mut cdi_off = None;
     let mut runtime = None;
     for (path, v) in &files {
         let mut all = Vec::new();
         leaves(v, String::new(), &mut all);
         for (key, value) in all {
-            if key.ends_with(".enable_cdi") && value.as_bool() == Some(true) {
-                cdi = Some(path.clone());
+            if key.ends_with(".enable_cdi") {
+                match value.as_bool() {
+                    Some(true) => cdi = Some(path.clone()),
+                    Some(false) => cdi_off = Some(path.clone()),
+                    None => {}
+                }
             }
             if key.ends_with(".BinaryName")
                 && value
@@ -803,27 +969,57 @@ fn check_containerd(main: &Path) -> Check {
             }
         }
     }
-    match (cdi, runtime) {
-        (Some(p), _) => check(
+    // Config version 3 is containerd 2.x's, whose CRI plugin has CDI on by default.
+    let version = files
+        .first()
+        .and_then(|(_, v)| v.get("version"))
+        .and_then(toml::Value::as_integer)
+        .unwrap_or(1);
+    let runtime_note = runtime.as_ref().map_or_else(String::new, |(p, key)| {
+        format!(
+            "; gpushare-runtime also configured ({key} in {})",
+            p.display()
+        )
+    });
+    match (cdi, cdi_off, runtime) {
+        (Some(p), _, _) => check(
             "containerd",
             Status::Ok,
-            format!("CDI enabled (enable_cdi = true in {})", p.display()),
-            "",
-        ),
-        (None, Some((p, key))) => check(
-            "containerd",
-            Status::Ok,
-            format!("gpushare-runtime configured ({key} in {})", p.display()),
-            "",
-        ),
-        (None, None) => check(
-            "containerd",
-            Status::Fail,
             format!(
-                "{}: neither enable_cdi = true nor a runtime with BinaryName gpushare-runtime",
+                "CDI enabled (enable_cdi = true in {}): DRA claims are served{runtime_note}",
+                p.display()
+            ),
+            "",
+        ),
+        (None, None, _) if version >= 3 => check(
+            "containerd",
+            Status::Ok,
+            format!(
+                "containerd 2.x config (version = {version} in {}): CDI on by default, DRA claims are served{runtime_note}",
                 main.display()
             ),
-            "containerd 1.7+: set enable_cdi = true under [plugins.\"io.containerd.grpc.v1.cri\"]; 1.6: add the tables of /usr/share/doc/gpushare/examples/containerd-gpushare-runtime.toml to this file (on EKS, nodeadm does it from /etc/eks/nodeadm.d/50-gpushare.yaml)",
+            "",
+        ),
+        (None, _, Some((p, key))) => check(
+            "containerd",
+            Status::Warn,
+            format!(
+                "gpushare-runtime configured ({key} in {}), CDI off: it serves cdi.k8s.io annotations and GPUSHARE_VISIBLE_DEVICES only, not DRA claims",
+                p.display()
+            ),
+            CONTAINERD_DRA_HINT,
+        ),
+        (None, off, None) => check(
+            "containerd",
+            Status::Fail,
+            match off {
+                Some(p) => format!("enable_cdi = false in {}, and no runtime with BinaryName gpushare-runtime", p.display()),
+                None => format!(
+                    "{}: neither enable_cdi = true nor a runtime with BinaryName gpushare-runtime",
+                    main.display()
+                ),
+            },
+            &format!("{CONTAINERD_DRA_HINT}; without DRA, containerd 1.6 serves annotation and GPUSHARE_VISIBLE_DEVICES requests through gpushare-runtime (the tables of /usr/share/doc/gpushare/examples/containerd-gpushare-runtime.toml; on EKS the RPM's /etc/eks/nodeadm.d/50-gpushare.yaml)"),
         ),
     }
 }
@@ -916,22 +1112,40 @@ fn check_cdi(static_dir: &Path, dynamic_dir: &Path) -> Check {
     if !problems.is_empty() {
         return check("cdi-specs", Status::Fail, problems.join("; "), hint);
     }
-    let missing = if dynamic_dir.is_dir() {
+    // Only directories that exist hold specs; the others are named as absent.
+    let (present, absent): (Vec<&Path>, Vec<&Path>) = [static_dir, dynamic_dir]
+        .into_iter()
+        .partition(|d| d.is_dir());
+    let listed = |dirs: &[&Path]| {
+        dirs.iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" and ")
+    };
+    let place = if present.is_empty() {
+        "no CDI directory".to_string()
+    } else {
+        format!("valid in {}", listed(&present))
+    };
+    let mut notes = Vec::new();
+    if !absent.is_empty() {
+        notes.push(format!("{} does not exist", listed(&absent)));
+    }
+    if !dynamic_dir.is_dir() {
+        notes.push("gpushared creates its CDI directory at start".to_string());
+    }
+    let notes = if notes.is_empty() {
         String::new()
     } else {
-        format!(
-            " ({} does not exist yet; gpushared creates it)",
-            dynamic_dir.display()
-        )
+        format!(" ({})", notes.join("; "))
     };
+    let n = registry.specs().len();
     check(
         "cdi-specs",
         Status::Ok,
         format!(
-            "{} specs valid in {} and {}, {our_specs} of them gpushare claims, no device defined twice{missing}",
-            registry.specs().len(),
-            static_dir.display(),
-            dynamic_dir.display()
+            "{n} spec{} {place}, {our_specs} of them gpushare claims, no device defined twice{notes}",
+            if n == 1 { "" } else { "s" }
         ),
         "",
     )
@@ -1060,7 +1274,11 @@ fn check_compute_mode(simulate: Option<&str>, daemon: Option<&DaemonView>) -> Ch
         check(
             "compute-mode",
             Status::Ok,
-            format!("{} GPUs shared with MPS, all EXCLUSIVE_PROCESS", mps.len()),
+            match mps.len() {
+                0 => "no GPU shared with MPS".to_string(),
+                1 => "1 GPU shared with MPS, EXCLUSIVE_PROCESS".to_string(),
+                n => format!("{n} GPUs shared with MPS, all EXCLUSIVE_PROCESS"),
+            },
             "",
         )
     } else {
@@ -1099,6 +1317,17 @@ fn daemon_pid(socket: &Path) -> Option<i32> {
 }
 
 impl DoctorHost for RealHost {
+    fn daemon_command_line(&self, pid: i32) -> Option<(Vec<String>, PathBuf)> {
+        let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let args = raw
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
+        Some((args, cwd))
+    }
+
     fn gpushared_dir(&self) -> PathBuf {
         std::env::current_exe()
             .ok()
@@ -1187,6 +1416,8 @@ mod tests {
         lock_pid: Option<i32>,
         /// Programs installed beside gpushared (in /usr/bin).
         beside: Vec<&'static str>,
+        /// The daemon's command line and working directory.
+        command_line: Option<(Vec<String>, PathBuf)>,
     }
 
     impl DoctorHost for FakeHost {
@@ -1216,6 +1447,10 @@ mod tests {
             self.daemon
                 .clone()
                 .ok_or_else(|| "connection refused".to_string())
+        }
+        fn daemon_command_line(&self, pid: i32) -> Option<(Vec<String>, PathBuf)> {
+            assert_eq!(pid, 4242);
+            self.command_line.clone()
         }
     }
 
@@ -1423,8 +1658,14 @@ mod tests {
         )
         .unwrap();
         let c = check_containerd(&n.paths.containerd_config);
-        assert_eq!(c.status, Status::Ok, "{c:?}");
+        // Enough for annotation and environment requests, not for DRA: kubelet hands DRA's
+        // CDI IDs only in CRI's CDI field, which the runtime wrapper never sees.
+        assert_eq!(c.status, Status::Warn, "{c:?}");
         assert!(c.detail.contains("gpushare-runtime configured"), "{c:?}");
+        assert!(
+            c.detail.contains("CDI off") && c.hint.contains("DRA") && c.hint.contains("enable_cdi"),
+            "{c:?}"
+        );
         // The shipped drop-in itself is recognised.
         let shipped = concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -1437,7 +1678,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             check_containerd(&n.paths.containerd_config).status,
-            Status::Ok
+            Status::Warn
         );
         // A TOML error is named.
         std::fs::write(&n.paths.containerd_config, "version = = 2\n").unwrap();
@@ -1606,6 +1847,10 @@ mod tests {
         );
         assert!(c.detail.contains("claim u1's CDI spec"), "{c:?}");
         assert!(c.hint.contains("--state-dir"), "{c:?}");
+        // The checkpoint of directories the daemon does not use says nothing about it.
+        let c = get(&r, "checkpoint");
+        assert_eq!(c.status, Status::Skip, "{}", r.text());
+        assert!(c.detail.contains("see paths"), "{c:?}");
         // Another gpushared holds them.
         let c = get(&run(&n.paths, Some("g5.xlarge"), &host(Some(7))), "paths").clone();
         assert!(
@@ -1627,6 +1872,118 @@ mod tests {
         assert!(get(&r, "checkpoint")
             .detail
             .contains(&own.join("state").display().to_string()));
+
+        // Without doctor's flags, the directories come from the daemon's own command line
+        // (`--state-dir DIR`, `--run-dir=DIR`, relative to its working directory), and the
+        // paths check says so.
+        let by_hand = FakeHost {
+            command_line: Some((
+                [
+                    "gpushared",
+                    "--simulate",
+                    "g5.xlarge",
+                    "--state-dir",
+                    "state",
+                    "--run-dir=run",
+                    "--cdi-dir",
+                    own.join("cdi").to_str().unwrap(),
+                ]
+                .map(String::from)
+                .to_vec(),
+                own.clone(),
+            )),
+            ..host(Some(4242))
+        };
+        let r = run(&n.paths, Some("g5.xlarge"), &by_hand);
+        for name in ["paths", "checkpoint", "claims"] {
+            assert_eq!(get(&r, name).status, Status::Ok, "{name}: {}", r.text());
+        }
+        assert!(
+            get(&r, "paths")
+                .detail
+                .contains("directories from gpushared's command line (pid 4242)"),
+            "{}",
+            r.text()
+        );
+        // Flags given to doctor win over the daemon's command line.
+        let r = run(&paths, Some("g5.xlarge"), &by_hand);
+        assert!(
+            !get(&r, "paths").detail.contains("command line"),
+            "{}",
+            r.text()
+        );
+    }
+
+    #[test]
+    fn containerd_hints_say_what_serves_dra_and_what_does_not() {
+        // Neither: the hint says what DRA needs, and does not send EKS users to the nodeadm
+        // drop-in (which adds only gpushare-runtime).
+        let n = node("version = 2\n");
+        let c = check_containerd(&n.paths.containerd_config);
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(
+            c.hint.contains("DRA") && c.hint.contains("enable_cdi = true"),
+            "{c:?}"
+        );
+        assert!(!c.hint.contains("nodeadm does it"), "{c:?}");
+        // containerd 2.x (config version 3) has CDI on unless it is turned off.
+        std::fs::write(&n.paths.containerd_config, "version = 3\n").unwrap();
+        let c = check_containerd(&n.paths.containerd_config);
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(c.detail.contains("containerd 2.x"), "{c:?}");
+        std::fs::write(
+            &n.paths.containerd_config,
+            "version = 3\n[plugins.\"io.containerd.cri.v1.runtime\"]\nenable_cdi = false\n",
+        )
+        .unwrap();
+        let c = check_containerd(&n.paths.containerd_config);
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+    }
+
+    #[test]
+    fn a_simulated_profile_counts_each_product_once_with_its_mig_gpus() {
+        let profile = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../daemon/examples/profiles/p4d.24xlarge-mig2.toml"
+        );
+        let c = check_driver(Some(profile), &FakeHost::default());
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(
+            c.detail
+                .contains(": 8 x NVIDIA A100-SXM4-40GB (MIG mode on for 1) (no NVML used)"),
+            "{c:?}"
+        );
+    }
+
+    #[test]
+    fn counts_and_directories_are_worded_as_they_are() {
+        let n = node(CDI_ON);
+        let host = FakeHost {
+            daemon: Some(healthy(vec![gpu(
+                GpuSharing::Mps,
+                ComputeMode::ExclusiveProcess,
+            )])),
+            ..FakeHost::default()
+        };
+        std::fs::remove_dir(&n.paths.static_cdi_dir).unwrap();
+        let r = run(&n.paths, Some("g5.xlarge"), &host);
+        let c = get(&r, "compute-mode");
+        assert_eq!(
+            c.detail, "1 GPU shared with MPS, EXCLUSIVE_PROCESS",
+            "{c:?}"
+        );
+        let c = get(&r, "cdi-specs");
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(
+            c.detail.starts_with(&format!(
+                "0 specs valid in {},",
+                n.dir.path().join("run-cdi").display()
+            )) && c.detail.contains(&format!(
+                "{} does not exist",
+                n.paths.static_cdi_dir.display()
+            )),
+            "{c:?}"
+        );
     }
 
     #[test]
@@ -1683,7 +2040,14 @@ mod tests {
 mod dra_check_tests {
     use super::*;
 
-    struct Probe(Option<Result<Vec<ProbeCheck>, String>>);
+    struct Probe(
+        Option<Result<Vec<ProbeCheck>, String>>,
+        std::cell::RefCell<Vec<String>>,
+    );
+
+    fn probe(answer: Option<Result<Vec<ProbeCheck>, String>>) -> Probe {
+        Probe(answer, std::cell::RefCell::default())
+    }
 
     impl DoctorHost for Probe {
         fn driver_version(&self) -> Result<String, String> {
@@ -1704,30 +2068,99 @@ mod dra_check_tests {
         fn lock_holder(&self, _: &Path) -> Result<Option<i32>, String> {
             Ok(None)
         }
-        fn dra_probe(&self) -> Option<Result<Vec<ProbeCheck>, String>> {
+        fn dra_probe(&self, args: &[String]) -> Option<Result<Vec<ProbeCheck>, String>> {
+            self.1.replace(args.to_vec());
             self.0.clone()
         }
     }
 
     #[test]
     fn the_plugin_check_skips_passes_and_fails_with_the_probe() {
-        assert_eq!(check_dra_plugin(&Probe(None)).status, Status::Skip);
-        let ok = |n: &str| (n.to_string(), true, format!("{n} fine"));
-        let c = check_dra_plugin(&Probe(Some(Ok(vec![ok("registration"), ok("names")]))));
+        assert_eq!(check_dra_plugin(&probe(None), &[]).status, Status::Skip);
+        let ok = |n: &str| ProbeCheck {
+            name: n.to_string(),
+            passed: true,
+            detail: format!("{n} fine"),
+            hint: String::new(),
+        };
+        let c = check_dra_plugin(&probe(Some(Ok(vec![ok("registration"), ok("names")]))), &[]);
         assert_eq!(c.status, Status::Ok, "{c:?}");
-        let bad = (
-            "names".to_string(),
-            false,
-            "node name mismatch: \"a\" vs \"b\"".to_string(),
-        );
-        let c = check_dra_plugin(&Probe(Some(Ok(vec![ok("registration"), bad]))));
+        let bad = ProbeCheck {
+            name: "names".to_string(),
+            passed: false,
+            detail: "node name mismatch: \"a\" vs \"b\"".to_string(),
+            hint: String::new(),
+        };
+        let c = check_dra_plugin(&probe(Some(Ok(vec![ok("registration"), bad]))), &[]);
         assert_eq!(c.status, Status::Fail);
         assert!(
             c.detail.contains("node name mismatch") && !c.detail.contains("registration"),
             "{c:?}"
         );
         assert!(c.hint.contains("journalctl -u gpushare-dra"));
-        let c = check_dra_plugin(&Probe(Some(Err("no answer".into()))));
+        let c = check_dra_plugin(&probe(Some(Err("no answer".into()))), &[]);
         assert_eq!(c.status, Status::Fail);
+    }
+
+    #[test]
+    fn the_probes_json_is_read_in_both_shapes_with_its_hints() {
+        let now = br#"[{"name":"registration","status":"ok","detail":"fine"},
+            {"name":"names","status":"fail","detail":"node name mismatch","hint":"make them agree"}]"#;
+        let checks = parse_probe_json(now).unwrap();
+        assert_eq!(
+            checks.iter().map(|c| c.passed).collect::<Vec<_>>(),
+            [true, false]
+        );
+        let c = check_dra_plugin(&probe(Some(Ok(checks))), &[]);
+        assert_eq!(
+            (c.status, c.hint.as_str()),
+            (Status::Fail, "make them agree")
+        );
+        // A plugin from before the status field.
+        let before = br#"[{"name":"registration","ok":true,"detail":"fine"}]"#;
+        assert!(parse_probe_json(before).unwrap()[0].passed);
+        assert!(parse_probe_json(b"not json").is_none());
+    }
+
+    #[test]
+    fn the_probe_gets_doctors_socket_and_the_plugins_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = DoctorPaths {
+            config: dir.path().join("absent.toml"),
+            containerd_config: dir.path().join("containerd.toml"),
+            socket: Some(PathBuf::from("/tmp/gs/sock")),
+            dra_config: Some(PathBuf::from("/tmp/gs/dra.toml")),
+            dra_plugins_dir: Some(PathBuf::from("/tmp/gs/plugins")),
+            dra_registry_dir: Some(PathBuf::from("/tmp/gs/registry")),
+            ..DoctorPaths::default()
+        };
+        let host = probe(None);
+        run(&paths, Some("g5.xlarge"), &host);
+        assert_eq!(
+            *host.1.borrow(),
+            [
+                "--gpushared-socket",
+                "/tmp/gs/sock",
+                "--config",
+                "/tmp/gs/dra.toml",
+                "--plugins-dir",
+                "/tmp/gs/plugins",
+                "--registry-dir",
+                "/tmp/gs/registry"
+            ]
+        );
+        // Without doctor's flags, the socket it checks is still the plugin's gpushared.
+        let paths = DoctorPaths {
+            socket: None,
+            dra_config: None,
+            dra_plugins_dir: None,
+            dra_registry_dir: None,
+            ..paths
+        };
+        run(&paths, Some("g5.xlarge"), &host);
+        assert_eq!(
+            *host.1.borrow(),
+            ["--gpushared-socket", "/run/gpushare/gpushared.sock"]
+        );
     }
 }

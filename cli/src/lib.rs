@@ -29,8 +29,9 @@ pub enum Output {
     /// The same as YAML.
     Yaml,
     /// `gpushare gpus` only: the `resource.k8s.io/v1` ResourceSlice a DRA driver would
-    /// publish for the node, as YAML.
-    #[value(name = "resourceslice")]
+    /// publish for the node, as YAML. Hidden from the `-o` value list, which every command
+    /// shares: `gpus`' own help offers it, the others refuse it.
+    #[value(name = "resourceslice", hide = true)]
     ResourceSlice,
 }
 
@@ -92,11 +93,25 @@ pub fn gpus_table(gpus: &[GpuInfo]) -> String {
             mig,
             format!("{:?}", g.compute_mode),
             g.time_slice.as_str().to_string(),
-            format!("{:?}", g.sharing),
+            sharing_label(g.sharing).to_string(),
             g.claims.join(","),
         ]);
     }
     t.to_string() + "\n"
+}
+
+/// A GPU's sharing in the words `gpushare claims` uses for strategies (`MPS(50.0%)`,
+/// `MIG(3g.20gb)`) and the metrics' `mode` label: `Free`, `Exclusive`, `TimeSlicing`, `MPS`,
+/// `MIG`.
+fn sharing_label(s: gpushare_proto::GpuSharing) -> &'static str {
+    use gpushare_proto::GpuSharing;
+    match s {
+        GpuSharing::Free => "Free",
+        GpuSharing::Exclusive => "Exclusive",
+        GpuSharing::TimeSlicing => "TimeSlicing",
+        GpuSharing::Mps => "MPS",
+        GpuSharing::Mig => "MIG",
+    }
 }
 
 fn mig_column(g: &GpuInfo) -> String {
@@ -187,7 +202,7 @@ pub fn mig_plan_text(r: &gpushare_proto::MigApplyResult) -> String {
         "config {}{}\n",
         r.config,
         if r.dry_run {
-            " (plan: nothing changed)"
+            ": plan only, nothing is changed (gpushare mig apply makes it)"
         } else {
             " applied"
         }
@@ -623,5 +638,27 @@ mod tests {
         assert!(gpus_table(&[gpu(1)]).contains("on (1 device) "));
         assert!(gpus_table(&[gpu(2)]).contains("on (2 devices)"));
         assert!(gpus_table(&[gpu(0)]).contains("on (0 devices)"));
+    }
+
+    #[test]
+    fn a_plan_says_it_is_one_and_an_apply_what_it_did() {
+        let r = |dry_run| gpushare_proto::MigApplyResult {
+            config: "all-balanced".into(),
+            dry_run,
+            gpus: vec![],
+        };
+        assert_eq!(
+            mig_plan_text(&r(true)),
+            "config all-balanced: plan only, nothing is changed (gpushare mig apply makes it)\n"
+        );
+        assert_eq!(mig_plan_text(&r(false)), "config all-balanced applied\n");
+    }
+
+    #[test]
+    fn the_sharing_column_speaks_as_the_claims_table() {
+        // gpu(1) is shared through MIG: `MIG`, as `gpushare claims` writes `MIG(3g.20gb)`.
+        let table = gpus_table(&[gpu(1)]);
+        let row = table.lines().nth(1).unwrap();
+        assert!(row.contains(" MIG ") && !row.contains("Mig"), "{table}");
     }
 }

@@ -21,7 +21,7 @@ struct Args {
     /// gpushared's socket [default: /run/gpushare/gpushared.sock].
     #[arg(long, global = true)]
     socket: Option<PathBuf>,
-    /// Output format [default: table].
+    /// Output format [default: table]; `gpushare gpus --help` names one more of its own.
     #[arg(short, long, global = true, value_enum)]
     output: Option<Output>,
     /// Seconds to wait for the daemon's answer.
@@ -35,8 +35,9 @@ struct Args {
 enum Command {
     /// Daemon health, version, backend and counts.
     Status,
-    /// The node's GPUs with their compute mode, time-slice and holders; `-o resourceslice`
-    /// prints the ResourceSlice a DRA driver would publish for them.
+    /// The node's GPUs with their compute mode, time-slice and holders.
+    ///
+    /// `-o resourceslice` prints the ResourceSlice a DRA driver would publish for them.
     Gpus {
         /// With `-o resourceslice`: the slices published where the API server, of this
         /// Kubernetes version (e.g. 1.34, 1.35), keeps partitionable devices (every MIG slice
@@ -58,10 +59,15 @@ enum Command {
         #[arg(short, long)]
         file: PathBuf,
     },
-    /// Release a claim.
+    /// Release a claim, or with --all every claim of the node (one line per claim; asks
+    /// nothing: drain the node's pods first).
     Unprepare {
         /// The claim's UID.
-        uid: String,
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        uid: Option<String>,
+        /// Release every claim gpushared holds.
+        #[arg(long)]
+        all: bool,
     },
     /// The node profiles `gpushared --simulate` knows (no daemon needed); with a name or a
     /// profile file, that node's GPUs as `gpushare gpus` shows them on a fresh node.
@@ -74,7 +80,10 @@ enum Command {
     /// Check this node's setup (driver, MPS, containerd, nodeadm, CDI specs, socket, the
     /// daemon's directories, checkpoint, degraded claims, compute modes): one line per check
     /// with a fix hint; exits 1 when any fails. For a gpushared started by hand, give the same
-    /// --socket, --state-dir, --run-dir and --cdi-dir.
+    /// --socket (its --state-dir, --run-dir and --cdi-dir are then read from its command line
+    /// unless given here); for a gpushare-dra started by hand, its
+    /// --dra-plugins-dir and --dra-registry-dir (the plugin's check asks the gpushared at
+    /// --socket).
     Doctor {
         /// Check against simulated GPUs of this node profile (as gpushared --simulate) instead
         /// of NVML.
@@ -100,6 +109,18 @@ enum Command {
         /// gpushared's CDI directory, when it was started with --cdi-dir [paths.cdi_dir].
         #[arg(long, value_name = "DIR")]
         cdi_dir: Option<PathBuf>,
+        /// The DRA kubelet plugin's config file, for its check (`gpushare-dra probe
+        /// --config`) [default: /etc/gpushare/dra.toml].
+        #[arg(long, value_name = "FILE")]
+        dra_config: Option<PathBuf>,
+        /// kubelet's plugins directory the DRA plugin was started with (its
+        /// --plugins-dir) [default: its config's].
+        #[arg(long, value_name = "DIR")]
+        dra_plugins_dir: Option<PathBuf>,
+        /// kubelet's plugin registry directory the DRA plugin was started with (its
+        /// --registry-dir) [default: its config's].
+        #[arg(long, value_name = "DIR")]
+        dra_registry_dir: Option<PathBuf>,
     },
     /// Print a shell completion script (bash, zsh, fish, elvish or powershell).
     Completion {
@@ -155,6 +176,51 @@ fn print_structured_or<T: serde::Serialize>(
     Ok(())
 }
 
+/// The line of one unprepare's answer.
+fn unprepared_line(r: &UnprepareResult) -> String {
+    if r.released {
+        format!("claim {} released\n", r.uid)
+    } else {
+        format!("claim {} was not prepared; nothing to do\n", r.uid)
+    }
+}
+
+/// `gpushare unprepare --all`: every claim gpushared lists, released one by one with one
+/// line each, as it goes (a claim released meanwhile by kubelet reads "was not prepared").
+/// All are tried; each failure is a line on stderr, and the command then fails.
+fn unprepare_all(client: &mut Client, output: Output) -> Result<()> {
+    let claims: Vec<ClaimInfo> = client.call(Method::ListClaims, None::<&()>)?;
+    if claims.is_empty() && output == Output::Table {
+        println!("no claim is prepared; nothing to do");
+        return Ok(());
+    }
+    let mut results = Vec::new();
+    let mut failed = 0;
+    for c in &claims {
+        match client
+            .call::<_, UnprepareResult>(Method::Unprepare, Some(&UidParams { uid: c.uid.clone() }))
+        {
+            Ok(r) => {
+                if output == Output::Table {
+                    print!("{}", unprepared_line(&r));
+                }
+                results.push(r);
+            }
+            Err(e) => {
+                eprintln!("gpushare: claim {} not released: {e}", c.uid);
+                failed += 1;
+            }
+        }
+    }
+    if output != Output::Table {
+        print_structured_or(&results, output, |_| String::new())?;
+    }
+    if failed > 0 {
+        anyhow::bail!("{failed} of {} claims not released (above)", claims.len());
+    }
+    Ok(())
+}
+
 fn require_root(what: &str) -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
         anyhow::bail!("gpushare {what} changes node state and must run as root");
@@ -182,8 +248,21 @@ fn profiles(profile: Option<&str>, output: Output) -> Result<()> {
     }
 }
 
+/// Output into a closed pipe (`gpushare completion bash | head -1`) ends the process quietly,
+/// as it does for other command-line tools: Rust ignores SIGPIPE, so every `print!` would
+/// panic on EPIPE instead. Not for `demo`, which must live on to release its claims and stop
+/// its daemon (its output is diagnostics; losing the rest of it is harmless).
+fn die_on_sigpipe() {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    // SAFETY: SIG_DFL installs no handler of ours, and no other thread exists yet.
+    let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
+}
+
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    if !matches!(args.command, Command::Demo(_)) {
+        die_on_sigpipe();
+    }
     match run(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -248,6 +327,9 @@ fn run(args: Args) -> Result<()> {
             state_dir,
             run_dir,
             cdi_dir,
+            dra_config,
+            dra_plugins_dir,
+            dra_registry_dir,
         } => {
             let paths = cli::doctor::DoctorPaths {
                 config: config
@@ -259,6 +341,9 @@ fn run(args: Args) -> Result<()> {
                 state_dir: state_dir.clone(),
                 run_dir: run_dir.clone(),
                 cdi_dir: cdi_dir.clone(),
+                dra_config: dra_config.clone(),
+                dra_plugins_dir: dra_plugins_dir.clone(),
+                dra_registry_dir: dra_registry_dir.clone(),
                 ..cli::doctor::DoctorPaths::default()
             };
             let host = cli::doctor::RealHost {
@@ -304,9 +389,11 @@ fn run(args: Args) -> Result<()> {
     // connect (the socket is 0660 root:root), and "permission denied" would hide why.
     match &args.command {
         Command::Prepare { .. } => require_root("prepare")?,
-        Command::Unprepare { uid } => {
+        Command::Unprepare { uid, .. } => {
             require_root("unprepare")?;
-            claim_uid_arg(uid)?;
+            if let Some(uid) = uid {
+                claim_uid_arg(uid)?;
+            }
         }
         Command::Claim { uid } => claim_uid_arg(uid)?,
         Command::Mig {
@@ -392,17 +479,15 @@ fn run(args: Args) -> Result<()> {
                 s
             })?;
         }
-        Command::Unprepare { uid } => {
+        Command::Unprepare { uid: Some(uid), .. } => {
             require_root("unprepare")?;
             let r: UnprepareResult =
                 client.call(Method::Unprepare, Some(&UidParams { uid: uid.clone() }))?;
-            print_structured_or(&r, output, |r| {
-                if r.released {
-                    format!("claim {} released\n", r.uid)
-                } else {
-                    format!("claim {} was not prepared; nothing to do\n", r.uid)
-                }
-            })?;
+            print_structured_or(&r, output, unprepared_line)?;
+        }
+        Command::Unprepare { uid: None, .. } => {
+            require_root("unprepare --all")?;
+            unprepare_all(&mut client, output)?;
         }
         Command::Mig {
             command: MigCommand::List,

@@ -662,16 +662,17 @@ fn log_claim_event(
             d.join(",")
         },
     );
-    let duration_ms = took.as_secs_f64() * 1000.0;
+    // To 0.1 ms, as gpushare-dra logs it: more digits are float noise, not precision.
+    let duration_ms = format!("{:.1}", took.as_secs_f64() * 1000.0);
     match error {
         None => tracing::info!(
-            claim = %uid, %strategy, %devices, outcome = %"ok", duration_ms, "{method}"
+            claim = %uid, %strategy, %devices, outcome = %"ok", %duration_ms, "{method}"
         ),
         Some((code @ ErrorCode::Internal, message)) => tracing::error!(
-            claim = %uid, %strategy, %devices, outcome = %code.as_str(), error = message, duration_ms, "{method}"
+            claim = %uid, %strategy, %devices, outcome = %code.as_str(), error = message, %duration_ms, "{method}"
         ),
         Some((code, message)) => tracing::warn!(
-            claim = %uid, %strategy, %devices, outcome = %code.as_str(), error = message, duration_ms, "{method}"
+            claim = %uid, %strategy, %devices, outcome = %code.as_str(), error = message, %duration_ms, "{method}"
         ),
     }
 }

@@ -317,3 +317,50 @@ async fn a_request_past_its_time_is_answered_and_finishes_in_the_background() {
     assert!(done, "the prepare finished in the background");
     host.state().delay = None;
 }
+
+/// A `tracing` writer into a shared buffer, to read back what a log call printed.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn claim_event_duration_is_rounded_to_a_tenth_of_a_millisecond() {
+    let out = Captured::default();
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        log_claim_event(
+            Method::Unprepare,
+            "u-1",
+            None,
+            None,
+            Duration::from_nanos(553_272_485),
+        );
+        log_claim_event(
+            Method::Unprepare,
+            "u-2",
+            None,
+            Some((ErrorCode::NotFound, "gone")),
+            Duration::from_nanos(400_011),
+        );
+    });
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let durations: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split("duration_ms=").nth(1))
+        .map(|rest| rest.split_whitespace().next().unwrap_or(""))
+        .collect();
+    assert_eq!(durations, ["553.3", "0.4"], "{text}");
+}

@@ -77,17 +77,35 @@ impl ApiError {
 /// # Errors
 /// The kubeconfig cannot be read or used, as one line naming the file.
 pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
+    Ok(connect(kubeconfig).await?.client)
+}
+
+/// The client of [`client`] wrapped in an [`Api`] that names, in every error of a call that
+/// did not get an answer, the server's URL and where it came from (the kubeconfig file, or
+/// the in-cluster service account).
+///
+/// # Errors
+/// As [`client`].
+pub async fn connect(kubeconfig: Option<&Path>) -> anyhow::Result<Api> {
     use anyhow::Context as _;
-    let config = match kubeconfig {
-        Some(path) => from_file(path).await?,
+    let (config, source) = match kubeconfig {
+        Some(path) => (
+            from_file(path).await?,
+            format!("kubeconfig {}", path.display()),
+        ),
         None => match kube::Config::incluster() {
-            Ok(c) => c,
-            Err(_) => from_file(Path::new(KUBELET_KUBECONFIG))
-                .await
-                .context("no in-cluster service account, and kubelet's kubeconfig")?,
+            Ok(c) => (c, "the in-cluster service account".to_string()),
+            Err(_) => (
+                from_file(Path::new(KUBELET_KUBECONFIG))
+                    .await
+                    .context("no in-cluster service account, and kubelet's kubeconfig")?,
+                format!("kubeconfig {KUBELET_KUBECONFIG}"),
+            ),
         },
     };
-    kube::Client::try_from(config).context("building the API client")
+    let origin = format!("API server {} (from {source})", config.cluster_url);
+    let client = kube::Client::try_from(config).context("building the API client")?;
+    Ok(Api::with_origin(client, origin))
 }
 
 async fn from_file(path: &Path) -> anyhow::Result<kube::Config> {
@@ -102,12 +120,15 @@ async fn from_file(path: &Path) -> anyhow::Result<kube::Config> {
 /// The API server, with the `resource.k8s.io` version in use remembered.
 pub struct Api {
     client: kube::Client,
+    /// The server as errors name it: `API server <url> (from <kubeconfig>)`.
+    origin: String,
     version: Mutex<Option<ApiVersion>>,
 }
 
 impl std::fmt::Debug for Api {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Api")
+            .field("origin", &self.origin)
             .field("version", &self.version)
             .finish_non_exhaustive()
     }
@@ -128,7 +149,22 @@ pub enum WatchEvent {
 
 const GROUP_PATH: &str = "/apis/resource.k8s.io";
 
-fn status_error(verb: &'static str, path: &str, e: kube::Error) -> ApiError {
+/// `e` and its sources, each once: kube's own message ("client error (Connect)") says
+/// only which layer failed; the cause ("Connection refused") is further down the chain.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        source = s.source();
+    }
+    text
+}
+
+fn status_error(verb: &'static str, path: &str, origin: &str, e: kube::Error) -> ApiError {
     match e {
         kube::Error::Api(s) => ApiError::Status {
             verb,
@@ -141,7 +177,7 @@ fn status_error(verb: &'static str, path: &str, e: kube::Error) -> ApiError {
         other => ApiError::Transport {
             verb,
             path: path.into(),
-            message: other.to_string(),
+            message: format!("{origin}: {}", error_chain(&other)),
         },
     }
 }
@@ -159,10 +195,16 @@ fn encode(s: &str) -> String {
 }
 
 impl Api {
-    /// Wraps a client.
+    /// Wraps a client; its errors call the server "the API server" ([`connect`] names it).
     pub fn new(client: kube::Client) -> Api {
+        Api::with_origin(client, "the API server".into())
+    }
+
+    /// Wraps a client whose errors name the server as `origin`.
+    pub fn with_origin(client: kube::Client, origin: String) -> Api {
         Api {
             client,
+            origin,
             version: Mutex::new(None),
         }
     }
@@ -197,7 +239,7 @@ impl Api {
         self.client
             .request::<Value>(req)
             .await
-            .map_err(|e| status_error(verb, path, e))
+            .map_err(|e| status_error(verb, path, &self.origin, e))
     }
 
     /// The `resource.k8s.io` version to use: the most preferred one the server serves
@@ -345,7 +387,7 @@ impl Api {
             .client
             .request_stream(req)
             .await
-            .map_err(|e| status_error("WATCH", &path, e))?;
+            .map_err(|e| status_error("WATCH", &path, &self.origin, e))?;
         Ok(body.lines().map(|line| match line {
             Err(e) => WatchEvent::Error(e.to_string()),
             Ok(line) => match serde_json::from_str::<Value>(&line) {

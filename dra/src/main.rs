@@ -11,6 +11,9 @@ use gpushare_dra::config::{self, Config, FileConfig, Overrides};
 
 /// The DRA kubelet plugin of gpushare: serves kubelet's DRA gRPC (v1 and v1beta1) and
 /// registration, publishes the node's ResourceSlices, and prepares claims through gpushared.
+///
+/// Flags that `probe` reads too are global; the plugin's own (API server, metrics, claim
+/// timeout, device health) are not, so that `probe --help` offers only what it uses.
 #[derive(Debug, Parser)]
 #[command(name = "gpushare-dra", version)]
 struct Cli {
@@ -24,7 +27,7 @@ struct Cli {
     #[arg(long, global = true)]
     node_name: Option<String>,
     /// kubeconfig [default: the in-cluster service account, else /var/lib/kubelet/kubeconfig].
-    #[arg(long, global = true)]
+    #[arg(long)]
     kubeconfig: Option<PathBuf>,
     /// gpushared's socket [default: /run/gpushare/gpushared.sock].
     #[arg(long, global = true)]
@@ -36,13 +39,13 @@ struct Cli {
     #[arg(long, global = true)]
     registry_dir: Option<PathBuf>,
     /// host:port of /metrics and /healthz, or `off` [default: 127.0.0.1:9472].
-    #[arg(long, global = true)]
+    #[arg(long)]
     metrics_address: Option<String>,
     /// Most seconds one claim's prepare or unprepare may take, 1-40 [default: 30].
-    #[arg(long, global = true)]
+    #[arg(long)]
     claim_timeout_seconds: Option<u64>,
     /// Serve v1alpha1.DRAResourceHealth (kubelet's ResourceHealthStatus feature gate).
-    #[arg(long, global = true)]
+    #[arg(long)]
     device_health: bool,
     /// Delete this node's ResourceSlices of this driver and exit (the RPM's erase runs it).
     #[arg(long)]
@@ -50,6 +53,13 @@ struct Cli {
     /// Print the documented default config file and exit.
     #[arg(long)]
     print_default_config: bool,
+    /// Write the man pages gpushare-dra.8 and gpushare-dra-probe.8 into this directory and
+    /// exit (for packaging).
+    #[arg(long, value_name = "DIR", hide = true)]
+    generate_man: Option<PathBuf>,
+    /// Print a shell completion script and exit (for packaging).
+    #[arg(long, value_name = "SHELL", hide = true)]
+    completion: Option<clap_complete::Shell>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -63,6 +73,31 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `gpushare-dra.8` and one page per subcommand (`gpushare-dra-probe.8`), from the clap
+/// definition, so that they always match the binary that ships.
+fn write_man_pages(dir: &std::path::Path) -> anyhow::Result<()> {
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    cmd.build();
+    let write = |c: &clap::Command, name: &str| -> anyhow::Result<()> {
+        let mut out = Vec::new();
+        clap_mangen::Man::new(
+            c.clone()
+                .display_name(name.to_string())
+                .bin_name(name.to_string()),
+        )
+        .section("8")
+        .render(&mut out)
+        .with_context(|| format!("rendering the man page of {name}"))?;
+        let path = dir.join(format!("{name}.8"));
+        std::fs::write(&path, out).with_context(|| format!("writing {}", path.display()))
+    };
+    write(&cmd, "gpushare-dra")?;
+    for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+        write(sub, &format!("gpushare-dra-{}", sub.get_name()))?;
+    }
+    Ok(())
 }
 
 fn default_node() -> String {
@@ -103,7 +138,12 @@ fn load(cli: &Cli) -> anyhow::Result<Config> {
 }
 
 fn init_logging(level: &str) {
+    // kube's client logs every failed request at ERROR ("failed with error client error
+    // (Connect)") beside our own line, which names the server and what was being done: off
+    // unless RUST_LOG asks for it.
+    const KUBE_REQUEST_LOG: &str = "kube_client::client::builder=off";
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(format!("{level},{KUBE_REQUEST_LOG}")))
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let journal = std::env::var_os("JOURNAL_STREAM").is_some();
@@ -126,23 +166,27 @@ async fn main_async(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string(&checks)?);
         } else {
             for c in &checks {
+                let hint = if c.hint.is_empty() {
+                    String::new()
+                } else {
+                    format!(" -> {}", c.hint)
+                };
                 println!(
-                    "{:<5} {:<13} {}",
-                    if c.ok { "OK" } else { "FAIL" },
+                    "{:<5} {:<13} {}{hint}",
+                    if c.ok() { "OK" } else { "FAIL" },
                     c.name,
                     c.detail
                 );
             }
         }
-        return Ok(if checks.iter().all(|c| c.ok) {
+        return Ok(if checks.iter().all(|c| c.ok()) {
             ExitCode::SUCCESS
         } else {
             ExitCode::FAILURE
         });
     }
     init_logging(&cfg.log_level);
-    let client = gpushare_dra::api::client(cfg.kubeconfig.as_deref()).await?;
-    let api = Arc::new(gpushare_dra::api::Api::new(client));
+    let api = Arc::new(gpushare_dra::api::connect(cfg.kubeconfig.as_deref()).await?);
     if cli.remove_slices {
         let n = gpushare_dra::slices::remove_all(&api, &cfg.driver_name, &cfg.node_name)
             .await
@@ -173,6 +217,24 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if cli.print_default_config {
         print!("{}", config::DEFAULT_CONFIG_TEXT);
+        return ExitCode::SUCCESS;
+    }
+    if let Some(dir) = &cli.generate_man {
+        return match write_man_pages(dir) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("gpushare-dra: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Some(shell) = cli.completion {
+        clap_complete::generate(
+            shell,
+            &mut <Cli as clap::CommandFactory>::command(),
+            "gpushare-dra",
+            &mut std::io::stdout(),
+        );
         return ExitCode::SUCCESS;
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()

@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | `gpushare_dra_claims_total` | counter: claims answered | `method` (`NodePrepareResources`, `NodeUnprepareResources`), `outcome` (`ok`, gpushared's error code, `ApiError`, `Unreachable`, `Timeout`, `Replaced`, `NotAllocated`) |
 //! | `gpushare_dra_claim_duration_seconds` | histogram | `method` |
-//! | `gpushare_dra_calls_total` | counter: kubelet calls | `method`, `version` (`v1`, `v1beta1`) |
+//! | `gpushare_dra_calls_total` | counter: kubelet calls (a call without claims, a health probe's, is not counted) | `method`, `version` (`v1`, `v1beta1`) |
 //! | `gpushare_dra_published_slices`, `gpushare_dra_published_devices` | gauge | |
 //! | `gpushare_dra_api_errors_total` | counter | `operation` |
 //! | `gpushare_dra_registered` | gauge: 1 registered, 0 not yet, -1 refused by kubelet | |

@@ -13,16 +13,61 @@ use crate::gpushared::{Gpushared, Identity};
 use crate::grpc::v1;
 use crate::sockets;
 
-/// One check's outcome.
+/// A check's outcome, serialized as `gpushare doctor -o json` writes its own (`ok`, `fail`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Passed.
+    Ok,
+    /// Failed; the check's hint says what to do.
+    Fail,
+}
+
+/// One check's outcome: the shape of `gpushare doctor`'s checks.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Check {
     /// Short name.
     pub name: &'static str,
-    /// Passed.
-    pub ok: bool,
+    /// Passed or failed.
+    pub status: Status,
     /// What was found, or what is wrong.
     pub detail: String,
+    /// How to fix it; empty (and left out of the JSON) when it passed.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub hint: String,
 }
+
+impl Check {
+    fn pass(name: &'static str, detail: String) -> Check {
+        Check {
+            name,
+            status: Status::Ok,
+            detail,
+            hint: String::new(),
+        }
+    }
+
+    fn fail(name: &'static str, detail: String, hint: &str) -> Check {
+        Check {
+            name,
+            status: Status::Fail,
+            detail,
+            hint: hint.to_string(),
+        }
+    }
+
+    /// Whether it passed.
+    pub fn ok(&self) -> bool {
+        self.status == Status::Ok
+    }
+}
+
+/// What to do when the plugin's sockets do not answer as expected.
+const SOCKET_HINT: &str = "systemctl status gpushare-dra; journalctl -u gpushare-dra (a plugin started by hand: give the probe its --plugins-dir and --registry-dir)";
+/// What to do when gpushared does not answer.
+const GPUSHARED_HINT: &str = "systemctl status gpushared; journalctl -u gpushared (a gpushared started by hand: give the probe its --gpushared-socket)";
+/// What to do when the names disagree.
+const NAMES_HINT: &str = "make node_name / driver_name in /etc/gpushare/dra.toml and gpushared's [node] name / drivers agree, then restart both";
 
 /// Runs the checks for the plugin configured by `cfg`.
 pub async fn probe(cfg: &Config) -> Vec<Check> {
@@ -31,22 +76,22 @@ pub async fn probe(cfg: &Config) -> Vec<Check> {
     let dra = cfg.dra_socket();
     let mut out = Vec::new();
     out.push(match sockets::get_info(&reg, t).await {
-        Ok(i) if i.name == cfg.driver_name && i.endpoint == dra.display().to_string() => Check {
-            name: "registration",
-            ok: true,
-            detail: format!(
-                "{} answers GetInfo: {} {} at {} ({})",
-                reg.display(),
-                i.r#type,
-                i.name,
-                i.endpoint,
-                i.supported_versions.join(", ")
-            ),
-        },
-        Ok(i) => Check {
-            name: "registration",
-            ok: false,
-            detail: format!(
+        Ok(i) if i.name == cfg.driver_name && i.endpoint == dra.display().to_string() => {
+            Check::pass(
+                "registration",
+                format!(
+                    "{} answers GetInfo: {} {} at {} ({})",
+                    reg.display(),
+                    i.r#type,
+                    i.name,
+                    i.endpoint,
+                    i.supported_versions.join(", ")
+                ),
+            )
+        }
+        Ok(i) => Check::fail(
+            "registration",
+            format!(
                 "{} answers for driver {:?} at {}, expected {:?} at {}",
                 reg.display(),
                 i.name,
@@ -54,12 +99,13 @@ pub async fn probe(cfg: &Config) -> Vec<Check> {
                 cfg.driver_name,
                 dra.display()
             ),
-        },
-        Err(e) => Check {
-            name: "registration",
-            ok: false,
-            detail: format!("{}: {e} (is gpushare-dra running?)", reg.display()),
-        },
+            SOCKET_HINT,
+        ),
+        Err(e) => Check::fail(
+            "registration",
+            format!("{}: {e} (is gpushare-dra running?)", reg.display()),
+            SOCKET_HINT,
+        ),
     });
     let dra_check = async {
         let ch = sockets::channel(&dra, t).await?;
@@ -70,39 +116,25 @@ pub async fn probe(cfg: &Config) -> Vec<Check> {
         Ok::<_, String>(())
     };
     out.push(match dra_check.await {
-        Ok(()) => Check {
-            name: "dra-socket",
-            ok: true,
-            detail: format!("{} answers NodePrepareResources (v1)", dra.display()),
-        },
-        Err(e) => Check {
-            name: "dra-socket",
-            ok: false,
-            detail: format!("{}: {e}", dra.display()),
-        },
+        Ok(()) => Check::pass(
+            "dra-socket",
+            format!("{} answers NodePrepareResources (v1)", dra.display()),
+        ),
+        Err(e) => Check::fail("dra-socket", format!("{}: {e}", dra.display()), SOCKET_HINT),
     });
     let g = Gpushared::new(&cfg.gpushared_socket, t);
     out.push(match g.health().await {
         Ok(h) => match Identity::of_health(&h).check(&cfg.node_name, &cfg.driver_name) {
-            Ok(()) => Check {
-                name: "names",
-                ok: true,
-                detail: format!(
+            Ok(()) => Check::pass(
+                "names",
+                format!(
                     "node {:?} and driver {:?} agree with gpushared",
                     cfg.node_name, cfg.driver_name
                 ),
-            },
-            Err(line) => Check {
-                name: "names",
-                ok: false,
-                detail: line,
-            },
+            ),
+            Err(line) => Check::fail("names", line, NAMES_HINT),
         },
-        Err(e) => Check {
-            name: "names",
-            ok: false,
-            detail: e.to_string(),
-        },
+        Err(e) => Check::fail("names", e.to_string(), GPUSHARED_HINT),
     });
     out
 }

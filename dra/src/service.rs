@@ -34,8 +34,13 @@ macro_rules! dra_version {
                 &self,
                 request: Request<$m::NodePrepareResourcesRequest>,
             ) -> Result<Response<$m::NodePrepareResourcesResponse>, Status> {
-                self.metrics.call(PREPARE, $name);
-                let claims = request.into_inner().claims.into_iter().map(|c| ClaimRef {
+                let claims = request.into_inner().claims;
+                // A call without claims is a health probe's (`gpushare-dra probe`,
+                // NVIDIA's): kubelet never sends one, so it is not counted as its traffic.
+                if !claims.is_empty() {
+                    self.metrics.call(PREPARE, $name);
+                }
+                let claims = claims.into_iter().map(|c| ClaimRef {
                     namespace: c.namespace,
                     uid: c.uid,
                     name: c.name,

@@ -948,7 +948,14 @@ async fn probe_which_gpushare_doctor_runs_sees_the_plugin_and_name_mismatches() 
     let (ok, v) = probe(NODE);
     assert!(!ok, "nothing runs yet: {v}");
     assert_eq!(v[0]["name"], "registration");
-    assert_eq!(v[0]["ok"], false);
+    // The same shape as `gpushare doctor -o json`'s checks: a status, and a hint on failure.
+    assert_eq!(v[0]["status"], "fail", "{v}");
+    assert!(
+        v[0]["hint"]
+            .as_str()
+            .is_some_and(|h| h.contains("systemctl status gpushare-dra")),
+        "{v}"
+    );
     let plugin = Plugin::start(&dirs, &d.socket, &[]);
     assert!(wait_until(Duration::from_secs(10), || dirs
         .reg_socket()
@@ -1100,6 +1107,26 @@ async fn exec_credentials_metrics_healthz_and_device_health() {
     assert!(wait_until(Duration::from_secs(10), || !api
         .slices()
         .is_empty()));
+    // `gpushare doctor`'s probe calls NodePrepareResources with no claim: not kubelet's
+    // traffic, so not counted in gpushare_dra_calls_total.
+    let probe = std::process::Command::new(bin("gpushare-dra"))
+        .args([
+            "--config",
+            "/dev/null",
+            "--node-name",
+            NODE,
+            "probe",
+            "--json",
+        ])
+        .arg("--gpushared-socket")
+        .arg(&d.socket)
+        .arg("--plugins-dir")
+        .arg(&dirs.plugins)
+        .arg("--registry-dir")
+        .arg(&dirs.registry)
+        .output()
+        .unwrap();
+    assert!(probe.status.success(), "{probe:?}");
 
     let (code, body) = tokio::task::spawn_blocking({
         let addr = addr.clone();

@@ -24,8 +24,13 @@ fn deployments() -> PathBuf {
 
 /// Every YAML document of every manifest: (file, document).
 pub fn documents() -> Vec<(String, Value)> {
+    documents_in(&deployments())
+}
+
+/// Every YAML document of every `.yaml` file directly in `dir`: (file, document).
+fn documents_in(dir: &Path) -> Vec<(String, Value)> {
     let mut out = Vec::new();
-    let mut files: Vec<PathBuf> = std::fs::read_dir(deployments())
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .flatten()
         .map(|e| e.path())
@@ -283,4 +288,113 @@ fn the_image_builds_from_the_debug_binary_and_runs() {
         stdout.contains("Usage: gpushare-dra") && stdout.contains("--remove-slices"),
         "{stdout}"
     );
+}
+
+/// The example workloads (`deployments/examples/`): they round-trip through the k8s-openapi
+/// types, every pod names a claim or template of its file, and every claim, allocated as the
+/// scheduler would allocate it, is accepted by gpushared's claim parser with the sharing the
+/// file's comment promises.
+#[test]
+fn the_examples_round_trip_and_gpushared_accepts_their_claims() {
+    use gpushare::config::{parse_claim, ParseContext};
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
+    let docs = documents_in(&deployments().join("examples"));
+    assert!(docs.len() >= 4, "{docs:?}");
+    let ctx = ParseContext {
+        node_name: "ip-10-0-1-23.us-west-2.compute.internal".into(),
+        drivers: vec!["gpu.nvidia.com".into()],
+    };
+    let mut strategies = Vec::new();
+    for (file, doc) in &docs {
+        let claim_spec = match doc["kind"].as_str().unwrap() {
+            "Namespace" => {
+                round_trip::<Namespace>(file, doc);
+                continue;
+            }
+            "Pod" => {
+                round_trip::<Pod>(file, doc);
+                pod_claims_exist(file, &docs, &doc["spec"]);
+                continue;
+            }
+            "Deployment" => {
+                round_trip::<Deployment>(file, doc);
+                pod_claims_exist(file, &docs, &doc["spec"]["template"]["spec"]);
+                continue;
+            }
+            "ResourceClaim" => {
+                round_trip::<ResourceClaim>(file, doc);
+                doc["spec"].clone()
+            }
+            "ResourceClaimTemplate" => {
+                round_trip::<ResourceClaimTemplate>(file, doc);
+                doc["spec"]["spec"].clone()
+            }
+            other => panic!("{file}: no typed check for kind {other}"),
+        };
+        // As the API server returns it after the scheduler allocated gpu-0.
+        let results: Vec<Value> = claim_spec["devices"]["requests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                json!({"request": r["name"], "driver": "gpu.nvidia.com",
+                "pool": ctx.node_name, "device": "gpu-0"})
+            })
+            .collect();
+        let config: Vec<Value> = claim_spec["devices"]["config"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|mut c| {
+                c["source"] = json!("FromClaim");
+                c
+            })
+            .collect();
+        let claim = json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": doc["metadata"]["name"], "namespace": doc["metadata"]["namespace"],
+                "uid": "0e6f7a7c-1d2b-4c3a-9f8e-7d6c5b4a3921"},
+            "spec": claim_spec,
+            "status": {"allocation": {"devices": {"results": results, "config": config}}},
+        });
+        let parsed = parse_claim(&claim, &ctx).unwrap_or_else(|e| panic!("{file}: {e:?}"));
+        strategies.push(format!("{file}: {parsed:?}"));
+    }
+    let all = strategies.join("\n");
+    assert!(
+        all.contains("mps-shared-claim.yaml") && all.contains("50"),
+        "{all}"
+    );
+    assert!(
+        all.contains("gpu-per-pod-template.yaml") && all.contains("Long"),
+        "{all}"
+    );
+}
+
+/// Each claim a pod spec names exists in the same file, as a claim or a template.
+fn pod_claims_exist(file: &str, docs: &[(String, Value)], pod: &Value) {
+    for rc in pod["resourceClaims"].as_array().unwrap() {
+        let (kind, name) = match (
+            rc["resourceClaimName"].as_str(),
+            rc["resourceClaimTemplateName"].as_str(),
+        ) {
+            (Some(n), None) => ("ResourceClaim", n),
+            (None, Some(n)) => ("ResourceClaimTemplate", n),
+            _ => panic!("{file}: {rc}"),
+        };
+        assert!(
+            docs.iter()
+                .any(|(f, d)| f == file && d["kind"] == kind && d["metadata"]["name"] == name),
+            "{file}: {kind} {name} is not in the file"
+        );
+        let used = pod["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["resources"]["claims"][0]["name"] == rc["name"]);
+        assert!(used, "{file}: no container uses claim {}", rc["name"]);
+    }
 }

@@ -501,7 +501,8 @@ else
     CTYPES=$("$PY" -c 'import _ctypes; print(_ctypes.__file__)')
     put() { mkdir -p "$ROOT$(dirname "$1")" && cp -L "$1" "$ROOT$1"; }
     put "$PYBIN"
-    for lib in $(ldd "$PYBIN" "$CTYPES" 2>/dev/null | grep -o '/[^ ]*' | sort -u); do put "$lib"; done
+    # Given two files, ldd heads each one's list with a "<file>:" line: not a library.
+    for lib in $(ldd "$PYBIN" "$CTYPES" 2>/dev/null | grep -v ':$' | grep -o '/[^ ]*' | sort -u); do put "$lib"; done
     IDS=$(json '",".join(d["requests"][0]["cdi_device_ids"])' <"$WORK/gsck-ctr.info")
     MINOR=$(json 'd["groups"][0]["devices"][0]["minor"]' <"$WORK/gsck-ctr.info")
     cat >"$CTR/client.py" <<'EOF'

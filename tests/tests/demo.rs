@@ -34,6 +34,13 @@ fn demo_completes_as_root_and_refuses_in_one_line_otherwise() {
             "missing {expected:?} in:\n{stdout}"
         );
     }
+    // One spelling of each path and one vocabulary: specs as gpushared reports them (the
+    // resolved /run/cdi, not /var/run/cdi beside it), GPUs' sharing as claims' strategies.
+    assert!(!stdout.contains("/var/run/cdi/"), "{stdout}");
+    for word in [" Mps ", " Mig "] {
+        assert!(!stdout.contains(word), "{word:?} in:\n{stdout}");
+    }
+    assert!(stdout.contains(" MPS "), "{stdout}");
     if which("podman").is_some() || which("runc").is_some() {
         assert!(
             stdout.contains("get_default_active_thread_percentage -> 50.0"),

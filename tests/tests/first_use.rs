@@ -404,16 +404,17 @@ fn doctor_checks_a_hand_run_daemon_on_its_own_directories() {
             })
             .collect::<std::collections::BTreeMap<_, _>>()
     };
-    // Without the directories: the daemon is found on other ones, and said so.
+    // Without the directories: doctor reads them from the daemon's command line, says so,
+    // and what the daemon uses passes.
     let checks = doctor(false);
-    assert_eq!(checks["paths"].0, "fail", "{checks:?}");
+    assert_eq!(checks["paths"].0, "ok", "{checks:?}");
     assert!(
         checks["paths"]
             .1
-            .contains("no gpushared runs on state directory /var/lib/gpushare")
-            || checks["paths"].1.contains("/var/lib/gpushare"),
+            .contains("directories from gpushared's command line (pid "),
         "{checks:?}"
     );
+    assert_eq!(checks["checkpoint"].0, "ok", "{checks:?}");
     // With them: what the daemon uses passes, the emulator included (simulated GPUs).
     let checks = doctor(true);
     for name in [
@@ -434,5 +435,60 @@ fn doctor_checks_a_hand_run_daemon_on_its_own_directories() {
         .call(Method::Unprepare, Some(&UidParams { uid }))
         .unwrap();
     assert!(r.released);
+    stop(p, daemon);
+}
+
+#[test]
+fn unprepare_all_releases_every_claim_with_one_line_each() {
+    let Some(cases) = setup() else {
+        return;
+    };
+    let base = tmp_base("gsu-");
+    let p = base.path();
+    let (run, state, cdi) = (p.join("run"), p.join("state"), p.join("cdi"));
+    let daemon = serve(p, gpushared(p, &run, &state, &cdi));
+    let gpushare = |args: &[&str]| {
+        Command::new(bin("gpushare"))
+            .arg("--socket")
+            .arg(p.join("s.sock"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let mut uids = Vec::new();
+    for (file, tag) in [
+        ("seed-mps.yaml", "all-a"),
+        ("seed-timeslicing.yaml", "all-b"),
+    ] {
+        let uid = unique_uid(tag);
+        let claim = with_uid(&load_claim(&cases.join("claims").join(file)), &uid);
+        let _: gpushare_proto::PrepareResult = client(p)
+            .call(Method::Prepare, Some(&PrepareParams { claim }))
+            .unwrap();
+        uids.push(uid);
+    }
+    // A UID and --all together, or neither, are refused before anything is asked.
+    let out = gpushare(&["unprepare", "--all", &uids[0]]);
+    assert!(!out.status.success(), "{out:?}");
+    let out = gpushare(&["unprepare"]);
+    assert!(!out.status.success(), "{out:?}");
+
+    let out = gpushare(&["unprepare", "--all"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut lines: Vec<&str> = stdout.lines().collect();
+    lines.sort_unstable();
+    let mut expected: Vec<String> = uids.iter().map(|u| format!("claim {u} released")).collect();
+    expected.sort();
+    assert_eq!(lines, expected, "{stdout}");
+    let left: Vec<ClaimInfo> = client(p).call(Method::ListClaims, None::<&()>).unwrap();
+    assert!(left.is_empty(), "{left:?}");
+    // Nothing left: one line saying so, success (idempotent).
+    let out = gpushare(&["unprepare", "--all"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "no claim is prepared; nothing to do\n"
+    );
     stop(p, daemon);
 }

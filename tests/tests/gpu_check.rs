@@ -89,4 +89,6 @@ fn the_daemon_part_passes_on_a_simulated_node_and_leaves_nothing() {
         );
     }
     assert!(!stdout.contains("FAILED"), "{stdout}");
+    // A passing run prints nothing alarming (ldd's "<file>:" headers once went to cp).
+    assert!(!stderr.contains("cannot stat"), "{stderr}");
 }

@@ -60,7 +60,7 @@ fn mig_cli_lists_plans_applies_and_refuses_claimed_gpus() {
     assert!(
         String::from_utf8_lossy(&gpus.stdout)
             .lines()
-            .any(|l| l.contains("gpu-2") && l.contains("on (1 device)") && l.contains("Mig")),
+            .any(|l| l.contains("gpu-2") && l.contains("on (1 device)") && l.contains(" MIG ")),
         "{}",
         text(&gpus)
     );

@@ -94,6 +94,8 @@ fn expected_files() -> Vec<(&'static str, u32, bool)> {
         ("/usr/share/man/man8/gpushared.8.gz", 0o644, false),
         ("/usr/share/man/man8/gpushare-cdi-hook.8.gz", 0o644, false),
         ("/usr/share/man/man8/gpushare-runtime.8.gz", 0o644, false),
+        ("/usr/share/man/man8/gpushare-dra.8.gz", 0o644, false),
+        ("/usr/share/man/man8/gpushare-dra-probe.8.gz", 0o644, false),
         ("/usr/share/man/man1/gpushare.1.gz", 0o644, false),
         ("/usr/share/man/man1/gpushare-doctor.1.gz", 0o644, false),
         ("/usr/share/man/man1/gpushare-prepare.1.gz", 0o644, false),
@@ -108,8 +110,29 @@ fn expected_files() -> Vec<(&'static str, u32, bool)> {
             0o644,
             false,
         ),
+        (
+            "/usr/share/bash-completion/completions/gpushare-dra",
+            0o644,
+            false,
+        ),
+        ("/usr/share/zsh/site-functions/_gpushare-dra", 0o644, false),
+        (
+            "/usr/share/fish/vendor_completions.d/gpushare-dra.fish",
+            0o644,
+            false,
+        ),
         ("/usr/share/licenses/gpushare/LICENSE", 0o644, false),
         ("/usr/share/doc/gpushare/README.md", 0o644, false),
+        (
+            "/usr/share/doc/gpushare/deployments/deviceclasses.yaml",
+            0o644,
+            false,
+        ),
+        (
+            "/usr/share/doc/gpushare/deployments/examples/mps-shared-claim.yaml",
+            0o644,
+            false,
+        ),
     ];
     v.sort();
     v

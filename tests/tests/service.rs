@@ -508,8 +508,9 @@ fn doctor_on_this_machine_fails_with_hints_and_passes_gpu_checks_simulated() {
     std::fs::write(
         &cfg,
         format!(
-            "[paths]\nstate_dir = \"{}\"\ncdi_dir = \"{}\"\n",
+            "[paths]\nstate_dir = \"{}\"\nrun_dir = \"{}\"\ncdi_dir = \"{}\"\n",
             d.dir.path().join("state").display(),
+            d.dir.path().join("run").display(),
             d.dir.path().join("cdi").display()
         ),
     )
@@ -528,6 +529,7 @@ fn doctor_on_this_machine_fails_with_hints_and_passes_gpu_checks_simulated() {
         "config",
         "nvml",
         "socket",
+        "paths",
         "checkpoint",
         "compute-mode",
         "cdi-specs",
@@ -535,7 +537,7 @@ fn doctor_on_this_machine_fails_with_hints_and_passes_gpu_checks_simulated() {
         assert!(line(&out, check).starts_with("OK"), "{check}:\n{out}");
     }
     assert!(
-        line(&out, "compute-mode").contains("1 GPUs shared with MPS"),
+        line(&out, "compute-mode").contains("1 GPU shared with MPS"),
         "{out}"
     );
     assert!(line(&out, "checkpoint").contains("1 claims"), "{out}");

@@ -256,7 +256,7 @@ pub fn refuse_held(plans: &[GpuPlan]) -> Result<(), LayoutError> {
         return Ok(());
     }
     Err(LayoutError::Refused(format!(
-        "{}; release them before changing its MIG layout",
+        "{}; release those claims before changing the MIG layout",
         held.join("; ")
     )))
 }

@@ -222,6 +222,11 @@ fn plans_change_only_what_differs_and_refuse_claimed_gpus() {
         e.to_string().contains("gpu-2") && e.to_string().contains("c1"),
         "{e}"
     );
+    assert!(
+        e.to_string()
+            .ends_with("release those claims before changing the MIG layout"),
+        "{e}"
+    );
     assert!(layout::refuse_held(&plan[..2]).is_ok());
     // Unchanged, a held GPU is not marked.
     let plan = layout::plan(&cfg, "mixed", &now).unwrap();
