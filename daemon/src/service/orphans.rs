@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 use gpushare_proto::StrategyInfo;
 
 use super::reconcile::*;
-use super::Service;
+use super::{persisted, Service};
+
+/// A process and the pipe directory its environment names.
+type Named = (i32, PathBuf);
 use crate::fsutil;
 use crate::strategy::mps::MpsDirs;
 
@@ -156,12 +159,20 @@ impl Service {
     pub(super) fn kill_stray_mps_processes(&self, claims_dir: &Path, owned_groups: &[PathBuf]) {
         const ROUNDS: usize = 20;
         for round in 0..ROUNDS {
-            let strays: Vec<(i32, PathBuf)> = self
+            let (strays, foreign): (Vec<Named>, Vec<Named>) = self
                 .processes
                 .with_env_under("CUDA_MPS_PIPE_DIRECTORY", claims_dir)
                 .into_iter()
                 .filter(|(_, pipe)| !owned_groups.iter().any(|g| pipe.starts_with(g)))
-                .collect();
+                .partition(|(_, pipe)| persisted::is_our_mps_pipe(claims_dir, pipe));
+            // The path is another process's word (any root process, a pod, can set it): one
+            // that is not exactly a group directory of ours names nothing gpushare made, so
+            // nothing is signalled or removed because of it.
+            if round == 0 {
+                for (pid, pipe) in &foreign {
+                    tracing::warn!(pid, pipe = %pipe.display(), "a process names a pipe directory under the claims directory that no MPS group of gpushare has; left alone");
+                }
+            }
             if strays.is_empty() {
                 return;
             }

@@ -633,7 +633,17 @@ impl MpsControl {
         }
     }
 
+    /// The daemon holding `dirs`' pipe directory. A group directory or pipe directory that is
+    /// a symbolic link is none of ours (gpushare makes real directories): whatever holds the
+    /// lock at the link's target is another group's daemon, never this one's, so none is named
+    /// and nothing is signalled through it.
     fn holder(&self, dirs: &MpsDirs) -> io::Result<Option<i32>> {
+        let linked =
+            |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink());
+        if linked(&dirs.root) || linked(&dirs.pipe) {
+            tracing::warn!(pipe = %dirs.pipe.display(), "an MPS group or pipe directory is a symbolic link; no daemon of ours is there");
+            return Ok(None);
+        }
         self.ops
             .processes
             .lock_holder(&dirs.pipe.join("control_lock"))

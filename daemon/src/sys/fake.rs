@@ -239,9 +239,13 @@ impl Processes for FakeHost {
         if st.fail_proc {
             return Err(io::Error::from_raw_os_error(libc::EMFILE));
         }
-        Ok(path
+        // The kernel follows links on the way to the lock file, so a link to another pipe
+        // directory names that directory's daemon here too.
+        let pipe = path
             .parent()
-            .and_then(|pipe| st.daemons.get(pipe))
+            .map(|p| std::fs::canonicalize(p).unwrap_or(p.to_path_buf()));
+        Ok(pipe
+            .and_then(|pipe| st.daemons.get(&pipe))
             .filter(|d| d.alive)
             .map(|d| d.pid))
     }

@@ -733,3 +733,76 @@ fn a_registry_held_by_a_stuck_change_stops_the_watchdog_pings() {
     ));
     drop(dir);
 }
+
+/// A process outside gpushare (any root process, a pod's) whose environment names a pipe
+/// directory under the claims directory that is not one of a claim's MPS groups.
+fn plant_process(f: &Fixture, pipe: &Path) -> i32 {
+    let mut st = f.host.state();
+    st.next_pid += 1;
+    let pid = 90_000 + st.next_pid;
+    let env = BTreeMap::from([(
+        "CUDA_MPS_PIPE_DIRECTORY".to_string(),
+        pipe.display().to_string(),
+    )]);
+    st.daemons.insert(
+        pipe.to_path_buf(),
+        crate::sys::fake::FakeDaemon::new(pid, env),
+    );
+    pid
+}
+
+#[test]
+fn a_pipe_path_from_another_process_s_environment_never_leads_a_removal_or_a_kill() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("kept", &["gpu-1"], Some(mps(50))))
+        .unwrap();
+    let claims = f.cfg.run_dir.join("claims");
+    let victim = f.cfg.run_dir.parent().unwrap().join("victim");
+    std::fs::create_dir_all(victim.join("sub")).unwrap();
+    std::fs::write(victim.join("sub/precious"), b"x").unwrap();
+    let rel = Path::new("..").join(
+        victim
+            .strip_prefix(f.cfg.run_dir.parent().unwrap())
+            .unwrap(),
+    );
+    let climbing = plant_process(&f, &claims.join("..").join(&rel).join("sub/pipe"));
+    let shallow = plant_process(&f, &claims.join("not-a-claim"));
+    let again = restart(&f, fresh_backend());
+    assert!(
+        victim.join("sub/precious").exists(),
+        "nothing outside removed"
+    );
+    assert!(claims.join("kept").is_dir(), "the claims directory kept");
+    let c = again.get_claim("kept").unwrap();
+    assert_eq!(c.state, ClaimState::Prepared);
+    let killed = f.host.state().killed.clone();
+    assert!(
+        !killed.contains(&climbing) && !killed.contains(&shallow),
+        "a process that is not an MPS group's of ours is not signalled: {killed:?}"
+    );
+}
+
+#[test]
+fn a_linked_pipe_directory_in_an_orphan_group_never_stops_a_live_claim_s_daemon() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("live", &["gpu-1"], Some(mps(50))))
+        .unwrap();
+    let pid = mps_of(&f.service.get_claim("live").unwrap()).control_daemon_pid;
+    let live_pipe = mps_of(&f.service.get_claim("live").unwrap()).pipe_dir;
+    let orphan = f.cfg.run_dir.join("claims/orphan-x/mps-abcde");
+    std::fs::create_dir_all(&orphan).unwrap();
+    std::os::unix::fs::symlink(&live_pipe, orphan.join("pipe")).unwrap();
+    let again = restart(&f, fresh_backend());
+    let c = again.get_claim("live").unwrap();
+    assert_eq!(c.state, ClaimState::Prepared, "{:?}", c.last_error);
+    assert_eq!(mps_of(&c).control_daemon_pid, pid, "the live daemon kept");
+    assert_eq!(c.restarts, 0);
+    assert!(!f.host.state().killed.contains(&pid));
+    assert!(Path::new(&live_pipe).is_dir(), "the link's target kept");
+    assert!(
+        !orphan.exists(),
+        "the orphan group removed, the link with it"
+    );
+}
