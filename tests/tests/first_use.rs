@@ -33,6 +33,11 @@ fn fails_in_one_line(out: &Output, needles: &[&str]) -> String {
 /// `gpushared` on `--socket <base>/s.sock` with the given `--run-dir`, `--state-dir` and
 /// `--cdi-dir`, a simulated p4d.24xlarge and the emulator; its log goes to `<base>/log`.
 fn gpushared(base: &Path, run: &Path, state: &Path, cdi: &Path) -> Command {
+    gpushared_with(base, run, state, cdi, &bin("gpushare-mps-control"))
+}
+
+/// As [`gpushared`], with `mps` as the MPS control program.
+fn gpushared_with(base: &Path, run: &Path, state: &Path, cdi: &Path, mps: &Path) -> Command {
     let config = base.join("config.toml");
     fs::write(&config, "[metrics]\nenabled = false\n").unwrap();
     let mut cmd = Command::new(bin("gpushared"));
@@ -55,7 +60,7 @@ fn gpushared(base: &Path, run: &Path, state: &Path, cdi: &Path) -> Command {
         .arg("--cdi-dir")
         .arg(cdi)
         .arg("--mps-control")
-        .arg(bin("gpushare-mps-control"))
+        .arg(mps)
         .stdin(Stdio::null());
     cmd
 }
@@ -491,4 +496,81 @@ fn unprepare_all_releases_every_claim_with_one_line_each() {
         "no claim is prepared; nothing to do\n"
     );
     stop(p, daemon);
+}
+
+/// Children of `pid` that have exited and are not reaped (`Z` in `/proc/<child>/stat`).
+fn zombie_children(pid: u32) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let Some((_, rest)) = stat.rsplit_once(") ") else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.first() == Some(&"Z") && fields.get(1) == Some(&pid.to_string().as_str()) {
+            out.push(stat.trim().to_string());
+        }
+    }
+    out
+}
+
+#[test]
+fn an_mps_daemon_started_again_while_gpushared_starts_leaves_no_zombie() {
+    let Some(cases) = setup() else {
+        return;
+    };
+    // NVIDIA's program: its `-d` leaves an intermediate process that exits while the start
+    // waits for the daemon, and becomes gpushared's child (a child subreaper).
+    let Some((_, nvidia)) = mps_programs().into_iter().find(|(k, _)| *k == "nvidia") else {
+        return;
+    };
+    let base = tmp_base("gsz-");
+    let p = base.path();
+    let start = || {
+        serve(
+            p,
+            gpushared_with(p, &p.join("run"), &p.join("state"), &p.join("cdi"), &nvidia),
+        )
+    };
+    let daemon = start();
+    let uid = unique_uid("zombie");
+    let claim = with_uid(&load_claim(&cases.join("claims/seed-mps.yaml")), &uid);
+    let _: gpushare_proto::PrepareResult = client(p)
+        .call(Method::Prepare, Some(&PrepareParams { claim }))
+        .unwrap();
+    let get = || -> ClaimInfo {
+        client(p)
+            .call(Method::GetClaim, Some(&UidParams { uid: uid.clone() }))
+            .unwrap()
+    };
+    let old = mps_pid(&get());
+    let (status, log) = stop(p, daemon);
+    assert!(status.success(), "{log}");
+    // The claim's MPS control daemon dies while gpushared is away: the start restarts it.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(old),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(wait_until(Duration::from_secs(10), || {
+        !gpushare::sys::pid_alive(old)
+    }));
+    let daemon = start();
+    let c = get();
+    assert_ne!(mps_pid(&c), old, "started again");
+    let gone = wait_until(Duration::from_secs(5), || {
+        zombie_children(daemon.id()).is_empty()
+    });
+    assert!(
+        gone,
+        "children of gpushared left unreaped: {:?}",
+        zombie_children(daemon.id())
+    );
+    let _: gpushare_proto::UnprepareResult = client(p)
+        .call(Method::Unprepare, Some(&UidParams { uid: uid.clone() }))
+        .unwrap();
+    let (status, log) = stop(p, daemon);
+    assert!(status.success(), "{log}");
 }

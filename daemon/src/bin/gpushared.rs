@@ -642,6 +642,10 @@ async fn run(
     let boot_id = std::fs::read_to_string(&boot_id_file)
         .map(|s| s.trim().to_string())
         .with_context(|| format!("reading the boot ID from {}", boot_id_file.display()))?;
+    // Before the reconcile: the `-d` parents of MPS control daemons it starts again exit
+    // meanwhile and become our children (a child subreaper); their SIGCHLD, had it come
+    // before this stream existed, would be lost and they would stay zombies.
+    let mut sigchld = signal(SignalKind::child())?;
     // Reconciles the host with the checkpoint (re-adoption, restarts, rollbacks, orphans)
     // before the socket exists: nobody is served from a half-known state.
     let service = Arc::new(
@@ -712,7 +716,6 @@ async fn run(
 
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigchld = signal(SignalKind::child())?;
     // Boxed, not pinned on the stack, so that dropping it at SIGTERM closes the listener.
     let mut serving = Box::pin(server::serve(listener, Arc::clone(&service), server_cfg));
     let result = loop {
