@@ -229,6 +229,52 @@ fn check_mps_dirs(claim_dir: &Path, m: &gpushare_proto::MpsInfo) -> Result<(), S
     Ok(())
 }
 
+/// The records to refuse because a MIG slice they name is another record's: two records
+/// whose slices on one GPU overlap in placement (or name one MIG UUID) cannot both be true, as
+/// admission never grants a placement twice. `claims` pairs each record with whether it was
+/// rebuilt from a host record alone (the store did not have it). The one kept is the prepared
+/// (or degraded) one over one a crash left half-done, then the one the store has, then the
+/// older (lower generation), then the lower UID;
+/// each refused one comes with why, naming the claim it collides with. Pure: nothing is
+/// released because of a refused record (its release would destroy the other's slice).
+pub(super) fn mig_collisions<'a>(
+    claims: impl IntoIterator<Item = (&'a ClaimInfo, bool)>,
+) -> Vec<(String, String)> {
+    use gpushare_proto::ClaimState;
+    let mut order: Vec<(&ClaimInfo, bool)> = claims.into_iter().collect();
+    order.sort_by_key(|(c, rebuilt)| {
+        let settled = matches!(c.state, ClaimState::Prepared | ClaimState::Degraded);
+        (!settled, *rebuilt, c.generation, c.uid.clone())
+    });
+    let mut held: Vec<(&str, &gpushare_proto::MigInstanceInfo)> = Vec::new();
+    let mut refused = Vec::new();
+    for (c, _) in order {
+        let mine: Vec<&gpushare_proto::MigInstanceInfo> =
+            c.groups.iter().flat_map(|g| &g.mig).collect();
+        let hit = mine.iter().find_map(|m| {
+            held.iter()
+                .find(|(_, h)| {
+                    let overlap = h.gpu_uuid == m.gpu_uuid
+                        && m.placement_start < h.placement_start + h.memory_slices
+                        && h.placement_start < m.placement_start + m.memory_slices;
+                    overlap || (!m.uuid.is_empty() && h.uuid == m.uuid)
+                })
+                .map(|(owner, h)| (m, *owner, *h))
+        });
+        match hit {
+            Some((m, owner, h)) => refused.push((
+                c.uid.clone(),
+                format!(
+                    "its MIG device {} (placement {}:{}) is claim {owner:?}'s {} too; only one claim can hold a slice",
+                    m.device, m.placement_start, m.memory_slices, h.device
+                ),
+            )),
+            None => held.extend(mine.into_iter().map(|m| (c.uid.as_str(), m))),
+        }
+    }
+    refused
+}
+
 /// Whether `pipe` (read from another process's environment, so input) is exactly the pipe
 /// directory of an MPS group this daemon would make: `<claims_dir>/<uid>/mps-<5 hex>/pipe`
 /// with a valid claim UID, no `.` or `..` anywhere below `claims_dir`, and neither the

@@ -159,7 +159,10 @@ impl Service {
     /// is of a claim released since: its release is finished (as `Unpreparing`). Refused and
     /// unreadable records are kept in the quarantine, alone. The flag says whether the
     /// record must be written (it did not come from the store as it is).
-    fn claims_to_reconcile(&self, loaded: &mut Loaded) -> BTreeMap<String, (ClaimInfo, bool)> {
+    fn claims_to_reconcile(
+        &self,
+        loaded: &mut Loaded,
+    ) -> (BTreeMap<String, (ClaimInfo, bool)>, Quarantine) {
         let quarantine = Quarantine::beside(&self.cfg.checkpoint);
         let mut claims = BTreeMap::new();
         let mut reports = Vec::new();
@@ -250,13 +253,26 @@ impl Service {
             }
             claims.insert(uid, (info, true));
         }
+        let collisions =
+            persisted::mig_collisions(claims.values().map(|(c, rebuilt)| (c, *rebuilt)));
+        for (uid, why) in collisions {
+            if let Some((info, from_host)) = claims.remove(&uid) {
+                let path = if from_host {
+                    self.cfg.run_dir.join("claims").join(&uid).join(HOST_RECORD)
+                } else {
+                    self.store.claim_path(&uid)
+                };
+                let bytes = serde_json::to_vec(&info).ok();
+                quarantine.keep("conflicting-claim", &path, &uid, bytes.as_deref(), &why);
+            }
+        }
         self.state().quarantined_records = quarantine.refused();
-        claims
+        (claims, quarantine)
     }
 
     /// The start-up reconcile (see [`Service::with_boot_id`]).
     pub(super) fn reconcile(&self, mut loaded: Loaded, boot_id: String) {
-        let claims = self.claims_to_reconcile(&mut loaded);
+        let (claims, quarantine) = self.claims_to_reconcile(&mut loaded);
         let rebooted =
             !loaded.boot_id.is_empty() && !boot_id.is_empty() && loaded.boot_id != boot_id;
         {
@@ -275,6 +291,10 @@ impl Service {
         }
         {
             let mut st = self.state();
+            // The store's records first: where one rebuilt from a host record alone collides
+            // with one the store has, the store's is the claim and the other is refused.
+            let mut claims: Vec<(String, (ClaimInfo, bool))> = claims.into_iter().collect();
+            claims.sort_by_key(|(_, (_, rebuilt))| *rebuilt);
             for (uid, (mut info, write)) in claims {
                 // Admitted by the same rules as a prepare, so that the rollbacks below release
                 // through the mode words (restoring a GPU's settings when its last holder goes)
@@ -282,6 +302,21 @@ impl Service {
                 let wants = wants_of(&info);
                 if let Err(e) = self.modes.adopt(&uid, &wants) {
                     tracing::error!(claim = %uid, error = %e, "checkpointed claim conflicts with another; not re-adopted");
+                    // Refused like any record that cannot be true: kept and shown.
+                    let path = if write {
+                        self.cfg.run_dir.join("claims").join(&uid).join(HOST_RECORD)
+                    } else {
+                        self.store.claim_path(&uid)
+                    };
+                    let bytes = serde_json::to_vec(&info).ok();
+                    quarantine.keep(
+                        "conflicting-claim",
+                        &path,
+                        &uid,
+                        bytes.as_deref(),
+                        &format!("it conflicts with another claim: {e}"),
+                    );
+                    st.quarantined_records = quarantine.refused();
                     continue;
                 }
                 st.placement.record(&uid, &wants);

@@ -587,3 +587,55 @@ fn after_a_reboot_mig_slices_of_prepared_claims_are_made_again_before_ready() {
     s2.unprepare("plain").unwrap();
     assert!(live(&backend, "gpu-2").is_empty());
 }
+
+/// Writes `owner`'s host record again as claim `copy`'s, in `state`: a record that is not
+/// its own, naming another claim's MIG slice.
+fn copy_host_record(node: &Node, owner: &str, copy: &str, state: &str) {
+    let claims = node.cfg.run_dir.join("claims");
+    let text = std::fs::read_to_string(claims.join(owner).join("claim.json")).unwrap();
+    let text = text
+        .replace(owner, copy)
+        .replace("\"Prepared\"", &format!("{state:?}"));
+    assert!(text.contains(state), "{text}");
+    std::fs::create_dir_all(claims.join(copy)).unwrap();
+    std::fs::write(claims.join(copy).join("claim.json"), text).unwrap();
+}
+
+#[test]
+fn a_record_naming_another_claim_s_mig_slice_is_refused_and_never_releases_it() {
+    let Some(node) = Node::new(&p4d_mig2()) else {
+        return;
+    };
+    let (_b1, s1) = node.start();
+    s1.prepare(&claim("owner", &["gpu-2-mig-3g20gb-9-0"], None))
+        .unwrap();
+    let slice0 = slice(&s1, "owner");
+    drop(s1);
+    for (copy, state) in [
+        ("copy-releasing", "Unpreparing"),
+        ("copy-prepared", "Prepared"),
+    ] {
+        copy_host_record(&node, "owner", copy, state);
+        let (b, s) = node.start();
+        assert!(s.get_claim(copy).is_err(), "{copy}: refused");
+        let c = s.get_claim("owner").unwrap();
+        assert_eq!(c.state, ClaimState::Prepared, "{:?}", c.last_error);
+        assert_eq!(
+            slice(&s, "owner"),
+            slice0,
+            "{copy}: the owner's slice untouched"
+        );
+        assert_eq!(c_slice(&b, "owner", &s), slice0);
+        let shown = s.health().quarantined_records;
+        assert!(
+            shown
+                .iter()
+                .any(|l| l.contains(copy) && l.contains("\"owner\"")),
+            "{copy}: refused and shown naming the other claim: {shown:#?}"
+        );
+        drop(s);
+    }
+    let (b, s) = node.start();
+    s.unprepare("owner").unwrap();
+    assert!(live(&b, "gpu-2").is_empty());
+}

@@ -502,3 +502,44 @@ fn attachments_survive_a_missing_checkpoint() {
     let ids: Vec<&str> = c.attached.iter().map(|a| a.container_id.as_str()).collect();
     assert_eq!(ids, ["c1"], "the running container keeps its slot");
 }
+
+#[test]
+fn a_record_that_conflicts_with_another_claim_is_kept_and_shown_not_dropped() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("on-mps", &["gpu-0"], Some(mps(50))))
+        .unwrap();
+    f.service
+        .prepare(&claim("whole", &["gpu-3"], None))
+        .unwrap();
+    let uuid = |uid: &str| {
+        f.service.get_claim(uid).unwrap().groups[0].devices[0]
+            .uuid
+            .clone()
+    };
+    let (u0, u3) = (uuid("on-mps"), uuid("whole"));
+    // The exclusive claim's record, copied as another claim's and moved onto gpu-0.
+    let text = std::fs::read_to_string(host_record(&f, "whole"))
+        .unwrap()
+        .replace("whole", "evil")
+        .replace(&u3, &u0)
+        .replace("gpu-3", "gpu-0")
+        .replace("\"minor\":3", "\"minor\":0");
+    let dir = f.cfg.run_dir.join("claims/evil");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("claim.json"), text).unwrap();
+    let again = restart(&f, fresh_backend());
+    assert!(again.get_claim("evil").is_err(), "not re-adopted");
+    assert_eq!(
+        again.get_claim("on-mps").unwrap().state,
+        ClaimState::Prepared
+    );
+    let shown = again.health().quarantined_records;
+    assert!(
+        shown
+            .iter()
+            .any(|l| l.contains("\"evil\"") && l.contains("conflicts with another claim")),
+        "{shown:#?}"
+    );
+    assert!(quarantined(&f).iter().any(|r| r.contains("evil")));
+}
