@@ -96,8 +96,8 @@ impl SimulatedBackend {
         let settings = self.settings.get_mut().unwrap_or_else(|p| p.into_inner());
         state::load(&path, &self.profile, &self.node, settings)?;
         for uuid in state::take_reset_switch(&self.dev_root, &self.gpus)? {
-            if let Some(s) = settings.get_mut(&uuid).filter(|s| s.model.is_some()) {
-                tracing::warn!(gpu = %uuid, instances = s.instances.len(), "simulated GPU reset while gpushared was away (reset-gpus): its MIG instances are gone");
+            if let Some(s) = settings.get_mut(&uuid) {
+                tracing::warn!(gpu = %uuid, instances = s.instances.len(), "simulated GPU reset while gpushared was away (reset-gpus): compute mode and time-slice are Default, its MIG instances are gone");
                 s.reset();
             }
         }
@@ -215,9 +215,9 @@ impl SimulatedBackend {
             .ok_or_else(|| GpuError::NoSuchGpu(uuid.to_string()))
     }
 
-    /// Changes a GPU's MIG state as hardware would: `f` works on a copy, which replaces the
-    /// GPU's state only once it is kept (written to the state file, when there is one); a
-    /// failed `f` or write changes nothing.
+    /// Changes a GPU's kept state (MIG, compute mode, time-slice) as hardware would: `f`
+    /// works on a copy, which replaces the GPU's state only once it is kept (written to the
+    /// state file, when there is one); a failed `f` or write changes nothing.
     fn change_mig<T>(
         &self,
         uuid: &str,
@@ -240,7 +240,7 @@ impl SimulatedBackend {
                     map.insert(uuid.to_string(), old);
                 }
                 return Err(GpuError::Failed(format!(
-                    "GPU {uuid}: keeping the simulated MIG state in {}: {e}",
+                    "GPU {uuid}: keeping the simulated GPU state in {}: {e}",
                     path.display()
                 )));
             }
@@ -250,8 +250,11 @@ impl SimulatedBackend {
 }
 
 impl Settings {
-    /// A GPU reset: a pending MIG mode takes effect and every MIG instance is gone.
+    /// A GPU reset: compute mode and time-slice are back to Default, a pending MIG mode
+    /// takes effect and every MIG instance is gone.
     fn reset(&mut self) {
+        self.compute_mode = ComputeMode::Default;
+        self.time_slice = TimeSliceInterval::Default;
         self.mig.current = self.mig.pending;
         self.instances.clear();
     }
@@ -454,7 +457,11 @@ impl GpuBackend for SimulatedBackend {
     }
 
     fn set_compute_mode(&self, uuid: &str, mode: ComputeMode) -> Result<(), GpuError> {
-        self.with_settings(uuid, |s| s.compute_mode = mode)
+        // Kept across a restart of gpushared, as the GPU keeps it.
+        self.change_mig(uuid, |s| {
+            s.compute_mode = mode;
+            Ok(())
+        })
     }
 
     fn time_slice(&self, uuid: &str) -> Result<TimeSliceInterval, GpuError> {
@@ -462,7 +469,10 @@ impl GpuBackend for SimulatedBackend {
     }
 
     fn set_time_slice(&self, uuid: &str, interval: TimeSliceInterval) -> Result<(), GpuError> {
-        self.with_settings(uuid, |s| s.time_slice = interval)
+        self.change_mig(uuid, |s| {
+            s.time_slice = interval;
+            Ok(())
+        })
     }
 
     fn mig_mode(&self, uuid: &str) -> Result<MigMode, GpuError> {

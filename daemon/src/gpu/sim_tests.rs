@@ -343,3 +343,29 @@ fn p4d_has_eight_a100_with_device_nodes() {
         .set_compute_mode("GPU-nope", ComputeMode::Default)
         .is_err());
 }
+
+#[test]
+fn compute_mode_and_time_slice_outlive_a_restart_until_a_reset() {
+    if !root() {
+        return;
+    }
+    // g5.48xlarge: GPUs without MIG keep their settings too.
+    let dir = tempfile::tempdir().unwrap();
+    let b = SimulatedBackend::new("g5.48xlarge", "node", dir.path()).unwrap();
+    let (g0, g1) = (uuid(&b, "gpu-0"), uuid(&b, "gpu-1"));
+    b.set_compute_mode(&g0, ComputeMode::ExclusiveProcess)
+        .unwrap();
+    b.set_time_slice(&g1, TimeSliceInterval::Long).unwrap();
+    drop(b);
+    // gpushared starts again: the GPUs kept what was set, as hardware does.
+    let b = SimulatedBackend::new("g5.48xlarge", "node", dir.path()).unwrap();
+    assert_eq!(b.compute_mode(&g0).unwrap(), ComputeMode::ExclusiveProcess);
+    assert_eq!(b.time_slice(&g1).unwrap(), TimeSliceInterval::Long);
+    assert_eq!(b.compute_mode(&g1).unwrap(), ComputeMode::Default);
+    drop(b);
+    // A reset (the switch) restores the defaults of the GPUs it names only.
+    std::fs::write(dir.path().join(state::RESET_SWITCH), "gpu-0\n").unwrap();
+    let b = SimulatedBackend::new("g5.48xlarge", "node", dir.path()).unwrap();
+    assert_eq!(b.compute_mode(&g0).unwrap(), ComputeMode::Default);
+    assert_eq!(b.time_slice(&g1).unwrap(), TimeSliceInterval::Long);
+}

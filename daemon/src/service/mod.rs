@@ -369,14 +369,39 @@ impl Registry for Service {
     }
 }
 
-/// Makes every held GPU show the settings its holders asked for: after a restart the
-/// checkpoint is the truth, and a GPU reset or another tool may have changed them meanwhile.
-/// Idempotent; GPUs nobody holds are left alone.
+/// Makes every GPU show the settings its holders asked for: after a restart the records are
+/// the truth, and a GPU reset or another tool may have changed them meanwhile. A setting no
+/// holder asked for (a time-slice interval on a GPU no time-sliced claim holds, compute mode
+/// EXCLUSIVE_PROCESS without an MPS claim) is put back to Default, as the last holder's
+/// release would have: a gpushared killed between changing a GPU and recording its claim, or
+/// between a release and the restore, leaves one behind. Only what reads back otherwise is
+/// changed (no call for GPUs already right); where `[gpus] manage_*` leaves a setting to the
+/// administrators the change is skipped (logged) as always. Idempotent.
 fn reapply_gpu_settings(backend: &dyn GpuBackend, placement: &Placement) {
+    use gpushare_proto::{ComputeMode, TimeSliceInterval};
     for gpu in backend.gpus() {
         let name = gpu.device_name();
-        if let Some(hold) = placement.hold(&gpu.uuid) {
+        let hold = placement.hold(&gpu.uuid);
+        if let Some(hold) = hold {
             hold.strategy().check_again(backend, &gpu.uuid, &name);
+        }
+        let time_sliced = matches!(hold, Some(crate::placement::Hold::TimeSliced { .. }));
+        let mps = matches!(hold, Some(crate::placement::Hold::Mps(_)));
+        if !time_sliced {
+            if let Ok(left) = backend.time_slice(&gpu.uuid) {
+                if left != TimeSliceInterval::Default {
+                    tracing::warn!(gpu = %name, interval = left.as_str(), "time-slice interval that no claim holds (an interrupted prepare or release left it); back to Default");
+                    if let Err(e) = backend.set_time_slice(&gpu.uuid, TimeSliceInterval::Default) {
+                        tracing::error!(gpu = %name, error = %e, "putting the time-slice interval back to Default");
+                    }
+                }
+            }
+        }
+        if !mps && backend.compute_mode(&gpu.uuid).ok() == Some(ComputeMode::ExclusiveProcess) {
+            tracing::warn!(gpu = %name, "compute mode EXCLUSIVE_PROCESS that no MPS claim holds (an interrupted prepare or release left it); back to DEFAULT");
+            if let Err(e) = backend.set_compute_mode(&gpu.uuid, ComputeMode::Default) {
+                tracing::error!(gpu = %name, error = %e, "putting the compute mode back to DEFAULT");
+            }
         }
     }
 }

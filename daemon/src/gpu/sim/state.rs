@@ -1,15 +1,16 @@
 //! What a simulated node's GPUs keep while gpushared is away, as hardware keeps it across a
-//! daemon restart: MIG mode (current and pending), GPU instances with their IDs and
-//! placements, their compute instances with their IDs and MIG UUIDs, and how many MIG UUIDs
-//! each GPU has handed out (a recreated instance always gets a new one). Kept in
+//! daemon restart: every GPU's compute mode and time-slice interval, MIG mode (current and
+//! pending), GPU instances with their IDs and placements, their compute instances with their
+//! IDs and MIG UUIDs, and how many MIG UUIDs each GPU has handed out (a recreated instance
+//! always gets a new one). Kept in
 //! `<sim dev root>/mig-state.json`, the simulated node's own directory, never in gpushared's
 //! state; MIG instances are lost at a reboot on hardware, and the default dev root lies in
 //! the run directory, which a reboot empties too.
 //!
 //! The switch `<sim dev root>/reset-gpus`, read once at the next start and then removed,
 //! resets the GPUs it names (one device name `gpu-<minor>` or GPU UUID a line, or `all`; an
-//! empty file means all) before gpushared sees them: a pending MIG mode takes effect and
-//! every MIG instance on them is gone, as after `nvidia-smi --gpu-reset` or an
+//! empty file means all) before gpushared sees them: compute mode and time-slice are back to
+//! Default, a pending MIG mode takes effect and every MIG instance on them is gone, as after `nvidia-smi --gpu-reset` or an
 //! administrator's `nvidia-smi mig -dci` / `-dgi` while gpushared was away.
 //!
 //! The state file is input: one that does not parse or does not describe a valid MIG layout
@@ -22,6 +23,8 @@ use std::io;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+
+use gpushare_proto::{ComputeMode, TimeSliceInterval};
 
 use super::Settings;
 use crate::gpu::{ComputeInstance, Gpu, MigInstance, MigMode};
@@ -39,7 +42,7 @@ const GI_IDS: u32 = 15;
 /// Compute-instance IDs per GPU instance (0..=7).
 const CI_IDS: u32 = 8;
 
-/// The file: which simulated node it describes, and each MIG-capable GPU's state by UUID.
+/// The file: which simulated node it describes, and each GPU's state by UUID.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct StateFile {
@@ -54,6 +57,12 @@ struct StateFile {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct GpuRecord {
+    /// Absent in files written before it was kept: Default.
+    #[serde(default)]
+    compute_mode: ComputeMode,
+    /// Absent in files written before it was kept: Default.
+    #[serde(default)]
+    time_slice: TimeSliceInterval,
     mig_current: bool,
     mig_pending: bool,
     /// MIG UUIDs handed out so far.
@@ -89,11 +98,10 @@ fn invalid(path: &Path, why: impl std::fmt::Display) -> io::Error {
     )
 }
 
-/// The file's view of `settings` (MIG-capable GPUs only).
+/// The file's view of `settings`.
 pub(super) fn encode(profile: &str, node: &str, settings: &HashMap<String, Settings>) -> Vec<u8> {
     let gpus = settings
         .iter()
-        .filter(|(_, s)| s.model.is_some())
         .map(|(uuid, s)| {
             let mut instances: Vec<InstanceRecord> = s
                 .instances
@@ -113,6 +121,8 @@ pub(super) fn encode(profile: &str, node: &str, settings: &HashMap<String, Setti
             (
                 uuid.clone(),
                 GpuRecord {
+                    compute_mode: s.compute_mode,
+                    time_slice: s.time_slice,
                     mig_current: s.mig.current,
                     mig_pending: s.mig.pending,
                     serial: s.serial,
@@ -159,9 +169,15 @@ pub(super) fn load(
         let s = next
             .get_mut(uuid)
             .ok_or_else(|| invalid(path, format_args!("the node has no GPU {uuid}")))?;
-        let model = s
-            .model
-            .ok_or_else(|| invalid(path, format_args!("GPU {uuid} has no MIG")))?;
+        s.compute_mode = rec.compute_mode;
+        s.time_slice = rec.time_slice;
+        let Some(model) = s.model else {
+            // A GPU without MIG keeps only its compute mode and time-slice.
+            if rec.mig_current || rec.mig_pending || !rec.instances.is_empty() || rec.serial != 0 {
+                return Err(invalid(path, format_args!("GPU {uuid} has no MIG")));
+            }
+            continue;
+        };
         if !rec.mig_current && !rec.instances.is_empty() {
             return Err(invalid(
                 path,

@@ -806,3 +806,33 @@ fn a_linked_pipe_directory_in_an_orphan_group_never_stops_a_live_claim_s_daemon(
         "the orphan group removed, the link with it"
     );
 }
+
+#[test]
+fn settings_no_claim_holds_are_put_back_to_default_at_start() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("keeps-mps", &["gpu-0"], Some(mps(50))))
+        .unwrap();
+    // What a gpushared killed between changing a GPU and recording its claim (or between a
+    // release and restoring the GPU) leaves: settings nobody holds.
+    let backend = fresh_backend();
+    let uuid = |name: &str| backend.find(name).unwrap().uuid.clone();
+    backend
+        .set_time_slice(&uuid("gpu-4"), TimeSliceInterval::Long)
+        .unwrap();
+    backend
+        .set_compute_mode(&uuid("gpu-6"), ComputeMode::ExclusiveProcess)
+        .unwrap();
+    backend
+        .set_compute_mode(&uuid("gpu-0"), ComputeMode::ExclusiveProcess)
+        .unwrap();
+    let again = restart(&f, Arc::clone(&backend));
+    let gpus = again.list_gpus();
+    assert_eq!(gpus[4].time_slice, TimeSliceInterval::Default);
+    assert_eq!(gpus[6].compute_mode, ComputeMode::Default);
+    assert_eq!(
+        gpus[0].compute_mode,
+        ComputeMode::ExclusiveProcess,
+        "what a claim holds stays"
+    );
+}
