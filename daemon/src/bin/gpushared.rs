@@ -200,13 +200,7 @@ fn lock_instance(dir: &Path, what: &str) -> Result<std::fs::File> {
     // A previous gpushared that is still exiting (killed a moment ago) holds the lock until
     // it is gone: wait that out (bounded) rather than fail the restart.
     let deadline = std::time::Instant::now() + INSTANCE_LOCK_WAIT;
-    let lock = libc::flock {
-        l_type: libc::F_WRLCK as libc::c_short,
-        l_whence: libc::SEEK_SET as libc::c_short,
-        l_start: 0,
-        l_len: 0,
-        l_pid: 0,
-    };
+    let lock = gpushare::sys::whole_file_write_lock();
     loop {
         use std::os::fd::AsRawFd;
         match nix::fcntl::fcntl(file.as_raw_fd(), nix::fcntl::FcntlArg::F_SETLK(&lock)) {

@@ -15,7 +15,7 @@ pub use peer::peer_groups;
 pub use pidfd::{readable_now, wait_readable, PidFd};
 pub use proc::{
     find_lock_holder, parse_status_groups, pid_alive, process_start_time, processes_with_env_under,
-    read_cgroup, read_groups,
+    read_cgroup, read_groups, whole_file_write_lock,
 };
 
 use std::collections::BTreeMap;

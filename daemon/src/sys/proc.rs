@@ -36,13 +36,7 @@ pub fn find_lock_holder(path: &Path) -> io::Result<Option<i32>> {
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(path)?;
-    let mut probe = libc::flock {
-        l_type: libc::F_WRLCK as libc::c_short,
-        l_whence: libc::SEEK_SET as libc::c_short,
-        l_start: 0,
-        l_len: 0,
-        l_pid: 0,
-    };
+    let mut probe = whole_file_write_lock();
     nix::fcntl::fcntl(file.as_raw_fd(), nix::fcntl::FcntlArg::F_GETLK(&mut probe))?;
     if probe.l_type == libc::F_UNLCK as libc::c_short {
         return Ok(None);
@@ -54,6 +48,19 @@ pub fn find_lock_holder(path: &Path) -> io::Result<Option<i32>> {
         )));
     }
     Ok(Some(probe.l_pid))
+}
+
+/// A POSIX write lock over the whole file (`F_WRLCK` from offset 0 to the end, however it
+/// grows): what gpushared holds on its instance lock, what NVIDIA's MPS control daemon holds
+/// on `control_lock`, and the probe [`find_lock_holder`] asks the kernel with.
+pub fn whole_file_write_lock() -> libc::flock {
+    libc::flock {
+        l_type: libc::F_WRLCK as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    }
 }
 
 /// Whether a process with this pid exists (a zombie counts as gone).
@@ -178,13 +185,7 @@ mod tests {
             // one-byte buffers that live through each call; the child never returns.
             nix::unistd::ForkResult::Child => unsafe {
                 let fd = libc::open(cpath.as_ptr(), libc::O_RDWR);
-                let lock = libc::flock {
-                    l_type: libc::F_WRLCK as libc::c_short,
-                    l_whence: libc::SEEK_SET as libc::c_short,
-                    l_start: 0,
-                    l_len: 0,
-                    l_pid: 0,
-                };
+                let lock = whole_file_write_lock();
                 if fd < 0 || libc::fcntl(fd, libc::F_SETLK, &lock) != 0 {
                     libc::_exit(1);
                 }
@@ -222,10 +223,7 @@ mod tests {
                 let set = |f: &fs::File, t: libc::c_int| {
                     let lock = libc::flock {
                         l_type: t as libc::c_short,
-                        l_whence: libc::SEEK_SET as libc::c_short,
-                        l_start: 0,
-                        l_len: 0,
-                        l_pid: 0,
+                        ..whole_file_write_lock()
                     };
                     // SAFETY: a valid flock struct; the fd is open for the call's duration.
                     unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLK, &lock) };
