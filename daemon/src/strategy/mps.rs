@@ -702,7 +702,9 @@ impl MpsControl {
         }
         if let Some(pid) = holder {
             if let Err(e) = self.ui(dirs, &["quit".to_string()]) {
-                tracing::warn!(pid, error = %e, "MPS control daemon did not take quit; killing it");
+                // Not killed yet: `quit`'s exit status is the daemon's own, so a daemon that is
+                // shutting down can answer with an error too; it gets the timeout to exit.
+                tracing::warn!(pid, error = %e, timeout_ms = self.timeout.as_millis() as u64, "MPS control daemon did not take quit; SIGKILL if it has not exited within the timeout");
             }
             if !self.wait_exit(dirs, pid, self.timeout) {
                 tracing::warn!(
