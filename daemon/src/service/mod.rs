@@ -376,7 +376,10 @@ impl Registry for Service {
 /// release would have: a gpushared killed between changing a GPU and recording its claim, or
 /// between a release and the restore, leaves one behind. Only what reads back otherwise is
 /// changed (no call for GPUs already right); where `[gpus] manage_*` leaves a setting to the
-/// administrators the change is skipped (logged) as always. Idempotent.
+/// administrators the change is skipped (logged) as always. Idempotent. On NVML nodes the
+/// time-slice interval cannot be read back (nvidia-smi only sets it; the backend remembers
+/// what it set, from Default at each start), so there only compute mode, which NVML reads,
+/// is caught; the simulation reads both.
 fn reapply_gpu_settings(backend: &dyn GpuBackend, placement: &Placement) {
     use gpushare_proto::{ComputeMode, TimeSliceInterval};
     for gpu in backend.gpus() {
