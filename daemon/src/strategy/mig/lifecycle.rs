@@ -1,0 +1,161 @@
+//! Making and destroying one claim's MIG slice, and telling a live instance is the one a
+//! record names.
+
+use gpushare_proto::{ErrorCode, MigInstanceInfo};
+
+use super::{err, gpu_err, MigTarget};
+use crate::error::ServiceError;
+use crate::gpu::{GpuBackend, GpuError, MigInstance};
+
+/// Creates `target`: enables MIG mode if it is off (only where that needs no reset), creates
+/// the GPU instance at the target's placement, calls `created` with its record (so the claim
+/// owns it before anything else can fail), then creates the full compute instance and reads
+/// the MIG UUID from it. A compute instance that fails takes its GPU instance with it.
+///
+/// # Errors
+/// As [`gpu_err`]; when even the rollback fails, the error says so and the record passed to
+/// `created` still names the GPU instance, for the release to retry.
+pub fn create(
+    backend: &dyn GpuBackend,
+    target: &MigTarget,
+    mut created: impl FnMut(&MigInstanceInfo),
+) -> Result<MigInstanceInfo, ServiceError> {
+    let name = format!("gpu-{}", target.gpu_minor);
+    let mode = backend
+        .mig_mode(&target.gpu_uuid)
+        .map_err(|e| gpu_err(&name, e))?;
+    if !mode.current {
+        if !target.model.reset_free_mode_toggle() {
+            return Err(err(
+                ErrorCode::Unsupported,
+                format!("{name}: MIG mode is disabled and enabling it needs a GPU reset"),
+            ));
+        }
+        let after = backend
+            .set_mig_mode(&target.gpu_uuid, true)
+            .map_err(|e| gpu_err(&format!("{name}: enabling MIG mode"), e))?;
+        if !after.current {
+            return Err(err(
+                ErrorCode::Unsupported,
+                format!("{name}: enabling MIG mode stays pending a GPU reset; gpushare never resets GPUs"),
+            ));
+        }
+        tracing::info!(gpu = %name, "MIG mode enabled");
+    }
+    let gi_id = backend
+        .create_gpu_instance(&target.gpu_uuid, target.profile.id, target.start)
+        .map_err(|e| {
+            gpu_err(
+                &format!(
+                    "{}: creating GPU instance {} at {}",
+                    target.device, target.profile.name, target.start
+                ),
+                e,
+            )
+        })?;
+    let mut record = target.record(gi_id);
+    created(&record);
+    match backend.create_compute_instance(&target.gpu_uuid, gi_id, target.profile.full_ci_profile())
+    {
+        Ok(ci) => {
+            record.ci_id = Some(ci.ci_id);
+            record.uuid = ci.uuid;
+            tracing::info!(device = %target.device, gi = gi_id, ci = ci.ci_id, uuid = %record.uuid, "MIG device created");
+            Ok(record)
+        }
+        Err(e) => {
+            let cause = gpu_err(
+                &format!(
+                    "{}: creating the compute instance in GPU instance {gi_id}",
+                    target.device
+                ),
+                e,
+            );
+            match backend.destroy_gpu_instance(&target.gpu_uuid, gi_id) {
+                Ok(()) | Err(GpuError::NotFound(_)) => {
+                    tracing::warn!(device = %target.device, gi = gi_id, "compute instance failed; GPU instance destroyed");
+                    Err(cause)
+                }
+                Err(undo) => Err(err(
+                    cause.code,
+                    format!(
+                        "{}; destroying GPU instance {gi_id} again also failed: {undo}",
+                        cause.message
+                    ),
+                )),
+            }
+        }
+    }
+}
+
+/// Destroys a claim's MIG instance: its compute instance, then its GPU instance; calls
+/// `compute_gone` once the compute instance is gone, so the caller's record can say so (a GPU
+/// instance whose destroy failed is then known by its IDs and placement alone). Only the
+/// instance whose identity matches `rec` ([`is_instance_of`]) is touched: the driver reuses
+/// GPU-instance IDs, so an instance made since at the same ID and placement (by hand, by a
+/// layout) is another's. Instances already gone count as destroyed (idempotent), and so does a
+/// GPU no longer in MIG mode.
+///
+/// # Errors
+/// As [`gpu_err`] (e.g. `Conflict` while processes use the instance).
+pub fn destroy(
+    backend: &dyn GpuBackend,
+    rec: &MigInstanceInfo,
+    mut compute_gone: impl FnMut(),
+) -> Result<(), ServiceError> {
+    let live = match backend.mig_instances(&rec.gpu_uuid) {
+        Ok(v) => v,
+        Err(GpuError::Unsupported(_)) => return Ok(()),
+        Err(e) => return Err(gpu_err(&rec.device, e)),
+    };
+    let Some(inst) = live.iter().find(|i| i.gi_id == rec.gi_id) else {
+        return Ok(());
+    };
+    if !is_instance_of(rec, inst) {
+        tracing::warn!(device = %rec.device, gi = rec.gi_id, uuid = %rec.uuid, found = ?inst, "GPU instance ID now names another instance; not destroying it");
+        return Ok(());
+    }
+    if let Some(ci) = &inst.compute {
+        match backend.destroy_compute_instance(&rec.gpu_uuid, rec.gi_id, ci.ci_id) {
+            Ok(()) | Err(GpuError::NotFound(_)) => compute_gone(),
+            Err(e) => {
+                return Err(gpu_err(
+                    &format!("{}: destroying compute instance {}", rec.device, ci.ci_id),
+                    e,
+                ))
+            }
+        }
+    }
+    match backend.destroy_gpu_instance(&rec.gpu_uuid, rec.gi_id) {
+        Ok(()) | Err(GpuError::NotFound(_)) => {
+            tracing::info!(device = %rec.device, gi = rec.gi_id, "MIG device destroyed");
+            Ok(())
+        }
+        Err(e) => Err(gpu_err(
+            &format!("{}: destroying GPU instance {}", rec.device, rec.gi_id),
+            e,
+        )),
+    }
+}
+
+/// Whether live instance `inst` is the one `rec` records: the same GPU-instance ID, profile
+/// and placement, and, once the record has its compute instance, the same compute-instance ID
+/// and MIG UUID (a MIG UUID is never handed out twice). A record made before its compute
+/// instance existed (a crash in between) matches its GPU instance whatever it holds now.
+pub fn is_instance_of(rec: &MigInstanceInfo, inst: &MigInstance) -> bool {
+    inst.gi_id == rec.gi_id
+        && inst.profile.0 == rec.gi_profile_id
+        && inst.placement.start == rec.placement_start
+        && inst.placement.size == rec.memory_slices
+        && match (rec.ci_id, &inst.compute) {
+            (None, _) => true,
+            (Some(ci), Some(c)) => c.ci_id == ci && c.uuid == rec.uuid,
+            (Some(_), None) => false,
+        }
+}
+
+/// Whether `inst` is `rec`'s instance, whole: as [`is_instance_of`], with the compute
+/// instance recorded and there.
+pub fn is_whole_instance_of(rec: &MigInstanceInfo, inst: &MigInstance) -> bool {
+    rec.ci_id.is_some() && inst.compute.is_some() && is_instance_of(rec, inst)
+}

@@ -1,0 +1,117 @@
+//! Dynamic MIG: a MIG device of a claim is created when the claim is prepared and destroyed
+//! when it is released, as NVIDIA's DRA driver does under its `DynamicMIG` gate, with these
+//! differences for safety: MIG mode is never toggled where that needs a GPU reset (Ampere,
+//! cloud VMs), a GPU instance whose compute instance failed is destroyed at once, and the
+//! claim records a GPU instance as soon as it exists, so a later release finds it
+//! (`shared/research/dra-driver.md` §4.2, NVIDIA issue #1452).
+//!
+//! Everything here goes through [`GpuBackend`]; the service decides when. [`resolve`] and
+//! [`check`] decide, touching nothing; [`create`] and [`destroy`] act on one slice;
+//! [`Claimed`] is what the claims record; [`sweep`] is the start-up cleanup.
+
+mod claimed;
+mod lifecycle;
+mod resolve;
+mod sweep;
+
+pub use claimed::Claimed;
+pub use lifecycle::{create, destroy, is_instance_of, is_whole_instance_of};
+pub use resolve::{check, resolve};
+pub use sweep::{sweep_unowned, Swept};
+
+use gpushare_proto::{ErrorCode, MigInstanceInfo};
+
+use crate::error::ServiceError;
+use crate::gpu::{Gpu, GpuError};
+use crate::mig::{GiProfile, MigModel};
+
+/// MIG's hold on a GPU: no setting of the GPU itself. MIG mode is entered where the GPU
+/// allows it without a reset and its instances are made and destroyed per claim
+/// ([`create`] and [`destroy`], driven by the service), so nothing is restored when the last
+/// holder leaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mig;
+
+impl super::Strategy for Mig {}
+
+/// A MIG device a claim asks for, resolved against the node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigTarget {
+    /// The request it was allocated for.
+    pub request: String,
+    /// The allocated device name.
+    pub device: String,
+    /// Parent GPU UUID.
+    pub gpu_uuid: String,
+    /// Parent GPU minor.
+    pub gpu_minor: u32,
+    /// The GPU's model.
+    pub model: MigModel,
+    /// GPU-instance profile.
+    pub profile: GiProfile,
+    /// Placement start.
+    pub start: u32,
+}
+
+impl MigTarget {
+    /// The claim record of this target before anything exists.
+    pub fn record(&self, gi_id: u32) -> MigInstanceInfo {
+        MigInstanceInfo {
+            request: self.request.clone(),
+            device: self.device.clone(),
+            gpu_uuid: self.gpu_uuid.clone(),
+            gpu_minor: self.gpu_minor,
+            profile: self.profile.name.to_string(),
+            gi_profile_id: self.profile.id.0,
+            placement_start: self.start,
+            memory_slices: self.profile.memory_slices,
+            gi_id,
+            ci_id: None,
+            uuid: String::new(),
+        }
+    }
+}
+
+fn err(code: ErrorCode, msg: impl Into<String>) -> ServiceError {
+    ServiceError::new(code, msg)
+}
+
+/// The GPU's MIG model, or `Unsupported` naming why it has none.
+///
+/// # Errors
+/// `Unsupported` for GPUs without MIG or without profile tables here.
+pub fn model_of(gpu: &Gpu) -> Result<MigModel, ServiceError> {
+    if !gpu.mig_capable {
+        return Err(err(
+            ErrorCode::Unsupported,
+            format!(
+                "{} ({}) does not support MIG",
+                gpu.device_name(),
+                gpu.product_name
+            ),
+        ));
+    }
+    MigModel::from_product_name(&gpu.product_name).ok_or_else(|| {
+        err(
+            ErrorCode::Unsupported,
+            format!(
+                "{} ({}): gpushare has no MIG profile tables for this GPU",
+                gpu.device_name(),
+                gpu.product_name
+            ),
+        )
+    })
+}
+
+
+/// Maps a backend error to the service's codes.
+pub fn gpu_err(what: &str, e: GpuError) -> ServiceError {
+    let code = match e {
+        GpuError::Unsupported(_) => ErrorCode::Unsupported,
+        GpuError::Busy(_) | GpuError::InsufficientResources(_) => ErrorCode::Conflict,
+        GpuError::InvalidArgument(_) => ErrorCode::InvalidConfig,
+        GpuError::NoSuchGpu(_) => ErrorCode::UnknownDevice,
+        GpuError::Failed(_) | GpuError::NotFound(_) => ErrorCode::Internal,
+    };
+    err(code, format!("{what}: {e}"))
+}
