@@ -11,6 +11,9 @@ pub const CRASH_POINTS: &[&str] = &[
     "prepare.started_saved",
     "prepare.gpu_settings_applied",
     "prepare.mps_started",
+    // a MIG slice's intent written, then its GPU instance made (before the record is on disk)
+    "prepare.mig_intent_saved",
+    "prepare.mig_gpu_instance_created",
     "prepare.cdi_written",
     "prepare.completed_saved",
     // unprepare

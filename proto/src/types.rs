@@ -443,8 +443,9 @@ pub struct GroupInfo {
     pub mig: Vec<MigInstanceInfo>,
 }
 
-/// A MIG instance (GPU instance with its one compute instance) a claim created and owns.
-/// Recorded as soon as the GPU instance exists, so that a release after a crash destroys it.
+/// A MIG instance (GPU instance with its one compute instance) a claim holds: one gpushare
+/// created for it (recorded as soon as the GPU instance exists, so that a release after a
+/// crash destroys it) or one that existed and was handed over (static MIG).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MigInstanceInfo {
     /// The request it was allocated for.
@@ -471,6 +472,28 @@ pub struct MigInstanceInfo {
     /// `MIG-…` UUID read from the compute instance; empty until it exists.
     #[serde(default)]
     pub uuid: String,
+    /// Who made the instance: gpushare for this claim (destroyed at its release), or someone
+    /// else before the claim (static MIG: handed over as it is, never destroyed). Records
+    /// without the field are `created` (every slice was, before static MIG).
+    #[serde(default)]
+    pub origin: MigOrigin,
+    /// gpushare turned the parent GPU's MIG mode on for this slice, or for an earlier claim's
+    /// slice on the GPU that this one took the flag over from: the release of the last slice
+    /// carrying it turns MIG mode off again (on GPUs that leave MIG mode without a reset).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub enabled_mig_mode: bool,
+}
+
+/// Who made a claim's MIG instance (see [`MigInstanceInfo::origin`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MigOrigin {
+    /// gpushare created it for the claim at prepare; it is destroyed at the claim's release.
+    #[default]
+    Created,
+    /// It existed when the claim was prepared (`gpushare mig apply`, mig-parted,
+    /// `nvidia-smi`): the claim uses it as it is and leaves it at release.
+    Existing,
 }
 
 /// Params of `mig_apply`.

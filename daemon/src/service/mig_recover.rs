@@ -8,7 +8,7 @@
 //! (`shared/research/mps-mig-nvml.md` §3.5); NVIDIA's DRA driver tracks the MIG UUID to tell
 //! a reused GI ID from its own instance (`shared/research/dra-driver.md` §4.2).
 
-use gpushare_proto::{ClaimInfo, ClaimState, MigInstanceInfo, StrategyInfo};
+use gpushare_proto::{ClaimInfo, ClaimState, MigInstanceInfo, MigOrigin, StrategyInfo};
 
 use super::{now_secs, Service};
 use crate::gpu::GpuError;
@@ -178,6 +178,23 @@ impl Service {
             Claimed::of(view.claims.values().map(|c| &**c).filter(|c| c.uid != uid))
         };
         let live = backend.mig_instances(&rec.gpu_uuid).unwrap_or_default();
+        // Made again by someone else at exactly its place (mig-parted at boot, an
+        // administrator): the claim takes that one as it is, and leaves it at its release.
+        if let Some(found) = live.iter().find(|i| {
+            i.profile.0 == rec.gi_profile_id
+                && i.placement == placement
+                && others.owner(&rec.gpu_uuid, i).is_none()
+        }) {
+            if let Some(ci) = &found.compute {
+                return Slice::Recreated(MigInstanceInfo {
+                    gi_id: found.gi_id,
+                    ci_id: Some(ci.ci_id),
+                    uuid: ci.uuid.clone(),
+                    origin: MigOrigin::Existing,
+                    ..rec.clone()
+                });
+            }
+        }
         if let Some(o) = live.iter().find(|i| i.placement.overlaps(&placement)) {
             let by = others.owner(&rec.gpu_uuid, o).map_or_else(
                 || "no claim: the node's MIG layout".to_string(),
@@ -217,13 +234,22 @@ impl Service {
             model,
             profile,
             start: rec.placement_start,
+            existing: None,
+            chosen: false,
+            carries_mode_flag: rec.enabled_mig_mode,
         };
-        // The GPU instance is recorded (and the record kept) the moment it exists: a crash
-        // before its compute instance is recorded finds it half made at the next start.
+        // Its intent first (a crash before the record names the new instance leaves it for
+        // the next start's sweep); the GPU instance is recorded (and the record kept) the
+        // moment it exists: a crash before its compute instance is recorded finds it half
+        // made at the next start.
+        if let Err(e) = self.mig_intents.reserve(uid, &target) {
+            return Slice::Lost(e.message);
+        }
         let created = strategy::create(backend, &target, |partial| {
             self.set_slice(uid, gi, ri, partial);
             let _ = self.commit(self.state());
         });
+        self.mig_intents.strike(uid);
         match created {
             Ok(new) => Slice::Recreated(new),
             Err(e) => {

@@ -477,33 +477,102 @@ fn mig_device_config_with_mps_runs_a_daemon_on_the_slice() {
 }
 
 #[test]
-fn startup_destroys_instances_no_claim_owns_and_keeps_owned_ones() {
+fn startup_destroys_only_what_a_crash_left_of_gpushare_s_own_making() {
     let f = fixture("p4d.24xlarge", &[3]);
     f.service
-        .prepare(&claim("owned", &["gpu-3-mig-3g20gb-9-0"], None))
+        .prepare(&claim("owned", &["gpu-3-mig-3g20gb-9-4"], None))
         .unwrap();
-    // What a crash between creating and recording leaves: an instance nobody owns, and a GPU
-    // instance without its compute instance.
+    f.service
+        .prepare(&claim("half", &["gpu-3-mig-2g10gb-14-0"], None))
+        .unwrap();
+    let uuid = uuid_of(&f, "gpu-3");
+    // What a crash between making `half`'s instance and recording it leaves: its record still
+    // PrepareStarted without the slice, and its intent in the run directory.
+    let file = RecordsOnDisk::new(f.cfg.checkpoint.clone());
+    let mut cp = file.load().unwrap().checkpoint;
+    let half = cp.claims.get_mut("half").unwrap();
+    half.state = ClaimState::PrepareStarted;
+    half.groups[0].mig.clear();
+    file.save(&cp).unwrap();
+    let intent = |claim: &str, profile: u32, start: u32, size: u32| {
+        json!({"claim": claim, "gpu_uuid": uuid, "gi_profile_id": profile,
+               "placement_start": start, "memory_slices": size})
+    };
+    // Made by someone else: a 1g.5gb at 2 with an intent of a claim long released (stale:
+    // honoured for half-prepared claims only), and a GPU instance without its compute
+    // instance at 3 (an administrator's half-made one).
+    let gi = f
+        .backend
+        .create_gpu_instance(&uuid, crate::mig::GiProfileId(19), 2)
+        .unwrap();
+    f.backend
+        .create_compute_instance(&uuid, gi, crate::mig::CiProfileIndex(0))
+        .unwrap();
+    f.backend
+        .create_gpu_instance(&uuid, crate::mig::GiProfileId(19), 3)
+        .unwrap();
+    std::fs::write(
+        f.cfg.run_dir.join("mig-intents.json"),
+        serde_json::to_vec(&json!([intent("half", 14, 0, 2), intent("gone", 19, 2, 1)])).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(instances(&f, "gpu-3").len(), 4);
+
+    let restarted = start(&f.cfg, &f.host, &f.backend);
+    let mut live: Vec<(u32, u32)> = instances(&f, "gpu-3")
+        .iter()
+        .map(|i| (i.profile.0, i.placement.start))
+        .collect();
+    live.sort_unstable();
+    assert_eq!(
+        live,
+        [(9, 4), (19, 2), (19, 3)],
+        "half's instance destroyed; the claim's and the others' kept"
+    );
+    assert!(restarted.get_claim("half").is_err(), "rolled back");
+    assert!(
+        !f.cfg.run_dir.join("mig-intents.json").exists(),
+        "intents read once"
+    );
+    restarted.unprepare("owned").unwrap();
+    let left: Vec<u32> = instances(&f, "gpu-3")
+        .iter()
+        .map(|i| i.placement.start)
+        .collect();
+    assert_eq!(left, [2, 3], "a release destroys only its own");
+    // A next start has no intents: nothing of others' is touched.
+    drop(restarted);
+    let _again = start(&f.cfg, &f.host, &f.backend);
+    assert_eq!(instances(&f, "gpu-3").len(), 2);
+}
+
+#[test]
+fn unreadable_intents_destroy_nothing() {
+    let f = fixture("p4d.24xlarge", &[3]);
     let uuid = uuid_of(&f, "gpu-3");
     let gi = f
         .backend
-        .create_gpu_instance(&uuid, crate::mig::GiProfileId(14), 4)
-        .unwrap();
-    f.backend
-        .create_compute_instance(&uuid, gi, crate::mig::CiProfileIndex(1))
-        .unwrap();
-    f.backend
         .create_gpu_instance(&uuid, crate::mig::GiProfileId(19), 6)
         .unwrap();
-    assert_eq!(instances(&f, "gpu-3").len(), 3);
-
-    let restarted = start(&f.cfg, &f.host, &f.backend);
-    let live = instances(&f, "gpu-3");
-    assert_eq!(live.len(), 1, "{live:?}");
-    assert_eq!(live[0].placement.start, 0);
-    assert!(restarted.get_claim("owned").is_ok());
-    restarted.unprepare("owned").unwrap();
-    assert!(instances(&f, "gpu-3").is_empty());
+    f.backend
+        .create_compute_instance(&uuid, gi, crate::mig::CiProfileIndex(0))
+        .unwrap();
+    // Torn, and a fifo (opening one would block the start).
+    std::fs::create_dir_all(&f.cfg.run_dir).unwrap();
+    std::fs::write(
+        f.cfg.run_dir.join("mig-intents.json"),
+        b"[{\"claim\": \"x\", \"gpu_u",
+    )
+    .unwrap();
+    let s = start(&f.cfg, &f.host, &f.backend);
+    assert_eq!(instances(&f, "gpu-3").len(), 1);
+    drop(s);
+    let fifo = f.cfg.run_dir.join("mig-intents.json");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path; mkfifo only creates a file.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let _s = start(&f.cfg, &f.host, &f.backend);
+    assert_eq!(instances(&f, "gpu-3").len(), 1);
 }
 
 const LAYOUT: &str = r#"
@@ -668,7 +737,7 @@ fn layout_on_ampere_leaves_mode_pending_and_says_so() {
 }
 
 #[test]
-fn first_start_adopts_the_nodes_static_layout_and_later_starts_keep_it() {
+fn instances_gpushare_did_not_make_are_kept_at_every_start() {
     let dir = tempfile::tempdir().unwrap();
     let backend = Arc::new(
         SimulatedBackend::without_device_nodes(
@@ -696,7 +765,7 @@ fn first_start_adopts_the_nodes_static_layout_and_later_starts_keep_it() {
     assert!(listed.mig_devices.iter().all(|d| d.owner.is_none()));
     drop(first);
     // The 1g instance is destroyed and made again behind gpushare's back (same GI ID, new MIG
-    // UUID): not the adopted one, so the next start removes it and keeps the others.
+    // UUID): not gpushare's either, so the next start keeps it with the others.
     let one_g = backend
         .mig_instances(&uuid)
         .unwrap()
@@ -723,8 +792,8 @@ fn first_start_adopts_the_nodes_static_layout_and_later_starts_keep_it() {
         .collect();
     assert_eq!(
         left,
-        [9, 14],
-        "the adopted ones kept, the stranger destroyed"
+        [9, 14, 19],
+        "gpushare made none of them: every one kept"
     );
 }
 
@@ -776,5 +845,7 @@ fn whole_gpu_claims_on_gpus_in_mig_mode() {
     assert!(e.message.contains("layout"), "{e}");
 }
 
+mod mode;
 mod reconcile;
+mod static_mig;
 mod views;

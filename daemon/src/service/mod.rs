@@ -142,6 +142,8 @@ pub struct Service {
     /// Held while a claim's host record is written, and while a release removes the claim's
     /// directory: see `write_host_record`.
     host_record_writes: Mutex<()>,
+    /// The MIG slices being made or taken now, on disk before each is (see `mig::intents`).
+    mig_intents: mig::MigIntents,
 }
 
 fn now_secs() -> u64 {
@@ -176,8 +178,9 @@ impl Service {
     /// is re-adopted as it runs; a dead one is restarted with its limits re-applied and read
     /// back; `PrepareStarted` and `Unpreparing` claims are rolled back; directories, mounts,
     /// MPS control daemons and CDI specs of ours that no claim owns are removed; after a reboot
-    /// (another boot ID) every claim's host setup is redone; then MIG instances that no
-    /// remaining claim (nor the node's MIG layout record) owns are destroyed, and last each
+    /// (another boot ID) every claim's host setup is redone; then MIG instances that gpushare
+    /// made and no remaining claim owns (a crash between making and recording them) are
+    /// destroyed, those made by others kept, and last each
     /// prepared claim's MIG slice that vanished meanwhile is recreated at its placement (or
     /// the claim is `Degraded`). Only then is it ready.
     ///
@@ -205,6 +208,7 @@ impl Service {
             node_name: cfg.node_name.clone(),
             drivers: cfg.drivers.clone(),
         };
+        let cfg_run_dir = cfg.run_dir.clone();
         let service = Service {
             cfg,
             ctx,
@@ -223,6 +227,7 @@ impl Service {
             in_flight: (Mutex::new(0), Condvar::new()),
             supervisor_wake: Mutex::new(None),
             host_record_writes: Mutex::new(()),
+            mig_intents: mig::MigIntents::new(&cfg_run_dir),
         };
         service.reconcile(loaded, boot_id);
         // The driver's spec of this node as it is now: after the reconcile, which may have

@@ -337,6 +337,10 @@ impl Service {
             .values()
             .map(|c| (c.uid.clone(), c.state))
             .collect();
+        // What the last run was making when it ended, and for which claims: the MIG sweep
+        // below destroys only instances gpushare made (service/mig/intents.rs).
+        let left_intents = self.mig_intents.take_for_sweep();
+        let half_prepared = mig::half_prepared(self.state().claims.values());
         // Half-started MPS daemons of claims about to be rolled back (and of no claim at all)
         // go first: one still starting holds no lock yet and would keep writing into the
         // directories the rollback removes.
@@ -368,12 +372,18 @@ impl Service {
         self.remove_orphans();
         // After the rollbacks, so that only what the remaining claims asked is applied.
         reapply_gpu_settings(self.backend.as_ref(), &self.state().placement);
-        // After the rollbacks too (which destroyed the rolled-back claims' MIG instances): the
-        // sweep destroys MIG instances that neither a remaining claim nor the node's MIG
-        // layout record owns, such as one a crash left between creating and recording it.
+        // After the rollbacks too (which destroyed the rolled-back claims' recorded MIG
+        // instances): the sweep destroys the MIG instances gpushare made that no remaining
+        // claim owns, which a crash between making and recording one leaves; others'
+        // instances (static MIG) are kept.
         {
             let st = self.state();
-            mig::sweep_at_start(self.backend.as_ref(), &self.cfg.run_dir, st.claims.values());
+            mig::sweep_at_start(
+                self.backend.as_ref(),
+                &left_intents,
+                &half_prepared,
+                st.claims.values(),
+            );
         }
         // Then the MIG slices of prepared claims that vanished while gpushared was away (a GPU
         // reset, a destroy by hand): recreated at their placements, or the claim is Degraded

@@ -389,15 +389,13 @@ fn a_slice_whose_placement_was_taken_while_away_leaves_the_claim_degraded() {
         .unwrap();
     drop(s1);
     // A reboot: the GPU is reset, a layout tool (mig-parted at boot) creates a 1g.5gb at
-    // memory slice 5, and gpushared's run directory (a tmpfs) starts empty of its layout
-    // record, so the first start adopts what it finds as the node's layout.
+    // memory slice 5: not gpushare's making, so it is kept.
     node.reset_before_next_start("gpu-2\n");
     let b2 = node.gpus();
     let uuid = gpu_uuid(&b2, "gpu-2");
     let gi = b2.create_gpu_instance(&uuid, GiProfileId(19), 5).unwrap();
     b2.create_compute_instance(&uuid, gi, CiProfileIndex(0))
         .unwrap();
-    std::fs::remove_file(node.cfg.run_dir.join("mig-layout.json")).unwrap();
     let mps = MpsControl::new(
         "/usr/bin/nvidia-cuda-mps-control".into(),
         node.host.ops(),

@@ -143,6 +143,9 @@ impl Service {
         crate::crash::point("prepare.started_saved");
         tracing::info!(claim = %spec.uid, namespace = %spec.namespace, name = %spec.name, "preparing claim");
 
+        // A MIG slice's intent stands until the record naming it is on disk (`Prepared`,
+        // below) or the prepare is torn down; then it is struck, on every way out.
+        let _intents = self.mig_intents.strike_on_drop(&spec.uid);
         match self.apply(&spec, &plans, &info) {
             Ok((groups, requests)) => {
                 let mut tx = Txn::begin(self);

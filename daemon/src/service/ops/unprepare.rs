@@ -112,6 +112,10 @@ impl Service {
             note(&mut errors, e);
         }
         self.modes.release(self.backend.as_ref(), &freed);
+        if errors.is_empty() {
+            // MIG mode gpushare turned on for this claim's slices goes off with the last one.
+            self.leave_mig_mode_after(&info);
+        }
         errors.into_iter().next()
     }
 

@@ -41,6 +41,19 @@ impl Claimed {
             .map(|(uid, _)| uid.as_str())
     }
 
+    /// Whether a slice recorded on GPU `gpu_uuid` carries
+    /// [`MigInstanceInfo::enabled_mig_mode`]: gpushare turned MIG mode on there.
+    pub fn mode_enabled_by_gpushare(&self, gpu_uuid: &str) -> bool {
+        self.by_gpu
+            .get(gpu_uuid)
+            .is_some_and(|v| v.iter().any(|(_, m)| m.enabled_mig_mode))
+    }
+
+    /// Whether any claim records a slice on GPU `gpu_uuid`.
+    pub fn any_on(&self, gpu_uuid: &str) -> bool {
+        self.by_gpu.get(gpu_uuid).is_some_and(|v| !v.is_empty())
+    }
+
     /// The placements recorded on GPU `gpu_uuid`.
     pub fn occupied(&self, gpu_uuid: &str) -> Vec<Occupied> {
         self.by_gpu

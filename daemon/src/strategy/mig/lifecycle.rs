@@ -1,16 +1,19 @@
 //! Making and destroying one claim's MIG slice, and telling a live instance is the one a
 //! record names.
 
-use gpushare_proto::{ErrorCode, MigInstanceInfo};
+use gpushare_proto::{ErrorCode, MigInstanceInfo, MigOrigin};
 
 use super::{err, gpu_err, MigTarget};
 use crate::error::ServiceError;
 use crate::gpu::{GpuBackend, GpuError, MigInstance};
 
-/// Creates `target`: enables MIG mode if it is off (only where that needs no reset), creates
-/// the GPU instance at the target's placement, calls `created` with its record (so the claim
-/// owns it before anything else can fail), then creates the full compute instance and reads
-/// the MIG UUID from it. A compute instance that fails takes its GPU instance with it.
+/// Creates `target`: enables MIG mode if it is off (only where that needs no reset; the
+/// record then carries `enabled_mig_mode`), creates the GPU instance at the target's
+/// placement, calls `created` with its record (so the claim owns it before anything else can
+/// fail), then creates the full compute instance and reads the MIG UUID from it. A compute
+/// instance that fails takes its GPU instance with it. A target that takes an existing
+/// instance ([`MigTarget::existing`]) makes nothing: its record is the instance as it is,
+/// checked to be still there.
 ///
 /// # Errors
 /// As [`gpu_err`]; when even the rollback fails, the error says so and the record passed to
@@ -20,6 +23,9 @@ pub fn create(
     target: &MigTarget,
     mut created: impl FnMut(&MigInstanceInfo),
 ) -> Result<MigInstanceInfo, ServiceError> {
+    if let Some(inst) = &target.existing {
+        return take(backend, target, inst);
+    }
     let name = format!("gpu-{}", target.gpu_minor);
     let mode = backend
         .mig_mode(&target.gpu_uuid)
@@ -42,6 +48,7 @@ pub fn create(
         }
         tracing::info!(gpu = %name, "MIG mode enabled");
     }
+    let enabled_now = !mode.current;
     let gi_id = backend
         .create_gpu_instance(&target.gpu_uuid, target.profile.id, target.start)
         .map_err(|e| {
@@ -54,6 +61,7 @@ pub fn create(
             )
         })?;
     let mut record = target.record(gi_id);
+    record.enabled_mig_mode |= enabled_now;
     created(&record);
     match backend.create_compute_instance(&target.gpu_uuid, gi_id, target.profile.full_ci_profile())
     {
@@ -88,13 +96,38 @@ pub fn create(
     }
 }
 
+/// The record of the existing instance `target` takes, once it is seen to be still there as
+/// resolved (another creator may have destroyed or remade it since).
+fn take(
+    backend: &dyn GpuBackend,
+    target: &MigTarget,
+    inst: &MigInstance,
+) -> Result<MigInstanceInfo, ServiceError> {
+    let live = backend
+        .mig_instances(&target.gpu_uuid)
+        .map_err(|e| gpu_err(&target.device, e))?;
+    let record = target.existing_record().filter(|_| live.contains(inst));
+    let Some(record) = record else {
+        return Err(err(
+            ErrorCode::Conflict,
+            format!(
+                "{}: the existing MIG device (GPU instance {}) changed while the claim was being prepared",
+                target.device, inst.gi_id
+            ),
+        ));
+    };
+    tracing::info!(device = %target.device, gi = inst.gi_id, uuid = %record.uuid, "existing MIG device handed to the claim as it is");
+    Ok(record)
+}
+
 /// Destroys a claim's MIG instance: its compute instance, then its GPU instance; calls
 /// `compute_gone` once the compute instance is gone, so the caller's record can say so (a GPU
 /// instance whose destroy failed is then known by its IDs and placement alone). Only the
 /// instance whose identity matches `rec` ([`is_instance_of`]) is touched: the driver reuses
 /// GPU-instance IDs, so an instance made since at the same ID and placement (by hand, by a
 /// layout) is another's. Instances already gone count as destroyed (idempotent), and so does a
-/// GPU no longer in MIG mode.
+/// GPU no longer in MIG mode. An instance the claim took as it existed
+/// ([`MigOrigin::Existing`]) is left as it is.
 ///
 /// # Errors
 /// As [`gpu_err`] (e.g. `Conflict` while processes use the instance).
@@ -103,6 +136,10 @@ pub fn destroy(
     rec: &MigInstanceInfo,
     mut compute_gone: impl FnMut(),
 ) -> Result<(), ServiceError> {
+    if rec.origin == MigOrigin::Existing {
+        tracing::info!(device = %rec.device, gi = rec.gi_id, uuid = %rec.uuid, "MIG device existed before the claim; left as it is");
+        return Ok(());
+    }
     let live = match backend.mig_instances(&rec.gpu_uuid) {
         Ok(v) => v,
         Err(GpuError::Unsupported(_)) => return Ok(()),

@@ -1,5 +1,7 @@
-//! Dynamic MIG: a MIG device of a claim is created when the claim is prepared and destroyed
-//! when it is released, as NVIDIA's DRA driver does under its `DynamicMIG` gate, with these
+//! MIG: a MIG device a claim names that exists already (made by `gpushare mig apply`,
+//! mig-parted or `nvidia-smi`: NVIDIA's static MIG) is handed to the claim as it is and left
+//! at its release; any other is created when the claim is prepared and destroyed when it is
+//! released, as NVIDIA's DRA driver does under its `DynamicMIG` gate, with these
 //! differences for safety: MIG mode is never toggled where that needs a GPU reset (Ampere,
 //! cloud VMs), a GPU instance whose compute instance failed is destroyed at once, and the
 //! claim records a GPU instance as soon as it exists, so a later release finds it
@@ -16,13 +18,13 @@ mod sweep;
 
 pub use claimed::Claimed;
 pub use lifecycle::{create, destroy, is_instance_of, is_whole_instance_of};
-pub use resolve::{check, resolve};
+pub use resolve::{check, repick, resolve};
 pub use sweep::{sweep_unowned, Swept};
 
-use gpushare_proto::{ErrorCode, MigInstanceInfo};
+use gpushare_proto::{ErrorCode, MigInstanceInfo, MigOrigin};
 
 use crate::error::ServiceError;
-use crate::gpu::{Gpu, GpuError};
+use crate::gpu::{Gpu, GpuError, MigInstance};
 use crate::mig::{GiProfile, MigModel};
 
 /// MIG's hold on a GPU: no setting of the GPU itself. MIG mode is entered where the GPU
@@ -51,6 +53,15 @@ pub struct MigTarget {
     pub profile: GiProfile,
     /// Placement start.
     pub start: u32,
+    /// The live instance at exactly this profile and placement that no claim holds, when the
+    /// claim takes an existing MIG device (static MIG): nothing is made or destroyed.
+    pub existing: Option<MigInstance>,
+    /// The placement was chosen here (a whole GPU with `migProfile`), not named by the
+    /// allocation: another may be chosen if a concurrent prepare takes this one first.
+    pub chosen: bool,
+    /// Another claim's slice on the GPU carries [`MigInstanceInfo::enabled_mig_mode`]: so will
+    /// this one's, so that the last of them turns MIG mode off.
+    pub carries_mode_flag: bool,
 }
 
 impl MigTarget {
@@ -68,7 +79,32 @@ impl MigTarget {
             gi_id,
             ci_id: None,
             uuid: String::new(),
+            origin: MigOrigin::Created,
+            enabled_mig_mode: self.carries_mode_flag,
         }
+    }
+
+    /// The memory slices it takes, with its profile.
+    pub fn occupied(&self) -> crate::mig::Occupied {
+        crate::mig::Occupied {
+            profile: self.profile.id,
+            placement: crate::mig::MigPlacement {
+                start: self.start,
+                size: self.profile.memory_slices,
+            },
+        }
+    }
+
+    /// The claim record of the existing instance this target takes, if it takes one.
+    pub fn existing_record(&self) -> Option<MigInstanceInfo> {
+        let inst = self.existing.as_ref()?;
+        let ci = inst.compute.as_ref()?;
+        Some(MigInstanceInfo {
+            ci_id: Some(ci.ci_id),
+            uuid: ci.uuid.clone(),
+            origin: MigOrigin::Existing,
+            ..self.record(inst.gi_id)
+        })
     }
 }
 
@@ -102,7 +138,6 @@ pub fn model_of(gpu: &Gpu) -> Result<MigModel, ServiceError> {
         )
     })
 }
-
 
 /// Maps a backend error to the service's codes.
 pub fn gpu_err(what: &str, e: GpuError) -> ServiceError {

@@ -7,25 +7,30 @@ use gpushare_proto::ErrorCode;
 
 use super::{err, gpu_err, model_of, Claimed, MigTarget};
 use crate::error::ServiceError;
-use crate::gpu::GpuBackend;
+use crate::gpu::{GpuBackend, MigInstance};
 use crate::mig::{self, MigDeviceName, Occupied, PlacementError};
 
 /// Resolves one allocated device of a MIG group: a DRA MIG name
 /// (`gpu-2-mig-3g20gb-9-4`, checked against the GPU's profile table and against
 /// `mig_profile` when the claim's short form names one), or a whole GPU (`gpu-2`) with
-/// `mig_profile`, which takes the profile's lowest placement free of live instances and of
-/// the slices `claimed` records. Touches nothing.
+/// `mig_profile`. A named device that exists (any creator) and that no claim holds is taken as
+/// it is (static MIG); one that does not is to be made. The whole-GPU form takes an existing
+/// instance of the profile no claim holds first, else the profile's lowest placement free of
+/// live instances, of the slices `claimed` records and of the `earlier` targets of the same
+/// claim. Touches nothing.
 ///
 /// # Errors
 /// `UnknownDevice` for a GPU the node lacks; `InvalidConfig` for a profile that does not
 /// exist or disagrees with the name, or a placement the profile never takes; `Unsupported`
-/// for a GPU without MIG; `Conflict` when no placement is free (whole-GPU form).
+/// for a GPU without MIG; `Conflict` for an existing device another claim holds or one that
+/// has no compute instance, and when no placement is free (whole-GPU form).
 pub fn resolve(
     backend: &dyn GpuBackend,
     request: &str,
     device: &str,
     mig_profile: Option<&str>,
     claimed: &Claimed,
+    earlier: &[MigTarget],
 ) -> Result<MigTarget, ServiceError> {
     let parsed = MigDeviceName::parse(device);
     let gpu_name = match &parsed {
@@ -57,7 +62,7 @@ pub fn resolve(
             )
         })
     };
-    let (profile, start) = match parsed {
+    let (profile, start, existing, chosen) = match parsed {
         Some(n) => {
             let profile = model.profile_by_id(n.gi_profile).ok_or_else(|| {
                 err(
@@ -91,7 +96,33 @@ pub fn resolve(
             }
             mig::check_placement(model, profile.id, n.start, &[])
                 .map_err(|e| err(ErrorCode::InvalidConfig, format!("device {device}: {e}")))?;
-            (profile, n.start)
+            let existing = backend
+                .mig_instances(&gpu.uuid)
+                .unwrap_or_default()
+                .into_iter()
+                .find(|i| {
+                    i.profile == profile.id
+                        && i.placement.start == n.start
+                        && i.placement.size == profile.memory_slices
+                });
+            if let Some(inst) = &existing {
+                if let Some(holder) = claimed.owner(&gpu.uuid, inst) {
+                    return Err(err(
+                        ErrorCode::Conflict,
+                        format!("device {device} (request {request}): the MIG device is claim {holder}'s"),
+                    ));
+                }
+                if inst.compute.is_none() {
+                    return Err(err(
+                        ErrorCode::Conflict,
+                        format!(
+                            "device {device} (request {request}): GPU instance {} exists there without a compute instance; gpushare takes an existing MIG device only whole (create its compute instance, or destroy the GPU instance)",
+                            inst.gi_id
+                        ),
+                    ));
+                }
+            }
+            (profile, n.start, existing, false)
         }
         None => {
             let Some(asked) = mig_profile else {
@@ -103,12 +134,12 @@ pub fn resolve(
                 ));
             };
             let profile = by_name(asked)?;
-            let taken = occupied(backend, &gpu.uuid, claimed);
-            let start = profile
-                .starts
+            let busy: Vec<Occupied> = earlier
                 .iter()
-                .copied()
-                .find(|s| mig::check_placement(model, profile.id, *s, &taken).is_ok())
+                .filter(|t| t.gpu_uuid == gpu.uuid)
+                .map(MigTarget::occupied)
+                .collect();
+            let (start, existing) = pick(backend, &gpu.uuid, model, &profile, claimed, &busy)
                 .ok_or_else(|| {
                     err(
                         ErrorCode::Conflict,
@@ -118,7 +149,7 @@ pub fn resolve(
                         ),
                     )
                 })?;
-            (profile, start)
+            (profile, start, existing, true)
         }
     };
     let device = MigDeviceName::format(gpu.minor, &profile, start);
@@ -130,6 +161,83 @@ pub fn resolve(
         model,
         profile,
         start,
+        existing,
+        chosen,
+        carries_mode_flag: claimed.mode_enabled_by_gpushare(&gpu.uuid),
+    })
+}
+
+/// The whole-GPU form's choice on GPU `uuid` for `profile`: an existing whole instance of the
+/// profile that no claim holds and `busy` does not name (lowest placement first), else the
+/// lowest placement free of live instances, claim records and `busy` (slices being made).
+fn pick(
+    backend: &dyn GpuBackend,
+    uuid: &str,
+    model: mig::MigModel,
+    profile: &mig::GiProfile,
+    claimed: &Claimed,
+    busy: &[Occupied],
+) -> Option<(u32, Option<MigInstance>)> {
+    let mut live = backend.mig_instances(uuid).unwrap_or_default();
+    live.sort_by_key(|i| i.placement.start);
+    let free_existing = live.iter().find(|i| {
+        i.profile == profile.id
+            && i.compute.is_some()
+            && claimed.owner(uuid, i).is_none()
+            && claimed.holders(uuid, &i.placement).is_empty()
+            && !busy.iter().any(|b| b.placement.overlaps(&i.placement))
+    });
+    if let Some(i) = free_existing {
+        return Some((i.placement.start, Some(i.clone())));
+    }
+    // Each slice once: the profile's instance count is checked on this list too.
+    let mut taken = occupied(backend, uuid, claimed);
+    for b in busy {
+        if !taken.contains(b) {
+            taken.push(*b);
+        }
+    }
+    profile
+        .starts
+        .iter()
+        .copied()
+        .find(|s| mig::check_placement(model, profile.id, *s, &taken).is_ok())
+        .map(|s| (s, None))
+}
+
+/// For a target whose placement was chosen (`chosen`): the same choice made again with
+/// `busy`, the slices other prepares are making right now, taken too. Touches nothing.
+///
+/// # Errors
+/// `Conflict` when no placement is left.
+pub fn repick(
+    backend: &dyn GpuBackend,
+    target: &MigTarget,
+    claimed: &Claimed,
+    busy: &[Occupied],
+) -> Result<MigTarget, ServiceError> {
+    let (start, existing) = pick(
+        backend,
+        &target.gpu_uuid,
+        target.model,
+        &target.profile,
+        claimed,
+        busy,
+    )
+    .ok_or_else(|| {
+        err(
+            ErrorCode::Conflict,
+            format!(
+                "request {}: no free placement for {} on gpu-{}",
+                target.request, target.profile.name, target.gpu_minor
+            ),
+        )
+    })?;
+    Ok(MigTarget {
+        device: MigDeviceName::format(target.gpu_minor, &target.profile, start),
+        start,
+        existing,
+        ..target.clone()
     })
 }
 
@@ -153,10 +261,10 @@ fn occupied(backend: &dyn GpuBackend, uuid: &str, claimed: &Claimed) -> Vec<Occu
     out
 }
 
-/// Checks, touching nothing, that `targets` can be created now: MIG mode is on or can be
-/// turned on without a reset on an idle GPU, and no placement overlaps an existing instance,
-/// a slice a claim records (`claimed`, which also names the holders in messages) or another
-/// target.
+/// Checks, touching nothing, that `targets` can be created or taken now: for one to make, MIG
+/// mode is on or can be turned on without a reset on an idle GPU; no placement overlaps an
+/// existing instance (but the one a target takes), a slice a claim records (`claimed`, which
+/// also names the holders in messages) or another target.
 ///
 /// # Errors
 /// `Unsupported` (MIG off on a GPU needing a reset, a change pending), `Conflict` (busy GPU,
@@ -169,6 +277,21 @@ pub fn check(
     let mut planned: BTreeMap<&str, Vec<Occupied>> = BTreeMap::new();
     for t in targets {
         let name = format!("gpu-{}", t.gpu_minor);
+        let slot = planned
+            .entry(t.gpu_uuid.as_str())
+            .or_insert_with(|| occupied(backend, &t.gpu_uuid, claimed));
+        if t.existing.is_some() {
+            // Taken as it is: MIG mode is on, and its slices may overlap only itself (not a
+            // slice a claim records, nor another target).
+            let mine = t.occupied();
+            let others: Vec<Occupied> = slot.iter().copied().filter(|o| *o != mine).collect();
+            if let Err(e) = mig::check_placement(t.model, t.profile.id, t.start, &others) {
+                return Err(err(ErrorCode::Conflict, format!("{}: {e}", t.device)));
+            }
+            slot.retain(|o| *o != mine);
+            slot.push(mine);
+            continue;
+        }
         let mode = backend
             .mig_mode(&t.gpu_uuid)
             .map_err(|e| gpu_err(&name, e))?;
@@ -204,9 +327,12 @@ pub fn check(
                 ));
             }
         }
-        let slot = planned
-            .entry(t.gpu_uuid.as_str())
-            .or_insert_with(|| occupied(backend, &t.gpu_uuid, claimed));
+        if t.chosen {
+            // Chosen by `resolve` past the earlier targets, and chosen again when its intent
+            // is written (`repick`): what other prepares make meanwhile is seen then.
+            continue;
+        }
+        let slot = planned.entry(t.gpu_uuid.as_str()).or_default();
         match mig::check_placement(t.model, t.profile.id, t.start, slot) {
             Ok(placement) => slot.push(Occupied {
                 profile: t.profile.id,

@@ -1,12 +1,9 @@
 //! The start-up sweep of MIG instances a crash left.
 
-use std::collections::BTreeSet;
-
 use super::Claimed;
 use crate::gpu::{GpuBackend, MigInstance};
 
-/// One MIG instance destroyed (or not) at startup because no checkpointed claim or applied
-/// layout owned it.
+/// One MIG instance destroyed (or not) at startup: gpushare made it, and no claim owns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Swept {
     /// Parent GPU device name.
@@ -17,15 +14,15 @@ pub struct Swept {
     pub error: Option<String>,
 }
 
-/// At startup, destroys every MIG instance on the node that neither a checkpointed claim
-/// (`claimed`, by identity: [`Claimed::owner`]) nor the node's recorded layout (`kept`:
-/// `(GPU UUID, GI ID, MIG UUID)`; GI IDs are reused, so the MIG UUID must match too) owns:
-/// what a crash between creating an instance and recording it leaves. Each is logged and
-/// returned.
+/// At startup, destroys each MIG instance on the node that no checkpointed claim owns
+/// (`claimed`, by identity: [`Claimed::owner`]) and that `made_by_us` says gpushare made (the
+/// service asks its intents: what a crash between creating an instance and recording it
+/// leaves). Every other instance no claim owns was made by someone else (static MIG) and is
+/// left as it is, logged once. Each destroyed one is logged and returned.
 pub fn sweep_unowned(
     backend: &dyn GpuBackend,
     claimed: &Claimed,
-    kept: &BTreeSet<(String, u32, String)>,
+    made_by_us: impl Fn(&str, &MigInstance) -> bool,
 ) -> Vec<Swept> {
     let mut out = Vec::new();
     for gpu in backend.gpus() {
@@ -33,14 +30,11 @@ pub fn sweep_unowned(
             continue;
         };
         for inst in instances {
-            let mig_uuid = inst
-                .compute
-                .as_ref()
-                .map(|c| c.uuid.clone())
-                .unwrap_or_default();
-            if claimed.owner(&gpu.uuid, &inst).is_some()
-                || kept.contains(&(gpu.uuid.clone(), inst.gi_id, mig_uuid))
-            {
+            if claimed.owner(&gpu.uuid, &inst).is_some() {
+                continue;
+            }
+            if !made_by_us(&gpu.uuid, &inst) {
+                tracing::info!(gpu = %gpu.device_name(), gi = inst.gi_id, placement = %inst.placement, profile = inst.profile.0, "MIG instance no claim holds, not made by gpushare (static MIG); left as it is");
                 continue;
             }
             let mut error = None;
@@ -56,7 +50,7 @@ pub fn sweep_unowned(
             }
             match &error {
                 None => {
-                    tracing::warn!(gpu = %gpu.device_name(), gi = inst.gi_id, placement = %inst.placement, profile = inst.profile.0, "destroyed a MIG instance no claim owns")
+                    tracing::warn!(gpu = %gpu.device_name(), gi = inst.gi_id, placement = %inst.placement, profile = inst.profile.0, "destroyed a MIG instance gpushare made that no claim records (a crash came between making and recording it)")
                 }
                 Some(e) => {
                     tracing::error!(gpu = %gpu.device_name(), gi = inst.gi_id, error = %e, "cannot destroy a MIG instance no claim owns")

@@ -1,0 +1,243 @@
+//! How gpushared knows which MIG instances it made: before a GPU instance is created for a
+//! claim, an intent naming the claim, GPU, profile and placement is written to
+//! `<run_dir>/mig-intents.json`; it is struck once the claim's record naming the instance is
+//! on disk (the prepare's end), or the attempt is over. A crash in between leaves the intent,
+//! and the next start destroys an instance no record owns only where such an intent of a
+//! claim that crashed while being prepared names its exact profile and placement
+//! ([`MigIntents::take_for_sweep`]). Every other instance no claim owns was made by someone
+//! else (`gpushare mig apply`, mig-parted or `nvidia-smi` at node setup: static MIG) and is
+//! never destroyed.
+//!
+//! The file lives in the run directory, a tmpfs like the MIG instances themselves (both are
+//! gone after a reboot), and is written without an fsync: a crash of gpushared's own process
+//! keeps the page cache. The in-memory list, under one lock, is also what stops two prepares
+//! from making overlapping slices at once, and what stops the release of the last MIG claim
+//! on a GPU from turning MIG mode off under a prepare that is making a slice there.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use gpushare_proto::ErrorCode;
+use serde::{Deserialize, Serialize};
+
+use crate::error::ServiceError;
+use crate::fsutil::{self, ReadRefusal};
+use crate::mig::{GiProfileId, MigPlacement, Occupied};
+use crate::strategy::mig::MigTarget;
+
+/// Largest intents file read back (a few hundred bytes per slice being made).
+const MAX_BYTES: u64 = 1 << 20;
+
+/// One MIG slice about to be made for a claim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(in crate::service) struct Intent {
+    /// The claim it is made for.
+    pub claim: String,
+    /// Parent GPU UUID.
+    pub gpu_uuid: String,
+    /// GPU-instance profile ID.
+    pub gi_profile_id: u32,
+    /// First memory slice of the placement.
+    pub placement_start: u32,
+    /// Memory slices the placement spans.
+    pub memory_slices: u32,
+    /// The slice exists and is taken as it is (static MIG): nothing is made, and the sweep
+    /// never destroys it; the intent only keeps two prepares off one instance.
+    #[serde(default)]
+    pub existing: bool,
+}
+
+impl Intent {
+    fn of(claim: &str, t: &MigTarget) -> Intent {
+        Intent {
+            claim: claim.to_string(),
+            gpu_uuid: t.gpu_uuid.clone(),
+            gi_profile_id: t.profile.id.0,
+            placement_start: t.start,
+            memory_slices: t.profile.memory_slices,
+            existing: t.existing.is_some(),
+        }
+    }
+
+    fn placement(&self) -> MigPlacement {
+        MigPlacement {
+            start: self.placement_start,
+            size: self.memory_slices,
+        }
+    }
+}
+
+/// The intents file and its in-memory copy.
+#[derive(Debug)]
+pub(in crate::service) struct MigIntents {
+    path: PathBuf,
+    live: Mutex<Vec<Intent>>,
+}
+
+/// The intents lock held: no slice is reserved or struck meanwhile.
+pub(in crate::service) struct Quiet<'a>(MutexGuard<'a, Vec<Intent>>);
+
+impl Quiet<'_> {
+    /// Whether a slice on GPU `gpu_uuid` is being made now.
+    pub fn busy(&self, gpu_uuid: &str) -> bool {
+        self.0.iter().any(|i| i.gpu_uuid == gpu_uuid)
+    }
+}
+
+/// See [`MigIntents::strike_on_drop`].
+pub(in crate::service) struct StrikeOnDrop<'a>(&'a MigIntents, String);
+
+impl Drop for StrikeOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.strike(&self.1);
+    }
+}
+
+impl MigIntents {
+    /// The intents of `run_dir`, none live (nothing is being made before the start-up
+    /// reconcile is over).
+    pub fn new(run_dir: &Path) -> MigIntents {
+        MigIntents {
+            path: run_dir.join("mig-intents.json"),
+            live: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<Intent>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What the last run left: the intents of attempts a crash interrupted. The file is read
+    /// as the input it is: one that is not a regular file, too large or not an intents list
+    /// counts as empty (every instance no claim owns is then kept: the side that destroys
+    /// nothing), is logged and removed.
+    pub fn take_for_sweep(&self) -> Vec<Intent> {
+        let found = match fsutil::read_own_file(&self.path, MAX_BYTES) {
+            Ok(raw) => match serde_json::from_slice::<Vec<Intent>>(&raw) {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::error!(path = %self.path.display(), error = %e, "unreadable MIG intents; no MIG instance is destroyed at this start (those a crash left stay until destroyed by hand)");
+                    Vec::new()
+                }
+            },
+            Err(ReadRefusal::Missing) => Vec::new(),
+            Err(e) => {
+                tracing::error!(path = %self.path.display(), error = %e, "refusing to read the MIG intents; no MIG instance is destroyed at this start");
+                Vec::new()
+            }
+        };
+        if let Err(e) = fsutil::remove_file_if_exists(&self.path) {
+            tracing::error!(path = %self.path.display(), error = %e, "removing the MIG intents");
+        }
+        found
+    }
+
+    /// Records that `target` is about to be made for `claim`, before anything is created.
+    ///
+    /// # Errors
+    /// `Conflict` when another claim is making an overlapping slice on that GPU right now
+    /// (two prepares admitted at once); `Internal` when the intent cannot be written (then
+    /// nothing may be created).
+    pub fn reserve(&self, claim: &str, target: &MigTarget) -> Result<(), ServiceError> {
+        let mut live = self.lock();
+        self.push(&mut live, Intent::of(claim, target), target)
+    }
+
+    fn push(
+        &self,
+        live: &mut Vec<Intent>,
+        intent: Intent,
+        target: &MigTarget,
+    ) -> Result<(), ServiceError> {
+        if let Some(other) = live.iter().find(|i| {
+            i.claim != intent.claim
+                && i.gpu_uuid == intent.gpu_uuid
+                && i.placement().overlaps(&intent.placement())
+        }) {
+            return Err(ServiceError::new(
+                ErrorCode::Conflict,
+                format!(
+                    "{}: memory slices {} are being prepared as a MIG device for claim {} right now",
+                    target.device,
+                    intent.placement(),
+                    other.claim
+                ),
+            ));
+        }
+        if live.contains(&intent) {
+            return Ok(());
+        }
+        live.push(intent);
+        if let Err(e) = self.write(live) {
+            live.pop();
+            return Err(ServiceError::internal(format!(
+                "{}: recording the MIG slice about to be made in {}: {e}",
+                target.device,
+                self.path.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Chooses a slice on GPU `gpu_uuid` with `choose`, given the slices being made there now
+    /// by any claim, and records its intent, all under the intents' lock (so a concurrent
+    /// prepare's choice sees this one).
+    ///
+    /// # Errors
+    /// `choose`'s error; as [`MigIntents::reserve`].
+    pub fn reserve_with(
+        &self,
+        claim: &str,
+        gpu_uuid: &str,
+        choose: impl FnOnce(&[Occupied]) -> Result<MigTarget, ServiceError>,
+    ) -> Result<MigTarget, ServiceError> {
+        let mut live = self.lock();
+        let busy: Vec<Occupied> = live
+            .iter()
+            .filter(|i| i.gpu_uuid == gpu_uuid)
+            .map(|i| Occupied {
+                profile: GiProfileId(i.gi_profile_id),
+                placement: i.placement(),
+            })
+            .collect();
+        let target = choose(&busy)?;
+        self.push(&mut live, Intent::of(claim, &target), &target)?;
+        Ok(target)
+    }
+
+    /// Strikes every intent of `claim`: its record now names what was made, or nothing was.
+    pub fn strike(&self, claim: &str) {
+        let mut live = self.lock();
+        let before = live.len();
+        live.retain(|i| i.claim != claim);
+        if live.len() == before {
+            return;
+        }
+        if let Err(e) = self.write(&live) {
+            // Harmless: a stale intent acts only for a claim whose record is half-prepared.
+            tracing::warn!(path = %self.path.display(), error = %e, "striking MIG intents");
+        }
+    }
+
+    /// Strikes `claim`'s intents when dropped: held across a prepare's apply and commit.
+    pub fn strike_on_drop(&self, claim: &str) -> StrikeOnDrop<'_> {
+        StrikeOnDrop(self, claim.to_string())
+    }
+
+    /// Holds the intents still (see [`Quiet::busy`]).
+    pub fn quiet(&self) -> Quiet<'_> {
+        Quiet(self.lock())
+    }
+
+    fn write(&self, live: &[Intent]) -> std::io::Result<()> {
+        if live.is_empty() {
+            return fsutil::remove_file_if_exists(&self.path);
+        }
+        let raw = serde_json::to_vec(live).map_err(std::io::Error::other)?;
+        if let Some(dir) = self.path.parent() {
+            fsutil::create_dir_if_missing(dir, 0o755)?;
+        }
+        fsutil::write_replace(&self.path, &raw, 0o600)
+    }
+}

@@ -1,0 +1,403 @@
+//! The service's side of MIG: planning a claim's MIG devices, creating (or taking, static
+//! MIG) and destroying them through `strategy::mig`, the start-up sweep, MIG mode turned off
+//! after the last claim it was turned on for, live MIG state for `list_gpus`; `intents` (how
+//! gpushared knows what it made) and `layout` (`mig_apply`) beside.
+
+use std::collections::BTreeSet;
+
+use gpushare_proto::{ClaimInfo, ClaimState, ErrorCode, MigDeviceInfo, MigInstanceInfo};
+
+use super::{PlanKind, Service};
+use crate::config::{ClaimSpec, MpsSettings};
+use crate::error::ServiceError;
+use crate::gpu::{Gpu, GpuBackend, MigInstance, MigMode};
+use crate::mig::MigModel;
+use crate::strategy::mig::{self as strategy, Claimed, MigTarget};
+use crate::strategy::mps::{default_shm_bytes, MpsDirs, MpsLaunch};
+
+mod intents;
+mod layout;
+
+pub(super) use intents::{Intent, MigIntents};
+
+/// At start-up, after the rollbacks: destroys the MIG instances that no remaining claim owns
+/// and that gpushare made, which only a crash between making an instance and recording it
+/// leaves. gpushare knows it made one by the intent it wrote before making it (`left`, from
+/// the last run): honoured only for a claim whose record was still being prepared when the
+/// run ended (`half_prepared`), or for a claim whose recorded slice sits at exactly that place
+/// (a slice being made again); the placement and profile must match exactly. Every other
+/// instance no claim owns was made by someone else (`gpushare mig apply`, mig-parted,
+/// `nvidia-smi`: static MIG) and is kept.
+pub(super) fn sweep_at_start<'a>(
+    backend: &dyn GpuBackend,
+    left: &[Intent],
+    half_prepared: &BTreeSet<String>,
+    claims: impl IntoIterator<Item = &'a ClaimInfo> + Clone,
+) {
+    let claimed = Claimed::of(claims.clone());
+    let records_slice_at = |uid: &str, gpu: &str, i: &MigInstance| {
+        claims
+            .clone()
+            .into_iter()
+            .filter(|c| c.uid == uid)
+            .any(|c| {
+                c.groups.iter().flat_map(|g| &g.mig).any(|m| {
+                    m.gpu_uuid == gpu
+                        && m.gi_profile_id == i.profile.0
+                        && m.placement_start == i.placement.start
+                        && m.memory_slices == i.placement.size
+                })
+            })
+    };
+    let made_by_us = |gpu: &str, inst: &MigInstance| {
+        left.iter().any(|x| {
+            !x.existing
+                && x.gpu_uuid == gpu
+                && x.gi_profile_id == inst.profile.0
+                && x.placement_start == inst.placement.start
+                && x.memory_slices == inst.placement.size
+                && (half_prepared.contains(&x.claim) || records_slice_at(&x.claim, gpu, inst))
+        })
+    };
+    let swept = strategy::sweep_unowned(backend, &claimed, made_by_us);
+    if !swept.is_empty() {
+        tracing::warn!(
+            count = swept.len(),
+            "start-up: MIG instances gpushare made that no claim recorded were found"
+        );
+    }
+}
+
+/// The claims of `claims` a crash left in `PrepareStarted`: whose intents the sweep honours.
+pub(super) fn half_prepared<'a>(
+    claims: impl IntoIterator<Item = &'a ClaimInfo>,
+) -> BTreeSet<String> {
+    claims
+        .into_iter()
+        .filter(|c| c.state == ClaimState::PrepareStarted)
+        .map(|c| c.uid.clone())
+        .collect()
+}
+
+impl Service {
+    /// Resolves a MIG group's devices and checks they can be created now, touching nothing.
+    pub(super) fn plan_mig(
+        &self,
+        spec: &ClaimSpec,
+        results: &[usize],
+        profile: Option<&str>,
+        mps: Option<&MpsSettings>,
+        requests: &[String],
+    ) -> Result<(Vec<MigTarget>, Option<MpsLaunch>), ServiceError> {
+        // Slices claims record count as taken even where their instance vanished (a GPU reset,
+        // a destroy by hand): they are those claims' until released.
+        let claimed = Claimed::of(self.view.load().claims.values().map(|c| &**c));
+        let mut targets = Vec::with_capacity(results.len());
+        for &i in results {
+            let r = &spec.results[i];
+            let t = strategy::resolve(
+                self.backend.as_ref(),
+                &r.request,
+                &r.device,
+                profile,
+                &claimed,
+                &targets,
+            )?;
+            targets.push(t);
+        }
+        strategy::check(self.backend.as_ref(), &targets, &claimed)?;
+        let Some(settings) = mps else {
+            return Ok((targets, None));
+        };
+        let names: Vec<String> = targets.iter().map(|t| t.device.clone()).collect();
+        let pinned = settings.resolve_pinned_limits(&names).map_err(|e| {
+            ServiceError::new(
+                e.code,
+                format!(
+                    "config of request(s) {}: {}",
+                    requests.join(", "),
+                    e.message
+                ),
+            )
+        })?;
+        let dirs = MpsDirs::for_group(&self.claim_dir(&spec.uid), &names);
+        dirs.check_socket_paths().map_err(|e| {
+            ServiceError::new(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "claim UID {:?} is too long for an MPS claim here: {e}",
+                    spec.uid
+                ),
+            )
+        })?;
+        Ok((
+            targets,
+            Some(MpsLaunch {
+                dirs,
+                // The MIG UUIDs, once the instances exist.
+                visible_devices: Vec::new(),
+                multi_user: settings.multi_user,
+                active_thread_percentage: settings.active_thread_percentage,
+                pinned_limits_mib: pinned,
+                shm_bytes: self
+                    .cfg
+                    .shm_bytes
+                    .unwrap_or_else(|| default_shm_bytes(self.mps.ops().machine.mem_total_kib())),
+            }),
+        ))
+    }
+
+    /// Creates (or takes, static MIG) a group's MIG devices, recording each GPU instance in
+    /// the claim the moment it exists, so that a failure anywhere after lets the release
+    /// destroy it. Each slice's intent is written first (`intents`: struck at the prepare's
+    /// end); a placement chosen here that a concurrent prepare is making is chosen again.
+    pub(super) fn create_mig(
+        &self,
+        uid: &str,
+        plan: &super::GroupPlan,
+        targets: &[MigTarget],
+    ) -> Result<Vec<MigInstanceInfo>, ServiceError> {
+        debug_assert!(matches!(plan.kind, PlanKind::Mig { .. }));
+        let mut done: Vec<MigInstanceInfo> = Vec::with_capacity(targets.len());
+        for t in targets {
+            let mut t = self.reserve_slice(uid, t)?;
+            // A slice after one that turned MIG mode on carries the flag as well.
+            t.carries_mode_flag |= done
+                .iter()
+                .any(|d| d.gpu_uuid == t.gpu_uuid && d.enabled_mig_mode);
+            crate::crash::point("prepare.mig_intent_saved");
+            let rec = strategy::create(self.backend.as_ref(), &t, |partial| {
+                self.set_mig_record(uid, plan, partial);
+                crate::crash::point("prepare.mig_gpu_instance_created");
+            })?;
+            self.set_mig_record(uid, plan, &rec);
+            done.push(rec);
+        }
+        Ok(done)
+    }
+
+    /// Writes `t`'s intent. A placement chosen here (`chosen`) is chosen again under the
+    /// intents' lock, from the live instances, the claims' records and the slices other
+    /// prepares are making now, so concurrent prepares never pick the same one.
+    fn reserve_slice(&self, uid: &str, t: &MigTarget) -> Result<MigTarget, ServiceError> {
+        if !t.chosen {
+            self.mig_intents.reserve(uid, t)?;
+            return Ok(t.clone());
+        }
+        self.mig_intents.reserve_with(uid, &t.gpu_uuid, |busy| {
+            let claimed = Claimed::of(self.view.load().claims.values().map(|c| &**c));
+            strategy::repick(self.backend.as_ref(), t, &claimed, busy)
+        })
+    }
+
+    /// After a claim's release destroyed its slices: on each GPU where one carried
+    /// `enabled_mig_mode` (gpushare turned MIG mode on for it), MIG mode is turned off again
+    /// when no other claim records a slice there, no slice is being made there, no instance is
+    /// left (one made by others keeps the mode as it is), and the GPU leaves MIG mode without a
+    /// reset (Hopper and later; where gpushare could turn it on, it can turn it off). A
+    /// failure is logged; the release stands.
+    pub(super) fn leave_mig_mode_after(&self, info: &ClaimInfo) {
+        let gpus: BTreeSet<&str> = info
+            .groups
+            .iter()
+            .flat_map(|g| &g.mig)
+            .filter(|m| m.enabled_mig_mode)
+            .map(|m| m.gpu_uuid.as_str())
+            .collect();
+        for gpu in gpus {
+            let quiet = self.mig_intents.quiet();
+            let view = self.view.load();
+            let others = Claimed::of(
+                view.claims
+                    .values()
+                    .map(|c| &**c)
+                    .filter(|c| c.uid != info.uid),
+            );
+            if quiet.busy(gpu) || others.any_on(gpu) {
+                continue;
+            }
+            let Some(g) = self.backend.find(gpu) else {
+                continue;
+            };
+            let name = g.device_name();
+            if !strategy::model_of(g).is_ok_and(|m| m.reset_free_mode_toggle()) {
+                continue;
+            }
+            match self.backend.mig_instances(gpu) {
+                Ok(live) if !live.is_empty() => {
+                    tracing::info!(gpu = %name, instances = live.len(), "MIG mode stays on: MIG instances gpushare did not make are there");
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(gpu = %name, error = %e, "reading MIG instances before turning MIG mode off");
+                    continue;
+                }
+            }
+            match self.backend.set_mig_mode(gpu, false) {
+                Ok(m) if !m.current => {
+                    tracing::info!(gpu = %name, "MIG mode disabled: the last MIG claim it was enabled for is released")
+                }
+                Ok(_) => {
+                    tracing::warn!(gpu = %name, "disabling MIG mode stays pending a reset; left so")
+                }
+                Err(e) => {
+                    tracing::error!(gpu = %name, error = %e, "disabling MIG mode after the last MIG claim it was enabled for")
+                }
+            }
+        }
+    }
+
+    fn set_mig_record(&self, uid: &str, plan: &super::GroupPlan, rec: &MigInstanceInfo) {
+        let mut st = self.state();
+        if let Some(c) = st.claims.get_mut(uid) {
+            if let Some(g) = c.groups.iter_mut().find(|g| g.devices == plan.devices) {
+                match g
+                    .mig
+                    .iter_mut()
+                    .find(|m| m.gpu_uuid == rec.gpu_uuid && m.gi_id == rec.gi_id)
+                {
+                    Some(m) => *m = rec.clone(),
+                    None => g.mig.push(rec.clone()),
+                }
+            }
+        }
+    }
+
+    /// Destroys every MIG instance of a claim that is still the one its record names; returns
+    /// the first error after trying all. A compute instance destroyed is struck from the
+    /// claim's record at once, so that a retry after its GPU instance failed to go knows that
+    /// GPU instance by its IDs and placement.
+    pub(super) fn destroy_mig(&self, info: &ClaimInfo) -> Result<(), ServiceError> {
+        let mut first = None;
+        for rec in info.groups.iter().flat_map(|g| &g.mig) {
+            let forget_compute = || {
+                let mut st = self.state();
+                if let Some(m) = st
+                    .claims
+                    .get_mut(&info.uid)
+                    .into_iter()
+                    .flat_map(|c| c.groups.iter_mut())
+                    .flat_map(|g| g.mig.iter_mut())
+                    .find(|m| *m == rec)
+                {
+                    m.ci_id = None;
+                    m.uuid.clear();
+                }
+            };
+            if let Err(e) = strategy::destroy(self.backend.as_ref(), rec, forget_compute) {
+                tracing::error!(claim = %info.uid, device = %rec.device, error = %e, "destroying MIG device");
+                first.get_or_insert(ServiceError::new(
+                    e.code,
+                    format!("claim {}: {}", info.uid, e.message),
+                ));
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Checks, touching nothing, that a whole-GPU claim can have `gpu`: a GPU in MIG mode runs
+    /// no CUDA work on the whole GPU. With MIG instances it is `Conflict` (naming their
+    /// owners); with none, MIG mode can be turned off at prepare where that needs no reset
+    /// (Hopper, idle), else `Unsupported`.
+    ///
+    /// # Errors
+    /// As above.
+    pub(super) fn check_whole_gpu(&self, gpu: &Gpu) -> Result<(), ServiceError> {
+        let Ok(mode) = self.backend.mig_mode(&gpu.uuid) else {
+            return Ok(());
+        };
+        if !mode.current && !mode.pending {
+            return Ok(());
+        }
+        let name = gpu.device_name();
+        let live = self.backend.mig_instances(&gpu.uuid).unwrap_or_default();
+        if !live.is_empty() {
+            let claimed = Claimed::of(self.view.load().claims.values().map(|c| &**c));
+            let mut by: Vec<String> = live
+                .iter()
+                .map(|i| {
+                    claimed.owner(&gpu.uuid, i).map_or_else(
+                        || "the node's MIG layout".to_string(),
+                        |c| format!("claim {c}"),
+                    )
+                })
+                .collect();
+            by.dedup();
+            return Err(ServiceError::new(
+                ErrorCode::Conflict,
+                format!(
+                    "{name} is partitioned into {} MIG instance(s) (held by {}); a whole-GPU claim cannot have it",
+                    live.len(),
+                    by.join(", ")
+                ),
+            ));
+        }
+        let resettable = MigModel::from_product_name(&gpu.product_name)
+            .is_some_and(MigModel::reset_free_mode_toggle);
+        if mode.current != mode.pending || !resettable {
+            return Err(ServiceError::new(
+                ErrorCode::Unsupported,
+                format!(
+                    "{name} is in MIG mode (or a change is pending), and turning it off on this GPU needs a GPU reset, which gpushare never does; a whole-GPU claim cannot have it"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Turns MIG mode off on a whole-GPU claim's GPU where it is on ([`Self::check_whole_gpu`]
+    /// admitted it: Hopper, no instances). The claim holds the GPU, so no MIG claim races it.
+    pub(super) fn leave_mig_mode(
+        &self,
+        d: &gpushare_proto::ClaimDevice,
+    ) -> Result<(), ServiceError> {
+        let Ok(mode) = self.backend.mig_mode(&d.uuid) else {
+            return Ok(());
+        };
+        if !mode.current {
+            return Ok(());
+        }
+        let after = self
+            .backend
+            .set_mig_mode(&d.uuid, false)
+            .map_err(|e| strategy::gpu_err(&format!("{}: disabling MIG mode", d.device), e))?;
+        if after.current {
+            return Err(ServiceError::new(
+                ErrorCode::Unsupported,
+                format!("{}: disabling MIG mode stays pending a GPU reset", d.device),
+            ));
+        }
+        tracing::info!(gpu = %d.device, "MIG mode disabled for a whole-GPU claim");
+        Ok(())
+    }
+
+    /// Live MIG mode (current and pending) and instances of `gpu`, each with the claim that
+    /// owns it.
+    pub(super) fn live_mig(&self, gpu: &Gpu) -> Option<(MigMode, Vec<MigDeviceInfo>)> {
+        if !gpu.mig_capable {
+            return None;
+        }
+        let model = MigModel::from_product_name(&gpu.product_name)?;
+        let mode = self.backend.mig_mode(&gpu.uuid).ok()?;
+        let claimed = Claimed::of(self.view.load().claims.values().map(|c| &**c));
+        let devices = self
+            .backend
+            .mig_instances(&gpu.uuid)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|i| {
+                let p = model.profile_by_id(i.profile)?;
+                let owner = claimed.owner(&gpu.uuid, &i).map(str::to_string);
+                let mut d = p.device_info(
+                    i.compute.map(|c| c.uuid).unwrap_or_default(),
+                    i.placement.start,
+                );
+                d.gi_id = Some(i.gi_id);
+                d.owner = owner;
+                Some(d)
+            })
+            .collect();
+        Some((mode, devices))
+    }
+}

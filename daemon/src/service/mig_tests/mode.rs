@@ -1,0 +1,76 @@
+//! MIG mode after the last MIG claim: gpushare turns it off again where it turned it on for
+//! a claim (Hopper: no reset needed), carried by every claim's slice on that GPU; never on
+//! Ampere, never where `gpushare mig apply` set it, never under instances others made.
+
+use super::*;
+
+fn mode_on(f: &Fixture, gpu: &str) -> bool {
+    f.backend.mig_mode(&uuid_of(f, gpu)).unwrap().current
+}
+
+#[test]
+fn mig_mode_gpushare_turned_on_goes_off_after_the_last_claim_it_carries() {
+    let f = fixture("p5.48xlarge", &[]);
+    assert!(!mode_on(&f, "gpu-3"));
+    f.service
+        .prepare(&claim("a", &["gpu-3-mig-3g40gb-9-0"], None))
+        .unwrap();
+    assert!(mode_on(&f, "gpu-3"), "enabled for the claim");
+    assert!(f.service.get_claim("a").unwrap().groups[0].mig[0].enabled_mig_mode);
+    // A second claim on the GPU carries the flag over.
+    f.service
+        .prepare(&claim("b", &["gpu-3"], Some(short_mig("1g.10gb"))))
+        .unwrap();
+    assert!(f.service.get_claim("b").unwrap().groups[0].mig[0].enabled_mig_mode);
+    f.service.unprepare("a").unwrap();
+    assert!(mode_on(&f, "gpu-3"), "b still has a slice there");
+    // The flag is on disk: a restart in between keeps it.
+    let restarted = start(&f.cfg, &f.host, &f.backend);
+    restarted.unprepare("b").unwrap();
+    assert!(!mode_on(&f, "gpu-3"), "off after the last one");
+    assert!(instances(&f, "gpu-3").is_empty());
+}
+
+#[test]
+fn mig_mode_stays_on_where_a_layout_set_it_or_others_made_instances() {
+    let f = fixture("p5.48xlarge", &[]);
+    // Set by `gpushare mig apply` (gpu-0 and gpu-1): a claim there does not carry the flag.
+    apply(&f, "balanced", false).unwrap();
+    let before = instances(&f, "gpu-1");
+    f.service
+        .prepare(&claim("l", &["gpu-1"], Some(short_mig("1g.10gb"))))
+        .unwrap();
+    assert!(!f.service.get_claim("l").unwrap().groups[0].mig[0].enabled_mig_mode);
+    f.service.unprepare("l").unwrap();
+    assert!(mode_on(&f, "gpu-1"), "the layout's mode stays");
+    assert_eq!(instances(&f, "gpu-1"), before);
+
+    // Turned on for a claim, but someone made an instance beside it meanwhile: kept on.
+    f.service
+        .prepare(&claim("c", &["gpu-4-mig-3g40gb-9-0"], None))
+        .unwrap();
+    let uuid = uuid_of(&f, "gpu-4");
+    let gi = f
+        .backend
+        .create_gpu_instance(&uuid, crate::mig::GiProfileId(19), 6)
+        .unwrap();
+    f.backend
+        .create_compute_instance(&uuid, gi, crate::mig::CiProfileIndex(0))
+        .unwrap();
+    f.service.unprepare("c").unwrap();
+    assert!(mode_on(&f, "gpu-4"));
+    assert_eq!(instances(&f, "gpu-4").len(), 1, "the other's instance kept");
+}
+
+#[test]
+fn ampere_mig_mode_is_never_turned_off() {
+    // MIG on at node setup (set, then reset): a claim's slice does not carry the flag, and
+    // leaving would need a reset anyway.
+    let f = fixture("p4d.24xlarge", &[2]);
+    f.service
+        .prepare(&claim("amp", &["gpu-2-mig-3g20gb-9-4"], None))
+        .unwrap();
+    assert!(!f.service.get_claim("amp").unwrap().groups[0].mig[0].enabled_mig_mode);
+    f.service.unprepare("amp").unwrap();
+    assert!(mode_on(&f, "gpu-2"));
+}
