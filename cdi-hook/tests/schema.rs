@@ -15,8 +15,8 @@ use gpushare_proto::{
     AttachParams, Attachment, ClaimDevice, ClaimInfo, ClaimState, ComputeMode, DetachParams,
     DetachResult, ErrorBody, ErrorCode, GpuInfo, GpuSharing, GroupInfo, HealthInfo, Method,
     MigApplyParams, MigApplyResult, MigCapacity, MigDeviceInfo, MigGpuPlan, MigInstanceInfo,
-    MigPartitions, MigSlot, MpsInfo, PrepareParams, PrepareResult, PreparedDevice, Request,
-    RequestDevices, Response, StrategyInfo, TimeSliceInterval, UidParams, UnprepareResult,
+    MigOrigin, MigPartitions, MigSlot, MpsInfo, PrepareParams, PrepareResult, PreparedDevice,
+    Request, RequestDevices, Response, StrategyInfo, TimeSliceInterval, UidParams, UnprepareResult,
     VersionInfo, PROTOCOL_VERSION,
 };
 use serde::de::DeserializeOwned;
@@ -542,6 +542,13 @@ fn mig_instance(complete: bool) -> MigInstanceInfo {
         } else {
             String::new()
         },
+        // Both origins, and the flag both ways, are shapes the schema must take.
+        origin: if complete {
+            MigOrigin::Existing
+        } else {
+            MigOrigin::Created
+        },
+        enabled_mig_mode: !complete,
     }
 }
 

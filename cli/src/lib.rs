@@ -16,7 +16,7 @@ use std::fmt::Write as _;
 
 use comfy_table::{presets, Table};
 use gpushare::cli_api::{catalog, NodeProfile};
-use gpushare_proto::{ClaimInfo, GpuInfo, HealthInfo, StrategyInfo, VersionInfo};
+use gpushare_proto::{ClaimInfo, GpuInfo, HealthInfo, MigOrigin, StrategyInfo, VersionInfo};
 use serde::Serialize;
 
 /// Output format of every listing (`-o`).
@@ -449,10 +449,24 @@ pub fn claim_detail(c: &ClaimInfo) -> String {
                     .map_or(String::new(), |ci| format!(", compute instance {ci}")),
                 if m.uuid.is_empty() { "no MIG UUID yet" } else { m.uuid.as_str() }
             );
+            let _ = writeln!(
+                s,
+                "             {}{}",
+                match m.origin {
+                    MigOrigin::Created => "made for the claim (destroyed at unprepare)",
+                    MigOrigin::Existing =>
+                        "existed before the claim: static MIG (left in place at unprepare)",
+                },
+                if m.enabled_mig_mode {
+                    "; MIG mode was turned on by gpushare and goes off after the last such slice"
+                } else {
+                    ""
+                }
+            );
         }
         match &g.sharing {
             StrategyInfo::Exclusive if !g.mig.is_empty() => {
-                let _ = writeln!(s, "  strategy:  MIG slice(s) used alone (created at prepare, destroyed at unprepare)");
+                let _ = writeln!(s, "  strategy:  MIG slice(s) used alone");
             }
             StrategyInfo::Exclusive => {
                 let _ = writeln!(s, "  strategy:  Exclusive (nothing changed on the GPU)");

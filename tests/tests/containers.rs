@@ -301,3 +301,98 @@ fn podman_container_sees_the_mig_capability_device_nodes() {
     let g2 = d.gpus()["gpu-2"].clone();
     assert!(g2.mig_devices.is_empty(), "{:?}", g2.mig_devices);
 }
+
+#[test]
+fn podman_container_on_a_static_mig_device_a_layout_made() {
+    if !need(is_root(), "root")
+        || !need(which("podman").is_some(), "podman")
+        || !need(which("runc").is_some(), "runc")
+    {
+        return;
+    }
+    let _serial = global_lock();
+    let d = Daemon::start_on(
+        DaemonOptions {
+            mps_control: bin("gpushare-mps-control"),
+            cdi_dir: Some(PathBuf::from("/var/run/cdi")),
+            run_dir: None,
+        },
+        &p4d_mig_profile(),
+    );
+    // Static MIG: the layout is made first (here by `gpushare mig apply`; mig-parted or
+    // nvidia-smi at node setup on a real node), then a claim names one of its devices.
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = tmp.path().join("layout.yaml");
+    fs::write(
+        &layout,
+        "version: v1\nmig-configs:\n  g2:\n    - devices: [2]\n      mig-enabled: true\n      mig-devices: {\"1g.5gb\": 2, \"2g.10gb\": 1, \"3g.20gb\": 1}\n",
+    )
+    .unwrap();
+    let out = Command::new(bin("gpushare"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["mig", "apply", "-f", layout.to_str().unwrap(), "-c", "g2"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let before = d.gpus()["gpu-2"].mig_devices.clone();
+    assert_eq!(before.len(), 4, "{before:?}");
+    let three = before
+        .iter()
+        .find(|m| m.profile == "3g.20gb")
+        .unwrap()
+        .clone();
+    let device = format!(
+        "gpu-2-mig-3g20gb-{}-{}",
+        three.gi_profile_id, three.placement_start
+    );
+    let uid = unique_uid("podman-static-mig");
+    let claim = serde_json::json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "static", "namespace": "default", "uid": uid},
+        "status": {"allocation": {"devices": {"results": [{"request": "gpu",
+            "driver": "gpu.nvidia.com", "pool": NODE, "device": device}]}}}});
+    d.prepare(&claim)
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    let c = claim_via_cli(&d, &uid);
+    let rec = c.groups[0].mig[0].clone();
+    assert_eq!(rec.uuid, three.uuid, "the layout's instance itself");
+    assert_eq!(rec.origin, gpushare_proto::MigOrigin::Existing);
+    let gi_cap = 3 + 2 * 15 * 9 + rec.gi_id * 9;
+    let ci_cap = gi_cap + 1 + rec.ci_id.unwrap();
+    let rootfs = busybox_rootfs(tmp.path(), &[]);
+    let out = gpushare_cli::container::podman_run(
+        &format!("gpushare.io/claim={uid}"),
+        &rootfs,
+        "ls -l /dev/nvidia2 /dev/nvidia-caps/",
+    )
+    .output()
+    .expect("podman run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "podman failed: {stdout}\n{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+    for cap in [gi_cap, ci_cap] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with('c') && l.ends_with(&format!(" nvidia-cap{cap}"))),
+            "nvidia-cap{cap} missing in the container: {stdout}"
+        );
+    }
+    d.unprepare(&uid);
+    d.assert_nothing_left(&uid, &[]);
+    let after: Vec<String> = d.gpus()["gpu-2"]
+        .mig_devices
+        .iter()
+        .map(|m| m.uuid.clone())
+        .collect();
+    let want: Vec<String> = before.iter().map(|m| m.uuid.clone()).collect();
+    assert_eq!(after, want, "the layout is left as it was");
+}

@@ -51,6 +51,8 @@ struct Node {
     log: PathBuf,
     mps_control: PathBuf,
     child: Option<Child>,
+    /// What `--simulate` is given.
+    simulate: String,
 }
 
 impl Node {
@@ -76,8 +78,18 @@ impl Node {
             boot_file,
             mps_control,
             child: None,
+            simulate: "p4d.24xlarge".into(),
             dir,
         }
+    }
+
+    /// The same node with gpu-2 in MIG mode, as an operator set it up before gpushared.
+    fn with_mig_on_gpu_2(mut self) -> Node {
+        self.simulate = format!(
+            "{}/../daemon/examples/profiles/p4d.24xlarge-mig2.toml",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        self
     }
 
     /// Claim `uid`'s record in the store (`<state-dir>/records/<uid>.json`).
@@ -128,7 +140,9 @@ impl Node {
         let mut cmd = Command::new(bin("gpushared"));
         cmd.arg("--config")
             .arg(self.dir.path().join("config.toml"))
-            .args(["--simulate", "p4d.24xlarge", "--node-name", NODE])
+            .arg("--simulate")
+            .arg(&self.simulate)
+            .args(["--node-name", NODE])
             .args(["--shm-size-mib", "16", "--mps-timeout", "5"])
             .arg("--socket")
             .arg(&self.socket)
@@ -527,6 +541,18 @@ fn mps_claim(uid: &str, gpu: u32, atp: u32) -> Value {
     )
 }
 
+/// An MPS claim on the 3g.20gb slice at memory slice 4 of gpu-2 (made at prepare).
+fn mps_on_mig_claim(uid: &str) -> Value {
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+           "metadata": {"name": "crash-test", "namespace": "ns", "uid": uid},
+           "status": {"allocation": {"devices": {
+               "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": NODE,
+                            "device": "gpu-2-mig-3g20gb-9-4"}],
+               "config": [{"source": "FromClaim", "requests": ["gpu"],
+                           "opaque": {"driver": "gpu.nvidia.com", "parameters":
+                               {"sharingMode": "mps", "mpsActiveThreadPercentage": 40}}}]}}}})
+}
+
 fn ts_claim(uid: &str, gpu: u32) -> Value {
     claim_on(
         uid,
@@ -696,12 +722,19 @@ fn every_named_crash_point_is_hit_and_recovered_from() {
     if !need(is_root(), "root") {
         return;
     }
-    let mut node = Node::new(mps_program());
+    // gpu-2 is in MIG mode: the MIG points are reached by an MPS claim on a MIG slice there,
+    // the others by MPS claims on the whole GPUs around it.
+    let mut node = Node::new(mps_program()).with_mig_on_gpu_2();
     let mut counts = Counts::new();
     let mut hit = BTreeSet::new();
     for (i, point) in CRASH_POINTS.iter().enumerate() {
         let uid = format!("cp-{}-{i}", std::process::id());
-        let claim = mps_claim(&uid, (i % 8) as u32, 40);
+        let on_mig = point.starts_with("prepare.mig_");
+        let claim = if on_mig {
+            mps_on_mig_claim(&uid)
+        } else {
+            mps_claim(&uid, [0, 1, 3, 4, 5, 6, 7][i % 7], 40)
+        };
         let in_unprepare = point.starts_with("unprepare.");
         if in_unprepare {
             node.start();
@@ -748,6 +781,16 @@ fn every_named_crash_point_is_hit_and_recovered_from() {
 
         node.start();
         node.check(&mut counts);
+        if on_mig {
+            // Made by gpushare and not recorded before the crash: destroyed at the start.
+            let gpu2 = node.gpus().into_iter().find(|g| g.name == "gpu-2").unwrap();
+            assert!(
+                gpu2.mig_devices.is_empty(),
+                "{point}: {:?}",
+                gpu2.mig_devices
+            );
+            *counts.entry("no MIG instance left by a crash").or_default() += 1;
+        }
         let after = node.claim(&uid);
         if *point == "prepare.completed_saved" || (crashed_at_start && in_unprepare) {
             assert_eq!(after.unwrap().state, ClaimState::Prepared, "{point}: kept");

@@ -132,3 +132,62 @@ fn mig_cli_lists_plans_applies_and_refuses_claimed_gpus() {
     let g = &d.gpus()["gpu-3"];
     assert_eq!((g.mig_enabled, g.mig_pending), (false, Some(true)));
 }
+
+#[test]
+fn hopper_mig_mode_gpushare_turned_on_is_off_again_after_the_last_mig_claim() {
+    let Some(_cases) = setup() else {
+        return;
+    };
+    let d = Daemon::start_on(
+        DaemonOptions {
+            mps_control: bin("gpushare-mps-control"),
+            cdi_dir: None,
+            run_dir: None,
+        },
+        "p5.48xlarge",
+    );
+    assert!(!d.gpus()["gpu-5"].mig_enabled);
+    let claim = |uid: &str, device: &str, params: serde_json::Value| {
+        serde_json::json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "m", "namespace": "default", "uid": uid},
+            "status": {"allocation": {"devices": {
+                "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": NODE,
+                             "device": device}],
+                "config": [{"source": "FromClaim", "requests": ["gpu"],
+                            "opaque": {"driver": "gpu.nvidia.com", "parameters": params}}]}}}})
+    };
+    let a = unique_uid("hop-a");
+    let b = unique_uid("hop-b");
+    d.prepare(&claim(
+        &a,
+        "gpu-5",
+        serde_json::json!({"sharingMode": "mig", "migProfile": "3g.40gb"}),
+    ))
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    assert!(d.gpus()["gpu-5"].mig_enabled, "turned on for the claim");
+    d.prepare(&claim(
+        &b,
+        "gpu-5",
+        serde_json::json!({"sharingMode": "mig", "migProfile": "1g.10gb"}),
+    ))
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    let shown = text(&cli(&d, &["claim", &b]));
+    assert!(
+        shown.contains("MIG mode was turned on by gpushare"),
+        "{shown}"
+    );
+    d.unprepare(&a);
+    assert!(
+        d.gpus()["gpu-5"].mig_enabled,
+        "the other claim still has a slice"
+    );
+    d.unprepare(&b);
+    let g = &d.gpus()["gpu-5"];
+    assert!(
+        !g.mig_enabled && g.mig_devices.is_empty(),
+        "{g:?}\n{}",
+        d.log()
+    );
+    d.assert_nothing_left(&a, &[]);
+    d.assert_nothing_left(&b, &[]);
+}

@@ -58,6 +58,7 @@ impl Service {
                             let started = self.mps.start(&launch).map_err(|e| {
                                 ServiceError::internal(format!("claim {}: {e}", spec.uid))
                             })?;
+                            crate::crash::point("prepare.mps_started");
                             if let Some(c) = self.state().claims.get_mut(&spec.uid) {
                                 if let Some(g) =
                                     c.groups.iter_mut().find(|g| g.devices == plan.devices)

@@ -470,6 +470,7 @@ mod tests {
             include_str!("reconcile.rs"),
             include_str!("restarts.rs"),
             include_str!("orphans.rs"),
+            include_str!("mig/mod.rs"),
         ]
         .concat();
         for p in crate::crash::CRASH_POINTS {
