@@ -63,7 +63,7 @@ pub struct Unreadable {
     pub why: String,
 }
 
-/// What [`Store::load`] found.
+/// What [`Store::load`](super::Store::load) found.
 #[derive(Debug, Default)]
 pub struct Loaded {
     /// Boot ID recorded by the last start (empty when unknown).
