@@ -5,7 +5,7 @@
 //! | path | what |
 //! |---|---|
 //! | `store.json` | the store's own record: format, boot ID of the boot that last started on it, the last generation handed out, and the downgrade export it wrote at its last stop |
-//! | `records/<uid>.json` | one claim's [`ClaimRecord`], written atomically (temporary file, fsync, rename, directory fsync) whenever its durable state changes |
+//! | `records/<uid>.json` | one claim's [`ClaimRecord`](crate::claim::ClaimRecord), written atomically (temporary file, fsync, rename, directory fsync) whenever its durable state changes |
 //! | `tombstones/<uid>.json` | one released claim's [`TombstoneRecord`] |
 //! | `checkpoint.json` | only between a graceful stop and the next start: the whole node in the version 2 format, for a downgrade (see `docs/crash-safety.md`) |
 //!
@@ -16,19 +16,27 @@
 //!
 //! Concurrent changes are written in one batch (`Batch`): every record's file is written and
 //! fsynced, renamed, and each directory fsynced once.
+//!
+//! Here: the store, its load and its durable writes; the values it exchanges are in
+//! `store/types.rs`, reading records back in `store/read.rs`, the version 2 migration in
+//! `store/migrate.rs`, and the reads and replacements made outside a running daemon (doctor,
+//! tests) in `store/offline.rs`.
 
-use std::collections::BTreeMap;
+mod migrate;
+mod offline;
+mod read;
+mod types;
+
 use std::fs;
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
-
-use crate::checkpoint::{Checkpoint, CheckpointFile, Tombstone};
-use crate::claim::{ClaimRecord, TombstoneRecord, RECORD_FORMAT};
+use crate::checkpoint::{Checkpoint, CheckpointFile};
+use crate::claim::{TombstoneRecord, RECORD_FORMAT};
 use crate::fsutil;
+
+pub use offline::{replace_with, snapshot};
+pub use types::{Batch, FileStamp, Loaded, StoreMeta, Unreadable};
 
 /// Name of the store's own record in the state directory.
 pub const STORE_FILE: &str = "store.json";
@@ -39,106 +47,6 @@ pub const TOMBSTONES_DIR: &str = "tombstones";
 /// Largest record read, in bytes (a record is a few KiB).
 pub const MAX_RECORD_BYTES: u64 = 4 << 20;
 
-/// The store's own record (`store.json`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StoreMeta {
-    /// [`RECORD_FORMAT`] of the build that wrote it.
-    pub format: u32,
-    /// Boot ID of the boot gpushared last started in.
-    #[serde(default)]
-    pub boot_id: String,
-    /// Last generation handed out when this was written; the records' own are newer.
-    #[serde(default)]
-    pub generation: u64,
-    /// The `checkpoint.json` this store wrote at its last graceful stop, to tell it from one
-    /// a previous release wrote after a downgrade.
-    #[serde(default)]
-    pub export: Option<FileStamp>,
-}
-
-/// Identity of a file as written: device, inode, size and modification time. A rewrite by
-/// another program (atomic: a new inode) never matches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FileStamp {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    mtime_ns: i128,
-}
-
-impl FileStamp {
-    fn of(path: &Path) -> io::Result<FileStamp> {
-        let m = fs::symlink_metadata(path)?;
-        Ok(FileStamp {
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.size(),
-            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
-        })
-    }
-}
-
-/// A record file that could not be read as a record: kept as evidence by the caller.
-#[derive(Debug)]
-pub struct Unreadable {
-    /// The file.
-    pub path: PathBuf,
-    /// Its bytes, when they could be read.
-    pub bytes: Option<Vec<u8>>,
-    /// Why it was refused.
-    pub why: String,
-}
-
-/// What [`Store::load`] found.
-#[derive(Debug, Default)]
-pub struct Loaded {
-    /// Boot ID recorded by the last start (empty when unknown).
-    pub boot_id: String,
-    /// Highest generation recorded anywhere in the store.
-    pub generation: u64,
-    /// Claims by the name of their file, as read (attachments only from a version 2
-    /// checkpoint, which had them).
-    pub claims: BTreeMap<String, gpushare_proto::ClaimInfo>,
-    /// Tombstones by claim UID.
-    pub tombstones: BTreeMap<String, Tombstone>,
-    /// Record files that are not records (not JSON, wrong shape, not a regular file): the
-    /// files are left in place for the caller to quarantine and remove.
-    pub unreadable: Vec<Unreadable>,
-    /// Neither a store nor a checkpoint was there: a new node or a lost state directory, which
-    /// is not the same as a node without claims (the host records are looked at).
-    pub missing: bool,
-    /// A version 2 checkpoint that was corrupt at migration: where it went, and why.
-    pub quarantined: Option<(PathBuf, String)>,
-    /// A version 2 checkpoint was migrated: where the original was kept.
-    pub migrated: Option<PathBuf>,
-}
-
-/// The changes of one durable write: records to write (`Some`) or remove (`None`).
-#[derive(Debug, Default, Clone)]
-pub struct Batch {
-    /// Claim records by UID.
-    pub claims: BTreeMap<String, Option<ClaimRecord>>,
-    /// Tombstones by claim UID.
-    pub tombstones: BTreeMap<String, Option<Tombstone>>,
-}
-
-impl Batch {
-    /// Nothing to write.
-    pub fn is_empty(&self) -> bool {
-        self.claims.is_empty() && self.tombstones.is_empty()
-    }
-
-    /// Adds `other`'s changes where this batch has none for the same key (this one is newer).
-    pub fn merge_older(&mut self, other: Batch) {
-        for (k, v) in other.claims {
-            self.claims.entry(k).or_insert(v);
-        }
-        for (k, v) in other.tombstones {
-            self.tombstones.entry(k).or_insert(v);
-        }
-    }
-}
-
 /// The per-claim store in a state directory.
 #[derive(Debug, Clone)]
 pub struct Store {
@@ -146,13 +54,6 @@ pub struct Store {
     /// The version 2 checkpoint path (`<state-dir>/checkpoint.json`): migrated from, and the
     /// downgrade export.
     checkpoint: PathBuf,
-}
-
-fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
 
 impl Store {
@@ -217,171 +118,6 @@ impl Store {
         self.read_claims(&mut loaded)?;
         self.read_tombstones(&mut loaded)?;
         Ok(loaded)
-    }
-
-    fn read_meta(&self) -> Option<StoreMeta> {
-        let bytes = fsutil::read_own_file(&self.meta_path(), MAX_RECORD_BYTES).ok()?;
-        match serde_json::from_slice(&bytes) {
-            Ok(m) => Some(m),
-            Err(e) => {
-                tracing::error!(path = %self.meta_path().display(), error = %e, "the store's own record is corrupt; its boot ID and generation are taken from the records");
-                Some(StoreMeta::default())
-            }
-        }
-    }
-
-    /// Writes every claim and tombstone of a version 2 checkpoint as records, then the store's
-    /// own record, then keeps the checkpoint aside.
-    fn migrate(&self, loaded: &mut Loaded) -> io::Result<()> {
-        let v2 = CheckpointFile::new(self.checkpoint.clone()).load()?;
-        if let Some(q) = v2.quarantined {
-            // Moved aside by its loader; the claims come from the host records.
-            loaded.quarantined = Some(q);
-            self.write_meta(&StoreMeta {
-                format: RECORD_FORMAT,
-                ..StoreMeta::default()
-            })?;
-            return Ok(());
-        }
-        let cp = v2.checkpoint;
-        let mut batch = Batch::default();
-        for (key, info) in &cp.claims {
-            // Filed under its checkpoint key: a key that is not a safe file name is refused
-            // (and quarantined) by the caller, from `loaded.claims`, not written.
-            if crate::config::validate_claim_uid(key).is_ok() {
-                batch
-                    .claims
-                    .insert(key.clone(), Some(ClaimRecord::of(info)));
-            }
-        }
-        for (uid, t) in &cp.tombstones {
-            if crate::config::validate_claim_uid(uid).is_ok() {
-                batch.tombstones.insert(uid.clone(), Some(t.clone()));
-            }
-        }
-        // Records of the store that the checkpoint no longer has (a downgrade ran in between
-        // and released them) go.
-        for uid in self.list(CLAIMS_DIR)? {
-            batch.claims.entry(uid).or_insert(None);
-        }
-        for uid in self.list(TOMBSTONES_DIR)? {
-            batch.tombstones.entry(uid).or_insert(None);
-        }
-        self.write(&batch)?;
-        self.write_meta(&StoreMeta {
-            format: RECORD_FORMAT,
-            boot_id: cp.boot_id.clone(),
-            generation: cp.generation,
-            export: None,
-        })?;
-        let name = self
-            .checkpoint
-            .file_name()
-            .map_or_else(|| "checkpoint.json".into(), |n| n.to_string_lossy());
-        let mut kept = self
-            .checkpoint
-            .with_file_name(format!("{name}.migrated-{}", now_secs()));
-        let mut n = 1;
-        while fs::symlink_metadata(&kept).is_ok() {
-            kept = self
-                .checkpoint
-                .with_file_name(format!("{name}.migrated-{}.{n}", now_secs()));
-            n += 1;
-        }
-        fs::rename(&self.checkpoint, &kept)?;
-        tracing::warn!(from = %kept.display(), claims = cp.claims.len(), tombstones = cp.tombstones.len(), "migrated a version 2 checkpoint to per-claim records");
-        loaded.generation = cp.generation;
-        // The attachments of a version 2 checkpoint are in its entries, not in the records.
-        for (key, info) in cp.claims {
-            loaded.claims.insert(key, info);
-        }
-        loaded.migrated = Some(kept);
-        Ok(())
-    }
-
-    /// UIDs of the records in `sub` (file names `<uid>.json`); temporaries of interrupted
-    /// writes are removed.
-    fn list(&self, sub: &str) -> io::Result<Vec<String>> {
-        let dir = self.dir.join(sub);
-        let entries = match fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e),
-        };
-        let mut out = Vec::new();
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with('.') && name.contains(".tmp-") {
-                tracing::info!(path = %entry.path().display(), "removing a temporary file of an interrupted record write");
-                let _ = fsutil::remove_file_if_exists(&entry.path());
-                continue;
-            }
-            if let Some(uid) = name.strip_suffix(".json") {
-                out.push(uid.to_string());
-            }
-        }
-        out.sort();
-        Ok(out)
-    }
-
-    fn read_claims(&self, loaded: &mut Loaded) -> io::Result<()> {
-        for key in self.list(CLAIMS_DIR)? {
-            if loaded.claims.contains_key(&key) {
-                continue;
-            }
-            let path = self.claim_path(&key);
-            let read = fsutil::read_own_file(&path, MAX_RECORD_BYTES);
-            let bytes = match read {
-                Ok(b) => b,
-                Err(fsutil::ReadRefusal::Missing) => continue,
-                Err(why) => {
-                    loaded.unreadable.push(Unreadable {
-                        path,
-                        bytes: None,
-                        why: why.to_string(),
-                    });
-                    continue;
-                }
-            };
-            match serde_json::from_slice::<ClaimRecord>(&bytes) {
-                Ok(rec) => {
-                    loaded.generation = loaded.generation.max(rec.generation);
-                    loaded.claims.insert(key, rec.into_claim(String::new()));
-                }
-                Err(e) => loaded.unreadable.push(Unreadable {
-                    path,
-                    bytes: Some(bytes),
-                    why: format!("not a claim record: {e}"),
-                }),
-            }
-        }
-        Ok(())
-    }
-
-    fn read_tombstones(&self, loaded: &mut Loaded) -> io::Result<()> {
-        for uid in self.list(TOMBSTONES_DIR)? {
-            if crate::config::validate_claim_uid(&uid).is_err() {
-                continue;
-            }
-            let path = self.tombstone_path(&uid);
-            let parsed = fsutil::read_own_file(&path, MAX_RECORD_BYTES)
-                .map_err(|e| e.to_string())
-                .and_then(|b| {
-                    serde_json::from_slice::<TombstoneRecord>(&b).map_err(|e| e.to_string())
-                });
-            match parsed {
-                Ok(t) => {
-                    loaded.generation = loaded.generation.max(t.tombstone.generation);
-                    loaded.tombstones.insert(uid, t.tombstone);
-                }
-                Err(why) => {
-                    // A tombstone only ever refuses a late prepare; a broken one is dropped.
-                    tracing::error!(path = %path.display(), reason = %why, "removing an unreadable tombstone");
-                    let _ = fsutil::remove_file_if_exists(&path);
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Writes `batch` durably: each record is written to a temporary file, fsynced and renamed
@@ -466,93 +202,6 @@ impl Store {
             export: Some(stamp),
         })
     }
-}
-
-/// Every claim and tombstone of the store in `state_dir`, as one [`Checkpoint`], read without
-/// changing anything (for `gpushare doctor` and tests; unreadable records are left out and
-/// listed in the second value).
-pub fn snapshot(state_dir: &Path) -> (Checkpoint, Vec<String>) {
-    let store = Store::beside(&state_dir.join("checkpoint.json"));
-    let mut cp = Checkpoint::default();
-    let mut problems = Vec::new();
-    if let Some(m) = store.read_meta() {
-        cp.boot_id = m.boot_id;
-        cp.generation = m.generation;
-    }
-    let dir = state_dir.join(CLAIMS_DIR);
-    if let Ok(entries) = fs::read_dir(&dir) {
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let Some(uid) = name
-                .strip_suffix(".json")
-                .filter(|_| !name.starts_with('.'))
-            else {
-                continue;
-            };
-            let parsed = fsutil::read_own_file(&e.path(), MAX_RECORD_BYTES)
-                .map_err(|e| e.to_string())
-                .and_then(|b| serde_json::from_slice::<ClaimRecord>(&b).map_err(|e| e.to_string()));
-            match parsed {
-                Ok(r) => {
-                    cp.generation = cp.generation.max(r.generation);
-                    cp.claims
-                        .insert(uid.to_string(), r.into_claim(String::new()));
-                }
-                Err(why) => problems.push(format!("{}: {why}", e.path().display())),
-            }
-        }
-    }
-    let dir = state_dir.join(TOMBSTONES_DIR);
-    if let Ok(entries) = fs::read_dir(&dir) {
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let Some(uid) = name
-                .strip_suffix(".json")
-                .filter(|_| !name.starts_with('.'))
-            else {
-                continue;
-            };
-            if let Ok(t) = fsutil::read_own_file(&e.path(), MAX_RECORD_BYTES)
-                .map_err(|e| e.to_string())
-                .and_then(|b| {
-                    serde_json::from_slice::<TombstoneRecord>(&b).map_err(|e| e.to_string())
-                })
-            {
-                cp.tombstones.insert(uid.to_string(), t.tombstone);
-            }
-        }
-    }
-    (cp, problems)
-}
-
-/// Replaces the store in `state_dir` with `cp`'s claims and tombstones (tests: what a record
-/// on disk says before a start).
-///
-/// # Errors
-/// Any I/O error.
-pub fn replace_with(state_dir: &Path, cp: &Checkpoint) -> io::Result<()> {
-    let store = Store::beside(&state_dir.join("checkpoint.json"));
-    let mut batch = Batch::default();
-    for uid in store.list(CLAIMS_DIR)? {
-        batch.claims.insert(uid, None);
-    }
-    for uid in store.list(TOMBSTONES_DIR)? {
-        batch.tombstones.insert(uid, None);
-    }
-    for (k, c) in &cp.claims {
-        batch.claims.insert(k.clone(), Some(ClaimRecord::of(c)));
-    }
-    for (k, t) in &cp.tombstones {
-        batch.tombstones.insert(k.clone(), Some(t.clone()));
-    }
-    store.write(&batch)?;
-    let mut meta = store.read_meta().unwrap_or_default();
-    meta.format = RECORD_FORMAT;
-    meta.generation = cp.generation;
-    if !cp.boot_id.is_empty() {
-        meta.boot_id = cp.boot_id.clone();
-    }
-    store.write_meta(&meta)
 }
 
 #[cfg(test)]

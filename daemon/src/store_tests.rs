@@ -1,6 +1,8 @@
 //! Unit tests of `store.rs`.
 
 use super::*;
+use crate::checkpoint::Tombstone;
+use crate::claim::ClaimRecord;
 
 fn fixture(root: &Path) -> String {
     include_str!("../tests/fixtures/checkpoint-v2.json")

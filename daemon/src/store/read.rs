@@ -1,0 +1,107 @@
+//! Reading the store's files back: its own record, the record directories' listings (with
+//! temporaries of interrupted writes removed), the claim records and the tombstones.
+
+use std::fs;
+use std::io;
+
+use super::{Loaded, Store, StoreMeta, Unreadable, CLAIMS_DIR, MAX_RECORD_BYTES, TOMBSTONES_DIR};
+use crate::claim::{ClaimRecord, TombstoneRecord};
+use crate::fsutil;
+
+impl Store {
+    pub(super) fn read_meta(&self) -> Option<StoreMeta> {
+        let bytes = fsutil::read_own_file(&self.meta_path(), MAX_RECORD_BYTES).ok()?;
+        match serde_json::from_slice(&bytes) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                tracing::error!(path = %self.meta_path().display(), error = %e, "the store's own record is corrupt; its boot ID and generation are taken from the records");
+                Some(StoreMeta::default())
+            }
+        }
+    }
+
+    /// UIDs of the records in `sub` (file names `<uid>.json`); temporaries of interrupted
+    /// writes are removed.
+    pub(super) fn list(&self, sub: &str) -> io::Result<Vec<String>> {
+        let dir = self.dir.join(sub);
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') && name.contains(".tmp-") {
+                tracing::info!(path = %entry.path().display(), "removing a temporary file of an interrupted record write");
+                let _ = fsutil::remove_file_if_exists(&entry.path());
+                continue;
+            }
+            if let Some(uid) = name.strip_suffix(".json") {
+                out.push(uid.to_string());
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    pub(super) fn read_claims(&self, loaded: &mut Loaded) -> io::Result<()> {
+        for key in self.list(CLAIMS_DIR)? {
+            if loaded.claims.contains_key(&key) {
+                continue;
+            }
+            let path = self.claim_path(&key);
+            let read = fsutil::read_own_file(&path, MAX_RECORD_BYTES);
+            let bytes = match read {
+                Ok(b) => b,
+                Err(fsutil::ReadRefusal::Missing) => continue,
+                Err(why) => {
+                    loaded.unreadable.push(Unreadable {
+                        path,
+                        bytes: None,
+                        why: why.to_string(),
+                    });
+                    continue;
+                }
+            };
+            match serde_json::from_slice::<ClaimRecord>(&bytes) {
+                Ok(rec) => {
+                    loaded.generation = loaded.generation.max(rec.generation);
+                    loaded.claims.insert(key, rec.into_claim(String::new()));
+                }
+                Err(e) => loaded.unreadable.push(Unreadable {
+                    path,
+                    bytes: Some(bytes),
+                    why: format!("not a claim record: {e}"),
+                }),
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn read_tombstones(&self, loaded: &mut Loaded) -> io::Result<()> {
+        for uid in self.list(TOMBSTONES_DIR)? {
+            if crate::config::validate_claim_uid(&uid).is_err() {
+                continue;
+            }
+            let path = self.tombstone_path(&uid);
+            let parsed = fsutil::read_own_file(&path, MAX_RECORD_BYTES)
+                .map_err(|e| e.to_string())
+                .and_then(|b| {
+                    serde_json::from_slice::<TombstoneRecord>(&b).map_err(|e| e.to_string())
+                });
+            match parsed {
+                Ok(t) => {
+                    loaded.generation = loaded.generation.max(t.tombstone.generation);
+                    loaded.tombstones.insert(uid, t.tombstone);
+                }
+                Err(why) => {
+                    // A tombstone only ever refuses a late prepare; a broken one is dropped.
+                    tracing::error!(path = %path.display(), reason = %why, "removing an unreadable tombstone");
+                    let _ = fsutil::remove_file_if_exists(&path);
+                }
+            }
+        }
+        Ok(())
+    }
+}
