@@ -198,7 +198,7 @@ fn a_chosen_placement_another_prepare_is_making_is_chosen_again() {
         format!("gpu-2-mig-1g10gb-19-{}", got.placement_start)
     );
     // The named form has no choice: Conflict at once, naming the other claim.
-    let named = format!("gpu-2-mig-1g10gb-19-0");
+    let named = "gpu-2-mig-1g10gb-19-0".to_string();
     let e = f
         .service
         .prepare(&claim("third", &[&named], None))
