@@ -1,4 +1,8 @@
-//! Unit tests of `mps.rs`.
+//! Unit tests of `mps/`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
 
 use super::*;
 

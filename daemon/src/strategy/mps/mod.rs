@@ -1,0 +1,76 @@
+//! Per-claim MPS control daemons: started, configured, verified by read-back, and stopped.
+//!
+//! One control daemon serves one device group of one claim. It runs as `<program> -d` with the
+//! claim's own pipe and log directories, `CUDA_VISIBLE_DEVICES` set to the group's sorted UUIDs,
+//! and its own mount namespace whose `/dev/shm` is a per-claim tmpfs that the claim's containers
+//! get too. The program is NVIDIA's `nvidia-cuda-mps-control` or our emulator: both are reached
+//! through the very same [`crate::sys::CommandRunner`] path.
+//!
+//! Here: [`Mps`], MPS's hold on a whole GPU (compute mode); `launch`, what a daemon is started
+//! with (pure); `control`, starting one and verifying its limits by read-back; `stop`, finding
+//! and stopping one; `error`, why an operation failed.
+
+use gpushare_proto::{ComputeMode, ErrorCode};
+
+use super::Strategy;
+use crate::error::ServiceError;
+use crate::gpu::{GpuBackend, GpuError};
+
+mod control;
+mod error;
+mod launch;
+mod stop;
+
+pub use control::MpsControl;
+pub use error::MpsError;
+pub use launch::{
+    default_shm_bytes, launch_of, percentage_display, pinned_limit_display, set_commands, MpsDirs,
+    MpsLaunch,
+};
+pub use stop::Liveness;
+
+/// MPS's hold on a whole GPU: compute mode `EXCLUSIVE_PROCESS`, so that the claim's control
+/// daemon is the GPU's only client and every CUDA process of the claim goes through it. One
+/// claim per GPU (admission's rule); the last holder puts `DEFAULT` back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mps;
+
+impl Strategy for Mps {
+    fn set_up(
+        &self,
+        backend: &dyn GpuBackend,
+        uuid: &str,
+        device: &str,
+    ) -> Result<(), ServiceError> {
+        backend
+            .set_compute_mode(uuid, ComputeMode::ExclusiveProcess)
+            .map_err(|e| {
+                let code = match e {
+                    GpuError::Busy(_) => ErrorCode::Conflict,
+                    _ => ErrorCode::Internal,
+                };
+                ServiceError::new(
+                    code,
+                    format!("setting compute mode EXCLUSIVE_PROCESS on {device}: {e}"),
+                )
+            })
+    }
+
+    fn check_again(&self, backend: &dyn GpuBackend, uuid: &str, device: &str) {
+        if backend.compute_mode(uuid).ok() != Some(ComputeMode::ExclusiveProcess) {
+            tracing::warn!(gpu = %device, "compute mode is not EXCLUSIVE_PROCESS under an MPS claim; re-applying");
+            if let Err(e) = backend.set_compute_mode(uuid, ComputeMode::ExclusiveProcess) {
+                tracing::error!(gpu = %device, error = %e, "re-applying compute mode");
+            }
+        }
+    }
+
+    fn restore(&self, backend: &dyn GpuBackend, uuid: &str, device: &str) {
+        if let Err(e) = backend.set_compute_mode(uuid, ComputeMode::Default) {
+            tracing::error!(gpu = %device, error = %e, "restoring compute mode DEFAULT");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

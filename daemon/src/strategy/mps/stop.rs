@@ -1,0 +1,126 @@
+//! Finding a group's MPS control daemon by the lock it holds, telling whether it runs, and
+//! stopping it (`quit`, bounded, then SIGKILL).
+
+use std::io;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use super::{MpsControl, MpsDirs, MpsError};
+use crate::fsutil;
+
+impl MpsControl {
+    /// The daemon holding `dirs`' pipe directory. A group directory or pipe directory that is
+    /// a symbolic link is none of ours (gpushare makes real directories): whatever holds the
+    /// lock at the link's target is another group's daemon, never this one's, so none is named
+    /// and nothing is signalled through it.
+    pub(super) fn holder(&self, dirs: &MpsDirs) -> io::Result<Option<i32>> {
+        let linked =
+            |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink());
+        if linked(&dirs.root) || linked(&dirs.pipe) {
+            tracing::warn!(pipe = %dirs.pipe.display(), "an MPS group or pipe directory is a symbolic link; no daemon of ours is there");
+            return Ok(None);
+        }
+        self.ops
+            .processes
+            .lock_holder(&dirs.pipe.join("control_lock"))
+    }
+
+    /// Whether the daemon recorded as `pid` still runs on its pipe directory. Only the holder
+    /// of the directory's `control_lock` counts: a pid alone may have been reused by now.
+    pub fn liveness(&self, dirs: &MpsDirs, pid: i32) -> Liveness {
+        match self.holder(dirs) {
+            Ok(Some(holder)) if holder == pid && self.ops.processes.alive(pid) => Liveness::Running,
+            Ok(_) => Liveness::Gone,
+            Err(e) => Liveness::Unknown(e.to_string()),
+        }
+    }
+
+    /// Stops the daemon on `dirs`: `quit` (bounded), then SIGKILL if it still holds the pipe
+    /// directory, then unmounts the shm tmpfs and removes the directories. The daemon is found
+    /// as the holder of `control_lock`, never by a recorded pid alone, which a dead daemon may
+    /// have handed on to an unrelated process. Idempotent: no daemon or directory is fine.
+    ///
+    /// # Errors
+    /// The holder of `control_lock` cannot be asked (then nothing is signalled), or the tmpfs cannot be
+    /// unmounted or the directories removed.
+    pub fn stop(&self, dirs: &MpsDirs, recorded: Option<i32>) -> Result<(), MpsError> {
+        self.stop_daemon(dirs, recorded)?;
+        self.ops
+            .mounter
+            .unmount(&dirs.shm)
+            .map_err(|source| MpsError::Mount {
+                action: "unmounting",
+                path: dirs.shm.clone(),
+                source,
+            })?;
+        fsutil::remove_dir_all_if_exists(&dirs.root).map_err(|source| MpsError::Dir {
+            action: "removing",
+            path: dirs.root.clone(),
+            source,
+        })
+    }
+
+    /// Stops the daemon holding `dirs` (`quit`, bounded, then SIGKILL) and leaves its
+    /// directories and shm tmpfs alone.
+    ///
+    /// # Errors
+    /// The holder of `control_lock` cannot be asked (then nothing is signalled).
+    pub fn stop_daemon(&self, dirs: &MpsDirs, recorded: Option<i32>) -> Result<(), MpsError> {
+        let holder = self.holder(dirs).map_err(|source| MpsError::Dir {
+            action: "finding the daemon (the holder of control_lock) of",
+            path: dirs.pipe.clone(),
+            source,
+        })?;
+        if let (Some(recorded), Some(holder)) = (recorded, holder) {
+            if recorded != holder {
+                tracing::warn!(recorded, holder, pipe = %dirs.pipe.display(), "the daemon on this pipe directory is not the one recorded");
+            }
+        }
+        if let Some(pid) = holder {
+            if let Err(e) = self.ui(dirs, &["quit".to_string()]) {
+                // Not killed yet: `quit`'s exit status is the daemon's own, so a daemon that is
+                // shutting down can answer with an error too; it gets the timeout to exit.
+                tracing::warn!(pid, error = %e, timeout_ms = self.timeout.as_millis() as u64, "MPS control daemon did not take quit; SIGKILL if it has not exited within the timeout");
+            }
+            if !self.wait_exit(dirs, pid, self.timeout) {
+                tracing::warn!(
+                    pid,
+                    "MPS control daemon still running after quit; sending SIGKILL"
+                );
+                self.ops.processes.kill(pid);
+                self.wait_exit(dirs, pid, self.timeout);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until `pid` no longer holds `dirs` (it exited, or at least let go of the pipe
+    /// directory), reaping it when it is our child (we are a child subreaper, so double-forked
+    /// daemons become our children). Returns whether it let go.
+    fn wait_exit(&self, dirs: &MpsDirs, pid: i32, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.ops.processes.reap(pid);
+            let holds = matches!(self.holder(dirs), Ok(Some(h)) if h == pid);
+            if !holds || !self.ops.processes.alive(pid) {
+                self.ops.processes.reap(pid);
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// What is known about a claim's MPS control daemon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Liveness {
+    /// It runs and holds its pipe directory.
+    Running,
+    /// It is gone (or another process holds its pipe directory).
+    Gone,
+    /// `/proc` could not be read; nothing is known.
+    Unknown(String),
+}
