@@ -15,7 +15,7 @@
 //! | [`mig`] | MIG profiles, placements, DRA device names, mig-parted layouts | pure |
 //! | [`gpu`] | GPU backends behind one trait: NVML, simulated node profiles, `nvidia-smi` | leaf |
 //! | [`sys`] | process spawning and mounting behind narrow traits | leaf |
-//! | [`strategy`] | sharing strategies, one file each (exclusive, time-slicing, MPS control daemons, MIG slices); the `Strategy` trait, each one's GPU setting | effects |
+//! | [`strategy`] | sharing strategies, one file each (exclusive, time-slicing, MPS control daemons, MIG slices); the `Strategy` trait, each one's GPU setting; the group traits, what each makes for a claim's device group and what a release undoes | effects |
 //! | [`mps_program`] | which MPS control program an empty `[mps] control` means | pure |
 //! | [`supervise`] | watching MPS control daemons (pidfd) so dead ones are restarted | effects |
 //! | [`crash`] | named crash points for the fault-injection suite (debug builds only) | test support |

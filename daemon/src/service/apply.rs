@@ -1,6 +1,8 @@
-//! Applying a claim plans: each group strategy on the host, then the CDI spec, then the check
-//! that the runtime will resolve every ID.
+//! Applying a claim's plans: each group's strategy on the host (its whole GPUs' setting, then
+//! what it makes, through `strategy::group`), then the CDI spec, then the check that the
+//! runtime will resolve every ID.
 
+use super::effects::ClaimGroup;
 use super::*;
 
 impl Service {
@@ -14,68 +16,22 @@ impl Service {
     ) -> Result<(Vec<GroupInfo>, Vec<RequestDevices>), ServiceError> {
         let mut groups = Vec::with_capacity(plans.len());
         for plan in plans {
-            if !matches!(plan.kind, PlanKind::Mig { .. }) {
+            // Whole GPUs first leave MIG mode and get what their strategy needs of them (a MIG
+            // group's GPUs enter MIG mode as its strategy makes its devices).
+            if let Some(whole) = plan.strategy.whole_gpu() {
                 for d in &plan.devices {
                     self.leave_mig_mode(d)?;
                 }
-            }
-            // Whole GPUs first get what their strategy needs of them (a MIG group's GPUs
-            // enter MIG mode as its devices are made, below).
-            if let Some(strategy) = plan.kind.whole_gpu_strategy() {
                 for d in &plan.devices {
-                    strategy.set_up(self.backend.as_ref(), &d.uuid, &d.device)?;
+                    whole.set_up(self.backend.as_ref(), &d.uuid, &d.device)?;
                 }
-                if !matches!(plan.kind, PlanKind::Exclusive) {
+                if whole.has_setting() {
                     crate::crash::point("prepare.gpu_settings_applied");
                 }
             }
-            let started = match &plan.kind {
-                PlanKind::Exclusive | PlanKind::TimeSlicing(_) => None,
-                PlanKind::Mps(launch) => {
-                    let started = self
-                        .mps
-                        .start(launch)
-                        .map_err(|e| ServiceError::internal(format!("claim {}: {e}", spec.uid)))?;
-                    crate::crash::point("prepare.mps_started");
-                    // Record the pid at once, so that a failure later in this prepare stops
-                    // this daemon too.
-                    if let Some(c) = self.state().claims.get_mut(&spec.uid) {
-                        if let Some(g) = c.groups.iter_mut().find(|g| g.devices == plan.devices) {
-                            g.sharing = StrategyInfo::Mps(started.clone());
-                        }
-                    }
-                    Some(started)
-                }
-                PlanKind::Mig { targets, mps } => {
-                    let records = self.create_mig(&spec.uid, plan, targets)?;
-                    let started = match mps {
-                        None => None,
-                        Some(launch) => {
-                            let launch = MpsLaunch {
-                                visible_devices: records.iter().map(|r| r.uuid.clone()).collect(),
-                                ..launch.clone()
-                            };
-                            let started = self.mps.start(&launch).map_err(|e| {
-                                ServiceError::internal(format!("claim {}: {e}", spec.uid))
-                            })?;
-                            crate::crash::point("prepare.mps_started");
-                            if let Some(c) = self.state().claims.get_mut(&spec.uid) {
-                                if let Some(g) =
-                                    c.groups.iter_mut().find(|g| g.devices == plan.devices)
-                                {
-                                    g.sharing = StrategyInfo::Mps(started.clone());
-                                }
-                            }
-                            Some(started)
-                        }
-                    };
-                    let mut g = self.group_info(plan, started);
-                    g.mig = records;
-                    groups.push(g);
-                    continue;
-                }
-            };
-            groups.push(self.group_info(plan, started));
+            let group = ClaimGroup::new(self, &spec.uid, &plan.devices);
+            let applied = plan.strategy.apply(&group.effects())?;
+            groups.push(plan.info(applied));
         }
         // The driver's device of each device (a MIG device just made makes the spec
         // generate again), then the claim's own spec, then the check that the runtime will

@@ -195,7 +195,8 @@ impl Service {
         };
         let mut wanted: Vec<(String, String)> = Vec::new();
         for p in plans {
-            if matches!(p.kind, PlanKind::Mig { .. }) {
+            // MIG devices are checked once they exist.
+            if p.strategy.whole_gpu().is_none() {
                 continue;
             }
             for d in &p.devices {

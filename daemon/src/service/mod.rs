@@ -15,8 +15,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use gpushare_proto::{
     Attachment, ClaimDevice, ClaimInfo, ClaimState, ErrorCode, GpuInfo, GpuSharing, GroupInfo,
-    HealthInfo, MpsInfo, PrepareResult, PreparedDevice, RequestDevices, StrategyInfo,
-    UnprepareResult,
+    HealthInfo, PrepareResult, PreparedDevice, RequestDevices, StrategyInfo, UnprepareResult,
 };
 use serde_json::Value;
 
@@ -31,8 +30,7 @@ use crate::gpu::{Gpu, GpuBackend};
 use crate::placement::Placement;
 use crate::registry::{Claims, Registry, Tombstones, Txn};
 use crate::store::Store;
-use crate::strategy::mig::MigTarget;
-use crate::strategy::mps::{default_shm_bytes, Liveness, MpsControl, MpsDirs, MpsLaunch};
+use crate::strategy::mps::{default_shm_bytes, Liveness, MpsControl, MpsDirs};
 use crate::sys::{DeviceFiles, Processes};
 use gpushare_core::Published;
 use gpushare_core::Want;
@@ -40,6 +38,7 @@ use gpushare_core::Want;
 mod apply;
 mod asked;
 mod cdi_spec;
+mod effects;
 mod liveness;
 mod locks;
 mod mig;
@@ -56,7 +55,7 @@ mod testing;
 mod view;
 use cdi_spec::driver_spec_error;
 use locks::ClaimLocks;
-use plan::{GroupPlan, PlanKind};
+use plan::GroupPlan;
 pub use reconcile::BOOT_ID_PATH;
 pub use restarts::{restart_backoff, SupervisedDaemon};
 pub use stop::registry_answers;
@@ -445,7 +444,7 @@ fn wants_of(info: &ClaimInfo) -> Vec<(String, String, Want)> {
 }
 
 #[cfg(test)]
-use gpushare_proto::{AttachParams, ComputeMode, DetachParams};
+use gpushare_proto::{AttachParams, ComputeMode, DetachParams, MpsInfo};
 
 #[cfg(test)]
 mod mig_tests;

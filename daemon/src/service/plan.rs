@@ -1,7 +1,11 @@
 //! A claim resolved into per-group plans, touching nothing: devices found, configurations
-//! checked, MPS directories and limits computed.
+//! checked, each group's config mapped onto its strategy (`strategy::group`: MPS directories
+//! and limits computed, MIG slices resolved).
 
 use super::*;
+use crate::strategy::group::{Applied, GroupStrategy};
+use crate::strategy::mps::{self, MpsGroup};
+use crate::strategy::{Exclusive, TimeSlicing};
 
 impl Service {
     /// Resolves devices and configs into per-group plans, touching nothing.
@@ -133,11 +137,13 @@ impl Service {
                     self.check_whole_gpu(gpus[i])?;
                 }
             }
-            let kind = match &sharing {
-                Sharing::Exclusive => PlanKind::Exclusive,
+            let strategy: Box<dyn GroupStrategy> = match &sharing {
+                Sharing::Exclusive => Box::new(Exclusive),
                 Sharing::TimeSlicing { interval, replicas } => {
                     cap(*replicas);
-                    PlanKind::TimeSlicing(*interval)
+                    Box::new(TimeSlicing {
+                        interval: *interval,
+                    })
                 }
                 Sharing::Mps { settings, replicas } => {
                     cap(*replicas);
@@ -145,36 +151,15 @@ impl Service {
                     for &i in &group.results {
                         self.check_mps_support(gpus[i], settings)?;
                     }
-                    let pinned = settings.resolve_pinned_limits(&uuids).map_err(|e| {
-                        ServiceError::new(
-                            e.code,
-                            format!(
-                                "config of request(s) {}: {}",
-                                requests.join(", "),
-                                e.message
-                            ),
-                        )
-                    })?;
-                    let dirs = MpsDirs::for_group(&self.claim_dir(&spec.uid), &uuids);
-                    dirs.check_socket_paths().map_err(|e| {
-                        ServiceError::new(
-                            ErrorCode::InvalidRequest,
-                            format!(
-                                "claim UID {:?} is too long for an MPS claim here: {e}",
-                                spec.uid
-                            ),
-                        )
-                    })?;
-                    PlanKind::Mps(MpsLaunch {
-                        dirs,
-                        visible_devices: uuids,
-                        multi_user: settings.multi_user,
-                        active_thread_percentage: settings.active_thread_percentage,
-                        pinned_limits_mib: pinned,
-                        shm_bytes: self.cfg.shm_bytes.unwrap_or_else(|| {
-                            default_shm_bytes(self.mps.ops().machine.mem_total_kib())
-                        }),
-                    })
+                    let launch = mps::plan_launch(
+                        &spec.uid,
+                        &self.claim_dir(&spec.uid),
+                        &uuids,
+                        &requests,
+                        settings,
+                        self.shm_bytes(),
+                    )?;
+                    Box::new(MpsGroup { launch })
                 }
                 Sharing::Mig { profile, mps } => {
                     if let Some(settings) = mps {
@@ -182,7 +167,7 @@ impl Service {
                             self.check_mps_support(gpus[i], settings)?;
                         }
                     }
-                    let (targets, mps) = self.plan_mig(
+                    let mig = self.plan_mig(
                         spec,
                         &group.results,
                         profile.as_deref(),
@@ -190,7 +175,8 @@ impl Service {
                         &requests,
                     )?;
                     // The group's devices are the MIG devices, named canonically.
-                    devices = targets
+                    devices = mig
+                        .targets
                         .iter()
                         .map(|t| ClaimDevice {
                             request: t.request.clone(),
@@ -199,13 +185,13 @@ impl Service {
                             minor: t.gpu_minor,
                         })
                         .collect();
-                    PlanKind::Mig { targets, mps }
+                    Box::new(mig)
                 }
             };
             plans.push(GroupPlan {
                 requests,
                 devices,
-                kind,
+                strategy,
             });
         }
         Ok((plans, limit))
@@ -224,42 +210,12 @@ impl Service {
             .map_err(|m| ServiceError::new(ErrorCode::Unsupported, m))
     }
 
-    pub(super) fn group_info(&self, plan: &GroupPlan, started: Option<MpsInfo>) -> GroupInfo {
-        let sharing = match &plan.kind {
-            PlanKind::Exclusive => StrategyInfo::Exclusive,
-            PlanKind::TimeSlicing(interval) => StrategyInfo::TimeSlicing {
-                interval: *interval,
-            },
-            // Until the daemon runs, the record holds its directories (so a rollback or a
-            // restarted gpushared can clean them) and pid 0.
-            PlanKind::Mig { mps: None, .. } => StrategyInfo::Exclusive,
-            PlanKind::Mps(launch)
-            | PlanKind::Mig {
-                mps: Some(launch), ..
-            } => StrategyInfo::Mps(started.unwrap_or_else(|| MpsInfo {
-                control_daemon_pid: 0,
-                pipe_dir: launch.dirs.pipe.display().to_string(),
-                log_dir: launch.dirs.log.display().to_string(),
-                shm_dir: launch.dirs.shm.display().to_string(),
-                visible_devices: launch.visible_devices.clone(),
-                active_thread_percentage: String::new(),
-                pinned_device_memory_limits: BTreeMap::new(),
-                control_daemon_start_time: 0,
-                requested: gpushare_proto::MpsRequested {
-                    multi_user: launch.multi_user,
-                    active_thread_percentage: launch.active_thread_percentage,
-                    pinned_limits_mib: launch.pinned_limits_mib.clone(),
-                    shm_bytes: launch.shm_bytes,
-                },
-                restarts: 0,
-            })),
-        };
-        GroupInfo {
-            requests: plan.requests.clone(),
-            devices: plan.devices.clone(),
-            sharing,
-            mig: Vec::new(),
-        }
+    /// The size of each MPS group's shm tmpfs, in bytes: `[mps] shm_size_mib` or half the host's
+    /// memory.
+    pub(super) fn shm_bytes(&self) -> u64 {
+        self.cfg
+            .shm_bytes
+            .unwrap_or_else(|| default_shm_bytes(self.mps.ops().machine.mem_total_kib()))
     }
 
     pub(super) fn request_devices(&self, spec: &ClaimSpec) -> Vec<RequestDevices> {
@@ -302,34 +258,26 @@ impl Service {
 pub(super) struct GroupPlan {
     pub(super) requests: Vec<String>,
     pub(super) devices: Vec<ClaimDevice>,
-    pub(super) kind: PlanKind,
+    /// What its strategy needs of the group's GPUs, makes for it and records.
+    pub(super) strategy: Box<dyn GroupStrategy>,
 }
 
-#[derive(Debug)]
-pub(super) enum PlanKind {
-    Exclusive,
-    TimeSlicing(gpushare_proto::TimeSliceInterval),
-    Mps(MpsLaunch),
-    /// MIG devices to create, with an MPS control daemon on the slices when asked (its
-    /// `visible_devices` become the MIG UUIDs once they exist).
-    Mig {
-        targets: Vec<MigTarget>,
-        mps: Option<MpsLaunch>,
-    },
-}
+impl GroupPlan {
+    /// The group as its claim records it before anything is made.
+    pub(super) fn planned(&self) -> GroupInfo {
+        self.info(Applied {
+            sharing: self.strategy.planned(),
+            mig: Vec::new(),
+        })
+    }
 
-impl PlanKind {
-    /// The strategy holding a whole GPU of this plan's group, for its GPU setting; `None`
-    /// for MIG, whose GPUs hold MIG devices rather than the group.
-    pub(super) fn whole_gpu_strategy(&self) -> Option<Box<dyn crate::strategy::Strategy>> {
-        use crate::strategy::{Exclusive, Mps, TimeSlicing};
-        match self {
-            PlanKind::Exclusive => Some(Box::new(Exclusive)),
-            PlanKind::TimeSlicing(interval) => Some(Box::new(TimeSlicing {
-                interval: *interval,
-            })),
-            PlanKind::Mps(_) => Some(Box::new(Mps)),
-            PlanKind::Mig { .. } => None,
+    /// The group as its claim records it once `applied`.
+    pub(super) fn info(&self, applied: Applied) -> GroupInfo {
+        GroupInfo {
+            requests: self.requests.clone(),
+            devices: self.devices.clone(),
+            sharing: applied.sharing,
+            mig: applied.mig,
         }
     }
 }

@@ -470,7 +470,8 @@ mod tests {
             include_str!("reconcile.rs"),
             include_str!("restarts.rs"),
             include_str!("orphans.rs"),
-            include_str!("mig/mod.rs"),
+            include_str!("../strategy/mps/group.rs"),
+            include_str!("../strategy/mig/group.rs"),
         ]
         .concat();
         for p in crate::crash::CRASH_POINTS {

@@ -1,7 +1,11 @@
 //! Exclusive use: one claim holds the whole GPU, unshared. The GPU needs no setting (compute
 //! mode stays `DEFAULT`, so the claim's containers may open it as many times as they like):
-//! admission alone keeps every other claim off it.
+//! admission alone keeps every other claim off it. A prepare makes nothing for its group and
+//! a release undoes nothing.
 
+use gpushare_proto::StrategyInfo;
+
+use super::group::{GroupRelease, GroupStrategy};
 use super::Strategy;
 
 /// One claim, the whole GPU, no setting.
@@ -9,3 +13,15 @@ use super::Strategy;
 pub struct Exclusive;
 
 impl Strategy for Exclusive {}
+
+impl GroupStrategy for Exclusive {
+    fn whole_gpu(&self) -> Option<&dyn Strategy> {
+        Some(self)
+    }
+
+    fn planned(&self) -> StrategyInfo {
+        StrategyInfo::Exclusive
+    }
+}
+
+impl GroupRelease for Exclusive {}

@@ -1,6 +1,12 @@
-//! Sharing strategies, one file each: [`exclusive`], [`time_slicing`], [`mps`] (per-claim MPS
-//! control daemons; [`mps_support`], which GPUs can keep an MPS claim's settings) and [`mig`]
-//! (MIG devices made and destroyed per claim).
+//! Sharing strategies, one file (or folder) each: [`exclusive`], [`time_slicing`], [`mps`]
+//! (per-claim MPS control daemons; [`mps_support`], which GPUs can keep an MPS claim's
+//! settings) and [`mig`] (MIG devices made and destroyed per claim).
+//!
+//! What a strategy does for a claim's device group is [`group`]'s two traits: what a prepare
+//! makes for it and what its record holds ([`GroupStrategy`]), what a release undoes
+//! ([`GroupRelease`]), each through the few effects the service lends ([`GroupEffects`]). A
+//! new strategy implements them and [`Strategy`] in its own file; the service's planning maps
+//! its config onto it, and [`release_of`] (and, for a GPU's hold, [`of_want`]) its record.
 //!
 //! What every strategy does to a whole GPU it holds is the [`Strategy`] trait: the setting it
 //! needs there (a time-slice interval, compute mode `EXCLUSIVE_PROCESS`), set when a group is
@@ -15,12 +21,14 @@ use crate::error::ServiceError;
 use crate::gpu::GpuBackend;
 
 pub mod exclusive;
+pub mod group;
 pub mod mig;
 pub mod mps;
 pub mod mps_support;
 pub mod time_slicing;
 
 pub use exclusive::Exclusive;
+pub use group::{release_of, Applied, GroupEffects, GroupRelease, GroupStrategy};
 pub use mig::Mig;
 pub use mps::Mps;
 pub use time_slicing::TimeSlicing;
@@ -29,6 +37,14 @@ pub use time_slicing::TimeSlicing;
 /// device name, `gpu-<minor>`) names it in errors and logs. A strategy that needs no setting
 /// keeps the defaults, which do nothing.
 pub trait Strategy: Send + Sync {
+    /// Whether [`Strategy::set_up`] changes the GPU; `false` (the default) for a strategy
+    /// that keeps the defaults. A prepare marks a change with a crash point
+    /// (`prepare.gpu_settings_applied`), so that the crash suite kills gpushared between a
+    /// changed GPU and what records it.
+    fn has_setting(&self) -> bool {
+        false
+    }
+
     /// Sets the GPU up for a group of this strategy, before anything else of the group is
     /// made (the backend's NVML or `nvidia-smi` call).
     ///

@@ -1,10 +1,12 @@
 //! Time-slicing: claims at one interval share a GPU, the driver switching between their
 //! contexts at that interval (`nvidia-smi compute-policy --set-timeslice`; NVIDIA's codes 0–3:
 //! Default, Short, Medium, Long). Claims share it only at equal intervals (admission's rule);
-//! the last holder puts `Default` back.
+//! the last holder puts `Default` back. The interval is all a group needs: a prepare makes
+//! nothing else for it and a release undoes nothing.
 
-use gpushare_proto::{ErrorCode, TimeSliceInterval};
+use gpushare_proto::{ErrorCode, StrategyInfo, TimeSliceInterval};
 
+use super::group::{GroupRelease, GroupStrategy};
 use super::Strategy;
 use crate::error::ServiceError;
 use crate::gpu::{GpuBackend, GpuError};
@@ -17,6 +19,10 @@ pub struct TimeSlicing {
 }
 
 impl Strategy for TimeSlicing {
+    fn has_setting(&self) -> bool {
+        true
+    }
+
     fn set_up(
         &self,
         backend: &dyn GpuBackend,
@@ -54,3 +60,17 @@ impl Strategy for TimeSlicing {
         }
     }
 }
+
+impl GroupStrategy for TimeSlicing {
+    fn whole_gpu(&self) -> Option<&dyn Strategy> {
+        Some(self)
+    }
+
+    fn planned(&self) -> StrategyInfo {
+        StrategyInfo::TimeSlicing {
+            interval: self.interval,
+        }
+    }
+}
+
+impl GroupRelease for TimeSlicing {}

@@ -1,19 +1,19 @@
-//! The service's side of MIG: planning a claim's MIG devices, creating (or taking, static
-//! MIG) and destroying them through `strategy::mig`, the start-up sweep, MIG mode turned off
-//! after the last claim it was turned on for, live MIG state for `list_gpus`; `intents` (how
-//! gpushared knows what it made) and `layout` (`mig_apply`) beside.
+//! The service's side of MIG: planning a claim's MIG devices (their group, `MigGroup`, makes
+//! and destroys them), the intents it writes before making one, the start-up sweep, MIG mode
+//! turned off after the last claim it was turned on for, live MIG state for `list_gpus`;
+//! `intents` (how gpushared knows what it made) and `layout` (`mig_apply`) beside.
 
 use std::collections::BTreeSet;
 
-use gpushare_proto::{ClaimInfo, ClaimState, ErrorCode, MigDeviceInfo, MigInstanceInfo};
+use gpushare_proto::{ClaimInfo, ClaimState, ErrorCode, MigDeviceInfo};
 
-use super::{PlanKind, Service};
+use super::Service;
 use crate::config::{ClaimSpec, MpsSettings};
 use crate::error::ServiceError;
 use crate::gpu::{Gpu, GpuBackend, MigInstance, MigMode};
 use crate::mig::MigModel;
-use crate::strategy::mig::{self as strategy, Claimed, MigTarget};
-use crate::strategy::mps::{default_shm_bytes, MpsDirs, MpsLaunch};
+use crate::strategy::mig::{self as strategy, Claimed, MigGroup, MigTarget};
+use crate::strategy::mps::MpsLaunch;
 
 mod intents;
 mod layout;
@@ -80,7 +80,8 @@ pub(super) fn half_prepared<'a>(
 }
 
 impl Service {
-    /// Resolves a MIG group's devices and checks they can be created now, touching nothing.
+    /// Resolves a MIG group's devices and checks they can be created now, touching nothing;
+    /// with `mps`, plans the daemon on them too.
     pub(super) fn plan_mig(
         &self,
         spec: &ClaimSpec,
@@ -88,7 +89,7 @@ impl Service {
         profile: Option<&str>,
         mps: Option<&MpsSettings>,
         requests: &[String],
-    ) -> Result<(Vec<MigTarget>, Option<MpsLaunch>), ServiceError> {
+    ) -> Result<MigGroup, ServiceError> {
         // Slices claims record count as taken even where their instance vanished (a GPU reset,
         // a destroy by hand): they are those claims' until released.
         let claimed = Claimed::of(self.view.load().claims.values().map(|c| &**c));
@@ -107,79 +108,35 @@ impl Service {
         }
         strategy::check(self.backend.as_ref(), &targets, &claimed)?;
         let Some(settings) = mps else {
-            return Ok((targets, None));
+            return Ok(MigGroup { targets, mps: None });
         };
         let names: Vec<String> = targets.iter().map(|t| t.device.clone()).collect();
-        let pinned = settings.resolve_pinned_limits(&names).map_err(|e| {
-            ServiceError::new(
-                e.code,
-                format!(
-                    "config of request(s) {}: {}",
-                    requests.join(", "),
-                    e.message
-                ),
-            )
-        })?;
-        let dirs = MpsDirs::for_group(&self.claim_dir(&spec.uid), &names);
-        dirs.check_socket_paths().map_err(|e| {
-            ServiceError::new(
-                ErrorCode::InvalidRequest,
-                format!(
-                    "claim UID {:?} is too long for an MPS claim here: {e}",
-                    spec.uid
-                ),
-            )
-        })?;
-        Ok((
+        let launch = crate::strategy::mps::plan_launch(
+            &spec.uid,
+            &self.claim_dir(&spec.uid),
+            &names,
+            requests,
+            settings,
+            self.shm_bytes(),
+        )?;
+        Ok(MigGroup {
             targets,
-            Some(MpsLaunch {
-                dirs,
+            mps: Some(MpsLaunch {
                 // The MIG UUIDs, once the instances exist.
                 visible_devices: Vec::new(),
-                multi_user: settings.multi_user,
-                active_thread_percentage: settings.active_thread_percentage,
-                pinned_limits_mib: pinned,
-                shm_bytes: self
-                    .cfg
-                    .shm_bytes
-                    .unwrap_or_else(|| default_shm_bytes(self.mps.ops().machine.mem_total_kib())),
+                ..launch
             }),
-        ))
-    }
-
-    /// Creates (or takes, static MIG) a group's MIG devices, recording each GPU instance in
-    /// the claim the moment it exists, so that a failure anywhere after lets the release
-    /// destroy it. Each slice's intent is written first (`intents`: struck at the prepare's
-    /// end); a placement chosen here that a concurrent prepare is making is chosen again.
-    pub(super) fn create_mig(
-        &self,
-        uid: &str,
-        plan: &super::GroupPlan,
-        targets: &[MigTarget],
-    ) -> Result<Vec<MigInstanceInfo>, ServiceError> {
-        debug_assert!(matches!(plan.kind, PlanKind::Mig { .. }));
-        let mut done: Vec<MigInstanceInfo> = Vec::with_capacity(targets.len());
-        for t in targets {
-            let mut t = self.reserve_slice(uid, t)?;
-            // A slice after one that turned MIG mode on carries the flag as well.
-            t.carries_mode_flag |= done
-                .iter()
-                .any(|d| d.gpu_uuid == t.gpu_uuid && d.enabled_mig_mode);
-            crate::crash::point("prepare.mig_intent_saved");
-            let rec = strategy::create(self.backend.as_ref(), &t, |partial| {
-                self.set_mig_record(uid, plan, partial);
-                crate::crash::point("prepare.mig_gpu_instance_created");
-            })?;
-            self.set_mig_record(uid, plan, &rec);
-            done.push(rec);
-        }
-        Ok(done)
+        })
     }
 
     /// Writes `t`'s intent. A placement chosen here (`chosen`) is chosen again under the
     /// intents' lock, from the live instances, the claims' records and the slices other
     /// prepares are making now, so concurrent prepares never pick the same one.
-    fn reserve_slice(&self, uid: &str, t: &MigTarget) -> Result<MigTarget, ServiceError> {
+    pub(super) fn reserve_slice(
+        &self,
+        uid: &str,
+        t: &MigTarget,
+    ) -> Result<MigTarget, ServiceError> {
         if !t.chosen {
             self.mig_intents.reserve(uid, t)?;
             return Ok(t.clone());
@@ -246,54 +203,6 @@ impl Service {
                 }
             }
         }
-    }
-
-    fn set_mig_record(&self, uid: &str, plan: &super::GroupPlan, rec: &MigInstanceInfo) {
-        let mut st = self.state();
-        if let Some(c) = st.claims.get_mut(uid) {
-            if let Some(g) = c.groups.iter_mut().find(|g| g.devices == plan.devices) {
-                match g
-                    .mig
-                    .iter_mut()
-                    .find(|m| m.gpu_uuid == rec.gpu_uuid && m.gi_id == rec.gi_id)
-                {
-                    Some(m) => *m = rec.clone(),
-                    None => g.mig.push(rec.clone()),
-                }
-            }
-        }
-    }
-
-    /// Destroys every MIG instance of a claim that is still the one its record names; returns
-    /// the first error after trying all. A compute instance destroyed is struck from the
-    /// claim's record at once, so that a retry after its GPU instance failed to go knows that
-    /// GPU instance by its IDs and placement.
-    pub(super) fn destroy_mig(&self, info: &ClaimInfo) -> Result<(), ServiceError> {
-        let mut first = None;
-        for rec in info.groups.iter().flat_map(|g| &g.mig) {
-            let forget_compute = || {
-                let mut st = self.state();
-                if let Some(m) = st
-                    .claims
-                    .get_mut(&info.uid)
-                    .into_iter()
-                    .flat_map(|c| c.groups.iter_mut())
-                    .flat_map(|g| g.mig.iter_mut())
-                    .find(|m| *m == rec)
-                {
-                    m.ci_id = None;
-                    m.uuid.clear();
-                }
-            };
-            if let Err(e) = strategy::destroy(self.backend.as_ref(), rec, forget_compute) {
-                tracing::error!(claim = %info.uid, device = %rec.device, error = %e, "destroying MIG device");
-                first.get_or_insert(ServiceError::new(
-                    e.code,
-                    format!("claim {}: {}", info.uid, e.message),
-                ));
-            }
-        }
-        first.map_or(Ok(()), Err)
     }
 
     /// Checks, touching nothing, that a whole-GPU claim can have `gpu`: a GPU in MIG mode runs

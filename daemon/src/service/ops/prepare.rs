@@ -106,7 +106,7 @@ impl Service {
             namespace: spec.namespace.clone(),
             name: spec.name.clone(),
             state: ClaimState::PrepareStarted,
-            groups: plans.iter().map(|p| self.group_info(p, None)).collect(),
+            groups: plans.iter().map(GroupPlan::planned).collect(),
             requests: requests.clone(),
             cdi_spec: cdi::spec_path(&self.cfg.cdi_dir, &spec.uid)
                 .display()

@@ -2,7 +2,9 @@
 //! rollback at start): `Unpreparing` on disk first, then every host step, the GPUs freed only
 //! when all of them succeeded.
 
+use super::super::effects::ClaimGroup;
 use super::super::*;
+use crate::strategy;
 
 impl Service {
     /// Undoes everything a claim holds, whatever its state; used by unprepare (which passes
@@ -43,21 +45,24 @@ impl Service {
             tracing::error!(claim = %uid, error = %e, "releasing claim");
             errors.push(e);
         };
+        // Two passes over the groups: what runs on their devices (MPS control daemons) first,
+        // then the devices made for them (MIG instances), which the daemons ran on.
         for g in &info.groups {
-            if let StrategyInfo::Mps(m) = &g.sharing {
-                let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
-                let pid = (m.control_daemon_pid > 0).then_some(m.control_daemon_pid);
-                if let Err(e) = self.mps.stop(&dirs, pid) {
-                    note(
-                        &mut errors,
-                        ServiceError::internal(format!("claim {uid}: {e}")),
-                    );
-                }
+            let group = ClaimGroup::new(self, uid, &g.devices);
+            if let Err(e) = strategy::release_of(g).stop(&group.effects(), g) {
+                note(&mut errors, e);
             }
         }
         crate::crash::point("unprepare.mps_stopped");
-        // MIG instances go after the MPS control daemons that ran on them.
-        if let Err(e) = self.destroy_mig(&info) {
+        // Every group's devices are tried; the first failure is the release's.
+        let mut destroyed = Ok(());
+        for g in &info.groups {
+            let group = ClaimGroup::new(self, uid, &g.devices);
+            if let Err(e) = strategy::release_of(g).destroy(&group.effects(), g) {
+                destroyed = destroyed.and(Err(e));
+            }
+        }
+        if let Err(e) = destroyed {
             note(&mut errors, e);
         }
         if info.groups.iter().any(|g| !g.mig.is_empty()) {

@@ -9,14 +9,17 @@
 //!
 //! Everything here goes through [`GpuBackend`]; the service decides when. [`resolve`] and
 //! [`check`] decide, touching nothing; [`create`] and [`destroy`] act on one slice;
+//! [`MigGroup`] is a claim's group of slices, made at prepare and destroyed at release;
 //! [`Claimed`] is what the claims record; [`sweep`] is the start-up cleanup.
 
 mod claimed;
+mod group;
 mod lifecycle;
 mod resolve;
 mod sweep;
 
 pub use claimed::Claimed;
+pub use group::MigGroup;
 pub use lifecycle::{create, destroy, is_instance_of, is_whole_instance_of};
 pub use resolve::{check, repick, resolve};
 pub use sweep::{sweep_unowned, Swept};
@@ -29,8 +32,8 @@ use crate::mig::{GiProfile, MigModel};
 
 /// MIG's hold on a GPU: no setting of the GPU itself. MIG mode is entered where the GPU
 /// allows it without a reset and its instances are made and destroyed per claim
-/// ([`create`] and [`destroy`], driven by the service), so nothing is restored when the last
-/// holder leaves.
+/// ([`MigGroup`], [`create`] and [`destroy`]), so nothing is restored when the last holder
+/// leaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Mig;
 

@@ -6,7 +6,8 @@
 //! get too. The program is NVIDIA's `nvidia-cuda-mps-control` or our emulator: both are reached
 //! through the very same [`crate::sys::CommandRunner`] path.
 //!
-//! Here: [`Mps`], MPS's hold on a whole GPU (compute mode); `launch`, what a daemon is started
+//! Here: [`Mps`], MPS's hold on a whole GPU (compute mode); `group`, an MPS device group's
+//! plan, what a prepare starts and a release stops for it; `launch`, what a daemon is started
 //! with (pure); `control`, starting one and verifying its limits by read-back; `stop`, finding
 //! and stopping one; `error`, why an operation failed.
 
@@ -18,11 +19,13 @@ use crate::gpu::{GpuBackend, GpuError};
 
 mod control;
 mod error;
+mod group;
 mod launch;
 mod stop;
 
 pub use control::MpsControl;
 pub use error::MpsError;
+pub use group::{plan_launch, planned_record, start_recorded, stop_recorded, MpsGroup};
 pub use launch::{
     default_shm_bytes, launch_of, percentage_display, pinned_limit_display, set_commands, MpsDirs,
     MpsLaunch,
@@ -36,6 +39,10 @@ pub use stop::Liveness;
 pub struct Mps;
 
 impl Strategy for Mps {
+    fn has_setting(&self) -> bool {
+        true
+    }
+
     fn set_up(
         &self,
         backend: &dyn GpuBackend,

@@ -1,0 +1,88 @@
+//! What the service lends a device group's strategy (`strategy::group`) at prepare and at
+//! release: the GPUs, MPS control, the group's record in its claim (in the registry: published
+//! at once, written with the claim's next change) and the MIG intents.
+
+use gpushare_proto::{ClaimDevice, MigInstanceInfo, StrategyInfo};
+
+use super::Service;
+use crate::error::ServiceError;
+use crate::strategy::group::{GroupEffects, GroupRecorder, SliceIntents};
+use crate::strategy::mig::MigTarget;
+
+/// One group of one claim, as its strategy's effects reach it. The group is known in its
+/// claim's record by its devices.
+pub(super) struct ClaimGroup<'s> {
+    service: &'s Service,
+    uid: &'s str,
+    devices: &'s [ClaimDevice],
+}
+
+impl<'s> ClaimGroup<'s> {
+    /// The group of claim `uid` whose devices are `devices`.
+    pub(super) fn new(service: &'s Service, uid: &'s str, devices: &'s [ClaimDevice]) -> Self {
+        ClaimGroup {
+            service,
+            uid,
+            devices,
+        }
+    }
+
+    /// The effects its strategy may have.
+    pub(super) fn effects(&self) -> GroupEffects<'_> {
+        GroupEffects {
+            uid: self.uid,
+            backend: self.service.backend.as_ref(),
+            mps: &self.service.mps,
+            record: self,
+            intents: self,
+        }
+    }
+}
+
+impl GroupRecorder for ClaimGroup<'_> {
+    fn sharing(&self, sharing: &StrategyInfo) {
+        if let Some(c) = self.service.state().claims.get_mut(self.uid) {
+            if let Some(g) = c.groups.iter_mut().find(|g| g.devices == self.devices) {
+                g.sharing = sharing.clone();
+            }
+        }
+    }
+
+    fn mig(&self, rec: &MigInstanceInfo) {
+        let mut st = self.service.state();
+        if let Some(c) = st.claims.get_mut(self.uid) {
+            if let Some(g) = c.groups.iter_mut().find(|g| g.devices == self.devices) {
+                match g
+                    .mig
+                    .iter_mut()
+                    .find(|m| m.gpu_uuid == rec.gpu_uuid && m.gi_id == rec.gi_id)
+                {
+                    Some(m) => *m = rec.clone(),
+                    None => g.mig.push(rec.clone()),
+                }
+            }
+        }
+    }
+
+    /// Looks for `rec` in every group of the claim: a record names one MIG instance.
+    fn mig_compute_gone(&self, rec: &MigInstanceInfo) {
+        let mut st = self.service.state();
+        if let Some(m) = st
+            .claims
+            .get_mut(self.uid)
+            .into_iter()
+            .flat_map(|c| c.groups.iter_mut())
+            .flat_map(|g| g.mig.iter_mut())
+            .find(|m| *m == rec)
+        {
+            m.ci_id = None;
+            m.uuid.clear();
+        }
+    }
+}
+
+impl SliceIntents for ClaimGroup<'_> {
+    fn reserve(&self, target: &MigTarget) -> Result<MigTarget, ServiceError> {
+        self.service.reserve_slice(self.uid, target)
+    }
+}

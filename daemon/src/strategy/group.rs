@@ -1,0 +1,162 @@
+//! One device group of a claim, whatever its strategy: what a prepare makes for it, what its
+//! record holds before and after, and what a release undoes. The service walks a claim's
+//! groups through these traits and never asks which strategy a group has: a new strategy
+//! implements them in its own file, and planning maps its config onto it.
+//!
+//! Two traits, because a group exists in two shapes. At prepare it is a plan
+//! ([`GroupStrategy`]: the config resolved, e.g. an MPS daemon's directories and limits, the
+//! MIG slices to make); at release it may be only a record read back from disk after a
+//! restart, so what a release undoes ([`GroupRelease`]) is read from the record alone
+//! ([`release_of`]). Effects reach the group through [`GroupEffects`], the few the service
+//! lends it.
+
+use std::fmt;
+
+use gpushare_proto::{GroupInfo, MigInstanceInfo, StrategyInfo};
+
+use super::mig::{Mig, MigTarget};
+use super::mps::{Mps, MpsControl};
+use super::{Exclusive, Strategy, TimeSlicing};
+use crate::error::ServiceError;
+use crate::gpu::GpuBackend;
+
+/// A device group's strategy as planned for a prepare.
+pub trait GroupStrategy: fmt::Debug + Send + Sync {
+    /// The strategy that holds each of the group's whole GPUs, whose setting a prepare makes
+    /// on each before [`GroupStrategy::apply`] (after taking the GPU out of MIG mode where it
+    /// is in it); `None` where the group's devices are MIG devices, which set nothing on
+    /// their GPU.
+    fn whole_gpu(&self) -> Option<&dyn Strategy>;
+
+    /// The group's sharing as its claim records it before anything is made (state
+    /// `PrepareStarted`): what a rollback, or a gpushared restarted mid-prepare, reads to find
+    /// what the prepare may have left (an MPS daemon's directories, with pid 0).
+    fn planned(&self) -> StrategyInfo;
+
+    /// Makes what the group runs on its devices, once their GPUs are set up: records each
+    /// thing the moment it exists (through [`GroupEffects::record`]), so that a failure
+    /// anywhere later in the prepare has the release find and undo it. Returns the group's
+    /// sharing and MIG instances as they are now. The default makes nothing.
+    ///
+    /// # Errors
+    /// What failed, as the prepare's answer (`Internal` for an MPS daemon that did not start,
+    /// the backend's code for a MIG slice); what was recorded stays recorded, for the
+    /// teardown.
+    fn apply(&self, _fx: &GroupEffects<'_>) -> Result<Applied, ServiceError> {
+        Ok(Applied {
+            sharing: self.planned(),
+            mig: Vec::new(),
+        })
+    }
+}
+
+/// What a release undoes of a recorded group, in two passes over the claim's groups: every
+/// group's [`GroupRelease::stop`] before any group's [`GroupRelease::destroy`], since a
+/// daemon runs on the devices the second pass destroys. A GPU's setting is not here: the
+/// GPU's last holder restores it ([`Strategy::restore`]). Each method tries everything it
+/// has and returns its first error; the release goes on with the rest either way.
+pub trait GroupRelease {
+    /// Stops what runs on the group's devices (its MPS control daemon). The default stops
+    /// nothing.
+    ///
+    /// # Errors
+    /// `Internal`, naming the claim and what could not be stopped.
+    fn stop(&self, _fx: &GroupEffects<'_>, _group: &GroupInfo) -> Result<(), ServiceError> {
+        Ok(())
+    }
+
+    /// Destroys the devices made for the group (its MIG instances). The default destroys
+    /// nothing.
+    ///
+    /// # Errors
+    /// The first device that could not be destroyed, with the backend's code, naming the
+    /// claim.
+    fn destroy(&self, _fx: &GroupEffects<'_>, _group: &GroupInfo) -> Result<(), ServiceError> {
+        Ok(())
+    }
+}
+
+/// The strategy that releases `group`, read from its record: [`Mig`] for a group of MIG
+/// devices or with MIG instances recorded (an MPS daemon on them included), else the record's
+/// sharing. The one place that maps a record onto its strategy, as `super::of_want` does for
+/// a GPU's hold.
+pub fn release_of(group: &GroupInfo) -> Box<dyn GroupRelease> {
+    let mig_devices = group
+        .devices
+        .iter()
+        .any(|d| crate::mig::MigDeviceName::parse(&d.device).is_some());
+    if mig_devices || !group.mig.is_empty() {
+        return Box::new(Mig);
+    }
+    match &group.sharing {
+        StrategyInfo::Exclusive => Box::new(Exclusive),
+        StrategyInfo::TimeSlicing { interval } => Box::new(TimeSlicing {
+            interval: *interval,
+        }),
+        StrategyInfo::Mps(_) => Box::new(Mps),
+    }
+}
+
+/// A group as [`GroupStrategy::apply`] made it: what its claim records after the prepare.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Applied {
+    /// The group's sharing (an MPS group's daemon as started and read back).
+    pub sharing: StrategyInfo,
+    /// The MIG instances made or taken for it, in the order of its devices.
+    pub mig: Vec<MigInstanceInfo>,
+}
+
+/// The group's record in its claim, in the registry (published to readers, written to disk
+/// with the claim's next change): how a group records what it made the moment it exists.
+pub trait GroupRecorder {
+    /// Records `sharing` as the group's (an MPS daemon just started, with its pid).
+    fn sharing(&self, sharing: &StrategyInfo);
+
+    /// Records `rec` as one of the group's MIG instances, replacing the record of the same
+    /// GPU instance (a GPU instance first, then the same with its compute instance).
+    fn mig(&self, rec: &MigInstanceInfo);
+
+    /// Strikes the compute instance of `rec`, just destroyed, from the claim's record, so
+    /// that a retry after its GPU instance failed to go knows that GPU instance by its IDs
+    /// and placement alone.
+    fn mig_compute_gone(&self, rec: &MigInstanceInfo);
+}
+
+/// The intents written before a MIG slice is made or taken (how a restarted gpushared knows
+/// which instances it made).
+pub trait SliceIntents {
+    /// Writes `target`'s intent and returns the target to make: the same, or, for a placement
+    /// chosen at planning, one chosen again under the intents' lock so that concurrent
+    /// prepares never pick the same one.
+    ///
+    /// # Errors
+    /// The intent cannot be written, or no placement is free any more.
+    fn reserve(&self, target: &MigTarget) -> Result<MigTarget, ServiceError>;
+}
+
+/// The effects the service lends a group's strategy, for one group of one claim.
+#[derive(Clone, Copy)]
+pub struct GroupEffects<'a> {
+    /// The claim's UID, for error messages and logs.
+    pub uid: &'a str,
+    /// The GPUs (MIG instances made and destroyed).
+    pub backend: &'a dyn GpuBackend,
+    /// MPS control daemons started and stopped.
+    pub mps: &'a MpsControl,
+    /// The group's record in its claim.
+    pub record: &'a dyn GroupRecorder,
+    /// The MIG intents.
+    pub intents: &'a dyn SliceIntents,
+}
+
+impl fmt::Debug for GroupEffects<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GroupEffects")
+            .field("uid", &self.uid)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+#[path = "group_tests.rs"]
+mod tests;

@@ -1,0 +1,105 @@
+//! A MIG device group: its slices made (or taken, static MIG) by a prepare, each recorded the
+//! moment its GPU instance exists, then an MPS control daemon on them where the claim asks
+//! for one; a release stops that daemon and then destroys the slices it ran on.
+
+use gpushare_proto::{GroupInfo, MigInstanceInfo, StrategyInfo};
+
+use super::{create, destroy, Mig, MigTarget};
+use crate::error::ServiceError;
+use crate::strategy::group::{Applied, GroupEffects, GroupRelease, GroupStrategy};
+use crate::strategy::mps::{self, MpsLaunch};
+use crate::strategy::Strategy;
+
+/// A group of MIG devices, with an MPS control daemon on them when the claim's config is MPS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigGroup {
+    /// The slices, resolved against the node, in the order of the group's devices.
+    pub targets: Vec<MigTarget>,
+    /// The daemon on the slices; its `visible_devices` become the MIG UUIDs once they exist.
+    pub mps: Option<MpsLaunch>,
+}
+
+impl GroupStrategy for MigGroup {
+    /// `None`: a MIG group's GPUs hold MIG devices, not the group; MIG mode is entered as its
+    /// first slice is made.
+    fn whole_gpu(&self) -> Option<&dyn Strategy> {
+        None
+    }
+
+    /// Until the daemon runs, an MPS group's record holds its directories and pid 0; a
+    /// slice alone is recorded as exclusive use.
+    fn planned(&self) -> StrategyInfo {
+        match &self.mps {
+            None => StrategyInfo::Exclusive,
+            Some(launch) => StrategyInfo::Mps(mps::planned_record(launch)),
+        }
+    }
+
+    fn apply(&self, fx: &GroupEffects<'_>) -> Result<Applied, ServiceError> {
+        let records = make_slices(fx, &self.targets)?;
+        let sharing = match &self.mps {
+            None => StrategyInfo::Exclusive,
+            Some(launch) => {
+                let launch = MpsLaunch {
+                    visible_devices: records.iter().map(|r| r.uuid.clone()).collect(),
+                    ..launch.clone()
+                };
+                StrategyInfo::Mps(mps::start_recorded(fx, &launch)?)
+            }
+        };
+        Ok(Applied {
+            sharing,
+            mig: records,
+        })
+    }
+}
+
+/// Creates (or takes, static MIG) a group's MIG devices, recording each GPU instance in the
+/// claim the moment it exists, so that a failure anywhere after lets the release destroy it.
+/// Each slice's intent is written first (struck at the prepare's end); a placement chosen at
+/// planning that a concurrent prepare is making is chosen again.
+fn make_slices(
+    fx: &GroupEffects<'_>,
+    targets: &[MigTarget],
+) -> Result<Vec<MigInstanceInfo>, ServiceError> {
+    let mut done: Vec<MigInstanceInfo> = Vec::with_capacity(targets.len());
+    for t in targets {
+        let mut t = fx.intents.reserve(t)?;
+        // A slice after one that turned MIG mode on carries the flag as well.
+        t.carries_mode_flag |= done
+            .iter()
+            .any(|d| d.gpu_uuid == t.gpu_uuid && d.enabled_mig_mode);
+        crate::crash::point("prepare.mig_intent_saved");
+        let rec = create(fx.backend, &t, |partial| {
+            fx.record.mig(partial);
+            crate::crash::point("prepare.mig_gpu_instance_created");
+        })?;
+        fx.record.mig(&rec);
+        done.push(rec);
+    }
+    Ok(done)
+}
+
+impl GroupRelease for Mig {
+    /// The MPS control daemon on the slices, if the group records one.
+    fn stop(&self, fx: &GroupEffects<'_>, group: &GroupInfo) -> Result<(), ServiceError> {
+        mps::stop_recorded(fx, group)
+    }
+
+    /// Destroys every MIG instance of the group that is still the one its record names
+    /// ([`destroy`]); returns the first error after trying all. A compute instance destroyed
+    /// is struck from the claim's record at once.
+    fn destroy(&self, fx: &GroupEffects<'_>, group: &GroupInfo) -> Result<(), ServiceError> {
+        let mut first = None;
+        for rec in &group.mig {
+            if let Err(e) = destroy(fx.backend, rec, || fx.record.mig_compute_gone(rec)) {
+                tracing::error!(claim = %fx.uid, device = %rec.device, error = %e, "destroying MIG device");
+                first.get_or_insert(ServiceError::new(
+                    e.code,
+                    format!("claim {}: {}", fx.uid, e.message),
+                ));
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+}
