@@ -10,6 +10,7 @@
 //! request line, idle time and the time one request may take; a connection that breaks a
 //! bound is answered and closed, and nothing else is affected.
 
+mod shape;
 pub mod slots;
 
 use std::collections::HashSet;
@@ -409,7 +410,14 @@ fn error_response(id: u64, code: ErrorCode, message: String) -> Response {
     }
 }
 
+/// Decodes `params` of `method`, an object (never serde's array form of a struct).
 fn params<T: DeserializeOwned>(method: Method, p: Option<Value>) -> Result<T, ServiceError> {
+    if let Some(why) = shape::params_problem(p.as_ref()) {
+        return Err(ServiceError::new(
+            ErrorCode::InvalidRequest,
+            format!("params of {method}: {why}"),
+        ));
+    }
     serde_json::from_value(p.unwrap_or(Value::Null)).map_err(|e| {
         ServiceError::new(
             ErrorCode::InvalidRequest,
@@ -442,7 +450,8 @@ const MALFORMED: &str = "malformed request";
 ///
 /// # Errors
 /// The response to send: `InvalidRequest` for a line nested deeper than [`MAX_JSON_DEPTH`],
-/// malformed JSON, a wrong protocol version or an unknown method.
+/// malformed JSON, JSON that is not one object (an array, too, which serde would otherwise
+/// take for the envelope's fields by position), a wrong protocol version or an unknown method.
 #[allow(clippy::result_large_err)]
 pub fn decode_request(line: &[u8]) -> Result<(Request, Method), Response> {
     if nesting_exceeds(line, MAX_JSON_DEPTH) {
@@ -450,6 +459,13 @@ pub fn decode_request(line: &[u8]) -> Result<(Request, Method), Response> {
             0,
             ErrorCode::InvalidRequest,
             format!("{MALFORMED}: JSON nested deeper than {MAX_JSON_DEPTH} levels"),
+        ));
+    }
+    if let Some(why) = shape::envelope_problem(line) {
+        return Err(error_response(
+            0,
+            ErrorCode::InvalidRequest,
+            format!("{MALFORMED}: {why}"),
         ));
     }
     let request: Request = match serde_json::from_slice(line) {

@@ -364,3 +364,83 @@ fn claim_event_duration_is_rounded_to_a_tenth_of_a_millisecond() {
         .collect();
     assert_eq!(durations, ["553.3", "0.4"], "{text}");
 }
+
+/// Finding 8 of the break-it session: serde's sequence form of structs let a JSON array
+/// stand for the envelope (`[1,7,"version"]`) and for `params` (`["abc"]`), contrary to
+/// docs/protocol.md ("one JSON object", `params` an object).
+#[tokio::test]
+async fn arrays_are_refused_as_the_envelope_and_as_params() {
+    let (_dir, socket) = start(8, IDLE_TIMEOUT).await;
+    for envelope in [
+        r#"[1,7,"version"]"#,
+        r#"[1,7,"list_claims",null]"#,
+        "[]",
+        r#"  ["*"]"#,
+        "7",
+        r#""version""#,
+    ] {
+        let mut s = UnixStream::connect(&socket).await.unwrap();
+        let r = call(&mut s, envelope).await;
+        assert!(r.result.is_none(), "{envelope}: {r:?}");
+        let e = r.error.unwrap();
+        assert_eq!(e.code, ErrorCode::InvalidRequest, "{envelope}");
+        assert!(
+            e.message.starts_with(MALFORMED) && e.message.contains("must be one JSON object"),
+            "{envelope}: {}",
+            e.message
+        );
+        let mut rest = String::new();
+        s.read_to_string(&mut rest).await.unwrap();
+        assert_eq!(rest, "", "{envelope}: the connection is closed");
+    }
+    let mut s = UnixStream::connect(&socket).await.unwrap();
+    for (id, line, shape) in [
+        (
+            1,
+            r#"{"version":1,"id":1,"method":"get_claim","params":["abc"]}"#,
+            "an array",
+        ),
+        (
+            2,
+            r#"{"version":1,"id":2,"method":"unprepare","params":["abc"]}"#,
+            "an array",
+        ),
+        (
+            3,
+            r#"{"version":1,"id":3,"method":"attach","params":["abc","cid",12345,null]}"#,
+            "an array",
+        ),
+        (
+            4,
+            r#"{"version":1,"id":4,"method":"detach","params":["abc","cid"]}"#,
+            "an array",
+        ),
+        (
+            5,
+            r#"{"version":1,"id":5,"method":"prepare","params":[{}]}"#,
+            "an array",
+        ),
+        (
+            6,
+            r#"{"version":1,"id":6,"method":"mig_apply","params":["x","y",true]}"#,
+            "an array",
+        ),
+        (
+            7,
+            r#"{"version":1,"id":7,"method":"get_claim","params":"abc"}"#,
+            "a string",
+        ),
+    ] {
+        let r = call(&mut s, line).await;
+        let e = r.error.unwrap();
+        assert_eq!((r.id, e.code), (id, ErrorCode::InvalidRequest), "{line}");
+        assert!(
+            e.message.contains("params must be a JSON object") && e.message.contains(shape),
+            "{line}: {}",
+            e.message
+        );
+    }
+    // The connection still serves (params of the wrong shape are not a malformed line).
+    let r = call(&mut s, r#"{"version":1,"id":9,"method":"version"}"#).await;
+    assert!(r.result.is_some(), "{r:?}");
+}
