@@ -70,7 +70,7 @@ impl GpuModes {
 
     /// Admits a claim read back at start, as [`GpuModes::admit`] does, except that a GPU this
     /// node does not have (a record of another node's, a GPU gone) is logged and skipped: the
-    /// claim is kept, to be released.
+    /// claim is kept, `Degraded`, to be released (`service/missing_gpus.rs`).
     ///
     /// # Errors
     /// [`Conflict`] when it conflicts with a claim admitted before it; nothing is taken.

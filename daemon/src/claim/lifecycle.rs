@@ -2,12 +2,12 @@
 //! changes (the registry's `transition` is its only caller that writes one; a transaction that
 //! is not committed puts the record it saved back, which is an undo, not a transition).
 //!
-//! | phase \ event | `Applied` | `DaemonDied` | `RestartFailed` | `SliceLost` | `Healed` | `ReleaseStarted` | `Released` |
-//! |---|---|---|---|---|---|---|---|
-//! | `PrepareStarted` | `Prepared` | – | – | – | – | `Unpreparing` | – |
-//! | `Prepared` | – | `Degraded` | `Degraded` | `Degraded` | – | `Unpreparing` | – |
-//! | `Degraded` | – | `Degraded` | `Degraded` | `Degraded` | `Prepared` | `Unpreparing` | – |
-//! | `Unpreparing` | – | – | – | – | – | `Unpreparing` | gone |
+//! | phase \ event | `Applied` | `DaemonDied` | `RestartFailed` | `SliceLost` | `GpuMissing` | `Healed` | `ReleaseStarted` | `Released` |
+//! |---|---|---|---|---|---|---|---|---|
+//! | `PrepareStarted` | `Prepared` | – | – | – | – | – | `Unpreparing` | – |
+//! | `Prepared` | – | `Degraded` | `Degraded` | `Degraded` | `Degraded` | – | `Unpreparing` | – |
+//! | `Degraded` | – | `Degraded` | `Degraded` | `Degraded` | `Degraded` | `Prepared` | `Unpreparing` | – |
+//! | `Unpreparing` | – | – | – | – | – | – | `Unpreparing` | gone |
 //!
 //! A claim enters at `PrepareStarted` (a prepare's first durable write), or in the phase its
 //! record read back from disk says. "–" is an [`IllegalTransition`]: the caller's premise
@@ -24,8 +24,8 @@ pub enum Phase {
     PrepareStarted,
     /// Every strategy is applied and verified; containers may attach.
     Prepared,
-    /// Prepared, but an MPS control daemon died (being restarted) or a MIG slice is lost;
-    /// new containers are refused with the reason.
+    /// Prepared, but an MPS control daemon died (being restarted), a MIG slice is lost or a
+    /// GPU of it is not on the node; new containers are refused with the reason.
     Degraded,
     /// Being released; a crash here is finished at start.
     Unpreparing,
@@ -42,6 +42,8 @@ pub enum Event {
     RestartFailed,
     /// A MIG slice vanished and could not be made again.
     SliceLost,
+    /// The claim's record, read back at start, names a GPU the node does not have.
+    GpuMissing,
     /// Every MPS control daemon runs again and every MIG slice is there.
     Healed,
     /// A release (an unprepare, a rollback, a retry of an interrupted claim) began.
@@ -78,11 +80,12 @@ pub const PHASES: [Phase; 4] = [
 ];
 
 /// Every event, for tests and tables.
-pub const EVENTS: [Event; 7] = [
+pub const EVENTS: [Event; 8] = [
     Event::Applied,
     Event::DaemonDied,
     Event::RestartFailed,
     Event::SliceLost,
+    Event::GpuMissing,
     Event::Healed,
     Event::ReleaseStarted,
     Event::Released,
@@ -97,9 +100,10 @@ pub fn transition(from: Phase, event: Event) -> Result<Next, IllegalTransition> 
     use Phase as P;
     let next = match (from, event) {
         (P::PrepareStarted, E::Applied) => Next::Phase(P::Prepared),
-        (P::Prepared | P::Degraded, E::DaemonDied | E::RestartFailed | E::SliceLost) => {
-            Next::Phase(P::Degraded)
-        }
+        (
+            P::Prepared | P::Degraded,
+            E::DaemonDied | E::RestartFailed | E::SliceLost | E::GpuMissing,
+        ) => Next::Phase(P::Degraded),
         (P::Degraded, E::Healed) => Next::Phase(P::Prepared),
         (_, E::ReleaseStarted) => Next::Phase(P::Unpreparing),
         (P::Unpreparing, E::Released) => Next::Gone,
@@ -155,7 +159,7 @@ mod tests {
     use Phase as P;
 
     /// The table of the module docs, row by row: every legal pair and where it leads.
-    const LEGAL: [(Phase, Event, Next); 13] = [
+    const LEGAL: [(Phase, Event, Next); 15] = [
         (P::PrepareStarted, E::Applied, Next::Phase(P::Prepared)),
         (
             P::PrepareStarted,
@@ -165,10 +169,12 @@ mod tests {
         (P::Prepared, E::DaemonDied, Next::Phase(P::Degraded)),
         (P::Prepared, E::RestartFailed, Next::Phase(P::Degraded)),
         (P::Prepared, E::SliceLost, Next::Phase(P::Degraded)),
+        (P::Prepared, E::GpuMissing, Next::Phase(P::Degraded)),
         (P::Prepared, E::ReleaseStarted, Next::Phase(P::Unpreparing)),
         (P::Degraded, E::DaemonDied, Next::Phase(P::Degraded)),
         (P::Degraded, E::RestartFailed, Next::Phase(P::Degraded)),
         (P::Degraded, E::SliceLost, Next::Phase(P::Degraded)),
+        (P::Degraded, E::GpuMissing, Next::Phase(P::Degraded)),
         (P::Degraded, E::Healed, Next::Phase(P::Prepared)),
         (P::Degraded, E::ReleaseStarted, Next::Phase(P::Unpreparing)),
         (
@@ -202,8 +208,8 @@ mod tests {
                 illegal += 1;
             }
         }
-        // 4 phases × 7 events = 28 pairs, 13 of them legal.
-        assert_eq!(illegal, 28 - 13);
+        // 4 phases × 8 events = 32 pairs, 15 of them legal.
+        assert_eq!(illegal, 32 - 15);
         let e = transition(P::Unpreparing, E::DaemonDied).unwrap_err();
         assert_eq!(
             e.to_string(),

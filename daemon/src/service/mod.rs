@@ -43,6 +43,7 @@ mod liveness;
 mod locks;
 mod mig;
 mod mig_recover;
+mod missing_gpus;
 mod ops;
 mod orphans;
 mod persisted;

@@ -367,7 +367,13 @@ impl Service {
                     tracing::error!(claim = %uid, error = %e, "rolling back; the next unprepare or prepare of the claim retries");
                 }
             }
-            ClaimState::Prepared | ClaimState::Degraded => self.revive(uid, rebooted),
+            ClaimState::Prepared | ClaimState::Degraded => {
+                // A GPU the node does not have: kept, to be released, but nothing is started
+                // on it and it never passes for Prepared (service/missing_gpus.rs).
+                if !self.degrade_if_gpus_missing(uid) {
+                    self.revive(uid, rebooted);
+                }
+            }
         });
         self.remove_orphans();
         // After the rollbacks, so that only what the remaining claims asked is applied.

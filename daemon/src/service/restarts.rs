@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use gpushare_proto::{ClaimInfo, ClaimState, StrategyInfo};
 
 use super::reconcile::*;
-use super::{now_secs, Service};
+use super::{missing_gpus, now_secs, Service};
 use crate::strategy::mps::{launch_of, Liveness, MpsDirs};
 
 impl Service {
@@ -89,7 +89,16 @@ impl Service {
         };
         let c = st.claims.get(uid).cloned();
         if let Some(c) = c {
-            if outcome.is_ok()
+            // A claim on a GPU the node does not have stays Degraded, saying so, whatever
+            // its daemons do (service/missing_gpus.rs).
+            let missing = self.missing_gpus(&c);
+            if !missing.is_empty() {
+                if !missing_gpus::says_gpus_missing(&c) {
+                    if let Some(c) = st.claims.get_mut(uid) {
+                        c.last_error = Some(missing_gpus::missing_gpus_error(&missing));
+                    }
+                }
+            } else if outcome.is_ok()
                 && c.state == ClaimState::Degraded
                 && self.all_daemons_run(&c)
                 && self.mig_intact(&c)

@@ -871,6 +871,7 @@ fn concurrent_changes_all_reach_the_checkpoint() {
 
 mod driver;
 mod migrate;
+mod missing_gpu;
 mod mps_capability;
 mod nodes;
 mod persisted;

@@ -1,0 +1,66 @@
+//! Claims whose record, read back at start, names a GPU this node does not have: a record of
+//! another node's (a restored or copied state directory), or a GPU gone since (an instance
+//! type changed under the same state, a GPU fallen off the bus). Such a claim is kept, so its
+//! release still stops and removes what it set up, but it is `Degraded` with the GPUs named:
+//! the CDI device IDs handed out for it resolve nowhere, so no container may start on it, and
+//! nothing heals it but a release (a restarted MPS control daemon does not).
+
+use gpushare_proto::ClaimInfo;
+
+use super::{now_secs, wants_of, Service};
+
+/// Start of the reason in a claim's `last_error`, and what keeps it `Degraded`.
+const NO_GPU: &str = "the node has no GPU";
+
+impl Service {
+    /// The GPUs of `c` this node does not have, as `gpu-<minor> (GPU-<uuid>)`, by UUID (a
+    /// device name alone may be another GPU's here).
+    pub(super) fn missing_gpus(&self, c: &ClaimInfo) -> Vec<String> {
+        let gpus = self.backend.gpus();
+        let mut missing: Vec<String> = wants_of(c)
+            .into_iter()
+            .filter(|(uuid, _, _)| !gpus.iter().any(|g| g.uuid == *uuid))
+            .map(|(uuid, name, _)| format!("{name} ({uuid})"))
+            .collect();
+        missing.dedup();
+        missing
+    }
+
+    /// At start: makes `uid` `Degraded` when it names a GPU this node does not have, with
+    /// the reason in `last_error`, and says whether it did (then nothing of the claim is
+    /// started again: its MPS control daemons would run on a GPU that is not there).
+    pub(super) fn degrade_if_gpus_missing(&self, uid: &str) -> bool {
+        let Some(c) = self.state().claims.get(uid).cloned() else {
+            return false;
+        };
+        let missing = self.missing_gpus(&c);
+        if missing.is_empty() {
+            return false;
+        }
+        tracing::error!(claim = %uid, gpus = %missing.join(", "), "the claim's record names a GPU this node does not have; claim Degraded, release it");
+        let mut st = self.state();
+        if let Some(c) = st.claims.get_mut(uid) {
+            c.last_error = Some(missing_gpus_error(&missing));
+        }
+        if let Err(e) = st.claims.transition(uid, crate::claim::Event::GpuMissing) {
+            tracing::error!(claim = %uid, error = %e, "recording a missing GPU");
+        }
+        let _ = self.commit(st);
+        let _ = self.write_host_record(uid);
+        true
+    }
+}
+
+/// Whether `c`'s `last_error` is the one [`missing_gpus_error`] wrote.
+pub(super) fn says_gpus_missing(c: &ClaimInfo) -> bool {
+    c.last_error.as_deref().is_some_and(|e| e.contains(NO_GPU))
+}
+
+/// A claim's `last_error` for the GPUs `missing` (as [`Service::missing_gpus`] names them).
+pub(super) fn missing_gpus_error(missing: &[String]) -> String {
+    format!(
+        "at {} s after the epoch: {NO_GPU} {} that the claim's record names (a record of another node's, or a GPU gone since): its CDI devices resolve nowhere; release the claim",
+        now_secs(),
+        missing.join(", ")
+    )
+}
