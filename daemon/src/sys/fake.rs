@@ -28,6 +28,9 @@ pub(crate) struct FakeDaemon {
     pub env: BTreeMap<String, String>,
     /// Its state, as the emulator's interpreter keeps it.
     pub control: ControlState,
+    /// SIGSTOPped: it holds its pipe directory and lives, but answers nothing (every UI run
+    /// on it ends at its timeout) until it is killed.
+    pub stopped: bool,
 }
 
 impl FakeDaemon {
@@ -44,6 +47,7 @@ impl FakeDaemon {
             watchers: Vec::new(),
             env,
             control,
+            stopped: false,
         }
     }
 
@@ -101,6 +105,10 @@ pub(crate) struct FakeState {
     pub missing_nodes: BTreeSet<PathBuf>,
     /// Host paths answering with this kind and number instead.
     pub node_stats: BTreeMap<PathBuf, NodeStat>,
+    /// What the host saw, in order: `run <stdin>` (`: timed out` when the run ended at its
+    /// timeout), `holder? <pipe dir>` for every lock-holder query (what a wait for a
+    /// daemon to exit polls), `SIGKILL <pid>`.
+    pub timeline: Vec<String>,
 }
 
 /// The fake host; clone it to keep a handle for assertions.
@@ -187,6 +195,19 @@ impl CommandRunner for FakeHost {
             return Ok(output(0, String::new(), ""));
         }
         let (ignore_atp, ignore_quit) = (st.ignore_atp, st.ignore_quit);
+        let stdin = String::from_utf8_lossy(&spec.stdin).trim().to_string();
+        if st.daemons.get(&pipe).is_some_and(|d| d.alive && d.stopped) {
+            // The UI waits on a daemon that never answers until the runner's timeout ends it
+            // (the fake does not sleep it out: the timeline counts it).
+            st.timeline.push(format!("run {stdin}: timed out"));
+            return Ok(CommandOutput {
+                code: None,
+                stdout: String::new(),
+                stderr: String::new(),
+                timed_out: true,
+            });
+        }
+        st.timeline.push(format!("run {stdin}"));
         let Some(d) = st.daemons.get_mut(&pipe).filter(|d| d.alive) else {
             return Ok(output(
                 1,
@@ -235,7 +256,9 @@ impl Mounter for FakeHost {
 
 impl Processes for FakeHost {
     fn lock_holder(&self, path: &Path) -> io::Result<Option<i32>> {
-        let st = self.state();
+        let mut st = self.state();
+        let asked = path.parent().unwrap_or(path).display().to_string();
+        st.timeline.push(format!("holder? {asked}"));
         if st.fail_proc {
             return Err(io::Error::from_raw_os_error(libc::EMFILE));
         }
@@ -260,6 +283,7 @@ impl Processes for FakeHost {
     fn kill(&self, pid: i32) {
         let mut st = self.state();
         st.killed.push(pid);
+        st.timeline.push(format!("SIGKILL {pid}"));
         for d in st.daemons.values_mut().filter(|d| d.pid == pid) {
             d.alive = false;
             d.watchers.clear();

@@ -1,8 +1,9 @@
 //! Driving one MPS control program: a group's daemon started, its limits set and read back,
 //! a running daemon checked before it is adopted.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gpushare_proto::{MpsInfo, MpsRequested};
@@ -18,6 +19,10 @@ pub struct MpsControl {
     pub(super) program: PathBuf,
     pub(super) ops: HostOps,
     pub(super) timeout: Duration,
+    /// Pipe directories whose daemon let the last control session run out its timeout (a
+    /// hung daemon, e.g. SIGSTOPped): its `quit` timing out too means it answers nothing,
+    /// and it is killed at once instead of being given another timeout to exit.
+    pub(super) unanswered: Arc<Mutex<BTreeSet<PathBuf>>>,
 }
 
 impl MpsControl {
@@ -28,6 +33,7 @@ impl MpsControl {
             program,
             ops,
             timeout,
+            unanswered: Arc::default(),
         }
     }
 
@@ -83,6 +89,7 @@ impl MpsControl {
                 program: self.program.clone(),
                 source,
             })?;
+        self.note_answer(dirs, !out.timed_out);
         if !out.success() {
             return Err(MpsError::Ui {
                 pipe: dirs.pipe.clone(),
@@ -91,6 +98,25 @@ impl MpsControl {
             });
         }
         Ok(out.stdout)
+    }
+
+    /// Remembers whether the daemon on `dirs` answered a control session (`false`: the
+    /// session ran out its timeout).
+    pub(super) fn note_answer(&self, dirs: &MpsDirs, answered: bool) {
+        let mut set = self.unanswered.lock().unwrap_or_else(|p| p.into_inner());
+        if answered {
+            set.remove(&dirs.pipe);
+        } else {
+            set.insert(dirs.pipe.clone());
+        }
+    }
+
+    /// Whether the last control session on `dirs` ran out its timeout.
+    pub(super) fn is_unanswered(&self, dirs: &MpsDirs) -> bool {
+        self.unanswered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&dirs.pipe)
     }
 
     fn query(&self, dirs: &MpsDirs, command: String) -> Result<String, MpsError> {

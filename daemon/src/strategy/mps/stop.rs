@@ -77,9 +77,21 @@ impl MpsControl {
             }
         }
         if let Some(pid) = holder {
+            let hung_before = self.is_unanswered(dirs);
             if let Err(e) = self.ui(dirs, &["quit".to_string()]) {
-                // Not killed yet: `quit`'s exit status is the daemon's own, so a daemon that is
-                // shutting down can answer with an error too; it gets the timeout to exit.
+                if hung_before && self.is_unanswered(dirs) {
+                    // Neither its last control command nor `quit` was answered within the
+                    // timeout: it is hung (SIGSTOPped, say), and waiting a third timeout for
+                    // an exit that cannot come only keeps gpushared from being ready.
+                    tracing::warn!(pid, error = %e, timeout_ms = self.timeout.as_millis() as u64, "MPS control daemon answered neither its last control command nor quit within the timeout; sending SIGKILL now");
+                    self.ops.processes.kill(pid);
+                    self.wait_exit(dirs, pid, self.timeout);
+                    self.note_answer(dirs, true);
+                    return Ok(());
+                }
+                // Not killed yet: `quit`'s exit status is the daemon's own, and NVIDIA's `quit`
+                // waits for the MPS servers, which wait for their clients: a daemon shutting
+                // down can time out or answer with an error too; it gets the timeout to exit.
                 tracing::warn!(pid, error = %e, timeout_ms = self.timeout.as_millis() as u64, "MPS control daemon did not take quit; SIGKILL if it has not exited within the timeout");
             }
             if !self.wait_exit(dirs, pid, self.timeout) {
@@ -91,6 +103,8 @@ impl MpsControl {
                 self.wait_exit(dirs, pid, self.timeout);
             }
         }
+        // Whatever held the pipe directory is gone: nothing is remembered of it.
+        self.note_answer(dirs, true);
         Ok(())
     }
 

@@ -101,3 +101,97 @@ fn mem_total_parse() {
     assert_eq!(default_shm_bytes(Some(1024)), 512 * 1024);
     assert_eq!(default_shm_bytes(None), 64 << 20);
 }
+
+/// Break-it finding 7: a SIGSTOPped control daemon held the start for three MPS timeouts
+/// (the re-adoption probe, `quit`, then a wait for an exit that never comes before the
+/// SIGKILL). A daemon that answered neither the probe nor `quit` is known unresponsive: it is
+/// killed as soon as `quit` times out, so a restart waits two timeouts, not three.
+#[test]
+fn a_daemon_that_answers_neither_probe_nor_quit_is_killed_without_a_third_wait() {
+    let host = crate::sys::fake::FakeHost::default();
+    let mps = MpsControl::new("/m".into(), host.ops(), Duration::from_millis(200));
+    let claim = tempfile::tempdir().unwrap();
+    let uuids = vec!["GPU-a".to_string()];
+    let launch = MpsLaunch {
+        dirs: MpsDirs::for_group(claim.path(), &uuids),
+        visible_devices: uuids.clone(),
+        multi_user: false,
+        active_thread_percentage: Some(50),
+        pinned_limits_mib: vec![None],
+        shm_bytes: 1 << 20,
+    };
+    let info = mps.start(&launch).unwrap();
+    let pid = info.control_daemon_pid;
+    host.state()
+        .daemons
+        .values_mut()
+        .for_each(|d| d.stopped = true);
+    host.state().timeline.clear();
+    let why = mps.check_adoptable(&info).unwrap_err();
+    assert!(why.contains("timed out"), "{why}");
+    let again = mps.restart(&launch).unwrap();
+    assert_ne!(again.control_daemon_pid, pid);
+    let timeline = host.state().timeline.clone();
+    let timed_out: Vec<&String> = timeline
+        .iter()
+        .filter(|e| e.ends_with("timed out"))
+        .collect();
+    assert_eq!(
+        timed_out,
+        [
+            "run get_default_active_thread_percentage: timed out",
+            "run quit: timed out"
+        ],
+        "two timeouts: the probe and quit ({timeline:#?})"
+    );
+    // No wait for it to exit between the unanswered quit and the SIGKILL (such a wait polls
+    // the holder of its pipe directory until the timeout ends).
+    let quit = timeline.iter().position(|e| e == "run quit: timed out");
+    let kill = timeline.iter().position(|e| *e == format!("SIGKILL {pid}"));
+    let (Some(quit), Some(kill)) = (quit, kill) else {
+        panic!("quit, then SIGKILL: {timeline:#?}")
+    };
+    assert_eq!(kill, quit + 1, "SIGKILL at once after quit: {timeline:#?}");
+    mps.stop(&launch.dirs, Some(again.control_daemon_pid))
+        .unwrap();
+}
+
+/// A `quit` that times out on a daemon that answered its last command still gets the timeout
+/// to exit before the SIGKILL: NVIDIA's `quit` waits for the MPS servers, which wait for their
+/// clients, so a slow quit is not yet a hung daemon.
+#[test]
+fn a_slow_quit_of_a_daemon_that_answered_gets_its_time_before_the_kill() {
+    let host = crate::sys::fake::FakeHost::default();
+    let mps = MpsControl::new("/m".into(), host.ops(), Duration::from_millis(100));
+    let claim = tempfile::tempdir().unwrap();
+    let uuids = vec!["GPU-a".to_string()];
+    let launch = MpsLaunch {
+        dirs: MpsDirs::for_group(claim.path(), &uuids),
+        visible_devices: uuids.clone(),
+        multi_user: false,
+        active_thread_percentage: Some(50),
+        pinned_limits_mib: vec![None],
+        shm_bytes: 1 << 20,
+    };
+    let info = mps.start(&launch).unwrap();
+    let pid = info.control_daemon_pid;
+    mps.check_adoptable(&info).unwrap();
+    host.state()
+        .daemons
+        .values_mut()
+        .for_each(|d| d.stopped = true);
+    host.state().timeline.clear();
+    mps.stop(&launch.dirs, Some(pid)).unwrap();
+    let timeline = host.state().timeline.clone();
+    let quit = timeline.iter().position(|e| e == "run quit: timed out");
+    let kill = timeline.iter().position(|e| *e == format!("SIGKILL {pid}"));
+    let (Some(quit), Some(kill)) = (quit, kill) else {
+        panic!("quit, then SIGKILL: {timeline:#?}")
+    };
+    assert!(
+        timeline[quit + 1..kill]
+            .iter()
+            .any(|e| e.starts_with("holder? ")),
+        "it was waited for before the kill: {timeline:#?}"
+    );
+}
