@@ -369,3 +369,58 @@ fn compute_mode_and_time_slice_outlive_a_restart_until_a_reset() {
     assert_eq!(b.compute_mode(&g0).unwrap(), ComputeMode::Default);
     assert_eq!(b.time_slice(&g1).unwrap(), TimeSliceInterval::Long);
 }
+
+/// Starts a simulated node on `dir` on a thread of its own: a start that blocks (a fifo
+/// opened for reading waits for a writer forever) fails the test instead of hanging it.
+fn start_bounded(dir: &Path) -> io::Result<SimulatedBackend> {
+    let dir = dir.to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(SimulatedBackend::new("p4d.24xlarge", "node", &dir));
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the start blocked on a file that is not a regular one")
+}
+
+/// Break-it finding 16: a fifo at `<sim-dev-root>/reset-gpus` hung the start forever (a
+/// blocking open waits for a writer), where every other file read at start is opened
+/// non-blocking and regular files only. Anything but a regular file at the switch (or at the
+/// MIG state file) is refused naming it, and left for the operator.
+#[test]
+fn a_switch_or_state_file_that_is_not_a_regular_file_is_refused_not_waited_on() {
+    if !root() {
+        return;
+    }
+    for name in [state::RESET_SWITCH, state::STATE_FILE] {
+        for what in ["fifo", "directory", "symlink"] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join(name);
+            match what {
+                "fifo" => {
+                    nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600))
+                        .unwrap()
+                }
+                "directory" => std::fs::create_dir(&path).unwrap(),
+                _ => {
+                    let target = dir.path().join("elsewhere");
+                    std::fs::write(&target, "all\n").unwrap();
+                    std::os::unix::fs::symlink(&target, &path).unwrap();
+                }
+            }
+            let err = start_bounded(dir.path()).expect_err(what);
+            let msg = err.to_string();
+            assert!(
+                msg.contains(&path.display().to_string())
+                    && msg.contains(&format!(
+                        "it is a {}",
+                        what.replace("symlink", "symbolic link")
+                    )),
+                "{name} as a {what}: {msg}"
+            );
+            assert!(
+                std::fs::symlink_metadata(&path).is_ok(),
+                "{name}: left for the operator"
+            );
+        }
+    }
+}

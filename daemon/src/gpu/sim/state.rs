@@ -36,6 +36,10 @@ pub(crate) const STATE_FILE: &str = "mig-state.json";
 /// File name of the reset switch, in the simulated node's dev root.
 pub(crate) const RESET_SWITCH: &str = "reset-gpus";
 
+/// Largest state file or reset switch read, in bytes (a state file of 8 GPUs with every
+/// instance is a few KiB).
+const MAX_FILE_BYTES: u64 = 4 << 20;
+
 /// GPU-instance IDs the driver hands out on A100-class GPUs (0..=14).
 const GI_IDS: u32 = 15;
 
@@ -153,10 +157,8 @@ pub(super) fn load(
     node: &str,
     settings: &mut HashMap<String, Settings>,
 ) -> io::Result<()> {
-    let raw = match std::fs::read(path) {
-        Ok(raw) => raw,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+    let Some(raw) = read_input(path)? else {
+        return Ok(());
     };
     let file: StateFile =
         serde_json::from_slice(&raw).map_err(|e| invalid(path, format_args!("{e}")))?;
@@ -269,11 +271,18 @@ pub(super) fn load(
 /// error reading or removing it.
 pub(super) fn take_reset_switch(dir: &Path, gpus: &[Gpu]) -> io::Result<Vec<String>> {
     let path = dir.join(RESET_SWITCH);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+    let Some(raw) = read_input(&path)? else {
+        return Ok(Vec::new());
     };
+    let text = String::from_utf8(raw).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{}: not text (one gpu-<minor> or GPU UUID a line, or \"all\")",
+                path.display()
+            ),
+        )
+    })?;
     let names: Vec<&str> = text
         .lines()
         .map(str::trim)
@@ -302,4 +311,30 @@ pub(super) fn take_reset_switch(dir: &Path, gpus: &[Gpu]) -> io::Result<Vec<Stri
     crate::fsutil::remove_file_if_exists(&path)
         .map_err(|e| io::Error::new(e.kind(), format!("removing {}: {e}", path.display())))?;
     Ok(out)
+}
+
+/// Reads the state file or the reset switch as the input it is (`None`: there is none): a
+/// regular file only, never through a symbolic link, bounded, opened non-blocking, as every
+/// file read at start is (`fsutil::read_own_file`). A fifo there would otherwise block the
+/// start for good, waiting for a writer.
+///
+/// # Errors
+/// `InvalidData` naming the file when it is not a regular file (left there for the operator
+/// to remove) or too large; other I/O errors reading it.
+fn read_input(path: &Path) -> io::Result<Option<Vec<u8>>> {
+    use crate::fsutil::ReadRefusal;
+    match crate::fsutil::read_own_file(path, MAX_FILE_BYTES) {
+        Ok(raw) => Ok(Some(raw)),
+        Err(ReadRefusal::Missing) => Ok(None),
+        Err(ReadRefusal::Io(e)) => {
+            Err(io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+        }
+        Err(refusal) => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{}: {refusal}; remove it (the simulated node reads only regular files there)",
+                path.display()
+            ),
+        )),
+    }
 }
