@@ -21,6 +21,11 @@ pub use crate::sys::BOOT_ID_PATH;
 /// Largest CDI spec file read when looking for orphans of ours, in bytes (ours are a few KiB).
 pub(super) const MAX_SPEC_BYTES: u64 = 4 << 20;
 
+/// Mode of a claim's directory `<run-dir>/claims/<uid>`, whatever its strategy (an MPS
+/// claim's is made so by its MPS start too): traversable, so that an MPS server started under
+/// a client's uid reaches its pipe directory, but not listable by other host users.
+pub(super) const CLAIM_DIR_MODE: u32 = 0o711;
+
 /// First delay before restarting a dead MPS control daemon; doubled after each failure.
 pub(super) const RESTART_BASE: Duration = Duration::from_millis(500);
 
@@ -131,7 +136,7 @@ impl Service {
             return Ok(());
         };
         let dir = self.claim_dir(&info.uid);
-        let result = fsutil::create_dir_if_missing(&dir, 0o755).and_then(|()| {
+        let result = fsutil::create_dir_if_missing(&dir, CLAIM_DIR_MODE).and_then(|()| {
             let bytes = serde_json::to_vec(&info).map_err(std::io::Error::other)?;
             let path = dir.join(HOST_RECORD);
             if fsutil::read_own_file(&path, MAX_HOST_RECORD_BYTES)
@@ -455,6 +460,10 @@ impl Service {
                 if let Err(e) = self.write_cdi(uid, &info.groups, &info) {
                     tracing::error!(claim = %uid, error = %e, "rewriting the CDI spec");
                 }
+            }
+            // A claim directory an older release made 0755 becomes what the README says.
+            if let Err(e) = fsutil::create_dir(&self.claim_dir(uid), CLAIM_DIR_MODE) {
+                tracing::warn!(claim = %uid, error = %e, "setting the mode of the claim's directory");
             }
             let _ = self.write_host_record(uid);
         }

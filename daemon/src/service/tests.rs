@@ -869,6 +869,7 @@ fn concurrent_changes_all_reach_the_checkpoint() {
     assert_eq!(attached, [5, 5, 5, 5, 5, 5, 5, 3]);
 }
 
+mod claim_dirs;
 mod driver;
 mod migrate;
 mod missing_gpu;
