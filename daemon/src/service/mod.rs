@@ -48,6 +48,7 @@ mod ops;
 mod orphans;
 mod persisted;
 mod plan;
+mod quarantine_name;
 mod reconcile;
 mod restarts;
 mod stop;

@@ -374,6 +374,10 @@ impl Quarantine {
             "reason": why,
             "record": record,
         });
+        debug_assert!(
+            super::quarantine_name::SOURCES.contains(&source),
+            "{source}"
+        );
         let n = QUARANTINED.fetch_add(1, Ordering::Relaxed);
         let path = self.dir.join(format!(
             "{source}-{}-{}-{n}.json",
@@ -409,14 +413,15 @@ impl Quarantine {
         }
     }
 
-    /// Removes the oldest quarantine files beyond [`MAX_QUARANTINED`] (ours by location: the
-    /// directory holds nothing else).
+    /// Removes the oldest quarantine files beyond [`MAX_QUARANTINED`]: only regular files
+    /// named as [`Quarantine::keep`] names them count and go, never anything else there.
     fn prune(&self) {
         let Ok(entries) = fs::read_dir(&self.dir) else {
             return;
         };
         let mut files: Vec<(std::time::SystemTime, PathBuf)> = entries
             .flatten()
+            .filter(|e| super::quarantine_name::is_ours(&e.file_name().to_string_lossy()))
             .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
             .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
             .collect();

@@ -543,3 +543,46 @@ fn a_record_that_conflicts_with_another_claim_is_kept_and_shown_not_dropped() {
     );
     assert!(quarantined(&f).iter().any(|r| r.contains("evil")));
 }
+
+/// Break-it finding 17: the prune of the quarantine (at most 256 files, the oldest go first)
+/// deleted any file in `<state-dir>/quarantine`, an administrator's notes too. Only files
+/// named as the quarantine writes them (`<source>-<secs>-<pid>-<n>.json`) are counted and
+/// pruned.
+#[test]
+fn the_quarantine_prune_removes_only_files_it_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = crate::service::persisted::Quarantine::beside(&dir.path().join("cp.json"));
+    std::fs::create_dir_all(q.dir()).unwrap();
+    let notes: Vec<PathBuf> = (0..270)
+        .map(|i| q.dir().join(format!("admin-note-{i}.txt")))
+        .chain([
+            q.dir().join("host-record-notes.json"),
+            q.dir().join("checkpoint-claim-1-2-3.json.bak"),
+        ])
+        .collect();
+    for n in &notes {
+        std::fs::write(n, "keep me").unwrap();
+    }
+    for i in 0..258 {
+        q.keep(
+            "checkpoint-claim",
+            Path::new("/x"),
+            &format!("c{i}"),
+            None,
+            "bad",
+        );
+    }
+    let left: Vec<String> = std::fs::read_dir(q.dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    for n in &notes {
+        assert!(n.exists(), "{} was not the quarantine's", n.display());
+    }
+    let ours = left
+        .iter()
+        .filter(|n| n.starts_with("checkpoint-claim-") && n.ends_with(".json"))
+        .count();
+    assert_eq!(ours, 256, "the quarantine keeps 256 of its own");
+}
