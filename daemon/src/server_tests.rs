@@ -1,11 +1,13 @@
 //! Unit tests of `server.rs`.
 
+use super::dispatch::log_claim_event;
 use super::*;
 use crate::cdi::HookConfig;
 use crate::gpu::SimulatedBackend;
 use crate::service::ServiceConfig;
 use crate::strategy::mps::MpsControl;
 use crate::sys::fake::FakeHost;
+use gpushare_proto::{Method, Response};
 
 async fn start(max_connections: usize, idle: Duration) -> (tempfile::TempDir, PathBuf) {
     let (dir, socket, _) = start_with(

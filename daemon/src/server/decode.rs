@@ -1,0 +1,111 @@
+//! Request lines: their JSON nesting, bounded before any parsing, and their decoding into a
+//! request and its method (pure: the protocol fuzz target drives it).
+
+use gpushare_proto::{ErrorBody, ErrorCode, Method, Request, Response, PROTOCOL_VERSION};
+use serde_json::Value;
+
+use super::{shape, MAX_JSON_DEPTH};
+
+/// True when `line` nests arrays and objects deeper than `max` (strings are skipped, escapes
+/// included). Linear in the line, no allocation.
+pub fn nesting_exceeds(line: &[u8], max: usize) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in line {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
+pub(super) fn error_response(id: u64, code: ErrorCode, message: String) -> Response {
+    Response {
+        version: PROTOCOL_VERSION,
+        id,
+        result: None,
+        error: Some(ErrorBody { code, message }),
+    }
+}
+
+/// Start of the message of a line that is not a request (the connection is then closed).
+pub(super) const MALFORMED: &str = "malformed request";
+
+/// Decodes one request line (without its newline) into the request and its method. Pure: the
+/// protocol fuzz target drives it.
+///
+/// # Errors
+/// The response to send: `InvalidRequest` for a line nested deeper than [`MAX_JSON_DEPTH`],
+/// malformed JSON, JSON that is not one object (an array, too, which serde would otherwise
+/// take for the envelope's fields by position), a wrong protocol version or an unknown method.
+#[allow(clippy::result_large_err)]
+pub fn decode_request(line: &[u8]) -> Result<(Request, Method), Response> {
+    if nesting_exceeds(line, MAX_JSON_DEPTH) {
+        return Err(error_response(
+            0,
+            ErrorCode::InvalidRequest,
+            format!("{MALFORMED}: JSON nested deeper than {MAX_JSON_DEPTH} levels"),
+        ));
+    }
+    if let Some(why) = shape::envelope_problem(line) {
+        return Err(error_response(
+            0,
+            ErrorCode::InvalidRequest,
+            format!("{MALFORMED}: {why}"),
+        ));
+    }
+    let request: Request = match serde_json::from_slice(line) {
+        Ok(r) => r,
+        Err(e) => {
+            let id = serde_json::from_slice::<Value>(line)
+                .ok()
+                .and_then(|v| v.get("id").and_then(Value::as_u64))
+                .unwrap_or(0);
+            return Err(error_response(
+                id,
+                ErrorCode::InvalidRequest,
+                format!("{MALFORMED}: {e}"),
+            ));
+        }
+    };
+    let id = request.id;
+    if request.version != PROTOCOL_VERSION {
+        return Err(error_response(
+            id,
+            ErrorCode::InvalidRequest,
+            format!(
+                "protocol version {} is not supported; this daemon speaks {PROTOCOL_VERSION}",
+                request.version
+            ),
+        ));
+    }
+    let Some(method) = Method::parse(&request.method) else {
+        let known: Vec<_> = Method::ALL.iter().map(|m| m.as_str()).collect();
+        return Err(error_response(
+            id,
+            ErrorCode::InvalidRequest,
+            format!(
+                "unknown method {:?}; known: {}",
+                request.method,
+                known.join(", ")
+            ),
+        ));
+    };
+    Ok((request, method))
+}
