@@ -1,7 +1,11 @@
 //! Simulated GPUs from EC2 node profiles, with real character device nodes. A node built with
 //! [`SimulatedBackend::new`] (as `gpushared --simulate` builds it at every start) keeps its
-//! MIG state in its dev root while gpushared is away, as hardware does ([`state`]).
+//! MIG state in its dev root while gpushared is away, as hardware does ([`state`]). Here: the
+//! node built from its profile; `backend.rs`: what it answers as a [`super::GpuBackend`];
+//! `controls.rs`: what tests and the demo do to it (faults, processes, handles, resets).
 
+mod backend;
+mod controls;
 mod state;
 
 use std::collections::{BTreeMap, HashMap};
@@ -13,10 +17,8 @@ use gpushare_proto::{ComputeMode, TimeSliceInterval};
 use nix::sys::stat::{makedev, mknod, Mode, SFlag};
 
 use super::catalog::{self, NodeProfile};
-use super::{
-    mig_cap_minor, ComputeInstance, DeviceNode, Gpu, GpuBackend, GpuError, MigInstance, MigMode,
-};
-use crate::mig::{self, CiProfileIndex, GiProfileId, MigModel, Occupied};
+use super::{ComputeInstance, Gpu, GpuError, MigInstance, MigMode};
+use crate::mig::{self, GiProfileId, MigModel};
 
 /// NVIDIA's character-device major number for `/dev/nvidia*`.
 pub const NVIDIA_MAJOR: u64 = 195;
@@ -279,107 +281,6 @@ impl Settings {
     }
 }
 
-impl SimulatedBackend {
-    /// Makes the next call of `fault`'s kind fail once.
-    pub fn inject(&self, fault: SimFault) {
-        self.faults
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(fault);
-    }
-
-    /// Sets the compute processes running on a GPU (an empty list: idle).
-    ///
-    /// # Errors
-    /// Unknown GPU.
-    pub fn set_processes(&self, uuid: &str, pids: Vec<u32>) -> Result<(), GpuError> {
-        self.with_settings(uuid, |s| s.processes = pids)
-    }
-
-    /// Performs a GPU reset: a pending MIG mode takes effect and every MIG instance is gone,
-    /// as on hardware. Refused while processes or other clients' handles hold the GPU.
-    ///
-    /// # Errors
-    /// `Busy` with processes or open handles, unknown GPU.
-    pub fn reset(&self, uuid: &str) -> Result<(), GpuError> {
-        self.change_mig(uuid, |s| {
-            if !s.processes.is_empty() {
-                return Err(GpuError::Busy(format!(
-                    "GPU {uuid}: In use by another client ({} processes)",
-                    s.processes.len()
-                )));
-            }
-            s.refuse_if_held(uuid, None)?;
-            s.reset();
-            Ok(())
-        })
-    }
-
-    /// Opens a handle on a GPU as another client would (`gi: None`: the whole GPU, e.g.
-    /// nvidia-smi or DCGM; `Some(id)`: GPU instance `id`, a process on its MIG device). While
-    /// it is open, what hardware answers "In use by another client" is refused as
-    /// [`GpuError::Busy`]: destroying that instance or its compute instance, changing MIG
-    /// mode, a reset.
-    ///
-    /// # Errors
-    /// Unknown GPU, or (`NotFound`) no such GPU instance.
-    pub fn open_handle(&self, uuid: &str, gi: Option<u32>) -> Result<(), GpuError> {
-        self.with_settings(uuid, |s| {
-            if let Some(id) = gi {
-                if !s.instances.iter().any(|i| i.gi_id == id) {
-                    return Err(GpuError::NotFound(format!(
-                        "GPU {uuid}: no GPU instance {id}"
-                    )));
-                }
-            }
-            *s.handles.entry(gi).or_default() += 1;
-            Ok(())
-        })?
-    }
-
-    /// Closes a handle [`SimulatedBackend::open_handle`] opened (nothing when none is open).
-    ///
-    /// # Errors
-    /// Unknown GPU.
-    pub fn close_handle(&self, uuid: &str, gi: Option<u32>) -> Result<(), GpuError> {
-        self.with_settings(uuid, |s| {
-            if let Some(n) = s.handles.get_mut(&gi) {
-                *n -= 1;
-                if *n == 0 {
-                    s.handles.remove(&gi);
-                }
-            }
-        })
-    }
-
-    fn take_fault(&self, fault: SimFault) -> bool {
-        let mut f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
-        match f.iter().position(|x| *x == fault) {
-            Some(i) => {
-                f.remove(i);
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn cap_node(&self, minor: u32) -> DeviceNode {
-        let name = format!("nvidia-cap{minor}");
-        let host_path = self.dev_root.join("nvidia-caps").join(&name);
-        if self.make_nodes && !host_path.exists() {
-            let made = crate::fsutil::create_dir(&self.dev_root.join("nvidia-caps"), 0o755)
-                .and_then(|()| make_device(&host_path, NVIDIA_CAPS_MAJOR, u64::from(minor), 0o444));
-            if let Err(e) = made {
-                tracing::error!(path = %host_path.display(), error = %e, "creating simulated MIG capability device node");
-            }
-        }
-        DeviceNode {
-            path: Path::new("/dev/nvidia-caps").join(&name),
-            host_path,
-        }
-    }
-}
-
 /// The GI ID the driver gives a new GPU instance spanning `memory_slices`: the lowest free one
 /// of its size class, as observed on A100 (8 slices: 0; 4: 1–2; 2: 3–6; 1: 7–13).
 fn next_gi_id(instances: &[MigInstance], memory_slices: u32) -> u32 {
@@ -392,13 +293,6 @@ fn next_gi_id(instances: &[MigInstance], memory_slices: u32) -> u32 {
     let mut ids = range.clone();
     ids.find(|id| instances.iter().all(|i| i.gi_id != *id))
         .unwrap_or(range.end)
-}
-
-fn mig_uuid(node_gpu_uuid: &str, serial: u32) -> String {
-    format!(
-        "MIG-{}",
-        &catalog::simulated_uuid(&format!("{node_gpu_uuid}/mig"), serial)[4..]
-    )
 }
 
 fn make_char_device(path: &Path, minor: u64) -> io::Result<()> {
@@ -422,257 +316,6 @@ fn make_device(path: &Path, major: u64, minor: u64, mode: u32) -> io::Result<()>
             ),
         )),
     }
-}
-
-impl GpuBackend for SimulatedBackend {
-    fn describe(&self) -> String {
-        format!("simulated:{}", self.profile)
-    }
-
-    fn gpus(&self) -> &[Gpu] {
-        &self.gpus
-    }
-
-    fn gpu_device_nodes(&self, gpu: &Gpu) -> Vec<DeviceNode> {
-        let name = format!("nvidia{}", gpu.minor);
-        vec![DeviceNode {
-            path: Path::new("/dev").join(&name),
-            host_path: self.dev_root.join(&name),
-        }]
-    }
-
-    fn control_device_nodes(&self) -> Vec<DeviceNode> {
-        vec![DeviceNode {
-            path: PathBuf::from("/dev/nvidiactl"),
-            host_path: self.dev_root.join("nvidiactl"),
-        }]
-    }
-
-    fn device_majors(&self) -> super::nodes::DriverMajors {
-        super::nodes::DriverMajors::default().with("nvidia-caps", NVIDIA_CAPS_MAJOR)
-    }
-
-    fn compute_mode(&self, uuid: &str) -> Result<ComputeMode, GpuError> {
-        self.with_settings(uuid, |s| s.compute_mode)
-    }
-
-    fn set_compute_mode(&self, uuid: &str, mode: ComputeMode) -> Result<(), GpuError> {
-        // Kept across a restart of gpushared, as the GPU keeps it.
-        self.change_mig(uuid, |s| {
-            s.compute_mode = mode;
-            Ok(())
-        })
-    }
-
-    fn time_slice(&self, uuid: &str) -> Result<TimeSliceInterval, GpuError> {
-        self.with_settings(uuid, |s| s.time_slice)
-    }
-
-    fn set_time_slice(&self, uuid: &str, interval: TimeSliceInterval) -> Result<(), GpuError> {
-        self.change_mig(uuid, |s| {
-            s.time_slice = interval;
-            Ok(())
-        })
-    }
-
-    fn mig_mode(&self, uuid: &str) -> Result<MigMode, GpuError> {
-        self.with_settings(uuid, |s| {
-            s.model.map(|_| s.mig).ok_or_else(|| not_mig(uuid))
-        })?
-    }
-
-    fn set_mig_mode(&self, uuid: &str, enabled: bool) -> Result<MigMode, GpuError> {
-        self.change_mig(uuid, |s| {
-            let model = s.model.ok_or_else(|| not_mig(uuid))?;
-            if s.mig.current == enabled && s.mig.pending == enabled {
-                return Ok(s.mig);
-            }
-            if !s.processes.is_empty() {
-                return Err(GpuError::Busy(format!(
-                    "GPU {uuid}: In use by another client: {} compute process(es) (pids {:?})",
-                    s.processes.len(),
-                    s.processes
-                )));
-            }
-            s.refuse_if_held(uuid, None)?;
-            if !enabled && !s.instances.is_empty() {
-                return Err(GpuError::Busy(format!(
-                    "GPU {uuid}: {} MIG GPU instance(s) exist; destroy them first",
-                    s.instances.len()
-                )));
-            }
-            s.mig.pending = enabled;
-            if model.reset_free_mode_toggle() {
-                s.mig.current = enabled;
-            }
-            Ok(s.mig)
-        })
-    }
-
-    fn compute_processes(&self, uuid: &str) -> Result<Vec<u32>, GpuError> {
-        self.with_settings(uuid, |s| s.processes.clone())
-    }
-
-    fn mig_instances(&self, uuid: &str) -> Result<Vec<MigInstance>, GpuError> {
-        self.with_settings(uuid, |s| {
-            s.model.ok_or_else(|| not_mig(uuid))?;
-            let mut v = if s.mig.current {
-                s.instances.clone()
-            } else {
-                Vec::new()
-            };
-            v.sort_by_key(|i| i.gi_id);
-            Ok(v)
-        })?
-    }
-
-    fn create_gpu_instance(
-        &self,
-        uuid: &str,
-        profile: GiProfileId,
-        start: u32,
-    ) -> Result<u32, GpuError> {
-        self.change_mig(uuid, |s| {
-            let model = s.model.ok_or_else(|| not_mig(uuid))?;
-            if !s.mig.current {
-                return Err(GpuError::Unsupported(format!(
-                    "GPU {uuid}: MIG mode is not in effect{}",
-                    if s.mig.pending {
-                        " (enable is pending a GPU reset)"
-                    } else {
-                        ""
-                    }
-                )));
-            }
-            let occupied: Vec<Occupied> = s
-                .instances
-                .iter()
-                .map(|i| Occupied {
-                    profile: i.profile,
-                    placement: i.placement,
-                })
-                .collect();
-            let placement =
-                mig::check_placement(model, profile, start, &occupied).map_err(|e| match e {
-                    mig::PlacementError::Invalid(m) => GpuError::InvalidArgument(m),
-                    mig::PlacementError::Taken(m) => GpuError::InsufficientResources(m),
-                })?;
-            let gi_id = next_gi_id(&s.instances, placement.size);
-            s.instances.push(MigInstance {
-                gi_id,
-                profile,
-                placement,
-                compute: None,
-            });
-            Ok(gi_id)
-        })
-    }
-
-    fn create_compute_instance(
-        &self,
-        uuid: &str,
-        gi_id: u32,
-        profile: CiProfileIndex,
-    ) -> Result<ComputeInstance, GpuError> {
-        let fail = self.take_fault(SimFault::CreateComputeInstance);
-        self.change_mig(uuid, |s| {
-            let model = s.model.ok_or_else(|| not_mig(uuid))?;
-            let serial = s.serial;
-            let gi = s
-                .instances
-                .iter_mut()
-                .find(|i| i.gi_id == gi_id)
-                .ok_or_else(|| GpuError::NotFound(format!("GPU {uuid}: no GPU instance {gi_id}")))?;
-            let full = model
-                .profile_by_id(gi.profile)
-                .map(|p| p.full_ci_profile())
-                .ok_or_else(|| GpuError::Failed(format!("GPU instance {gi_id}: unknown profile")))?;
-            if profile != full {
-                return Err(GpuError::InvalidArgument(format!(
-                    "compute-instance profile {} is not the full profile {} of GPU instance {gi_id}",
-                    profile.0, full.0
-                )));
-            }
-            if gi.compute.is_some() {
-                return Err(GpuError::InsufficientResources(format!(
-                    "GPU instance {gi_id} has no compute slices left"
-                )));
-            }
-            if fail {
-                return Err(GpuError::Failed(format!(
-                    "GPU {uuid}: creating a compute instance in GPU instance {gi_id}: Unknown Error (injected)"
-                )));
-            }
-            let ci = ComputeInstance {
-                ci_id: 0,
-                uuid: mig_uuid(uuid, serial),
-            };
-            gi.compute = Some(ci.clone());
-            s.serial += 1;
-            Ok(ci)
-        })
-    }
-
-    fn destroy_compute_instance(&self, uuid: &str, gi_id: u32, ci_id: u32) -> Result<(), GpuError> {
-        self.change_mig(uuid, |s| {
-            if s.instances.iter().any(|i| i.gi_id == gi_id) {
-                s.refuse_if_held(uuid, Some(gi_id))?;
-            }
-            let gi = s
-                .instances
-                .iter_mut()
-                .find(|i| i.gi_id == gi_id)
-                .ok_or_else(|| {
-                    GpuError::NotFound(format!("GPU {uuid}: no GPU instance {gi_id}"))
-                })?;
-            match &gi.compute {
-                Some(ci) if ci.ci_id == ci_id => {
-                    gi.compute = None;
-                    Ok(())
-                }
-                _ => Err(GpuError::NotFound(format!(
-                    "GPU {uuid}: GPU instance {gi_id} has no compute instance {ci_id}"
-                ))),
-            }
-        })
-    }
-
-    fn destroy_gpu_instance(&self, uuid: &str, gi_id: u32) -> Result<(), GpuError> {
-        let fail = self.take_fault(SimFault::DestroyGpuInstance);
-        self.change_mig(uuid, |s| {
-            let i = s
-                .instances
-                .iter()
-                .position(|i| i.gi_id == gi_id)
-                .ok_or_else(|| {
-                    GpuError::NotFound(format!("GPU {uuid}: no GPU instance {gi_id}"))
-                })?;
-            if s.instances[i].compute.is_some() {
-                return Err(GpuError::Busy(format!(
-                    "GPU {uuid}: GPU instance {gi_id} still has a compute instance"
-                )));
-            }
-            s.refuse_if_held(uuid, Some(gi_id))?;
-            if fail {
-                return Err(GpuError::Busy(format!(
-                    "GPU {uuid}: GPU instance {gi_id}: In use by another client (injected)"
-                )));
-            }
-            s.instances.remove(i);
-            Ok(())
-        })
-    }
-
-    fn mig_device_nodes(&self, gpu: &Gpu, gi_id: u32, ci_id: u32) -> Vec<DeviceNode> {
-        vec![
-            self.cap_node(mig_cap_minor(gpu.minor, gi_id, None)),
-            self.cap_node(mig_cap_minor(gpu.minor, gi_id, Some(ci_id))),
-        ]
-    }
-}
-
-fn not_mig(uuid: &str) -> GpuError {
-    GpuError::Unsupported(format!("GPU {uuid} does not support MIG"))
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! Unit tests of `sim.rs`.
 
 use super::*;
+use crate::gpu::GpuBackend;
+use crate::mig::CiProfileIndex;
 
 #[test]
 fn unknown_profile_lists_known_ones() {
