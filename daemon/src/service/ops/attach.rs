@@ -10,7 +10,7 @@
 
 use gpushare_proto::{AttachParams, Attachment, ClaimState, ErrorCode};
 
-use super::super::{mig_recover, now_secs, Service, State};
+use super::super::{mig_recover, missing_gpus, now_secs, Service, State};
 use crate::config;
 use crate::error::ServiceError;
 use crate::registry::Txn;
@@ -109,6 +109,8 @@ impl Service {
         if claim.state == ClaimState::Degraded {
             let what = if mig_recover::slice_lost(claim) {
                 "release the claim; it can be prepared again once its MIG slice can be made"
+            } else if missing_gpus::says_gpus_missing(claim) {
+                "release the claim: a GPU it names is not on this node"
             } else {
                 "gpushared is restarting its MPS control daemon, retry later"
             };

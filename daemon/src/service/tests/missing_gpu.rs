@@ -41,6 +41,11 @@ fn a_claim_on_a_gpu_the_node_lacks_comes_up_degraded_and_can_be_released() {
             .unwrap_err();
         assert_eq!(e.code, ErrorCode::NotReady, "{uid}: {}", e.message);
         assert!(e.message.contains("the node has no GPU"), "{}", e.message);
+        assert!(
+            !e.message.contains("retry later") && e.message.contains("release the claim"),
+            "what to do: {}",
+            e.message
+        );
     }
     assert!(
         again
