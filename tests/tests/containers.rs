@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use gpushare_e2e::*;
-use gpushare_proto::{ClaimInfo, StrategyInfo};
+use gpushare_proto::{ClaimInfo, MigInstanceInfo, StrategyInfo};
 use serde_json::Value;
 
 fn claim_via_cli(d: &Daemon, uid: &str) -> ClaimInfo {
@@ -238,6 +238,40 @@ fn runc_container_attaches_detaches_and_fails_without_claim() {
         .status();
 }
 
+/// Runs a podman container on claim `uid` and asserts that it sees the parent GPU's node and
+/// the two capability nodes of MIG slice `rec` as character devices.
+fn assert_slice_in_podman(d: &Daemon, uid: &str, rec: &MigInstanceInfo, tmp: &Path) {
+    // The GI and CI access nodes, as /proc/driver/nvidia-caps/mig-minors numbers them.
+    let gi_cap = 3 + 2 * 15 * 9 + rec.gi_id * 9;
+    let ci_cap = gi_cap + 1 + rec.ci_id.unwrap();
+    let rootfs = busybox_rootfs(tmp, &[]);
+    let out = gpushare_cli::container::podman_run(
+        &format!("gpushare.io/claim={uid}"),
+        &rootfs,
+        &format!("ls -l /dev/nvidia{} /dev/nvidia-caps/", rec.gpu_minor),
+    )
+    .output()
+    .expect("podman run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "podman failed: {stdout}\n{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+    for cap in [gi_cap, ci_cap] {
+        let line = stdout
+            .lines()
+            .find(|l| l.ends_with(&format!(" nvidia-cap{cap}")))
+            .unwrap_or_else(|| panic!("nvidia-cap{cap} missing in the container: {stdout}"));
+        assert!(line.starts_with('c'), "a character device: {line}");
+    }
+    assert!(
+        stdout.contains(&format!("/dev/nvidia{}", rec.gpu_minor)),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn podman_container_sees_the_mig_capability_device_nodes() {
     if !need(is_root(), "root")
@@ -268,34 +302,8 @@ fn podman_container_sees_the_mig_capability_device_nodes() {
     d.prepare(&claim)
         .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
     let c = claim_via_cli(&d, &uid);
-    let rec = c.groups[0].mig[0].clone();
-    // The GI and CI access nodes, as /proc/driver/nvidia-caps/mig-minors numbers them.
-    let gi_cap = 3 + 2 * 15 * 9 + rec.gi_id * 9;
-    let ci_cap = gi_cap + 1 + rec.ci_id.unwrap();
     let tmp = tempfile::tempdir().unwrap();
-    let rootfs = busybox_rootfs(tmp.path(), &[]);
-    let out = gpushare_cli::container::podman_run(
-        &format!("gpushare.io/claim={uid}"),
-        &rootfs,
-        "ls -l /dev/nvidia2 /dev/nvidia-caps/",
-    )
-    .output()
-    .expect("podman run");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "podman failed: {stdout}\n{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        d.log()
-    );
-    for cap in [gi_cap, ci_cap] {
-        let line = stdout
-            .lines()
-            .find(|l| l.ends_with(&format!(" nvidia-cap{cap}")))
-            .unwrap_or_else(|| panic!("nvidia-cap{cap} missing in the container: {stdout}"));
-        assert!(line.starts_with('c'), "a character device: {line}");
-    }
-    assert!(stdout.contains("/dev/nvidia2"), "{stdout}");
+    assert_slice_in_podman(&d, &uid, &c.groups[0].mig[0], tmp.path());
     d.unprepare(&uid);
     d.assert_nothing_left(&uid, &[]);
     let g2 = d.gpus()["gpu-2"].clone();
@@ -361,31 +369,7 @@ fn podman_container_on_a_static_mig_device_a_layout_made() {
     let rec = c.groups[0].mig[0].clone();
     assert_eq!(rec.uuid, three.uuid, "the layout's instance itself");
     assert_eq!(rec.origin, gpushare_proto::MigOrigin::Existing);
-    let gi_cap = 3 + 2 * 15 * 9 + rec.gi_id * 9;
-    let ci_cap = gi_cap + 1 + rec.ci_id.unwrap();
-    let rootfs = busybox_rootfs(tmp.path(), &[]);
-    let out = gpushare_cli::container::podman_run(
-        &format!("gpushare.io/claim={uid}"),
-        &rootfs,
-        "ls -l /dev/nvidia2 /dev/nvidia-caps/",
-    )
-    .output()
-    .expect("podman run");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "podman failed: {stdout}\n{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        d.log()
-    );
-    for cap in [gi_cap, ci_cap] {
-        assert!(
-            stdout
-                .lines()
-                .any(|l| l.starts_with('c') && l.ends_with(&format!(" nvidia-cap{cap}"))),
-            "nvidia-cap{cap} missing in the container: {stdout}"
-        );
-    }
+    assert_slice_in_podman(&d, &uid, &rec, tmp.path());
     d.unprepare(&uid);
     d.assert_nothing_left(&uid, &[]);
     let after: Vec<String> = d.gpus()["gpu-2"]

@@ -357,12 +357,7 @@ fn plan_gpu(g: &GpuState, model: MigModel, e: &ConfigEntry) -> Result<GpuPlan, L
             LayoutError::Invalid(format!(
                 "{}: no MIG profile {profile:?} on {model} (it has {})",
                 g.name,
-                model
-                    .profiles()
-                    .iter()
-                    .map(|p| p.name)
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                model.profile_names()
             ))
         })?;
         wanted.extend(std::iter::repeat_n(p, *count as usize));

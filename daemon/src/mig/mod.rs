@@ -294,6 +294,16 @@ impl MigModel {
         matches!(self, MigModel::H100_80 | MigModel::H200)
     }
 
+    /// The names of its GPU-instance profiles, smallest first, comma-separated: what an error
+    /// naming an unknown profile lists.
+    pub fn profile_names(self) -> String {
+        self.profiles()
+            .iter()
+            .map(|p| p.name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// Every GPU-instance profile, smallest first.
     pub fn profiles(self) -> Vec<GiProfile> {
         let rows = match self {

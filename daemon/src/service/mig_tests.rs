@@ -80,6 +80,20 @@ fn instances(f: &Fixture, gpu: &str) -> Vec<crate::gpu::MigInstance> {
     f.backend.mig_instances(&uuid_of(f, gpu)).unwrap()
 }
 
+/// Makes a whole MIG instance (GPU instance and its full compute instance) on `gpu` behind
+/// gpushare's back, as an administrator's `nvidia-smi mig -cgi … -C` does; returns its GI ID.
+fn make_by_hand(f: &Fixture, gpu: &str, profile: u32, start: u32) -> u32 {
+    let uuid = uuid_of(f, gpu);
+    let gi = f
+        .backend
+        .create_gpu_instance(&uuid, crate::mig::GiProfileId(profile), start)
+        .unwrap();
+    f.backend
+        .create_compute_instance(&uuid, gi, crate::mig::CiProfileIndex(0))
+        .unwrap();
+    gi
+}
+
 fn code(r: Result<PrepareResult, ServiceError>) -> ErrorCode {
     r.expect_err("prepare should be refused").code
 }
@@ -501,13 +515,7 @@ fn startup_destroys_only_what_a_crash_left_of_gpushare_s_own_making() {
     // Made by someone else: a 1g.5gb at 2 with an intent of a claim long released (stale:
     // honoured for half-prepared claims only), and a GPU instance without its compute
     // instance at 3 (an administrator's half-made one).
-    let gi = f
-        .backend
-        .create_gpu_instance(&uuid, crate::mig::GiProfileId(19), 2)
-        .unwrap();
-    f.backend
-        .create_compute_instance(&uuid, gi, crate::mig::CiProfileIndex(0))
-        .unwrap();
+    make_by_hand(&f, "gpu-3", 19, 2);
     f.backend
         .create_gpu_instance(&uuid, crate::mig::GiProfileId(19), 3)
         .unwrap();
@@ -549,14 +557,7 @@ fn startup_destroys_only_what_a_crash_left_of_gpushare_s_own_making() {
 #[test]
 fn unreadable_intents_destroy_nothing() {
     let f = fixture("p4d.24xlarge", &[3]);
-    let uuid = uuid_of(&f, "gpu-3");
-    let gi = f
-        .backend
-        .create_gpu_instance(&uuid, crate::mig::GiProfileId(19), 6)
-        .unwrap();
-    f.backend
-        .create_compute_instance(&uuid, gi, crate::mig::CiProfileIndex(0))
-        .unwrap();
+    make_by_hand(&f, "gpu-3", 19, 6);
     // Torn, and a fifo (opening one would block the start).
     std::fs::create_dir_all(&f.cfg.run_dir).unwrap();
     std::fs::write(

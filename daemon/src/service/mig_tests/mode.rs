@@ -49,14 +49,7 @@ fn mig_mode_stays_on_where_a_layout_set_it_or_others_made_instances() {
     f.service
         .prepare(&claim("c", &["gpu-4-mig-3g40gb-9-0"], None))
         .unwrap();
-    let uuid = uuid_of(&f, "gpu-4");
-    let gi = f
-        .backend
-        .create_gpu_instance(&uuid, crate::mig::GiProfileId(19), 6)
-        .unwrap();
-    f.backend
-        .create_compute_instance(&uuid, gi, crate::mig::CiProfileIndex(0))
-        .unwrap();
+    make_by_hand(&f, "gpu-4", 19, 6);
     f.service.unprepare("c").unwrap();
     assert!(mode_on(&f, "gpu-4"));
     assert_eq!(instances(&f, "gpu-4").len(), 1, "the other's instance kept");

@@ -52,12 +52,7 @@ pub fn resolve(
                     "request {request}: {} ({}) has no MIG profile {name:?}; it has {}",
                     gpu.device_name(),
                     gpu.product_name,
-                    model
-                        .profiles()
-                        .iter()
-                        .map(|p| p.name)
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    model.profile_names()
                 ),
             )
         })

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gpushare_proto::{MpsInfo, MpsRequested};
+use gpushare_proto::MpsInfo;
 
 use super::{launch_of, percentage_display, pinned_limit_display, set_commands};
 use super::{MpsDirs, MpsError, MpsLaunch};
@@ -270,12 +270,7 @@ impl MpsControl {
             active_thread_percentage: atp,
             pinned_device_memory_limits: limits,
             control_daemon_start_time: self.ops.processes.start_time(pid).unwrap_or(0),
-            requested: MpsRequested {
-                multi_user: launch.multi_user,
-                active_thread_percentage: launch.active_thread_percentage,
-                pinned_limits_mib: launch.pinned_limits_mib.clone(),
-                shm_bytes: launch.shm_bytes,
-            },
+            requested: launch.requested(),
             restarts: 0,
         })
     }

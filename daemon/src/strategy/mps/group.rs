@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use gpushare_proto::{ErrorCode, GroupInfo, MpsInfo, MpsRequested, StrategyInfo};
+use gpushare_proto::{ErrorCode, GroupInfo, MpsInfo, StrategyInfo};
 
 use super::{Mps, MpsDirs, MpsLaunch};
 use crate::config::MpsSettings;
@@ -102,12 +102,7 @@ pub fn planned_record(launch: &MpsLaunch) -> MpsInfo {
         active_thread_percentage: String::new(),
         pinned_device_memory_limits: BTreeMap::new(),
         control_daemon_start_time: 0,
-        requested: MpsRequested {
-            multi_user: launch.multi_user,
-            active_thread_percentage: launch.active_thread_percentage,
-            pinned_limits_mib: launch.pinned_limits_mib.clone(),
-            shm_bytes: launch.shm_bytes,
-        },
+        requested: launch.requested(),
         restarts: 0,
     }
 }

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use gpushare_proto::MpsInfo;
+use gpushare_proto::{MpsInfo, MpsRequested};
 use sha2::{Digest, Sha256};
 
 use super::MpsError;
@@ -91,6 +91,18 @@ pub struct MpsLaunch {
     pub pinned_limits_mib: Vec<Option<u64>>,
     /// Size of the shm tmpfs in bytes.
     pub shm_bytes: u64,
+}
+
+impl MpsLaunch {
+    /// What the claim asked of its daemon, as recorded beside what was read back.
+    pub fn requested(&self) -> MpsRequested {
+        MpsRequested {
+            multi_user: self.multi_user,
+            active_thread_percentage: self.active_thread_percentage,
+            pinned_limits_mib: self.pinned_limits_mib.clone(),
+            shm_bytes: self.shm_bytes,
+        }
+    }
 }
 
 /// The launch that (re)creates the daemon recorded in `info`: same directories, devices,
