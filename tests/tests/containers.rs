@@ -238,6 +238,19 @@ fn runc_container_attaches_detaches_and_fails_without_claim() {
         .status();
 }
 
+/// A daemon on the p4d.24xlarge with gpu-2 in MIG mode, writing CDI specs where podman reads
+/// them (/etc/cdi and /var/run/cdi only).
+fn mig_daemon_for_podman() -> Daemon {
+    Daemon::start_on(
+        DaemonOptions {
+            mps_control: bin("gpushare-mps-control"),
+            cdi_dir: Some(PathBuf::from("/var/run/cdi")),
+            run_dir: None,
+        },
+        &p4d_mig_profile(),
+    )
+}
+
 /// Runs a podman container on claim `uid` and asserts that it sees the parent GPU's node and
 /// the two capability nodes of MIG slice `rec` as character devices.
 fn assert_slice_in_podman(d: &Daemon, uid: &str, rec: &MigInstanceInfo, tmp: &Path) {
@@ -285,15 +298,7 @@ fn podman_container_sees_the_mig_capability_device_nodes() {
         return;
     };
     let _serial = global_lock();
-    let d = Daemon::start_on(
-        DaemonOptions {
-            mps_control: bin("gpushare-mps-control"),
-            // podman reads CDI specs from /etc/cdi and /var/run/cdi only.
-            cdi_dir: Some(PathBuf::from("/var/run/cdi")),
-            run_dir: None,
-        },
-        &p4d_mig_profile(),
-    );
+    let d = mig_daemon_for_podman();
     let uid = unique_uid("podman-mig");
     let claim = with_uid(
         &load_claim(&cases.join("claims/seed-mig-3g20gb.yaml")),
@@ -319,14 +324,7 @@ fn podman_container_on_a_static_mig_device_a_layout_made() {
         return;
     }
     let _serial = global_lock();
-    let d = Daemon::start_on(
-        DaemonOptions {
-            mps_control: bin("gpushare-mps-control"),
-            cdi_dir: Some(PathBuf::from("/var/run/cdi")),
-            run_dir: None,
-        },
-        &p4d_mig_profile(),
-    );
+    let d = mig_daemon_for_podman();
     // Static MIG: the layout is made first (here by `gpushare mig apply`; mig-parted or
     // nvidia-smi at node setup on a real node), then a claim names one of its devices.
     let tmp = tempfile::tempdir().unwrap();
