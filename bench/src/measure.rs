@@ -650,6 +650,8 @@ impl Ctx {
         let mut mps_at_scale = None;
         let mut scale_rss = (0, 0);
         let mut checkpoint_bytes = 0;
+        let mut small_restart = vec![];
+        let mut small_size = 0;
         let mut c = d.client()?;
         for &n in &sizes.scale {
             let uids: Vec<String> = (0..n).map(|_| self.uids.next()).collect();
@@ -659,6 +661,21 @@ impl Ctx {
                 prepare(&mut c, &claim(uid, &gpu, &time_slicing_params()))?;
             }
             let per_prepare = t.elapsed().as_secs_f64() * 1e3 / n as f64;
+            if n == sizes.scale[0] && n != largest {
+                // The issue's recovery baseline: a restart with few claims of the same shape
+                // as the largest restart below (time-sliced ones and one MPS claim whose
+                // control daemon is re-adopted), so that the ratio is what the claims cost.
+                let mps_uid = self.uids.next();
+                prepare(&mut c, &claim(&mps_uid, "gpu-0", &mps_params()))?;
+                drop(c);
+                for _ in 0..sizes.restarts {
+                    d.stop()?;
+                    small_restart.push(d.restart(n + 1)?);
+                }
+                c = d.client()?;
+                unprepare(&mut c, &mps_uid)?;
+                small_size = n + 1;
+            }
             if n == largest {
                 // MPS cycles on the free GPU 0 while `largest` time-sliced claims are held;
                 // they stay held through the idle and restart measurements.
@@ -767,13 +784,29 @@ impl Ctx {
             unit: "%".into(),
         });
         let (fr, er) = (sum(&full_restart)?, sum(&empty_restart)?);
-        self.report.targets.push(Target {
-            name: format!(
-                "restart to ready, {largest} claims ≤ 3 × with an empty checkpoint (median; stricter than 10 claims)"
-            ),
-            measured: fr.p50_ms / er.p50_ms,
-            limit: 3.0,
-            unit: "×".into(),
+        let sr = if small_restart.is_empty() {
+            None
+        } else {
+            Some(sum(&small_restart)?)
+        };
+        self.report.targets.push(match &sr {
+            Some(sr) => Target {
+                name: format!(
+                    "restart to ready, {} claims ≤ 3 × with {small_size} (median; both with one MPS claim re-adopted)",
+                    largest + 1
+                ),
+                measured: fr.p50_ms / sr.p50_ms,
+                limit: 3.0,
+                unit: "×".into(),
+            },
+            None => Target {
+                name: format!(
+                    "restart to ready, {largest} claims ≤ 3 × with an empty checkpoint (median)"
+                ),
+                measured: fr.p50_ms / er.p50_ms,
+                limit: 3.0,
+                unit: "×".into(),
+            },
         });
 
         let mut rows4: Vec<Row> = scaling_rows(&points);
@@ -913,11 +946,22 @@ impl Ctx {
                 "SIGTERM, then spawn `gpushared` on the same state directory and time spawn to the \
                  first `health` that answers ready with every checkpointed claim ({} time-sliced + 1 \
                  MPS claim, whose control daemon outlives the restart and is re-adopted), polled \
-                 every 0.5 ms; the baseline is the same restart with an empty checkpoint. {} \
-                 restarts each.",
+                 every 0.5 ms; the baselines are the same restart with an empty checkpoint, and \
+                 with the smallest scaling size of time-sliced claims plus one MPS claim (the \
+                 target's: both restarts then re-adopt one control daemon). {} restarts each.",
                 largest, sizes.restarts
             ),
-            rows: row_p(&format!("restart to ready, {} claims", largest + 1), &fr, "empty checkpoint", &er).into_iter().collect(),
+            rows: row_p(&format!("restart to ready, {} claims", largest + 1), &fr, "empty checkpoint", &er)
+                .into_iter()
+                .chain(sr.iter().flat_map(|sr| {
+                    row_p(
+                        &format!("restart to ready, {} claims", largest + 1),
+                        &fr,
+                        &format!("{small_size} claims (one MPS)"),
+                        sr,
+                    )
+                }))
+                .collect(),
         });
         Ok(())
     }
