@@ -480,7 +480,7 @@ pub struct MigInstanceInfo {
     /// gpushare turned the parent GPU's MIG mode on for this slice, or for an earlier claim's
     /// slice on the GPU that this one took the flag over from: the release of the last slice
     /// carrying it turns MIG mode off again (on GPUs that leave MIG mode without a reset).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default)]
     pub enabled_mig_mode: bool,
 }
 
