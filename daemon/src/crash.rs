@@ -19,6 +19,8 @@ pub const CRASH_POINTS: &[&str] = &[
     // unprepare
     "unprepare.unpreparing_saved",
     "unprepare.mps_stopped",
+    // a MIG slice's compute instance destroyed, its GPU instance not yet
+    "unprepare.mig_compute_destroyed",
     "unprepare.cdi_removed",
     "unprepare.dirs_removed",
     // the checkpoint writer itself, before the temporary file is renamed into place

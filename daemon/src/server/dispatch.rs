@@ -222,14 +222,19 @@ pub(super) fn log_claim_event(
     );
     // To 0.1 ms, as gpushare-dra logs it: more digits are float noise, not precision.
     let duration_ms = format!("{:.1}", took.as_secs_f64() * 1000.0);
+    // Under the server's target, as before the module was split: operators grep and filter
+    // these lines by `gpushare::server` (README, "What the log says").
     match error {
         None => tracing::info!(
+            target: "gpushare::server",
             claim = %uid, %strategy, %devices, outcome = %"ok", %duration_ms, "{method}"
         ),
         Some((code @ ErrorCode::Internal, message)) => tracing::error!(
+            target: "gpushare::server",
             claim = %uid, %strategy, %devices, outcome = %code.as_str(), error = message, %duration_ms, "{method}"
         ),
         Some((code, message)) => tracing::warn!(
+            target: "gpushare::server",
             claim = %uid, %strategy, %devices, outcome = %code.as_str(), error = message, %duration_ms, "{method}"
         ),
     }

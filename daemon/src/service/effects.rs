@@ -49,6 +49,7 @@ impl GroupRecorder for ClaimGroup<'_> {
     }
 
     fn mig(&self, rec: &MigInstanceInfo) {
+        self.service.mig_intents.made(self.uid, rec);
         let mut st = self.service.state();
         if let Some(c) = st.claims.get_mut(self.uid) {
             if let Some(g) = c.groups.iter_mut().find(|g| g.devices == self.devices) {
@@ -75,9 +76,14 @@ impl GroupRecorder for ClaimGroup<'_> {
             .flat_map(|g| g.mig.iter_mut())
             .find(|m| *m == rec)
         {
+            // The MIG UUID stays: it names what the group's MPS control daemon ran on (a
+            // record whose daemon names a device the group lacks is refused at start), and a
+            // record without its compute instance matches its GPU instance by IDs alone.
             m.ci_id = None;
-            m.uuid.clear();
         }
+        // On disk before the GPU instance goes: a kill in between leaves a record that names
+        // the GPU instance alone, which the next start's release finds and destroys.
+        let _ = self.service.commit(st);
     }
 }
 

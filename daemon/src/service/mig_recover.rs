@@ -246,6 +246,7 @@ impl Service {
             return Slice::Lost(e.message);
         }
         let created = strategy::create(backend, &target, |partial| {
+            self.mig_intents.made(uid, partial);
             self.set_slice(uid, gi, ri, partial);
             let _ = self.commit(self.state());
         });

@@ -506,22 +506,28 @@ fn startup_destroys_only_what_a_crash_left_of_gpushare_s_own_making() {
     let mut cp = file.load().unwrap().checkpoint;
     let half = cp.claims.get_mut("half").unwrap();
     half.state = ClaimState::PrepareStarted;
+    let half_gi = half.groups[0].mig[0].gi_id;
     half.groups[0].mig.clear();
     file.save(&cp).unwrap();
-    let intent = |claim: &str, profile: u32, start: u32, size: u32| {
+    let intent = |claim: &str, profile: u32, start: u32, size: u32, gi: Option<u32>| {
         json!({"claim": claim, "gpu_uuid": uuid, "gi_profile_id": profile,
-               "placement_start": start, "memory_slices": size})
+               "placement_start": start, "memory_slices": size, "gi_id": gi})
     };
-    // Made by someone else: a 1g.5gb at 2 with an intent of a claim long released (stale:
-    // honoured for half-prepared claims only), and a GPU instance without its compute
-    // instance at 3 (an administrator's half-made one).
+    // Made by someone else: a whole 1g.5gb at 2 under an intent that never got its GI ID (a
+    // crash came before gpushare's create: only a GPU instance without a compute instance
+    // can be what such a crash leaves), and a GPU instance without its compute instance at 3
+    // (an administrator's half-made one) under no intent.
     make_by_hand(&f, "gpu-3", 19, 2);
     f.backend
         .create_gpu_instance(&uuid, crate::mig::GiProfileId(19), 3)
         .unwrap();
     std::fs::write(
         f.cfg.run_dir.join("mig-intents.json"),
-        serde_json::to_vec(&json!([intent("half", 14, 0, 2), intent("gone", 19, 2, 1)])).unwrap(),
+        serde_json::to_vec(&json!([
+            intent("half", 14, 0, 2, Some(half_gi)),
+            intent("gone", 19, 2, 1, None)
+        ]))
+        .unwrap(),
     )
     .unwrap();
     assert_eq!(instances(&f, "gpu-3").len(), 4);
@@ -540,7 +546,7 @@ fn startup_destroys_only_what_a_crash_left_of_gpushare_s_own_making() {
     assert!(restarted.get_claim("half").is_err(), "rolled back");
     assert!(
         !f.cfg.run_dir.join("mig-intents.json").exists(),
-        "intents read once"
+        "intents cleared once the sweep used them"
     );
     restarted.unprepare("owned").unwrap();
     let left: Vec<u32> = instances(&f, "gpu-3")
@@ -846,6 +852,7 @@ fn whole_gpu_claims_on_gpus_in_mig_mode() {
     assert!(e.message.contains("layout"), "{e}");
 }
 
+mod intents;
 mod mode;
 mod reconcile;
 mod static_mig;

@@ -344,8 +344,7 @@ impl Service {
             .collect();
         // What the last run was making when it ended, and for which claims: the MIG sweep
         // below destroys only instances gpushare made (service/mig/intents.rs).
-        let left_intents = self.mig_intents.take_for_sweep();
-        let half_prepared = mig::half_prepared(self.state().claims.values());
+        let left_intents = self.mig_intents.left_for_sweep(rebooted);
         // Half-started MPS daemons of claims about to be rolled back (and of no claim at all)
         // go first: one still starting holds no lock yet and would keep writing into the
         // directories the rollback removes.
@@ -389,13 +388,9 @@ impl Service {
         // instances (static MIG) are kept.
         {
             let st = self.state();
-            mig::sweep_at_start(
-                self.backend.as_ref(),
-                &left_intents,
-                &half_prepared,
-                st.claims.values(),
-            );
+            mig::sweep_at_start(self.backend.as_ref(), &left_intents, st.claims.values());
         }
+        self.mig_intents.clear();
         // Then the MIG slices of prepared claims that vanished while gpushared was away (a GPU
         // reset, a destroy by hand): recreated at their placements, or the claim is Degraded
         // (service/mig_recover.rs).
@@ -487,6 +482,7 @@ mod tests {
             include_str!("orphans.rs"),
             include_str!("../strategy/mps/group.rs"),
             include_str!("../strategy/mig/group.rs"),
+            include_str!("../strategy/mig/lifecycle.rs"),
         ]
         .concat();
         for p in crate::crash::CRASH_POINTS {

@@ -4,7 +4,7 @@
 //! on disk (the prepare's end), or the attempt is over. A crash in between leaves the intent,
 //! and the next start destroys an instance no record owns only where such an intent of a
 //! claim that crashed while being prepared names its exact profile and placement
-//! ([`MigIntents::take_for_sweep`]). Every other instance no claim owns was made by someone
+//! ([`MigIntents::left_for_sweep`]). Every other instance no claim owns was made by someone
 //! else (`gpushare mig apply`, mig-parted or `nvidia-smi` at node setup: static MIG) and is
 //! never destroyed.
 //!
@@ -46,6 +46,9 @@ pub(in crate::service) struct Intent {
     /// never destroys it; the intent only keeps two prepares off one instance.
     #[serde(default)]
     pub existing: bool,
+    /// The GPU-instance ID the driver gave the slice, once it is made ([`MigIntents::made`]).
+    #[serde(default)]
+    pub gi_id: Option<u32>,
 }
 
 impl Intent {
@@ -57,6 +60,7 @@ impl Intent {
             placement_start: t.start,
             memory_slices: t.profile.memory_slices,
             existing: t.existing.is_some(),
+            gi_id: None,
         }
     }
 
@@ -108,29 +112,61 @@ impl MigIntents {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// What the last run left: the intents of attempts a crash interrupted. The file is read
-    /// as the input it is: one that is not a regular file, too large or not an intents list
-    /// counts as empty (every instance no claim owns is then kept: the side that destroys
-    /// nothing), is logged and removed.
-    pub fn take_for_sweep(&self) -> Vec<Intent> {
+    /// What the last run left: the intents of attempts a crash interrupted, read, not
+    /// removed (a start killed before its sweep leaves them for the next: [`MigIntents::clear`]
+    /// goes after the sweep). After a reboot (`rebooted`) none is taken: every MIG instance
+    /// was made since the boot, and a run directory that is not a tmpfs would still hold the
+    /// last boot's. The file is read as the input it is: one that is not a regular file, too
+    /// large or not an intents list counts as empty (every instance no claim owns is then
+    /// kept: the side that destroys nothing), is logged and moved aside, as evidence and so
+    /// that the intents of this run can be written.
+    pub fn left_for_sweep(&self, rebooted: bool) -> Vec<Intent> {
         let found = match fsutil::read_own_file(&self.path, MAX_BYTES) {
             Ok(raw) => match serde_json::from_slice::<Vec<Intent>>(&raw) {
                 Ok(v) => v,
                 Err(e) => {
                     tracing::error!(path = %self.path.display(), error = %e, "unreadable MIG intents; no MIG instance is destroyed at this start (those a crash left stay until destroyed by hand)");
+                    self.move_aside();
                     Vec::new()
                 }
             },
             Err(ReadRefusal::Missing) => Vec::new(),
             Err(e) => {
                 tracing::error!(path = %self.path.display(), error = %e, "refusing to read the MIG intents; no MIG instance is destroyed at this start");
+                self.move_aside();
                 Vec::new()
             }
         };
+        if rebooted && !found.is_empty() {
+            tracing::info!(
+                intents = found.len(),
+                "MIG intents of the last boot are not taken: every MIG instance was made since"
+            );
+            return Vec::new();
+        }
+        found
+    }
+
+    /// Removes what the last run left, once the sweep has used it.
+    pub fn clear(&self) {
         if let Err(e) = fsutil::remove_file_if_exists(&self.path) {
             tracing::error!(path = %self.path.display(), error = %e, "removing the MIG intents");
         }
-        found
+    }
+
+    fn move_aside(&self) {
+        let aside = self.path.with_extension(format!(
+            "json.refused-{}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0)
+        ));
+        if let Err(e) = std::fs::rename(&self.path, &aside) {
+            tracing::error!(path = %self.path.display(), error = %e, "moving the refused MIG intents aside");
+        } else {
+            tracing::warn!(path = %self.path.display(), moved_to = %aside.display(), "refused MIG intents moved aside");
+        }
     }
 
     /// Records that `target` is about to be made for `claim`, before anything is created.
@@ -204,6 +240,25 @@ impl MigIntents {
         let target = choose(&busy)?;
         self.push(&mut live, Intent::of(claim, &target), &target)?;
         Ok(target)
+    }
+
+    /// Marks `claim`'s intent for the slice `rec` names with its GPU-instance ID, the moment
+    /// the instance exists: the sweep then takes for ours only the instance with that ID.
+    pub fn made(&self, claim: &str, rec: &gpushare_proto::MigInstanceInfo) {
+        let mut live = self.lock();
+        let Some(i) = live.iter_mut().find(|i| {
+            i.claim == claim
+                && i.gpu_uuid == rec.gpu_uuid
+                && i.placement_start == rec.placement_start
+                && i.gi_profile_id == rec.gi_profile_id
+                && i.gi_id != Some(rec.gi_id)
+        }) else {
+            return;
+        };
+        i.gi_id = Some(rec.gi_id);
+        if let Err(e) = self.write(&live) {
+            tracing::warn!(path = %self.path.display(), error = %e, "marking a MIG intent made");
+        }
     }
 
     /// Strikes every intent of `claim`: its record now names what was made, or nothing was.

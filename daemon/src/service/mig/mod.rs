@@ -23,40 +23,43 @@ pub(super) use intents::{Intent, MigIntents};
 /// At start-up, after the rollbacks: destroys the MIG instances that no remaining claim owns
 /// and that gpushare made, which only a crash between making an instance and recording it
 /// leaves. gpushare knows it made one by the intent it wrote before making it (`left`, from
-/// the last run): honoured only for a claim whose record was still being prepared when the
-/// run ended (`half_prepared`), or for a claim whose recorded slice sits at exactly that place
-/// (a slice being made again); the placement and profile must match exactly. Every other
-/// instance no claim owns was made by someone else (`gpushare mig apply`, mig-parted,
-/// `nvidia-smi`: static MIG) and is kept.
+/// the last run): honoured for a claim that is not prepared now (its prepare crashed and was
+/// rolled back, maybe by a start killed in turn) or that records a slice at exactly that
+/// place (a slice being made again); the profile and placement must match exactly, and the
+/// GPU-instance ID too once the intent has it (else, a crash between the create and its
+/// mark, only a GPU instance without a compute instance is taken for ours: an
+/// administrator's `-cgi … -C` makes both). Every other instance no claim owns was made by
+/// someone else (`gpushare mig apply`, mig-parted, `nvidia-smi`: static MIG) and is kept.
 pub(super) fn sweep_at_start<'a>(
     backend: &dyn GpuBackend,
     left: &[Intent],
-    half_prepared: &BTreeSet<String>,
     claims: impl IntoIterator<Item = &'a ClaimInfo> + Clone,
 ) {
     let claimed = Claimed::of(claims.clone());
-    let records_slice_at = |uid: &str, gpu: &str, i: &MigInstance| {
-        claims
-            .clone()
-            .into_iter()
-            .filter(|c| c.uid == uid)
-            .any(|c| {
-                c.groups.iter().flat_map(|g| &g.mig).any(|m| {
-                    m.gpu_uuid == gpu
-                        && m.gi_profile_id == i.profile.0
-                        && m.placement_start == i.placement.start
-                        && m.memory_slices == i.placement.size
-                })
-            })
+    let prepared = |uid: &str| {
+        claims.clone().into_iter().find(|c| {
+            c.uid == uid && matches!(c.state, ClaimState::Prepared | ClaimState::Degraded)
+        })
     };
     let made_by_us = |gpu: &str, inst: &MigInstance| {
         left.iter().any(|x| {
-            !x.existing
+            let here = !x.existing
                 && x.gpu_uuid == gpu
                 && x.gi_profile_id == inst.profile.0
                 && x.placement_start == inst.placement.start
                 && x.memory_slices == inst.placement.size
-                && (half_prepared.contains(&x.claim) || records_slice_at(&x.claim, gpu, inst))
+                && match x.gi_id {
+                    Some(gi) => gi == inst.gi_id,
+                    None => inst.compute.is_none(),
+                };
+            here && prepared(&x.claim).is_none_or(|c| {
+                c.groups.iter().flat_map(|g| &g.mig).any(|m| {
+                    m.gpu_uuid == gpu
+                        && m.gi_profile_id == inst.profile.0
+                        && m.placement_start == inst.placement.start
+                        && m.memory_slices == inst.placement.size
+                })
+            })
         })
     };
     let swept = strategy::sweep_unowned(backend, &claimed, made_by_us);
@@ -66,17 +69,6 @@ pub(super) fn sweep_at_start<'a>(
             "start-up: MIG instances gpushare made that no claim recorded were found"
         );
     }
-}
-
-/// The claims of `claims` a crash left in `PrepareStarted`: whose intents the sweep honours.
-pub(super) fn half_prepared<'a>(
-    claims: impl IntoIterator<Item = &'a ClaimInfo>,
-) -> BTreeSet<String> {
-    claims
-        .into_iter()
-        .filter(|c| c.state == ClaimState::PrepareStarted)
-        .map(|c| c.uid.clone())
-        .collect()
 }
 
 impl Service {
@@ -138,8 +130,26 @@ impl Service {
         t: &MigTarget,
     ) -> Result<MigTarget, ServiceError> {
         if !t.chosen {
-            self.mig_intents.reserve(uid, t)?;
-            return Ok(t.clone());
+            // Under the intents' lock, against the claims as they are now: a prepare that
+            // planned before another's record named this slice, and reserves after that one
+            // struck its intent, must not get the same slice.
+            return self.mig_intents.reserve_with(uid, &t.gpu_uuid, |_| {
+                let view = self.view.load();
+                let others =
+                    Claimed::of(view.claims.values().map(|c| &**c).filter(|c| c.uid != uid));
+                let holders = others.holders(&t.gpu_uuid, &t.occupied().placement);
+                if holders.is_empty() {
+                    return Ok(t.clone());
+                }
+                Err(ServiceError::new(
+                    ErrorCode::Conflict,
+                    format!(
+                        "{}: its memory slices are held by claim(s) {}",
+                        t.device,
+                        holders.into_iter().collect::<Vec<_>>().join(", ")
+                    ),
+                ))
+            });
         }
         self.mig_intents.reserve_with(uid, &t.gpu_uuid, |busy| {
             let claimed = Claimed::of(self.view.load().claims.values().map(|c| &**c));

@@ -154,7 +154,10 @@ pub fn destroy(
     }
     if let Some(ci) = &inst.compute {
         match backend.destroy_compute_instance(&rec.gpu_uuid, rec.gi_id, ci.ci_id) {
-            Ok(()) | Err(GpuError::NotFound(_)) => compute_gone(),
+            Ok(()) | Err(GpuError::NotFound(_)) => {
+                compute_gone();
+                crate::crash::point("unprepare.mig_compute_destroyed");
+            }
             Err(e) => {
                 return Err(gpu_err(
                     &format!("{}: destroying compute instance {}", rec.device, ci.ci_id),
@@ -178,7 +181,11 @@ pub fn destroy(
 /// Whether live instance `inst` is the one `rec` records: the same GPU-instance ID, profile
 /// and placement, and, once the record has its compute instance, the same compute-instance ID
 /// and MIG UUID (a MIG UUID is never handed out twice). A record made before its compute
-/// instance existed (a crash in between) matches its GPU instance whatever it holds now.
+/// instance existed (a crash in between) matches its GPU instance whatever it holds now. A
+/// release strikes the compute instance from the record on disk before it destroys the GPU
+/// instance, so a kill in between leaves such a record too. A record with its compute
+/// instance does not match a GPU instance without one: the driver reuses GI IDs, and an
+/// operator half-way through making a new instance there is not to be undone.
 pub fn is_instance_of(rec: &MigInstanceInfo, inst: &MigInstance) -> bool {
     inst.gi_id == rec.gi_id
         && inst.profile.0 == rec.gi_profile_id

@@ -1,0 +1,175 @@
+//! The MIG intents against what a break-it round did to them: a start killed before its
+//! sweep, a crash before the GPU instance was made, a directory or garbage at the intents
+//! path, intents of the last boot, two prepares for one static device, and a release killed
+//! between destroying a slice's compute and GPU instance.
+
+use super::*;
+
+fn intents_path(f: &Fixture) -> std::path::PathBuf {
+    f.cfg.run_dir.join("mig-intents.json")
+}
+
+fn write_intents(f: &Fixture, v: Value) {
+    std::fs::create_dir_all(&f.cfg.run_dir).unwrap();
+    std::fs::write(intents_path(f), serde_json::to_vec(&v).unwrap()).unwrap();
+}
+
+fn intent(f: &Fixture, claim: &str, profile: u32, start: u32, size: u32, gi: Option<u32>) -> Value {
+    json!({"claim": claim, "gpu_uuid": uuid_of(f, "gpu-3"), "gi_profile_id": profile,
+           "placement_start": start, "memory_slices": size, "gi_id": gi})
+}
+
+#[test]
+fn a_crashed_prepare_s_instance_is_destroyed_even_after_its_record_is_gone() {
+    // A start killed after rolling the claim back (its record gone) but before its sweep:
+    // the intent is still there for the next start, and honoured (the claim is not prepared).
+    let f = fixture("p4d.24xlarge", &[3]);
+    let gi = make_by_hand(&f, "gpu-3", 19, 4);
+    write_intents(&f, json!([intent(&f, "rolled-back", 19, 4, 1, Some(gi))]));
+    let s = start(&f.cfg, &f.host, &f.backend);
+    assert!(
+        instances(&f, "gpu-3").is_empty(),
+        "made by gpushare: destroyed"
+    );
+    assert!(!intents_path(&f).exists());
+    drop(s);
+}
+
+#[test]
+fn an_intent_without_its_gi_id_takes_only_a_gpu_instance_without_compute() {
+    // A crash after the intent, before the create: whatever an administrator made there
+    // since (GPU and compute instance) is theirs; a bare GPU instance is what our create
+    // leaves when a crash follows it.
+    let f = fixture("p4d.24xlarge", &[3]);
+    make_by_hand(&f, "gpu-3", 19, 4);
+    let uuid = uuid_of(&f, "gpu-3");
+    f.backend
+        .create_gpu_instance(&uuid, crate::mig::GiProfileId(19), 5)
+        .unwrap();
+    write_intents(
+        &f,
+        json!([
+            intent(&f, "a", 19, 4, 1, None),
+            intent(&f, "b", 19, 5, 1, None)
+        ]),
+    );
+    let _s = start(&f.cfg, &f.host, &f.backend);
+    let left: Vec<u32> = instances(&f, "gpu-3")
+        .iter()
+        .map(|i| i.placement.start)
+        .collect();
+    assert_eq!(
+        left,
+        [4],
+        "the administrator's whole instance kept, the bare one destroyed"
+    );
+}
+
+#[test]
+fn intents_of_the_last_boot_are_not_taken() {
+    let f = fixture("p4d.24xlarge", &[3]);
+    let gi = make_by_hand(&f, "gpu-3", 19, 4);
+    write_intents(&f, json!([intent(&f, "x", 19, 4, 1, Some(gi))]));
+    // The store remembers this boot; a start under another boot ID is a reboot.
+    drop(start(&f.cfg, &f.host, &f.backend));
+    assert!(instances(&f, "gpu-3").is_empty(), "same boot: taken");
+    let gi = make_by_hand(&f, "gpu-3", 19, 4);
+    write_intents(&f, json!([intent(&f, "x", 19, 4, 1, Some(gi))]));
+    let mps = MpsControl::new(
+        "/usr/bin/nvidia-cuda-mps-control".into(),
+        f.host.ops(),
+        Duration::from_millis(200),
+    );
+    let _s = Service::with_boot_id(
+        f.cfg.clone(),
+        Arc::clone(&f.backend) as Arc<dyn GpuBackend>,
+        mps,
+        "another-boot".into(),
+    )
+    .unwrap();
+    assert_eq!(instances(&f, "gpu-3").len(), 1, "made since the boot: kept");
+}
+
+#[test]
+fn a_directory_or_garbage_at_the_intents_path_is_moved_aside_and_prepares_go_on() {
+    let f = fixture("p4d.24xlarge", &[3]);
+    make_by_hand(&f, "gpu-3", 19, 4);
+    std::fs::create_dir_all(intents_path(&f)).unwrap();
+    let s = start(&f.cfg, &f.host, &f.backend);
+    assert_eq!(instances(&f, "gpu-3").len(), 1, "nothing destroyed");
+    assert!(!intents_path(&f).exists(), "moved aside");
+    s.prepare(&claim("after", &["gpu-3-mig-3g20gb-9-0"], None))
+        .unwrap();
+    s.unprepare("after").unwrap();
+    drop(s);
+    std::fs::write(intents_path(&f), b"not json").unwrap();
+    let _s = start(&f.cfg, &f.host, &f.backend);
+    let aside = std::fs::read_dir(&f.cfg.run_dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("mig-intents.json.refused-")
+        })
+        .count();
+    assert!(aside >= 1, "kept as evidence");
+    assert_eq!(instances(&f, "gpu-3").len(), 1);
+}
+
+#[test]
+fn a_static_device_a_claim_records_is_not_reserved_for_another() {
+    // The loser of a race planned before the winner's record named the device and reserves
+    // after the winner struck its intent: the reservation checks the claims as they are now.
+    let f = fixture("p4d.24xlarge", &[3]);
+    make_by_hand(&f, "gpu-3", 19, 4);
+    let target = {
+        let claimed = crate::strategy::mig::Claimed::default();
+        crate::strategy::mig::resolve(
+            f.backend.as_ref(),
+            "gpu",
+            "gpu-3-mig-1g5gb-19-4",
+            None,
+            &claimed,
+            &[],
+        )
+        .unwrap()
+    };
+    assert!(target.existing.is_some());
+    f.service
+        .prepare(&claim("winner", &["gpu-3-mig-1g5gb-19-4"], None))
+        .unwrap();
+    let e = f.service.reserve_slice("loser", &target).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Conflict, "{e}");
+    assert!(e.message.contains("winner"), "{e}");
+    f.service.unprepare("winner").unwrap();
+    assert_eq!(instances(&f, "gpu-3").len(), 1, "left as it is");
+}
+
+#[test]
+fn a_release_that_stops_between_compute_and_gpu_instance_finishes_at_the_next_start() {
+    // The compute instance is destroyed, then the GPU instance's destroy fails: the record
+    // on disk no longer names the compute instance, so the next start's release takes the
+    // GPU instance for the claim's own. (A kill in between is the crash suite's
+    // `unprepare.mig_compute_destroyed`: the record is on disk before the GPU instance's
+    // destroy.)
+    let f = fixture("p4d.24xlarge", &[3]);
+    f.service
+        .prepare(&claim("c", &["gpu-3-mig-1g5gb-19-4"], None))
+        .unwrap();
+    f.backend.inject(SimFault::DestroyGpuInstance);
+    assert!(f.service.unprepare("c").is_err());
+    let on_disk = RecordsOnDisk::new(f.cfg.checkpoint.clone())
+        .load()
+        .unwrap()
+        .checkpoint;
+    assert_eq!(
+        on_disk.claims["c"].groups[0].mig[0].ci_id, None,
+        "struck on disk before the GPU instance's destroy"
+    );
+    let live = instances(&f, "gpu-3");
+    assert!(live.len() == 1 && live[0].compute.is_none(), "{live:?}");
+    let restarted = start(&f.cfg, &f.host, &f.backend);
+    assert!(instances(&f, "gpu-3").is_empty(), "released at start");
+    assert!(restarted.get_claim("c").is_err());
+}
