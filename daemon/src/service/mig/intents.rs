@@ -49,6 +49,10 @@ pub(in crate::service) struct Intent {
     /// The GPU-instance ID the driver gave the slice, once it is made ([`MigIntents::made`]).
     #[serde(default)]
     pub gi_id: Option<u32>,
+    /// Making it turned the GPU's MIG mode on (or it carries the flag of a claim that did):
+    /// if a crash leaves nothing on the GPU, the start turns MIG mode off again.
+    #[serde(default)]
+    pub enabled_mig_mode: bool,
 }
 
 impl Intent {
@@ -61,6 +65,7 @@ impl Intent {
             memory_slices: t.profile.memory_slices,
             existing: t.existing.is_some(),
             gi_id: None,
+            enabled_mig_mode: false,
         }
     }
 
@@ -251,11 +256,12 @@ impl MigIntents {
                 && i.gpu_uuid == rec.gpu_uuid
                 && i.placement_start == rec.placement_start
                 && i.gi_profile_id == rec.gi_profile_id
-                && i.gi_id != Some(rec.gi_id)
+                && (i.gi_id != Some(rec.gi_id) || i.enabled_mig_mode != rec.enabled_mig_mode)
         }) else {
             return;
         };
         i.gi_id = Some(rec.gi_id);
+        i.enabled_mig_mode = rec.enabled_mig_mode;
         if let Err(e) = self.write(&live) {
             tracing::warn!(path = %self.path.display(), error = %e, "marking a MIG intent made");
         }

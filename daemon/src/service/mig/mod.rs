@@ -69,6 +69,30 @@ pub(super) fn sweep_at_start<'a>(
             "start-up: MIG instances gpushare made that no claim recorded were found"
         );
     }
+    // MIG mode a crashed prepare turned on for its slice (its intent says so) goes off again
+    // where that slice is gone and nothing else is on the GPU, as a release would have done.
+    let flipped: BTreeSet<&str> = left
+        .iter()
+        .filter(|x| x.enabled_mig_mode && !claimed.any_on(&x.gpu_uuid))
+        .map(|x| x.gpu_uuid.as_str())
+        .collect();
+    for gpu in flipped {
+        let Some(g) = backend.find(gpu) else { continue };
+        if !strategy::model_of(g).is_ok_and(|m| m.reset_free_mode_toggle())
+            || !backend.mig_instances(gpu).is_ok_and(|v| v.is_empty())
+        {
+            continue;
+        }
+        match backend.set_mig_mode(gpu, false) {
+            Ok(m) if !m.current => {
+                tracing::info!(gpu = %g.device_name(), "MIG mode disabled: a prepare that crashed had turned it on, and nothing is left on the GPU")
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::error!(gpu = %g.device_name(), error = %e, "disabling MIG mode a crashed prepare turned on")
+            }
+        }
+    }
 }
 
 impl Service {

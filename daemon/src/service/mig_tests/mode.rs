@@ -67,3 +67,66 @@ fn ampere_mig_mode_is_never_turned_off() {
     f.service.unprepare("amp").unwrap();
     assert!(mode_on(&f, "gpu-2"));
 }
+
+#[test]
+fn concurrent_first_claims_all_carry_the_flag_and_the_last_release_turns_mig_mode_off() {
+    // Seven prepares at once on a GPU with MIG mode off: one of them turns it on, the others
+    // find it on when they make their slices; every slice carries the flag (break-it finding:
+    // only the one that flipped it did, so the mode stayed on unless it was released last).
+    let f = Arc::new(fixture("p5.48xlarge", &[]));
+    let threads: Vec<_> = (0..7)
+        .map(|i| {
+            let f = Arc::clone(&f);
+            std::thread::spawn(move || {
+                f.service
+                    .prepare(&claim(
+                        &format!("h-{i}"),
+                        &["gpu-6"],
+                        Some(short_mig("1g.10gb")),
+                    ))
+                    .unwrap();
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(mode_on(&f, "gpu-6"));
+    for i in 0..7 {
+        let c = f.service.get_claim(&format!("h-{i}")).unwrap();
+        assert!(c.groups[0].mig[0].enabled_mig_mode, "h-{i}");
+    }
+    for i in 0..7 {
+        f.service.unprepare(&format!("h-{i}")).unwrap();
+    }
+    assert!(
+        !mode_on(&f, "gpu-6"),
+        "off after the last, whatever the order"
+    );
+}
+
+#[test]
+fn mig_mode_a_crashed_prepare_turned_on_goes_off_at_the_next_start() {
+    // What a crash after the GPU instance was made leaves: the instance, MIG mode on, the
+    // intent marked with the GI ID and the flag, no record of the slice.
+    let f = fixture("p5.48xlarge", &[]);
+    let uuid = uuid_of(&f, "gpu-7");
+    f.backend.set_mig_mode(&uuid, true).unwrap();
+    let gi = f
+        .backend
+        .create_gpu_instance(&uuid, crate::mig::GiProfileId(19), 0)
+        .unwrap();
+    std::fs::create_dir_all(&f.cfg.run_dir).unwrap();
+    std::fs::write(
+        f.cfg.run_dir.join("mig-intents.json"),
+        serde_json::to_vec(
+            &json!([{"claim": "crashed", "gpu_uuid": uuid, "gi_profile_id": 19,
+            "placement_start": 0, "memory_slices": 1, "gi_id": gi, "enabled_mig_mode": true}]),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let _s = start(&f.cfg, &f.host, &f.backend);
+    assert!(instances(&f, "gpu-7").is_empty());
+    assert!(!mode_on(&f, "gpu-7"), "turned off again");
+}

@@ -158,7 +158,14 @@ pub fn resolve(
         start,
         existing,
         chosen,
-        carries_mode_flag: claimed.mode_enabled_by_gpushare(&gpu.uuid),
+        // MIG mode off now on a GPU that gpushare turns it on for: whichever prepare turns it
+        // on (this one, or one running beside it), it is gpushare's doing, and this slice
+        // carries the flag too, so that the last of them turns it off again.
+        carries_mode_flag: claimed.mode_enabled_by_gpushare(&gpu.uuid)
+            || (model.reset_free_mode_toggle()
+                && backend
+                    .mig_mode(&gpu.uuid)
+                    .is_ok_and(|m| !m.current && !m.pending)),
     })
 }
 
