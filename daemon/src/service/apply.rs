@@ -31,7 +31,15 @@ impl Service {
             }
             let group = ClaimGroup::new(self, &spec.uid, &plan.devices);
             let applied = plan.strategy.apply(&group.effects())?;
-            groups.push(plan.info(applied));
+            let mut info = plan.info(applied);
+            // A placement chosen again when its intent was written (a concurrent prepare took
+            // the first choice) names another MIG device: the group shows the one it got.
+            for (d, m) in info.devices.iter_mut().zip(&info.mig) {
+                if d.request == m.request && d.device != m.device {
+                    d.device = m.device.clone();
+                }
+            }
+            groups.push(info);
         }
         // The driver's device of each device (a MIG device just made makes the spec
         // generate again), then the claim's own spec, then the check that the runtime will

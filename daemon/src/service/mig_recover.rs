@@ -247,7 +247,15 @@ impl Service {
         }
         let created = strategy::create(backend, &target, |partial| {
             self.mig_intents.made(uid, partial);
-            self.set_slice(uid, gi, ri, partial);
+            // Half made, the record keeps the MIG UUID the claim's CDI IDs and its MPS
+            // control daemon still name (a record naming a device it does not hold is refused
+            // at start); without its compute instance it matches the new GPU instance by IDs
+            // alone, so a crash now finds it half made and makes it again.
+            let half = MigInstanceInfo {
+                uuid: rec.uuid.clone(),
+                ..partial.clone()
+            };
+            self.set_slice(uid, gi, ri, &half);
             let _ = self.commit(self.state());
         });
         self.mig_intents.strike(uid);

@@ -173,3 +173,44 @@ fn a_release_that_stops_between_compute_and_gpu_instance_finishes_at_the_next_st
     assert!(instances(&f, "gpu-3").is_empty(), "released at start");
     assert!(restarted.get_claim("c").is_err());
 }
+
+#[test]
+fn a_slice_recreation_cut_short_is_found_half_made_and_made_again() {
+    // What a kill between the recreated slice's GPU and compute instance leaves: the record,
+    // Prepared, naming the new GPU instance without a compute instance, and still the MIG
+    // UUID its CDI IDs name. It must be re-adopted (not refused) and made whole again.
+    let f = fixture("p4d.24xlarge", &[3]);
+    f.service
+        .prepare(&claim("r", &["gpu-3-mig-1g5gb-19-5"], None))
+        .unwrap();
+    let old = f.service.get_claim("r").unwrap().groups[0].mig[0].clone();
+    let uuid = uuid_of(&f, "gpu-3");
+    f.backend
+        .destroy_compute_instance(&uuid, old.gi_id, old.ci_id.unwrap())
+        .unwrap();
+    f.backend.destroy_gpu_instance(&uuid, old.gi_id).unwrap();
+    let gi = f
+        .backend
+        .create_gpu_instance(&uuid, crate::mig::GiProfileId(19), 5)
+        .unwrap();
+    let file = RecordsOnDisk::new(f.cfg.checkpoint.clone());
+    let mut cp = file.load().unwrap().checkpoint;
+    let r = cp.claims.get_mut("r").unwrap();
+    // The driver's device of the slice, as a node with the toolkit's spec hands it out.
+    r.requests[0]
+        .cdi_device_ids
+        .insert(0, format!("gpushare.io/gpu={}", old.uuid));
+    let m = &mut r.groups[0].mig[0];
+    m.gi_id = gi;
+    m.ci_id = None;
+    file.save(&cp).unwrap();
+    let restarted = start(&f.cfg, &f.host, &f.backend);
+    assert!(restarted.health().quarantined_records.is_empty());
+    let c = restarted.get_claim("r").unwrap();
+    assert_eq!(c.state, ClaimState::Prepared, "{:?}", c.last_error);
+    let live = instances(&f, "gpu-3");
+    assert_eq!(live.len(), 1);
+    assert!(live[0].compute.is_some(), "made whole again: {live:?}");
+    restarted.unprepare("r").unwrap();
+    assert!(instances(&f, "gpu-3").is_empty());
+}

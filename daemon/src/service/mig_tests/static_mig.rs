@@ -197,6 +197,11 @@ fn a_chosen_placement_another_prepare_is_making_is_chosen_again() {
         got.device,
         format!("gpu-2-mig-1g10gb-19-{}", got.placement_start)
     );
+    let group = &f.service.get_claim("second").unwrap().groups[0];
+    assert_eq!(
+        group.devices[0].device, got.device,
+        "the group names the slice it got"
+    );
     // The named form has no choice: Conflict at once, naming the other claim.
     let named = "gpu-2-mig-1g10gb-19-0".to_string();
     let e = f
