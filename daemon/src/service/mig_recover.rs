@@ -72,7 +72,11 @@ impl Service {
                 match self.check_slice(uid, gi, ri, rec) {
                     Slice::Intact => {}
                     Slice::Recreated(new) => {
-                        tracing::warn!(claim = %uid, device = %rec.device, old_uuid = %rec.uuid, uuid = %new.uuid, gi = new.gi_id, "MIG slice vanished while gpushared was away; recreated at its placement");
+                        if new.origin == MigOrigin::Existing {
+                            tracing::warn!(claim = %uid, device = %rec.device, old_uuid = %rec.uuid, uuid = %new.uuid, gi = new.gi_id, "MIG slice vanished while gpushared was away; one made again at its placement by someone else is taken as it is");
+                        } else {
+                            tracing::warn!(claim = %uid, device = %rec.device, old_uuid = %rec.uuid, uuid = %new.uuid, gi = new.gi_id, "MIG slice vanished while gpushared was away; recreated at its placement");
+                        }
                         self.set_slice(uid, gi, ri, &new);
                         if !changed_groups.contains(&gi) {
                             changed_groups.push(gi);
