@@ -37,7 +37,7 @@ pub fn check_metrics_address(m: &MetricsConfig) -> Result<std::net::SocketAddr, 
 
 /// Checks how the run, state and CDI directories (resolved, real paths) sit together.
 /// The run and state directories may be one directory (a hand-run daemon in one place): the
-/// run directory's files (`claims/`, `mig-layout.json`, `simulated-dev/`) and the state
+/// run directory's files (`claims/`, `mig-intents.json`, `simulated-dev/`) and the state
 /// directory's (`checkpoint.json`) do not collide, and the single-instance lock is taken once.
 ///
 /// # Errors
@@ -49,7 +49,7 @@ pub fn check_layout(run: &Path, state: &Path, cdi: &Path) -> Result<(), String> 
     for (dir, which) in [(run, "run directory"), (state, "state directory")] {
         if cdi == dir {
             return Err(format!(
-                "the CDI directory {} is also the {which}: container runtimes read every .json and .yaml file in a CDI directory as a CDI spec, and gpushared's own files there (checkpoint.json, mig-layout.json) would break them; give --cdi-dir (paths.cdi_dir) a directory of its own",
+                "the CDI directory {} is also the {which}: container runtimes read every .json and .yaml file in a CDI directory as a CDI spec, and gpushared's own files there (claim records, mig-intents.json) would break them; give --cdi-dir (paths.cdi_dir) a directory of its own",
                 cdi.display()
             ));
         }

@@ -1,10 +1,10 @@
 //! How gpushared knows which MIG instances it made: before a GPU instance is created for a
 //! claim, an intent naming the claim, GPU, profile and placement is written to
 //! `<run_dir>/mig-intents.json`; it is struck once the claim's record naming the instance is
-//! on disk (the prepare's end), or the attempt is over. A crash in between leaves the intent,
-//! and the next start destroys an instance no record owns only where such an intent of a
-//! claim that crashed while being prepared names its exact profile and placement
-//! ([`MigIntents::left_for_sweep`]). Every other instance no claim owns was made by someone
+//! on disk (the prepare's end), or the attempt is over; it is marked with the GPU-instance ID
+//! the moment the instance exists. A crash in between leaves the intent, and the next start
+//! destroys an instance no record owns only where such an intent of a claim not prepared now
+//! names exactly it (`service::mig::sweep_at_start`, [`MigIntents::left_for_sweep`]). Every other instance no claim owns was made by someone
 //! else (`gpushare mig apply`, mig-parted or `nvidia-smi` at node setup: static MIG) and is
 //! never destroyed.
 //!
