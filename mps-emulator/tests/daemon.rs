@@ -427,7 +427,11 @@ fn foreground_logs_to_stdout() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let ready = wait_until(|| common::lock_holder(&pipe.join("control_lock")).is_some());
+    // The lock is taken before the sockets and the log FIFO exist (as NVIDIA's daemon does):
+    // a UI run between the two finds no daemon. The FIFO is made last.
+    let ready = wait_until(|| {
+        common::lock_holder(&pipe.join("control_lock")).is_some() && pipe.join("log").exists()
+    });
     if ready {
         let out = run_with(
             &emulator(),
