@@ -25,19 +25,24 @@ fn text(o: &Output) -> String {
     )
 }
 
-#[test]
-fn mig_cli_lists_plans_applies_and_refuses_claimed_gpus() {
-    let Some(cases) = setup() else {
-        return;
-    };
-    let d = Daemon::start_on(
+/// A gpushared on simulated `profile`, with the emulator as its MPS control program.
+fn daemon_on(profile: &str) -> Daemon {
+    Daemon::start_on(
         DaemonOptions {
             mps_control: bin("gpushare-mps-control"),
             cdi_dir: None,
             run_dir: None,
         },
-        &p4d_mig_profile(),
-    );
+        profile,
+    )
+}
+
+#[test]
+fn mig_cli_lists_plans_applies_and_refuses_claimed_gpus() {
+    let Some(cases) = setup() else {
+        return;
+    };
+    let d = daemon_on(&p4d_mig_profile());
     let uid = unique_uid("mig-cli");
     let claim = with_uid(
         &load_claim(&cases.join("claims/seed-mig-3g20gb.yaml")),
@@ -138,14 +143,7 @@ fn hopper_mig_mode_gpushare_turned_on_is_off_again_after_the_last_mig_claim() {
     let Some(_cases) = setup() else {
         return;
     };
-    let d = Daemon::start_on(
-        DaemonOptions {
-            mps_control: bin("gpushare-mps-control"),
-            cdi_dir: None,
-            run_dir: None,
-        },
-        "p5.48xlarge",
-    );
+    let d = daemon_on("p5.48xlarge");
     assert!(!d.gpus()["gpu-5"].mig_enabled);
     let claim = |uid: &str, device: &str, params: serde_json::Value| {
         serde_json::json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
