@@ -23,6 +23,7 @@ fi
 target=${CARGO_TARGET_DIR:-target}
 if ((smoke)); then
     cargo build --workspace --locked
+    scripts/link-static.sh --profile dev
     bins=$target/debug
     exec "$bins/gpushare-bench" --smoke --bin-dir "$bins" --out "$target/bench-smoke.md" \
         --command "bench/run.sh --smoke"
@@ -30,6 +31,7 @@ fi
 
 start=$(date +%s)
 cargo build --workspace --release --locked
+scripts/link-static.sh --profile release
 bins=$target/release
 "$bins/gpushare-bench" --bin-dir "$bins" --out BENCHMARKS.md --notes bench/NOTES.md \
     --command "bench/run.sh"

@@ -39,6 +39,8 @@ else
   # Only the shipped binaries: a release build of the whole workspace (tests, emulator) costs
   # minutes on a small CI machine.
   cargo build --locked --profile "$profile" "${target[@]}" $(printf -- '--bin %s ' "${bins[@]}") >&2
+  # The hook and the runtime wrapper start with every container: they ship static.
+  scripts/link-static.sh --profile "$profile" "${target[@]}" >&2
 fi
 
 stage=target/rpm-staging

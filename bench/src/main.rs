@@ -35,9 +35,10 @@ pub struct Cli {
     /// The command line to print as "reproduce" in the report.
     #[arg(long, value_name = "CMD", default_value = "bench/run.sh")]
     pub command: String,
-    /// Run only the DRA kubelet plugin's measurements (`dra`): the report then holds only
-    /// its section and targets.
-    #[arg(long, value_name = "SECTION", value_parser = ["dra"])]
+    /// Run only one group of measurements: `dra` (the DRA kubelet plugin), `hook`, `shim`, or
+    /// `scale` (prepare per strategy, then scaling, footprint and recovery). The report then
+    /// holds only those sections and targets; for iterating on one figure, not for BENCHMARKS.md.
+    #[arg(long, value_name = "SECTION", value_parser = ["dra", "hook", "shim", "scale"])]
     pub only: Option<String>,
     /// Markdown file appended to the report as its notes.
     #[arg(long, value_name = "FILE")]

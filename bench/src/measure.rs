@@ -110,6 +110,18 @@ pub fn run(cli: &Cli) -> Result<Report> {
             );
         }
     }
+    // The targets are for the binaries as they ship: the two that runtimes start per container
+    // are linked static (scripts/link-static.sh, which bench/run.sh runs).
+    for b in STATIC_BINARIES {
+        let path = bin_dir.join(b);
+        if has_interpreter(&path)? {
+            bail!(
+                "{} is dynamically linked; gpushare ships it static: run bench/run.sh, or \
+                 scripts/link-static.sh first",
+                path.display()
+            );
+        }
+    }
     // Short: MPS pipe sockets live under the daemon's run directory (108-byte limit).
     let work = tempfile::Builder::new().prefix("gsb-").tempdir_in("/tmp")?;
     let mut ctx = Ctx {
@@ -126,10 +138,9 @@ pub fn run(cli: &Cli) -> Result<Report> {
     };
     ctx.report.machine = machine(&ctx.bin_dir);
     let t0 = Instant::now();
-    let result = if cli.only.is_some() {
-        ctx.dra_only()
-    } else {
-        ctx.all()
+    let result = match cli.only.as_deref() {
+        None => ctx.all(),
+        Some(section) => ctx.only(section),
     };
     ctx.report.seconds = t0.elapsed().as_secs_f64();
     result?;
@@ -208,20 +219,44 @@ impl Ctx {
         Ok(())
     }
 
-    /// Only the DRA kubelet plugin's section (`--only dra`).
-    fn dra_only(&mut self) -> Result<()> {
+    /// One group of measurements (`--only SECTION`), against a daemon of its own.
+    fn only(&mut self, section: &str) -> Result<()> {
         let emulator = self.bin("gpushare-mps-control");
-        let d = Daemon::start(&self.bin_dir, &self.work.join("e"), &emulator)?;
-        progress("DRA kubelet plugin");
-        let (section, targets) = crate::dra::measure(
-            &self.bin_dir,
-            &self.work,
-            &d,
-            &mut self.uids,
-            self.sizes.dra,
-        )?;
-        self.report.sections.push(section);
-        self.report.targets.extend(targets);
+        let mut d = Daemon::start(&self.bin_dir, &self.work.join("e"), &emulator)?;
+        let idle_rss = settle_rss(d.pid()?)?;
+        match section {
+            "dra" => {
+                progress("DRA kubelet plugin");
+                let (section, targets) = crate::dra::measure(
+                    &self.bin_dir,
+                    &self.work,
+                    &d,
+                    &mut self.uids,
+                    self.sizes.dra,
+                )?;
+                self.report.sections.push(section);
+                self.report.targets.extend(targets);
+            }
+            "hook" | "shim" => {
+                let mut c = d.client()?;
+                let uid = self.uids.next();
+                prepare(&mut c, &claim(&uid, "gpu-0", &mps_params()))?;
+                progress(section);
+                if section == "hook" {
+                    self.hook(&d, &uid)?;
+                } else {
+                    self.shim(&d, &uid)?;
+                }
+                unprepare(&mut c, &uid)?;
+            }
+            "scale" => {
+                progress("prepare/unprepare per strategy");
+                self.strategies(&d)?;
+                progress("scaling, footprint and recovery");
+                self.scale_footprint_recovery(&mut d, idle_rss)?;
+            }
+            other => bail!("no section {other:?}"),
+        }
         Ok(())
     }
 
@@ -1172,6 +1207,44 @@ fn first_line(prog: &str, args: &[&str]) -> String {
 }
 
 /// What the report says about the machine and the build.
+/// The binaries container runtimes start at every container start and stop, which gpushare
+/// links static (scripts/link-static.sh).
+const STATIC_BINARIES: [&str; 2] = ["gpushare-cdi-hook", "gpushare-runtime"];
+
+/// Whether the ELF file at `path` names a program interpreter (`PT_INTERP`), i.e. is linked
+/// dynamically. Only 64-bit little-endian ELF (what this bench runs on) is read.
+fn has_interpreter(path: &Path) -> Result<bool> {
+    const PT_INTERP: u32 = 3;
+    let elf = fs::read(path).with_context(|| format!("{}", path.display()))?;
+    let u16_at = |at: usize| {
+        elf.get(at..at + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
+    let u32_at = |at: usize| {
+        elf.get(at..at + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let u64_at = |at: usize| {
+        elf.get(at..at + 8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(u64::from_le_bytes)
+    };
+    if elf.get(..6) != Some(b"\x7fELF\x02\x01".as_slice()) {
+        bail!("{} is not a 64-bit little-endian ELF file", path.display());
+    }
+    let bad = || anyhow::anyhow!("{}: truncated ELF header", path.display());
+    // e_phoff, e_phentsize and e_phnum of the ELF64 header.
+    let phoff = usize::try_from(u64_at(0x20).ok_or_else(bad)?)?;
+    let entsize = usize::from(u16_at(0x36).ok_or_else(bad)?);
+    let count = usize::from(u16_at(0x38).ok_or_else(bad)?);
+    for i in 0..count {
+        if u32_at(phoff + i * entsize).ok_or_else(bad)? == PT_INTERP {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 fn machine(bin_dir: &Path) -> Vec<(String, String)> {
     let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
@@ -1230,6 +1303,13 @@ fn machine(bin_dir: &Path) -> Vec<(String, String)> {
                 "{} (git {git}{})",
                 bin_dir.display(),
                 if dirty { ", uncommitted changes" } else { "" }
+            ),
+        ),
+        (
+            "linking".into(),
+            format!(
+                "{} static-pie (scripts/link-static.sh); the others dynamic",
+                STATIC_BINARIES.map(|b| format!("`{b}`")).join(" and ")
             ),
         ),
         ("rustc".into(), first_line("rustc", &["--version"])),

@@ -1,17 +1,20 @@
 //! The hooks' I/O: read the state from stdin, then make one exchange with `gpushared`.
 //!
-//! One deadline, set when the hook starts, bounds both steps. Each blocking step runs on a
-//! helper thread that the hook stops waiting for at the deadline, so neither a runtime that never
-//! closes stdin nor a daemon that accepts but never answers can hold a container's start (or
-//! stop) past the hook's timeout. The process exits right after, which ends the helper.
+//! One deadline, set when the hook starts, bounds both steps, on the hook's own thread: stdin
+//! is read only after poll(2) says it has data (or its end), waiting at most what is left, and
+//! the exchange uses a connection whose every connect, read and write ends by the deadline
+//! ([`Client::connect_until`]). So neither a runtime that never closes stdin nor a daemon that
+//! accepts but never answers (or answers a byte at a time) can hold a container's start (or
+//! stop) past the hook's timeout, and no helper thread is started: a hook runs at every
+//! container start, and threads were most of what it cost beyond the exchange itself.
 
-use std::io::{self, Read};
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::PathBuf;
-use std::sync::mpsc;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use gpushare_proto::{AttachParams, Client, ClientError, DetachParams, DetachResult, Method};
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -35,7 +38,8 @@ impl HookOptions {
     }
 }
 
-/// `createRuntime`: validates the state, then asks the daemon to tie the container to the claim.
+/// `createRuntime`: validates the state read from `stdin` (the runtime's pipe, or any file
+/// descriptor), then asks the daemon to tie the container to the claim.
 ///
 /// Nothing is sent when the state is unusable: attaching on a guessed PID or bundle would record
 /// a container that does not exist.
@@ -43,7 +47,7 @@ impl HookOptions {
 /// # Errors
 /// [`AttachError::Input`] for an unusable state, [`AttachError::Daemon`] when the daemon refused
 /// or could not be asked. Either way the container must not start.
-pub fn attach<R: Read + Send + 'static>(opts: &HookOptions, stdin: R) -> Result<(), AttachError> {
+pub fn attach(opts: &HookOptions, stdin: impl AsFd) -> Result<(), AttachError> {
     let deadline = opts.deadline();
     let input = read_state(stdin, deadline, opts.timeout_secs)?;
     let state = parse_for_attach(&input).map_err(InputError::from)?;
@@ -70,7 +74,7 @@ pub fn attach<R: Read + Send + 'static>(opts: &HookOptions, stdin: R) -> Result<
 /// # Errors
 /// A [`DetachError`] for the caller to print as a warning; a stopped container must never be
 /// reported as failed because of its GPU bookkeeping.
-pub fn detach<R: Read + Send + 'static>(opts: &HookOptions, stdin: R) -> Result<bool, DetachError> {
+pub fn detach(opts: &HookOptions, stdin: impl AsFd) -> Result<bool, DetachError> {
     let deadline = opts.deadline();
     let container_id = read_state(stdin, deadline, opts.timeout_secs)
         .and_then(|input| container_id_lenient(&input).map_err(InputError::from))
@@ -91,23 +95,51 @@ pub fn detach<R: Read + Send + 'static>(opts: &HookOptions, stdin: R) -> Result<
         })
 }
 
-/// Reads stdin to its end, at most one byte past [`MAX_STATE_BYTES`] (so an oversized state is
-/// recognised as such without reading all of it).
-fn read_state<R: Read + Send + 'static>(
-    stdin: R,
+/// Reads `stdin` to its end by `deadline`, at most one byte past [`MAX_STATE_BYTES`] (so an
+/// oversized state is recognised as such without reading all of it).
+///
+/// The descriptor is read directly, never through a buffer of its own, so that what poll(2)
+/// reports is all there is; it is left in whatever blocking mode it came in, because the
+/// runtime may share its open file description.
+fn read_state(
+    stdin: impl AsFd,
     deadline: Instant,
     timeout_secs: u64,
 ) -> Result<Vec<u8>, InputError> {
-    let limit = MAX_STATE_BYTES as u64 + 1;
-    let read = move || {
-        let mut buf = Vec::new();
-        stdin.take(limit).read_to_end(&mut buf).map(|_| buf)
-    };
-    match within(deadline, read) {
-        Ok(Some(result)) => result.map_err(InputError::Read),
-        Ok(None) => Err(InputError::Timeout { secs: timeout_secs }),
-        Err(spawn) => Err(InputError::Read(spawn)),
+    let limit = MAX_STATE_BYTES + 1;
+    let fd = stdin.as_fd();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    while buf.len() < limit {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(InputError::Timeout { secs: timeout_secs });
+        }
+        let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+        match nix::poll::poll(&mut fds, poll_timeout(left)) {
+            Ok(0) => return Err(InputError::Timeout { secs: timeout_secs }),
+            Ok(_) => {}
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(InputError::Read(e.into())),
+        }
+        // Readable, at its end, or in error: each makes read(2) return at once.
+        let want = (limit - buf.len()).min(chunk.len());
+        match nix::unistd::read(fd.as_raw_fd(), &mut chunk[..want]) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            // A non-blocking descriptor that poll woke for nothing: wait again.
+            Err(Errno::EINTR | Errno::EAGAIN) => {}
+            Err(e) => return Err(InputError::Read(e.into())),
+        }
     }
+    Ok(buf)
+}
+
+/// poll(2)'s timeout for `left`, rounded up to whole milliseconds so that a wait never ends
+/// just short of the deadline and spins.
+fn poll_timeout(left: Duration) -> PollTimeout {
+    let ms = left.as_micros().div_ceil(1000);
+    PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
 }
 
 /// One request on a fresh connection, answered by the deadline.
@@ -118,68 +150,19 @@ fn call<P, R>(
     params: P,
 ) -> Result<R, DaemonError>
 where
-    P: Serialize + Send + 'static,
-    R: DeserializeOwned + Send + 'static,
+    P: Serialize,
+    R: DeserializeOwned,
 {
-    let no_answer = || DaemonError::NoAnswer {
-        socket: opts.socket.clone(),
-        secs: opts.timeout_secs,
-    };
-    let remaining = deadline.saturating_duration_since(Instant::now());
-    // A zero socket timeout would mean "wait forever" to the OS (and is refused by std).
-    if remaining.is_zero() {
-        return Err(no_answer());
-    }
-    let socket = opts.socket.clone();
-    let exchange = move || -> Result<R, ClientError> {
-        // The socket timeouts bound each read and write; `within` bounds the whole exchange,
-        // including a connect that waits on a full listen backlog.
-        let mut client = Client::connect(&socket, remaining)?;
-        client.call(method, Some(&params))
-    };
-    match within(deadline, exchange) {
-        Ok(Some(result)) => result.map_err(|err| DaemonError::from_client(err, opts.timeout_secs)),
-        Ok(None) => Err(no_answer()),
-        Err(spawn) => Err(DaemonError::Exchange(ClientError::Io {
-            path: opts.socket.clone(),
-            error: spawn,
-        })),
-    }
-}
-
-/// Runs `work` on a helper thread and waits for it until `deadline`.
-///
-/// `Ok(None)` when the deadline passed first (or the helper died without an answer, which the
-/// caller cannot tell apart from silence either); `Err` when no thread could be started.
-fn within<T, F>(deadline: Instant, work: F) -> io::Result<Option<T>>
-where
-    T: Send + 'static,
-    F: FnOnce() -> T + Send + 'static,
-{
-    let (tx, rx) = mpsc::sync_channel(1);
-    thread::Builder::new()
-        .name("hook-io".into())
-        .spawn(move || {
-            // The receiver is gone only when the deadline passed; the answer is moot then.
-            let _ = tx.send(work());
-        })?;
-    let wait = deadline.saturating_duration_since(Instant::now());
-    Ok(rx.recv_timeout(wait).ok())
+    Client::connect_until(&opts.socket, deadline)
+        .and_then(|mut client| client.call(method, Some(&params)))
+        .map_err(|err: ClientError| DaemonError::from_client(err, opts.timeout_secs))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A stdin that never ends, like a runtime that forgot to close the pipe.
-    struct Endless;
-
-    impl Read for Endless {
-        fn read(&mut self, _: &mut [u8]) -> io::Result<usize> {
-            thread::sleep(Duration::from_secs(30));
-            Ok(0)
-        }
-    }
+    use std::io::Write;
+    use std::os::unix::net::UnixListener;
 
     fn opts(socket: PathBuf) -> HookOptions {
         HookOptions {
@@ -191,19 +174,44 @@ mod tests {
 
     #[test]
     fn a_stdin_that_never_closes_is_bounded() {
+        // A runtime that forgot to close its end of the pipe.
+        let (read, _write) = nix::unistd::pipe().unwrap();
         let started = Instant::now();
-        let err = attach(&opts("/nonexistent.sock".into()), Endless).unwrap_err();
+        let err = attach(&opts("/nonexistent.sock".into()), &read).unwrap_err();
         assert!(started.elapsed() < Duration::from_secs(5));
         assert_eq!(err.to_string(), "no complete OCI state on stdin within 1s");
     }
 
     #[test]
+    fn a_state_written_in_pieces_is_read_whole() {
+        let (read, write) = nix::unistd::pipe().unwrap();
+        let writer = std::thread::spawn(move || {
+            let mut write = std::fs::File::from(write);
+            for piece in [
+                &br#"{"ociVersion":"1.2.0","id":"c1","#[..],
+                br#""status":"stopped"}"#,
+            ] {
+                write.write_all(piece).unwrap();
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let got = read_state(&read, Instant::now() + Duration::from_secs(5), 5).unwrap();
+        writer.join().unwrap();
+        assert_eq!(
+            got,
+            br#"{"ociVersion":"1.2.0","id":"c1","status":"stopped"}"#.to_vec()
+        );
+    }
+
+    #[test]
     fn an_oversized_state_is_refused_without_reading_it_all() {
-        let err = attach(
-            &opts("/nonexistent.sock".into()),
-            io::repeat(b' ').take(64 * 1024 * 1024),
-        )
-        .unwrap_err();
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&vec![b' '; 2 * MAX_STATE_BYTES]).unwrap();
+        nix::unistd::lseek(file.as_raw_fd(), 0, nix::unistd::Whence::SeekSet).unwrap();
+        let read = read_state(&file, Instant::now() + Duration::from_secs(5), 5).unwrap();
+        assert_eq!(read.len(), MAX_STATE_BYTES + 1);
+        nix::unistd::lseek(file.as_raw_fd(), 0, nix::unistd::Whence::SeekSet).unwrap();
+        let err = attach(&opts("/nonexistent.sock".into()), &file).unwrap_err();
         assert!(err.to_string().contains("larger than"), "{err}");
     }
 
@@ -211,9 +219,10 @@ mod tests {
     fn a_missing_daemon_fails_attach_and_names_the_socket() {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("absent.sock");
-        let state =
-            br#"{"ociVersion":"1.2.0","id":"c1","status":"creating","pid":7,"bundle":"/b"}"#;
-        let err = attach(&opts(socket.clone()), &state[..]).unwrap_err();
+        let state = state_file(
+            br#"{"ociVersion":"1.2.0","id":"c1","status":"creating","pid":7,"bundle":"/b"}"#,
+        );
+        let err = attach(&opts(socket.clone()), &state).unwrap_err();
         let msg = err.to_string();
         assert!(
             msg.starts_with(
@@ -225,11 +234,44 @@ mod tests {
     }
 
     #[test]
-    fn within_returns_none_at_the_deadline() {
-        let deadline = Instant::now() + Duration::from_millis(50);
-        let got = within(deadline, || thread::sleep(Duration::from_secs(5))).unwrap();
-        assert!(got.is_none());
-        let deadline = Instant::now() + Duration::from_secs(5);
-        assert_eq!(within(deadline, || 7).unwrap(), Some(7));
+    fn a_daemon_that_accepts_and_never_answers_is_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("silent.sock");
+        // Accepted by the kernel (backlog), never read or answered.
+        let _listener = UnixListener::bind(&socket).unwrap();
+        let state = state_file(
+            br#"{"ociVersion":"1.2.0","id":"c1","status":"creating","pid":7,"bundle":"/b"}"#,
+        );
+        let started = Instant::now();
+        let err = attach(&opts(socket), &state).unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(
+            matches!(
+                err,
+                AttachError::Daemon {
+                    reason: DaemonError::NoAnswer { secs: 1, .. },
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    /// A state on a file descriptor, as a runtime's pipe would carry it.
+    fn state_file(bytes: &[u8]) -> std::fs::File {
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(bytes).unwrap();
+        nix::unistd::lseek(file.as_raw_fd(), 0, nix::unistd::Whence::SeekSet).unwrap();
+        file
+    }
+
+    #[test]
+    fn poll_timeouts_round_up() {
+        assert_eq!(i32::from(poll_timeout(Duration::from_micros(1))), 1);
+        assert_eq!(i32::from(poll_timeout(Duration::from_millis(1500))), 1500);
+        assert_eq!(
+            i32::from(poll_timeout(Duration::from_secs(3600))),
+            3_600_000
+        );
     }
 }

@@ -52,12 +52,13 @@ pub enum DaemonError {
 }
 
 impl DaemonError {
-    /// Sorts a client error: refusals keep the daemon's body, and a read or write that ran out
-    /// of time is said as such rather than as the bare `EAGAIN` the socket reports.
+    /// Sorts a client error: refusals keep the daemon's body, and a connect, read or write that
+    /// ran out of time (a listen backlog that stayed full counts) is said as such rather than
+    /// as the bare `EAGAIN` the socket reports.
     pub fn from_client(err: ClientError, timeout_secs: u64) -> DaemonError {
         match err {
             ClientError::Remote(body) => DaemonError::Refused(body),
-            ClientError::Io { path, error }
+            ClientError::Io { path, error } | ClientError::Connect { path, error }
                 if matches!(
                     error.kind(),
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
@@ -236,18 +237,23 @@ mod tests {
     #[test]
     fn timeouts_are_named_as_such() {
         for kind in [io::ErrorKind::WouldBlock, io::ErrorKind::TimedOut] {
-            let err = DaemonError::from_client(
-                ClientError::Io {
-                    path: "/run/g.sock".into(),
-                    error: io::Error::from(kind),
-                },
-                3,
-            );
-            assert_eq!(
-                err.to_string(),
-                "gpushared at /run/g.sock did not answer within 3s"
-            );
-            assert!(matches!(err, DaemonError::NoAnswer { .. }));
+            let io_error = ClientError::Io {
+                path: "/run/g.sock".into(),
+                error: io::Error::from(kind),
+            };
+            // A connect that waited out a full listen backlog.
+            let connect_error = ClientError::Connect {
+                path: "/run/g.sock".into(),
+                error: io::Error::from(kind),
+            };
+            for client_error in [io_error, connect_error] {
+                let err = DaemonError::from_client(client_error, 3);
+                assert_eq!(
+                    err.to_string(),
+                    "gpushared at /run/g.sock did not answer within 3s"
+                );
+                assert!(matches!(err, DaemonError::NoAnswer { .. }));
+            }
         }
         let broken = DaemonError::from_client(
             ClientError::Io {

@@ -1,9 +1,9 @@
 //! A blocking client: one connection, one request at a time, every wait bounded.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -76,41 +76,111 @@ impl ClientError {
 #[derive(Debug)]
 pub struct Client {
     path: PathBuf,
-    reader: BufReader<UnixStream>,
+    reader: BufReader<Conn>,
     next_id: u64,
 }
 
+/// The connection's socket and how long its reads and writes may wait.
+#[derive(Debug)]
+struct Conn {
+    stream: UnixStream,
+    /// With a deadline, the socket's timeout is set to what is left of it before each read and
+    /// write, so a peer that trickles its answer a byte at a time cannot stretch the exchange
+    /// past it. Without one, the timeouts set at connect bound each call alone.
+    deadline: Option<Instant>,
+}
+
+impl Conn {
+    /// Sets the read (or write) timeout to what is left of the deadline, if there is one.
+    fn arm(&self, read: bool) -> io::Result<()> {
+        let Some(deadline) = self.deadline else {
+            return Ok(());
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        // A zero timeout would mean "wait forever" to the socket (and std refuses it).
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the deadline passed",
+            ));
+        }
+        if read {
+            self.stream.set_read_timeout(Some(left))
+        } else {
+            self.stream.set_write_timeout(Some(left))
+        }
+    }
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.arm(true)?;
+        self.stream.read(buf)
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.arm(false)?;
+        self.stream.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.flush()
+    }
+}
+
 impl Client {
-    /// Connects to the socket at `path`; every later read and write waits at most `timeout`.
+    /// Connects to the socket at `path`; the connect, and every later read and write, waits
+    /// at most `timeout` each.
     ///
     /// # Errors
     /// [`ClientError::NotASocket`] when `path` is something else (a directory, say);
-    /// [`ClientError::Connect`] when the socket cannot be reached.
+    /// [`ClientError::Connect`] when the socket cannot be reached, or its listen backlog stayed
+    /// full for `timeout` (`WouldBlock`).
     pub fn connect(path: impl AsRef<Path>, timeout: Duration) -> Result<Client, ClientError> {
         let path = path.as_ref().to_path_buf();
-        let stream = UnixStream::connect(&path).map_err(|error| {
-            // connect(2) says "connection refused" for a directory or a regular file alike:
-            // name what is there instead, since that is the mistake to fix.
-            match std::fs::metadata(&path).ok().and_then(|m| not_a_socket(&m)) {
-                Some(what) => ClientError::NotASocket {
-                    path: path.clone(),
-                    what,
-                },
-                None => ClientError::Connect {
-                    path: path.clone(),
-                    error,
-                },
-            }
-        })?;
-        let io = |error| ClientError::Io {
-            path: path.clone(),
-            error,
-        };
-        stream.set_read_timeout(Some(timeout)).map_err(io)?;
-        stream.set_write_timeout(Some(timeout)).map_err(io)?;
+        let stream = open(&path, timeout)?;
+        stream
+            .set_read_timeout(Some(timeout))
+            .map_err(|error| ClientError::Io {
+                path: path.clone(),
+                error,
+            })?;
         Ok(Client {
             path,
-            reader: BufReader::new(stream),
+            reader: BufReader::new(Conn {
+                stream,
+                deadline: None,
+            }),
+            next_id: 1,
+        })
+    }
+
+    /// Connects to the socket at `path` for an exchange that must end by `deadline`: the
+    /// connect and all later reads and writes together, however the daemon paces its answer.
+    /// This is how a hook bounds its whole run on its own thread.
+    ///
+    /// # Errors
+    /// As [`Client::connect`]; a deadline that has passed, or passes during the connect, is
+    /// [`ClientError::Connect`] with `TimedOut` or `WouldBlock`, and later an
+    /// [`ClientError::Io`] of the same kinds.
+    pub fn connect_until(path: impl AsRef<Path>, deadline: Instant) -> Result<Client, ClientError> {
+        let path = path.as_ref().to_path_buf();
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ClientError::Connect {
+                path,
+                error: io::Error::new(io::ErrorKind::TimedOut, "the deadline passed"),
+            });
+        }
+        let stream = open(&path, left)?;
+        Ok(Client {
+            path,
+            reader: BufReader::new(Conn {
+                stream,
+                deadline: Some(deadline),
+            }),
             next_id: 1,
         })
     }
@@ -221,6 +291,46 @@ impl Client {
             .map(Some)
             .map_err(|e| ClientError::Protocol(format!("{e}")))
     }
+}
+
+/// Connects a new socket to `path`, waiting at most `timeout` (non-zero) for room in the
+/// listen backlog; the socket's write timeout is left at `timeout`.
+///
+/// The timeout is set before connecting because a Unix socket's connect(2) waits for a full
+/// backlog as long as the socket's send timeout (`SO_SNDTIMEO`) allows, and without one for
+/// ever (net/unix/af_unix.c, `unix_stream_connect`); std's `UnixStream::connect` cannot set it
+/// first.
+fn open(path: &Path, timeout: Duration) -> Result<UnixStream, ClientError> {
+    let connect_error = |error: io::Error| {
+        // connect(2) says "connection refused" for a directory or a regular file alike:
+        // name what is there instead, since that is the mistake to fix.
+        match std::fs::metadata(path).ok().and_then(|m| not_a_socket(&m)) {
+            Some(what) => ClientError::NotASocket {
+                path: path.to_path_buf(),
+                what,
+            },
+            None => ClientError::Connect {
+                path: path.to_path_buf(),
+                error,
+            },
+        }
+    };
+    let address = socket2::SockAddr::unix(path).map_err(connect_error)?;
+    // socket2 opens it close-on-exec.
+    let socket = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None).map_err(
+        |error| ClientError::Connect {
+            path: path.to_path_buf(),
+            error,
+        },
+    )?;
+    socket
+        .set_write_timeout(Some(timeout))
+        .map_err(|error| ClientError::Connect {
+            path: path.to_path_buf(),
+            error,
+        })?;
+    socket.connect(&address).map_err(connect_error)?;
+    Ok(UnixStream::from(std::os::fd::OwnedFd::from(socket)))
 }
 
 /// What a path that is no socket is, for [`ClientError::NotASocket`]; `None` for a socket.
@@ -355,5 +465,89 @@ mod tests {
         // A missing path stays a connection error with the system's reason.
         let err = Client::connect(dir.path().join("none"), Duration::from_secs(1)).unwrap_err();
         assert!(matches!(err, ClientError::Connect { .. }), "{err}");
+    }
+
+    /// A listener with a backlog of one that never accepts: after one queued connection, a
+    /// connect waits for room.
+    fn full_backlog(dir: &Path) -> (PathBuf, socket2::Socket, UnixStream) {
+        let path = dir.join("full.sock");
+        let listener =
+            socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None).unwrap();
+        listener
+            .bind(&socket2::SockAddr::unix(&path).unwrap())
+            .unwrap();
+        listener.listen(0).unwrap();
+        let queued = UnixStream::connect(&path).unwrap();
+        (path, listener, queued)
+    }
+
+    #[test]
+    fn a_connect_to_a_full_backlog_ends_at_the_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, _listener, _queued) = full_backlog(dir.path());
+        let started = Instant::now();
+        let err = Client::connect_until(&path, started + Duration::from_millis(300)).unwrap_err();
+        let waited = started.elapsed();
+        match &err {
+            ClientError::Connect { error, .. } => assert!(
+                matches!(
+                    error.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ),
+                "{err}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(waited >= Duration::from_millis(250), "{waited:?}");
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
+        // The per-call form is bounded the same way.
+        let err = Client::connect(&path, Duration::from_millis(100)).unwrap_err();
+        assert!(matches!(err, ClientError::Connect { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn a_deadline_bounds_an_answer_trickled_a_byte_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("slow.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let server = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut line = String::new();
+            BufReader::new(&stream).read_line(&mut line).unwrap();
+            // Each byte comes well within any per-read timeout; the whole never ends.
+            let mut stream = &stream;
+            while stream.write_all(b" ").is_ok() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let started = Instant::now();
+        let mut client =
+            Client::connect_until(&path, started + Duration::from_millis(500)).unwrap();
+        let err = client.call_value::<()>(Method::Health, None).unwrap_err();
+        let waited = started.elapsed();
+        match &err {
+            ClientError::Io { error, .. } => assert!(
+                matches!(
+                    error.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ),
+                "{err}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
+        drop(client);
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn a_deadline_that_has_passed_connects_nowhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let err = Client::connect_until(&path, Instant::now()).unwrap_err();
+        assert!(matches!(err, ClientError::Connect { .. }), "{err:?}");
+        assert!(listener.accept().is_err(), "nothing may have connected");
     }
 }
