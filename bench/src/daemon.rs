@@ -22,9 +22,14 @@ pub const PROFILE: &str = "p4d.24xlarge";
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A `gpushared` on its own socket and directories; released and stopped on drop.
+///
+/// Laid out as on a node: the state directory on the disk (`/var/lib/gpushare` there), the run
+/// directory and the CDI directory on a tmpfs of their own (`/run/gpushare` and
+/// `/var/run/cdi` are on systemd's `/run` there), mounted for the daemon's lifetime and
+/// kept across its restarts as `/run` is.
 #[derive(Debug)]
 pub struct Daemon {
-    /// Its directory (socket, state, run, cdi, log).
+    /// Its directory (socket, state, log; `v/` holds run and cdi; short, since MPS pipe paths must fit a socket address).
     pub dir: PathBuf,
     /// Socket path.
     pub socket: PathBuf,
@@ -42,10 +47,20 @@ impl Daemon {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         // An empty config file: the host's /etc/gpushare/config.toml must not leak in.
         fs::write(dir.join("config.toml"), "")?;
+        let volatile = dir.join("v");
+        fs::create_dir_all(&volatile)?;
+        nix::mount::mount(
+            Some("tmpfs"),
+            &volatile,
+            Some("tmpfs"),
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            Some("mode=0755,size=256m"),
+        )
+        .with_context(|| format!("mounting a tmpfs on {}", volatile.display()))?;
         let mut d = Daemon {
             dir: dir.to_path_buf(),
             socket: dir.join("sock"),
-            cdi_dir: dir.join("cdi"),
+            cdi_dir: volatile.join("cdi"),
             bin: bin_dir.join("gpushared"),
             mps_control: mps_control.to_path_buf(),
             child: None,
@@ -74,7 +89,7 @@ impl Daemon {
             .arg("--state-dir")
             .arg(self.dir.join("state"))
             .arg("--run-dir")
-            .arg(self.dir.join("run"))
+            .arg(self.dir.join("v/run"))
             .arg("--cdi-dir")
             .arg(&self.cdi_dir)
             .arg("--mps-control")
@@ -170,6 +185,10 @@ impl Drop for Daemon {
         }
         if let Err(e) = self.stop() {
             eprintln!("{e:#}");
+        }
+        let volatile = self.dir.join("v");
+        if let Err(e) = nix::mount::umount2(&volatile, nix::mount::MntFlags::MNT_DETACH) {
+            eprintln!("unmounting {}: {e}", volatile.display());
         }
     }
 }

@@ -6,12 +6,16 @@
 //! instances held by any number of MIG claims); nothing here decides whether a claim may
 //! join a GPU.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+
+use imbl::OrdSet;
 
 use gpushare_core::Want;
 use gpushare_proto::{GpuSharing, TimeSliceInterval};
 
-/// How a GPU is held now.
+/// How a GPU is held now. The holders of a shared GPU are a persistent set, so cloning a
+/// placement (each change publishes one, [`crate::service`]'s view) costs O(GPUs), not
+/// O(claims), however many claims time-slice a GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Hold {
     /// One claim holds it whole.
@@ -21,12 +25,12 @@ pub enum Hold {
         /// The interval all holders asked.
         interval: TimeSliceInterval,
         /// Holders' claim UIDs.
-        claims: BTreeSet<String>,
+        claims: OrdSet<String>,
     },
     /// One claim's MPS control daemon runs over it.
     Mps(String),
     /// Claims hold MIG instances of it.
-    Mig(BTreeSet<String>),
+    Mig(OrdSet<String>),
 }
 
 impl Hold {
@@ -110,7 +114,7 @@ impl Placement {
                         uuid.clone(),
                         Hold::TimeSliced {
                             interval: TimeSliceInterval::from_int(interval).unwrap_or_default(),
-                            claims: BTreeSet::from([c]),
+                            claims: OrdSet::unit(c),
                         },
                     );
                 }
@@ -118,8 +122,7 @@ impl Placement {
                     self.holds.insert(uuid.clone(), Hold::Mps(c));
                 }
                 (_, Want::Mig) => {
-                    self.holds
-                        .insert(uuid.clone(), Hold::Mig(BTreeSet::from([c])));
+                    self.holds.insert(uuid.clone(), Hold::Mig(OrdSet::unit(c)));
                 }
             }
         }

@@ -37,9 +37,11 @@ impl Service {
         };
         let claims_dir = self.cfg.run_dir.join("claims");
         self.remove_orphan_dirs(&claims_dir, &owned_claims, &owned_groups);
-        self.kill_stray_mps_processes(&claims_dir, &owned_groups);
-        // A stray may have made its directories after the first sweep.
-        self.remove_orphan_dirs(&claims_dir, &owned_claims, &owned_groups);
+        // A stray may have made its directories after the first sweep; without one, nothing
+        // can have (no other writer runs under the claims' directory before READY).
+        if self.kill_stray_mps_processes(&claims_dir, &owned_groups) > 0 {
+            self.remove_orphan_dirs(&claims_dir, &owned_claims, &owned_groups);
+        }
         self.remove_orphan_specs(&owned_claims);
     }
 
@@ -155,9 +157,14 @@ impl Service {
     /// looked (or whose directory is gone): the lock cannot find it, its environment can.
     /// Processes on owned pipe directories (the daemons, and the MPS servers they spawn) are
     /// left alone. Repeated until a scan finds none, so a process that forked meanwhile is
-    /// caught too; bounded.
-    pub(super) fn kill_stray_mps_processes(&self, claims_dir: &Path, owned_groups: &[PathBuf]) {
+    /// caught too; bounded. Returns how many strays it found, over all its scans.
+    pub(super) fn kill_stray_mps_processes(
+        &self,
+        claims_dir: &Path,
+        owned_groups: &[PathBuf],
+    ) -> usize {
         const ROUNDS: usize = 20;
+        let mut found = 0;
         for round in 0..ROUNDS {
             let (strays, foreign): (Vec<Named>, Vec<Named>) = self
                 .processes
@@ -174,8 +181,9 @@ impl Service {
                 }
             }
             if strays.is_empty() {
-                return;
+                return found;
             }
+            found += strays.len();
             if round == 0 {
                 // First the polite way: `quit` to each daemon that holds its directory.
                 let pipes: BTreeSet<&PathBuf> = strays.iter().map(|(_, p)| p).collect();
@@ -214,5 +222,6 @@ impl Service {
             "MPS processes no claim owns keep appearing under {}",
             claims_dir.display()
         );
+        found
     }
 }

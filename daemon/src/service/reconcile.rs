@@ -364,7 +364,7 @@ impl Service {
         // control daemons (a `quit` that is not taken waits out the MPS timeout before the
         // kill), so one after another a start that cannot re-adopt them (say, after the MPS
         // control program changed) took that wait once per claim.
-        in_parallel(&uids, |(uid, state)| match state {
+        let one = |(uid, state): &(String, ClaimState)| match state {
             ClaimState::PrepareStarted | ClaimState::Unpreparing => {
                 tracing::warn!(claim = %uid, ?state, "rolling back a claim a crash left half-done");
                 if let Some(e) = self.teardown(uid, None) {
@@ -377,6 +377,27 @@ impl Service {
                 if !self.degrade_if_gpus_missing(uid) {
                     self.revive(uid, rebooted);
                 }
+            }
+        };
+        // Only claims that may wait on an MPS control daemon (or on anything a rollback
+        // undoes) need threads of their own; the others' work is a few local file checks,
+        // which one thread does faster than many contending for the registry on a small
+        // node. The two sets go on side by side.
+        let (waiting, local): (Vec<_>, Vec<_>) = uids.into_iter().partition(|(uid, state)| {
+            !matches!(state, ClaimState::Prepared | ClaimState::Degraded)
+                || self.state().claims.get(uid).is_some_and(|c| {
+                    c.groups
+                        .iter()
+                        .any(|g| matches!(g.sharing, StrategyInfo::Mps(_)))
+                })
+        });
+        std::thread::scope(|s| {
+            let apart = std::thread::Builder::new()
+                .name("reconcile-mps".into())
+                .spawn_scoped(s, || in_parallel(&waiting, one));
+            local.iter().for_each(one);
+            if apart.is_err() {
+                in_parallel(&waiting, one);
             }
         });
         self.remove_orphans();
@@ -457,7 +478,7 @@ impl Service {
                 }
             }
             // A claim directory an older release made 0755 becomes what the README says.
-            if let Err(e) = fsutil::create_dir(&self.claim_dir(uid), CLAIM_DIR_MODE) {
+            if let Err(e) = fsutil::ensure_dir(&self.claim_dir(uid), CLAIM_DIR_MODE) {
                 tracing::warn!(claim = %uid, error = %e, "setting the mode of the claim's directory");
             }
             let _ = self.write_host_record(uid);

@@ -176,6 +176,19 @@ impl Service {
             .unwrap_or_else(|p| p.into_inner()) = Some(wake);
     }
 
+    /// Wakes the supervisor only if `claim` runs an MPS control daemon: the set of daemons to
+    /// watch changes only with such a claim, and every wake costs the supervisor a pass over
+    /// all claims, which a prepare of another strategy must not pay on a node holding many.
+    pub(super) fn wake_supervisor_for(&self, claim: &ClaimInfo) {
+        if claim
+            .groups
+            .iter()
+            .any(|g| matches!(g.sharing, StrategyInfo::Mps(_)))
+        {
+            self.wake_supervisor();
+        }
+    }
+
     pub(super) fn wake_supervisor(&self) {
         use std::io::Write;
         if let Some(w) = self

@@ -1,11 +1,11 @@
 //! What readers (`get_claim`, `list_claims`, `list_gpus`, `health`) see: the registry as of
 //! its last change, published whole through [`gpushare_core::Published`], so operators'
 //! listings and Prometheus scrapes never wait for a prepare, attach or record write, and
-//! never see a change half made. A change publishes only the claims it changed (the others
-//! are shared with the previous view) and queues their durable records for the store in the
-//! same step, so views and writes follow the order of changes.
+//! never see a change half made. A change publishes only the claims it changed (the others,
+//! and every node of the map that holds none of them, are shared with the previous view, so
+//! publishing costs O(changed × log claims), not O(claims)) and queues their durable records
+//! for the store in the same step, so views and writes follow the order of changes.
 
-use std::collections::BTreeMap;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -21,7 +21,8 @@ use crate::store::Batch;
 /// view where unchanged.
 #[derive(Debug, Clone, Default)]
 pub(super) struct View {
-    pub(super) claims: Arc<BTreeMap<String, Arc<ClaimInfo>>>,
+    /// By UID; cloning it is O(1) (a persistent map, see the module's doc).
+    pub(super) claims: imbl::OrdMap<String, Arc<ClaimInfo>>,
     pub(super) placement: Arc<Placement>,
     pub(super) ready: bool,
     /// A corrupt checkpoint or record found at start: where it went and why.
@@ -48,11 +49,11 @@ impl View {
     fn next(state: &State, prev: &View, shown: &std::collections::BTreeSet<String>) -> View {
         if shown.is_empty() {
             return View {
-                claims: Arc::clone(&prev.claims),
-                ..View::rest(state, prev)
+                claims: prev.claims.clone(),
+                ..View::rest(state)
             };
         }
-        let mut claims = BTreeMap::clone(&prev.claims);
+        let mut claims = prev.claims.clone();
         for uid in shown {
             match state.claims.get(uid) {
                 Some(info) => {
@@ -64,21 +65,17 @@ impl View {
             }
         }
         View {
-            claims: Arc::new(claims),
-            ..View::rest(state, prev)
+            claims,
+            ..View::rest(state)
         }
     }
 
-    /// Everything but the claims.
-    fn rest(state: &State, prev: &View) -> View {
-        let placement = if *prev.placement == state.placement {
-            Arc::clone(&prev.placement)
-        } else {
-            Arc::new(state.placement.clone())
-        };
+    /// Everything but the claims. The placement is copied as it is: that costs O(GPUs)
+    /// (its holders are persistent sets), less than comparing it with the last one would.
+    fn rest(state: &State) -> View {
         View {
-            claims: Arc::default(),
-            placement,
+            claims: imbl::OrdMap::new(),
+            placement: Arc::new(state.placement.clone()),
             ready: state.ready,
             quarantined: state.quarantined.clone(),
             quarantined_records: state.quarantined_records.clone(),

@@ -178,7 +178,9 @@ impl Service {
                     let _ = self.write_host_record(&c.uid);
                 }
                 crate::crash::point("prepare.completed_saved");
-                self.wake_supervisor();
+                if let Some(c) = &prepared {
+                    self.wake_supervisor_for(c);
+                }
                 tracing::info!(claim = %spec.uid, "claim prepared");
                 Ok(PrepareResult {
                     uid: spec.uid,

@@ -146,7 +146,7 @@ impl Service {
         }
         match self.teardown(uid, Some(info.resource_version.clone())) {
             None => {
-                self.wake_supervisor();
+                self.wake_supervisor_for(&info);
                 tracing::info!(claim = %uid, "claim released");
                 Ok(UnprepareResult {
                     uid: uid.to_string(),
