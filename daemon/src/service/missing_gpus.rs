@@ -30,10 +30,12 @@ impl Service {
     /// the reason in `last_error`, and says whether it did (then nothing of the claim is
     /// started again: its MPS control daemons would run on a GPU that is not there).
     pub(super) fn degrade_if_gpus_missing(&self, uid: &str) -> bool {
-        let Some(c) = self.state().claims.get(uid).cloned() else {
-            return false;
+        // Checked under the lock, without a copy of the claim: this runs for every claim at
+        // every start.
+        let missing = match self.state().claims.get(uid) {
+            Some(c) => self.missing_gpus(c),
+            None => return false,
         };
-        let missing = self.missing_gpus(&c);
         if missing.is_empty() {
             return false;
         }

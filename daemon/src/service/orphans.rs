@@ -107,6 +107,7 @@ impl Service {
         let mut orphan_groups: Vec<PathBuf> = Vec::new();
         let mut orphan_dirs: Vec<PathBuf> = Vec::new();
         if let Ok(entries) = fs::read_dir(claims_dir) {
+            let mut claim_dirs = Vec::new();
             for entry in entries.flatten() {
                 let dir = entry.path();
                 if !real_dir(&entry) {
@@ -117,15 +118,23 @@ impl Service {
                     .file_name()
                     .to_str()
                     .is_some_and(|n| owned.contains(n));
-                let Ok(groups) = fs::read_dir(&dir) else {
-                    continue;
+                claim_dirs.push((dir, owned));
+            }
+            // Every claim directory is listed for its MPS groups: on a few threads at once,
+            // since a node may hold a thousand of them.
+            let groups = crate::parallel::map(&claim_dirs, |(dir, _)| {
+                let Ok(groups) = fs::read_dir(dir) else {
+                    return Vec::new();
                 };
-                for g in groups.flatten() {
-                    let root = g.path();
-                    if !g.file_name().to_string_lossy().starts_with("mps-") {
-                        continue;
-                    }
-                    if !real_dir(&g) {
+                groups
+                    .flatten()
+                    .filter(|g| g.file_name().to_string_lossy().starts_with("mps-"))
+                    .map(|g| (g.path(), real_dir(&g)))
+                    .collect::<Vec<_>>()
+            });
+            for ((dir, owned), groups) in claim_dirs.into_iter().zip(groups) {
+                for (root, is_dir) in groups {
+                    if !is_dir {
                         not_a_dir(&root, "an MPS group directory");
                     } else if !owned_groups.contains(&root) {
                         orphan_groups.push(root);

@@ -122,26 +122,44 @@ impl Service {
     /// claim has one: a release under way (`Unpreparing`, set before its directory goes) is
     /// never written back.
     pub(super) fn write_host_record(&self, uid: &str) -> Result<(), ServiceError> {
+        self.write_host_record_over(uid, None)
+    }
+
+    /// As [`Service::write_host_record`], where `on_disk` (when given) is what the record's
+    /// file holds, read moments ago: it is compared instead of the file, which is then not
+    /// read again.
+    fn write_host_record_over(
+        &self,
+        uid: &str,
+        on_disk: Option<&[u8]>,
+    ) -> Result<(), ServiceError> {
         let _writes = self
             .host_record_writes
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let Some(info) = self
-            .state()
-            .claims
-            .get(uid)
-            .filter(|c| matches!(c.state, ClaimState::Prepared | ClaimState::Degraded))
-            .cloned()
-        else {
-            return Ok(());
+        // Encoded under the lock rather than copied out first: this runs for every claim at
+        // every start.
+        let encoded = {
+            let st = self.state();
+            let Some(info) = st
+                .claims
+                .get(uid)
+                .filter(|c| matches!(c.state, ClaimState::Prepared | ClaimState::Degraded))
+            else {
+                return Ok(());
+            };
+            serde_json::to_vec(info)
         };
-        let dir = self.claim_dir(&info.uid);
+        let dir = self.claim_dir(uid);
         let result = fsutil::create_dir_if_missing(&dir, CLAIM_DIR_MODE).and_then(|()| {
-            let bytes = serde_json::to_vec(&info).map_err(std::io::Error::other)?;
+            let bytes = encoded.map_err(std::io::Error::other)?;
             let path = dir.join(HOST_RECORD);
-            if fsutil::read_own_file(&path, MAX_HOST_RECORD_BYTES)
-                .is_ok_and(|on_disk| on_disk == bytes)
-            {
+            let same = match on_disk {
+                Some(known) => known == bytes.as_slice(),
+                None => fsutil::read_own_file(&path, MAX_HOST_RECORD_BYTES)
+                    .is_ok_and(|on_disk| on_disk == bytes),
+            };
+            if same {
                 return Ok(());
             }
             // No flush: what this record alone keeps (the attached containers) dies with the
@@ -149,10 +167,9 @@ impl Service {
             fsutil::write_replace(&path, &bytes, 0o600)
         });
         result.map_err(|e| {
-            tracing::warn!(claim = %info.uid, error = %e, "writing the claim's host record");
+            tracing::warn!(claim = %uid, error = %e, "writing the claim's host record");
             ServiceError::internal(format!(
-                "writing the run-directory record of claim {}: {e}",
-                info.uid
+                "writing the run-directory record of claim {uid}: {e}"
             ))
         })
     }
@@ -164,12 +181,10 @@ impl Service {
     /// is of a claim released since: its release is finished (as `Unpreparing`). Refused and
     /// unreadable records are kept in the quarantine, alone. The flag says whether the
     /// record must be written (it did not come from the store as it is).
-    fn claims_to_reconcile(
-        &self,
-        loaded: &mut Loaded,
-    ) -> (BTreeMap<String, (ClaimInfo, bool)>, Quarantine) {
+    fn claims_to_reconcile(&self, loaded: &mut Loaded) -> ToReconcile {
         let quarantine = Quarantine::beside(&self.cfg.checkpoint);
         let mut claims = BTreeMap::new();
+        let mut host_bytes = BTreeMap::new();
         let mut reports = Vec::new();
         for u in std::mem::take(&mut loaded.unreadable) {
             let key = u
@@ -202,13 +217,25 @@ impl Service {
             self.state().quarantined = Some(reports.join("; "));
         }
         let from_v2 = loaded.migrated.is_some();
-        for (key, mut info) in std::mem::take(&mut loaded.claims) {
-            match persisted::check_record(&info, &key, &self.cfg.run_dir) {
-                Ok(()) => {
+        let records: Vec<(String, ClaimInfo)> =
+            std::mem::take(&mut loaded.claims).into_iter().collect();
+        // Each record's check and host-record read touch only its own files: on a few
+        // threads at once (the results come back in order).
+        let checked = crate::parallel::map(&records, |(key, info)| {
+            persisted::check_record(info, key, &self.cfg.run_dir).map(|()| {
+                // Containers are kept in the claim's run-directory record alone.
+                (!from_v2).then(|| persisted::host_record_read(&self.cfg.run_dir, key))
+            })
+        });
+        for ((key, mut info), checked) in records.into_iter().zip(checked) {
+            match checked {
+                Ok(host) => {
                     persisted::normalize(&mut info, &self.cfg.cdi_dir);
-                    if !from_v2 {
-                        // Containers are kept in the claim's run-directory record alone.
-                        info.attached = persisted::host_attachments(&self.cfg.run_dir, &key);
+                    if let Some((attached, bytes)) = host {
+                        info.attached = attached;
+                        if let Some(b) = bytes {
+                            host_bytes.insert(key.clone(), b);
+                        }
                     }
                     claims.insert(key, (info, false));
                 }
@@ -272,12 +299,20 @@ impl Service {
             }
         }
         self.state().quarantined_records = quarantine.refused();
-        (claims, quarantine)
+        ToReconcile {
+            claims,
+            quarantine,
+            host_bytes,
+        }
     }
 
     /// The start-up reconcile (see [`Service::with_boot_id`]).
     pub(super) fn reconcile(&self, mut loaded: Loaded, boot_id: String) {
-        let (claims, quarantine) = self.claims_to_reconcile(&mut loaded);
+        let ToReconcile {
+            claims,
+            quarantine,
+            host_bytes,
+        } = self.claims_to_reconcile(&mut loaded);
         let rebooted =
             !loaded.boot_id.is_empty() && !boot_id.is_empty() && loaded.boot_id != boot_id;
         {
@@ -375,14 +410,14 @@ impl Service {
                 // A GPU the node does not have: kept, to be released, but nothing is started
                 // on it and it never passes for Prepared (service/missing_gpus.rs).
                 if !self.degrade_if_gpus_missing(uid) {
-                    self.revive(uid, rebooted);
+                    self.revive(uid, rebooted, host_bytes.get(uid).map(Vec::as_slice));
                 }
             }
         };
         // Only claims that may wait on an MPS control daemon (or on anything a rollback
-        // undoes) need threads of their own; the others' work is a few local file checks,
-        // which one thread does faster than many contending for the registry on a small
-        // node. The two sets go on side by side.
+        // undoes) need a thread each; the others' work is a few local file checks, which a
+        // few threads (crate::parallel) do faster than many contending for the registry.
+        // The two sets go on side by side.
         let (waiting, local): (Vec<_>, Vec<_>) = uids.into_iter().partition(|(uid, state)| {
             !matches!(state, ClaimState::Prepared | ClaimState::Degraded)
                 || self.state().claims.get(uid).is_some_and(|c| {
@@ -395,7 +430,7 @@ impl Service {
             let apart = std::thread::Builder::new()
                 .name("reconcile-mps".into())
                 .spawn_scoped(s, || in_parallel(&waiting, one));
-            local.iter().for_each(one);
+            crate::parallel::map(&local, one);
             if apart.is_err() {
                 in_parallel(&waiting, one);
             }
@@ -446,15 +481,25 @@ impl Service {
     }
 
     /// Re-adopts or restarts the MPS control daemons of a prepared claim and makes sure its
-    /// CDI spec exists.
-    fn revive(&self, uid: &str, rebooted: bool) {
-        let Some(info) = self.state().claims.get(uid).cloned() else {
+    /// CDI spec exists. `host_record` is what its host record held when the start read it.
+    fn revive(&self, uid: &str, rebooted: bool, host_record: Option<&[u8]>) {
+        let mut restarted = false;
+        // Only what is needed is copied out of the registry: most claims have no MPS group,
+        // and this runs for every claim at every start.
+        let Some((mps, cdi_spec)) = self.state().claims.get(uid).map(|c| {
+            let mps: Vec<_> = c
+                .groups
+                .iter()
+                .filter_map(|g| match &g.sharing {
+                    StrategyInfo::Mps(m) => Some(m.clone()),
+                    _ => None,
+                })
+                .collect();
+            (mps, c.cdi_spec.clone())
+        }) else {
             return;
         };
-        for g in &info.groups {
-            let StrategyInfo::Mps(m) = &g.sharing else {
-                continue;
-            };
+        for m in &mps {
             if !rebooted && m.control_daemon_pid > 0 {
                 match self.mps.check_adoptable(m) {
                     Ok(()) => {
@@ -467,11 +512,17 @@ impl Service {
                 }
             }
             let _ = self.restart_group(uid, &m.pipe_dir, !rebooted);
+            restarted = true;
         }
-        let info = self.state().claims.get(uid).cloned();
-        if let Some(info) = info {
+        if !self.state().claims.contains_key(uid) {
+            return;
+        }
+        {
             // Ours is a regular file: anything else there (a link, a fifo) is replaced.
-            if !fs::symlink_metadata(&info.cdi_spec).is_ok_and(|m| m.is_file()) {
+            let info = (!fs::symlink_metadata(&cdi_spec).is_ok_and(|m| m.is_file()))
+                .then(|| self.state().claims.get(uid).cloned())
+                .flatten();
+            if let Some(info) = info {
                 tracing::warn!(claim = %uid, "CDI spec missing; writing it again");
                 if let Err(e) = self.write_cdi(uid, &info.groups, &info) {
                     tracing::error!(claim = %uid, error = %e, "rewriting the CDI spec");
@@ -481,9 +532,20 @@ impl Service {
             if let Err(e) = fsutil::ensure_dir(&self.claim_dir(uid), CLAIM_DIR_MODE) {
                 tracing::warn!(claim = %uid, error = %e, "setting the mode of the claim's directory");
             }
-            let _ = self.write_host_record(uid);
+            // A restart has written the record since it was read: then the file is compared.
+            let _ = self.write_host_record_over(uid, host_record.filter(|_| !restarted));
         }
     }
+}
+
+/// What the start-up reconcile works on (see [`Service::claims_to_reconcile`]).
+struct ToReconcile {
+    /// The claims, each with whether its record must be written.
+    claims: BTreeMap<String, (ClaimInfo, bool)>,
+    /// Where refused records went.
+    quarantine: Quarantine,
+    /// The host records as read, by claim UID.
+    host_bytes: BTreeMap<String, Vec<u8>>,
 }
 
 #[cfg(test)]

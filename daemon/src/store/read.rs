@@ -46,12 +46,21 @@ impl Store {
     }
 
     pub(super) fn read_claims(&self, loaded: &mut Loaded) -> io::Result<()> {
-        for key in self.list(CLAIMS_DIR)? {
-            if loaded.claims.contains_key(&key) {
-                continue;
-            }
-            let path = self.claim_path(&key);
+        let keys: Vec<String> = self
+            .list(CLAIMS_DIR)?
+            .into_iter()
+            .filter(|key| !loaded.claims.contains_key(key))
+            .collect();
+        let read = crate::parallel::map(&keys, |key| {
+            let path = self.claim_path(key);
             let read = fsutil::read_own_file(&path, MAX_RECORD_BYTES);
+            let parsed = match &read {
+                Ok(bytes) => Some(serde_json::from_slice::<ClaimRecord>(bytes)),
+                Err(_) => None,
+            };
+            (path, read, parsed)
+        });
+        for (key, (path, read, parsed)) in keys.into_iter().zip(read) {
             let bytes = match read {
                 Ok(b) => b,
                 Err(fsutil::ReadRefusal::Missing) => continue,
@@ -64,32 +73,37 @@ impl Store {
                     continue;
                 }
             };
-            match serde_json::from_slice::<ClaimRecord>(&bytes) {
-                Ok(rec) => {
+            match parsed {
+                Some(Ok(rec)) => {
                     loaded.generation = loaded.generation.max(rec.generation);
                     loaded.claims.insert(key, rec.into_claim(String::new()));
                 }
-                Err(e) => loaded.unreadable.push(Unreadable {
+                Some(Err(e)) => loaded.unreadable.push(Unreadable {
                     path,
                     bytes: Some(bytes),
                     why: format!("not a claim record: {e}"),
                 }),
+                None => {}
             }
         }
         Ok(())
     }
 
     pub(super) fn read_tombstones(&self, loaded: &mut Loaded) -> io::Result<()> {
-        for uid in self.list(TOMBSTONES_DIR)? {
-            if crate::config::validate_claim_uid(&uid).is_err() {
-                continue;
-            }
-            let path = self.tombstone_path(&uid);
-            let parsed = fsutil::read_own_file(&path, MAX_RECORD_BYTES)
+        let uids: Vec<String> = self
+            .list(TOMBSTONES_DIR)?
+            .into_iter()
+            .filter(|uid| crate::config::validate_claim_uid(uid).is_ok())
+            .collect();
+        let read = crate::parallel::map(&uids, |uid| {
+            fsutil::read_own_file(&self.tombstone_path(uid), MAX_RECORD_BYTES)
                 .map_err(|e| e.to_string())
                 .and_then(|b| {
                     serde_json::from_slice::<TombstoneRecord>(&b).map_err(|e| e.to_string())
-                });
+                })
+        });
+        for (uid, parsed) in uids.into_iter().zip(read) {
+            let path = self.tombstone_path(&uid);
             match parsed {
                 Ok(t) => {
                     loaded.generation = loaded.generation.max(t.tombstone.generation);
