@@ -11,9 +11,15 @@
 # Both binaries need nothing glibc only does dynamically (no NSS lookups, no dlopen). The daemon
 # and the CLI stay dynamic: they load the driver's NVML with dlopen.
 #
-# Only these two crates' final link changes (`cargo rustc` passes the flag to the binary alone),
-# so the libraries they use are the ones the workspace build made. A later plain `cargo build`
-# of these binaries links them dynamically again.
+# `cargo rustc` passes the flag to the binary's own crate alone, and static linking changes no
+# code path. The libraries are built for that one package's features (cargo may rebuild some of
+# them, where the workspace build unified more features). Needs glibc's static libraries
+# (Debian: libc6-dev; AL2023 and Fedora: glibc-static; a cross build: the target's). A later
+# plain `cargo build` of these binaries links them dynamically again.
+#
+# What that costs: the two binaries carry the build host's glibc, so a glibc update on the node
+# reaches them only with a new gpushare build (they use it for little: memory, files, sockets,
+# exec).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

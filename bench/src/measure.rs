@@ -1206,7 +1206,6 @@ fn first_line(prog: &str, args: &[&str]) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-/// What the report says about the machine and the build.
 /// The binaries container runtimes start at every container start and stop, which gpushare
 /// links static (scripts/link-static.sh).
 const STATIC_BINARIES: [&str; 2] = ["gpushare-cdi-hook", "gpushare-runtime"];
@@ -1245,6 +1244,7 @@ fn has_interpreter(path: &Path) -> Result<bool> {
     Ok(false)
 }
 
+/// What the report says about the machine and the build.
 fn machine(bin_dir: &Path) -> Vec<(String, String)> {
     let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo

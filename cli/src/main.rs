@@ -414,6 +414,17 @@ fn run(args: Args) -> Result<()> {
                 "{e} (--socket names gpushared's socket file, by default {})",
                 gpushare_proto::DEFAULT_SOCKET
             ),
+            gpushare_proto::ClientError::Connect { error, .. }
+                if matches!(
+                    error.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                anyhow::anyhow!(
+                    "{e} (gpushared runs but did not take the connection within {}s: its listen backlog is full; it may be wedged, see `journalctl -u gpushared`)",
+                    args.timeout
+                )
+            }
             _ => anyhow::anyhow!("{e} (is gpushared running? --socket names another socket)"),
         })?;
     let none = None::<&()>;

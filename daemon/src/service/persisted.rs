@@ -438,22 +438,22 @@ impl Quarantine {
 
 /// The attached containers that claim `uid`'s host record keeps (what an attach wrote before
 /// its answer), when the record is there and passes [`check_record`] (none otherwise), and
-/// the record's bytes as they were read, whether or not they passed: the start then tells
-/// whether it must write the record again without reading it twice.
+/// that record as read: the start then tells whether it must write the record again without
+/// reading it twice.
 pub(super) fn host_record_read(
     run_dir: &Path,
     uid: &str,
-) -> (Vec<gpushare_proto::Attachment>, Option<Vec<u8>>) {
+) -> (Vec<gpushare_proto::Attachment>, Option<ClaimInfo>) {
     let path = run_dir.join("claims").join(uid).join(HOST_RECORD);
-    let Ok(bytes) = fsutil::read_own_file(&path, MAX_HOST_RECORD_BYTES) else {
-        return (Vec::new(), None);
-    };
-    let attached = serde_json::from_slice::<ClaimInfo>(&bytes)
+    let record = fsutil::read_own_file(&path, MAX_HOST_RECORD_BYTES)
         .ok()
-        .filter(|info| check_record(info, uid, run_dir).is_ok())
-        .map(|info| info.attached)
+        .and_then(|b| serde_json::from_slice::<ClaimInfo>(&b).ok())
+        .filter(|info| check_record(info, uid, run_dir).is_ok());
+    let attached = record
+        .as_ref()
+        .map(|r| r.attached.clone())
         .unwrap_or_default();
-    (attached, Some(bytes))
+    (attached, record)
 }
 
 /// Claims rebuilt from the host records in `<run-dir>/claims/`, except those `skip` says are

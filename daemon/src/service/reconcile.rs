@@ -125,13 +125,13 @@ impl Service {
         self.write_host_record_over(uid, None)
     }
 
-    /// As [`Service::write_host_record`], where `on_disk` (when given) is what the record's
-    /// file holds, read moments ago: it is compared instead of the file, which is then not
-    /// read again.
+    /// As [`Service::write_host_record`], where `on_disk` (when given) is the record the
+    /// file held moments ago: a claim equal to it needs no write, and neither the file is read
+    /// again nor the claim encoded.
     fn write_host_record_over(
         &self,
         uid: &str,
-        on_disk: Option<&[u8]>,
+        on_disk: Option<&ClaimInfo>,
     ) -> Result<(), ServiceError> {
         let _writes = self
             .host_record_writes
@@ -148,18 +148,19 @@ impl Service {
             else {
                 return Ok(());
             };
+            if on_disk == Some(info) {
+                return Ok(());
+            }
             serde_json::to_vec(info)
         };
         let dir = self.claim_dir(uid);
         let result = fsutil::create_dir_if_missing(&dir, CLAIM_DIR_MODE).and_then(|()| {
             let bytes = encoded.map_err(std::io::Error::other)?;
             let path = dir.join(HOST_RECORD);
-            let same = match on_disk {
-                Some(known) => known == bytes.as_slice(),
-                None => fsutil::read_own_file(&path, MAX_HOST_RECORD_BYTES)
-                    .is_ok_and(|on_disk| on_disk == bytes),
-            };
-            if same {
+            if on_disk.is_none()
+                && fsutil::read_own_file(&path, MAX_HOST_RECORD_BYTES)
+                    .is_ok_and(|on_disk| on_disk == bytes)
+            {
                 return Ok(());
             }
             // No flush: what this record alone keeps (the attached containers) dies with the
@@ -410,7 +411,7 @@ impl Service {
                 // A GPU the node does not have: kept, to be released, but nothing is started
                 // on it and it never passes for Prepared (service/missing_gpus.rs).
                 if !self.degrade_if_gpus_missing(uid) {
-                    self.revive(uid, rebooted, host_bytes.get(uid).map(Vec::as_slice));
+                    self.revive(uid, rebooted, host_bytes.get(uid));
                 }
             }
         };
@@ -482,7 +483,7 @@ impl Service {
 
     /// Re-adopts or restarts the MPS control daemons of a prepared claim and makes sure its
     /// CDI spec exists. `host_record` is what its host record held when the start read it.
-    fn revive(&self, uid: &str, rebooted: bool, host_record: Option<&[u8]>) {
+    fn revive(&self, uid: &str, rebooted: bool, host_record: Option<&ClaimInfo>) {
         let mut restarted = false;
         // Only what is needed is copied out of the registry: most claims have no MPS group,
         // and this runs for every claim at every start.
@@ -544,8 +545,8 @@ struct ToReconcile {
     claims: BTreeMap<String, (ClaimInfo, bool)>,
     /// Where refused records went.
     quarantine: Quarantine,
-    /// The host records as read, by claim UID.
-    host_bytes: BTreeMap<String, Vec<u8>>,
+    /// The host records as read (those that parsed and passed), by claim UID.
+    host_bytes: BTreeMap<String, ClaimInfo>,
 }
 
 #[cfg(test)]

@@ -95,6 +95,8 @@ impl Service {
                     ),
                 ));
             }
+            // Its MPS control daemons are gone: their watches go too, whatever comes next.
+            self.wake_supervisor_for(&existing);
         }
         let (plans, attach_limit) = self.plan(&spec)?;
         // Before anything changes: a node without the toolkit, or whose toolkit spec lacks a
