@@ -185,7 +185,7 @@ impl Service {
     fn claims_to_reconcile(&self, loaded: &mut Loaded) -> ToReconcile {
         let quarantine = Quarantine::beside(&self.cfg.checkpoint);
         let mut claims = BTreeMap::new();
-        let mut host_bytes = BTreeMap::new();
+        let mut host_records = BTreeMap::new();
         let mut reports = Vec::new();
         for u in std::mem::take(&mut loaded.unreadable) {
             let key = u
@@ -232,10 +232,10 @@ impl Service {
             match checked {
                 Ok(host) => {
                     persisted::normalize(&mut info, &self.cfg.cdi_dir);
-                    if let Some((attached, bytes)) = host {
+                    if let Some((attached, record)) = host {
                         info.attached = attached;
-                        if let Some(b) = bytes {
-                            host_bytes.insert(key.clone(), b);
+                        if let Some(record) = record {
+                            host_records.insert(key.clone(), record);
                         }
                     }
                     claims.insert(key, (info, false));
@@ -303,7 +303,7 @@ impl Service {
         ToReconcile {
             claims,
             quarantine,
-            host_bytes,
+            host_records,
         }
     }
 
@@ -312,7 +312,7 @@ impl Service {
         let ToReconcile {
             claims,
             quarantine,
-            host_bytes,
+            host_records,
         } = self.claims_to_reconcile(&mut loaded);
         let rebooted =
             !loaded.boot_id.is_empty() && !boot_id.is_empty() && loaded.boot_id != boot_id;
@@ -411,7 +411,7 @@ impl Service {
                 // A GPU the node does not have: kept, to be released, but nothing is started
                 // on it and it never passes for Prepared (service/missing_gpus.rs).
                 if !self.degrade_if_gpus_missing(uid) {
-                    self.revive(uid, rebooted, host_bytes.get(uid));
+                    self.revive(uid, rebooted, host_records.get(uid));
                 }
             }
         };
@@ -546,7 +546,7 @@ struct ToReconcile {
     /// Where refused records went.
     quarantine: Quarantine,
     /// The host records as read (those that parsed and passed), by claim UID.
-    host_bytes: BTreeMap<String, ClaimInfo>,
+    host_records: BTreeMap<String, ClaimInfo>,
 }
 
 #[cfg(test)]
