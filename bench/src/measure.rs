@@ -203,19 +203,20 @@ impl Ctx {
 
         progress("prepare/unprepare per strategy");
         self.strategies(&d)?;
-        progress("DRA kubelet plugin");
-        let (section, targets) = crate::dra::measure(
-            &self.bin_dir,
-            &self.work,
-            &d,
-            &mut self.uids,
-            self.sizes.dra,
-        )?;
-        self.report.sections.push(section);
-        self.report.targets.extend(targets);
+        self.dra(&d)?;
         progress("scaling, footprint and recovery");
         self.scale_footprint_recovery(&mut d, idle_rss)?;
         drop(d);
+        Ok(())
+    }
+
+    /// 9. The DRA kubelet plugin (`crate::dra`), against `d`.
+    fn dra(&mut self, d: &Daemon) -> Result<()> {
+        progress("DRA kubelet plugin");
+        let (section, targets) =
+            crate::dra::measure(&self.bin_dir, &self.work, d, &mut self.uids, self.sizes.dra)?;
+        self.report.sections.push(section);
+        self.report.targets.extend(targets);
         Ok(())
     }
 
@@ -225,18 +226,7 @@ impl Ctx {
         let mut d = Daemon::start(&self.bin_dir, &self.work.join("e"), &emulator)?;
         let idle_rss = settle_rss(d.pid()?)?;
         match section {
-            "dra" => {
-                progress("DRA kubelet plugin");
-                let (section, targets) = crate::dra::measure(
-                    &self.bin_dir,
-                    &self.work,
-                    &d,
-                    &mut self.uids,
-                    self.sizes.dra,
-                )?;
-                self.report.sections.push(section);
-                self.report.targets.extend(targets);
-            }
+            "dra" => self.dra(&d)?,
             "hook" | "shim" => {
                 let mut c = d.client()?;
                 let uid = self.uids.next();

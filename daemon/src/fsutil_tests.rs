@@ -187,3 +187,28 @@ fn read_own_file_takes_only_a_bounded_regular_file_and_never_blocks() {
     let refusal = read_own_file(&fifo, 9).unwrap_err();
     assert!(refusal.to_string().contains("a fifo"), "{refusal}");
 }
+
+#[test]
+fn ensure_dir_makes_fixes_and_refuses_as_create_dir_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let mode = |p: &Path| fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;
+    // Missing: made with the mode.
+    let d = dir.path().join("claim");
+    ensure_dir(&d, 0o711).unwrap();
+    assert_eq!(mode(&d), 0o711);
+    // Already right: left as it is.
+    ensure_dir(&d, 0o711).unwrap();
+    assert_eq!(mode(&d), 0o711);
+    // Another mode: set through the checked path.
+    fs::set_permissions(&d, Permissions::from_mode(0o755)).unwrap();
+    ensure_dir(&d, 0o711).unwrap();
+    assert_eq!(mode(&d), 0o711);
+    // A link where the directory should be is refused, even to a directory that is right.
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&d, &link).unwrap();
+    assert!(ensure_dir(&link, 0o711).is_err());
+    // So is a file.
+    let file = dir.path().join("file");
+    fs::write(&file, b"").unwrap();
+    assert!(ensure_dir(&file, 0o711).is_err());
+}

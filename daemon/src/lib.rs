@@ -18,7 +18,7 @@
 //! | [`strategy`] | sharing strategies, one file each (exclusive, time-slicing, MPS control daemons, MIG slices); the `Strategy` trait, each one's GPU setting; the group traits, what each makes for a claim's device group and what a release undoes | effects |
 //! | [`mps_program`] | which MPS control program an empty `[mps] control` means | pure |
 //! | [`supervise`] | watching MPS control daemons (pidfd) so dead ones are restarted | effects |
-//! | [`parallel`] | a start's per-claim file work spread over a few threads, results in order | plumbing |
+//! | [`parallel`] | a start's per-claim file work on a few threads (results in order), and work that waits on MPS control daemons on a thread each | plumbing |
 //! | [`crash`] | named crash points for the fault-injection suite (debug builds only) | test support |
 //! | [`privileges`] | the capabilities `gpushared` keeps, and dropping the rest | leaf |
 //! | [`claim`] | a claim's lifecycle (one transition function), its on-disk record, its wire view | pure |

@@ -1,7 +1,10 @@
-//! Local work spread over a few threads where a node's size makes it worth it: the store's
-//! read-back of every record and the start-up reconcile's pass over every claim, whose file
-//! reads and checks are most of a restart on a node holding many claims. Pure plumbing: the
-//! results come back in the items' order, so what runs in parallel decides nothing.
+//! Work spread over threads, two kinds. [`map`]: local work on a few threads where a node's
+//! size makes it worth it (the store's read-back of every record and the start-up reconcile's
+//! pass over every claim, whose file reads and checks are most of a restart on a node holding
+//! many claims), results in the items' order. [`in_parallel`]: work that waits (on MPS
+//! control daemons, each step bounded by the MPS timeout), one thread per item up to
+//! [`RECONCILE_THREADS`], so a start takes as long as its slowest claim. Pure plumbing: what
+//! runs in parallel decides nothing.
 
 /// Fewest items worth a thread of their own: below it, starting the thread costs more than it
 /// saves.
@@ -52,6 +55,41 @@ pub fn map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> 
             })
             .collect()
     })
+}
+
+/// Most threads [`in_parallel`] runs work that waits on MPS control daemons on at once: the
+/// start-up reconcile's claims (and orphan MPS daemons). A
+/// node has at most a few dozen MPS control daemons (one per GPU, or per MIG slice), so all
+/// of them are stopped or restarted at once and the reconcile takes about as long as its
+/// slowest claim, whose every step is bounded by the MPS timeout, however many there are.
+pub const RECONCILE_THREADS: usize = 64;
+
+/// Runs `work` on every item, on up to [`RECONCILE_THREADS`] threads at once (inline for a
+/// single item, or when no thread can be started), and returns when all are done.
+pub fn in_parallel<T: Sync>(items: &[T], work: impl Fn(&T) + Sync) {
+    if items.len() <= 1 {
+        items.iter().for_each(&work);
+        return;
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let run = || loop {
+        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let Some(item) = items.get(i) else { return };
+        work(item);
+    };
+    std::thread::scope(|s| {
+        for n in 0..items.len().min(RECONCILE_THREADS) {
+            let spawned = std::thread::Builder::new()
+                .name(format!("reconcile-{n}"))
+                .spawn_scoped(s, run);
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "cannot start another reconcile thread; going on with those running");
+                break;
+            }
+        }
+        // Whatever no thread took (none could be started) is done here.
+        run();
+    });
 }
 
 #[cfg(test)]

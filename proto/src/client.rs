@@ -467,6 +467,14 @@ mod tests {
         assert!(matches!(err, ClientError::Connect { .. }), "{err}");
     }
 
+    /// What a socket timeout (or a passed deadline) reports.
+    fn timed_out(error: &io::Error) -> bool {
+        matches!(
+            error.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        )
+    }
+
     /// A listener with a backlog of one that never accepts: after one queued connection, a
     /// connect waits for room.
     fn full_backlog(dir: &Path) -> (PathBuf, socket2::Socket, UnixStream) {
@@ -489,13 +497,7 @@ mod tests {
         let err = Client::connect_until(&path, started + Duration::from_millis(300)).unwrap_err();
         let waited = started.elapsed();
         match &err {
-            ClientError::Connect { error, .. } => assert!(
-                matches!(
-                    error.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ),
-                "{err}"
-            ),
+            ClientError::Connect { error, .. } => assert!(timed_out(error), "{err}"),
             other => panic!("{other:?}"),
         }
         assert!(waited >= Duration::from_millis(250), "{waited:?}");
@@ -526,13 +528,7 @@ mod tests {
         let err = client.call_value::<()>(Method::Health, None).unwrap_err();
         let waited = started.elapsed();
         match &err {
-            ClientError::Io { error, .. } => assert!(
-                matches!(
-                    error.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ),
-                "{err}"
-            ),
+            ClientError::Io { error, .. } => assert!(timed_out(error), "{err}"),
             other => panic!("{other:?}"),
         }
         assert!(waited < Duration::from_secs(5), "{waited:?}");

@@ -15,6 +15,7 @@ use super::{persisted, Service};
 /// A process and the pipe directory its environment names.
 type Named = (i32, PathBuf);
 use crate::fsutil;
+use crate::parallel::in_parallel;
 use crate::strategy::mps::MpsDirs;
 
 impl Service {

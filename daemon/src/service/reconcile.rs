@@ -13,6 +13,7 @@ use super::persisted::{self, Quarantine, HOST_RECORD, MAX_HOST_RECORD_BYTES};
 use super::{mig, reapply_gpu_settings, wants_of, Service};
 use crate::error::ServiceError;
 use crate::fsutil;
+use crate::parallel::in_parallel;
 use crate::store::Loaded;
 use crate::strategy::mps::MpsDirs;
 
@@ -34,40 +35,6 @@ pub(super) const RESTART_CAP: Duration = Duration::from_secs(30);
 
 /// A daemon that ran this long before it died counts as a new first failure.
 pub(super) const RESTART_STABLE: Duration = Duration::from_secs(60);
-
-/// Most threads the start-up reconcile runs claims (and orphan MPS daemons) on at once. A
-/// node has at most a few dozen MPS control daemons (one per GPU, or per MIG slice), so all
-/// of them are stopped or restarted at once and the reconcile takes about as long as its
-/// slowest claim, whose every step is bounded by the MPS timeout, however many there are.
-pub(super) const RECONCILE_THREADS: usize = 64;
-
-/// Runs `work` on every item, on up to [`RECONCILE_THREADS`] threads at once (inline for a
-/// single item, or when no thread can be started), and returns when all are done.
-pub(super) fn in_parallel<T: Sync>(items: &[T], work: impl Fn(&T) + Sync) {
-    if items.len() <= 1 {
-        items.iter().for_each(&work);
-        return;
-    }
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let run = || loop {
-        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let Some(item) = items.get(i) else { return };
-        work(item);
-    };
-    std::thread::scope(|s| {
-        for n in 0..items.len().min(RECONCILE_THREADS) {
-            let spawned = std::thread::Builder::new()
-                .name(format!("reconcile-{n}"))
-                .spawn_scoped(s, run);
-            if let Err(e) = spawned {
-                tracing::warn!(error = %e, "cannot start another reconcile thread; going on with those running");
-                break;
-            }
-        }
-        // Whatever no thread took (none could be started) is done here.
-        run();
-    });
-}
 
 /// Joins the cause of a restart and why the restart failed, in `last_error`.
 pub(super) const RESTART_FAILED: &str = "; restarting the MPS control daemon failed";
@@ -372,12 +339,21 @@ impl Service {
                 }
             }
         }
-        let uids: Vec<(String, ClaimState)> = self
-            .state()
-            .claims
-            .values()
-            .map(|c| (c.uid.clone(), c.state))
-            .collect();
+        // Only claims that may wait on an MPS control daemon (or on anything a rollback
+        // undoes) need a thread each; the others' work is a few local file checks, which a
+        // few threads (crate::parallel) do faster than many contending for the registry.
+        // The two sets go on side by side (below).
+        let (mut waiting, mut local) = (Vec::new(), Vec::new());
+        for c in self.state().claims.values() {
+            let item = (c.uid.clone(), c.state);
+            if !matches!(c.state, ClaimState::Prepared | ClaimState::Degraded)
+                || super::restarts::runs_mps(c)
+            {
+                waiting.push(item);
+            } else {
+                local.push(item);
+            }
+        }
         // What the last run was making when it ended, and for which claims: the MIG sweep
         // below destroys only instances gpushare made (service/mig/intents.rs).
         let left_intents = self.mig_intents.left_for_sweep(rebooted);
@@ -415,18 +391,6 @@ impl Service {
                 }
             }
         };
-        // Only claims that may wait on an MPS control daemon (or on anything a rollback
-        // undoes) need a thread each; the others' work is a few local file checks, which a
-        // few threads (crate::parallel) do faster than many contending for the registry.
-        // The two sets go on side by side.
-        let (waiting, local): (Vec<_>, Vec<_>) = uids.into_iter().partition(|(uid, state)| {
-            !matches!(state, ClaimState::Prepared | ClaimState::Degraded)
-                || self.state().claims.get(uid).is_some_and(|c| {
-                    c.groups
-                        .iter()
-                        .any(|g| matches!(g.sharing, StrategyInfo::Mps(_)))
-                })
-        });
         std::thread::scope(|s| {
             let apart = std::thread::Builder::new()
                 .name("reconcile-mps".into())

@@ -180,11 +180,7 @@ impl Service {
     /// watch changes only with such a claim, and every wake costs the supervisor a pass over
     /// all claims, which a prepare of another strategy must not pay on a node holding many.
     pub(super) fn wake_supervisor_for(&self, claim: &ClaimInfo) {
-        if claim
-            .groups
-            .iter()
-            .any(|g| matches!(g.sharing, StrategyInfo::Mps(_)))
-        {
+        if runs_mps(claim) {
             self.wake_supervisor();
         }
     }
@@ -344,6 +340,14 @@ pub(super) struct RestartPlan {
     failures: u32,
     /// When a daemon of the claim was last started by a restart.
     started: Option<Instant>,
+}
+
+/// Whether `claim` has a device group shared through MPS, i.e. runs MPS control daemons.
+pub(super) fn runs_mps(claim: &ClaimInfo) -> bool {
+    claim
+        .groups
+        .iter()
+        .any(|g| matches!(g.sharing, StrategyInfo::Mps(_)))
 }
 
 #[cfg(test)]

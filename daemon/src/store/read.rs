@@ -53,16 +53,15 @@ impl Store {
             .collect();
         let read = crate::parallel::map(&keys, |key| {
             let path = self.claim_path(key);
-            let read = fsutil::read_own_file(&path, MAX_RECORD_BYTES);
-            let parsed = match &read {
-                Ok(bytes) => Some(serde_json::from_slice::<ClaimRecord>(bytes)),
-                Err(_) => None,
-            };
-            (path, read, parsed)
+            let read = fsutil::read_own_file(&path, MAX_RECORD_BYTES).map(|bytes| {
+                let parsed = serde_json::from_slice::<ClaimRecord>(&bytes);
+                (bytes, parsed)
+            });
+            (path, read)
         });
-        for (key, (path, read, parsed)) in keys.into_iter().zip(read) {
-            let bytes = match read {
-                Ok(b) => b,
+        for (key, (path, read)) in keys.into_iter().zip(read) {
+            let (bytes, parsed) = match read {
+                Ok(read) => read,
                 Err(fsutil::ReadRefusal::Missing) => continue,
                 Err(why) => {
                     loaded.unreadable.push(Unreadable {
@@ -74,16 +73,15 @@ impl Store {
                 }
             };
             match parsed {
-                Some(Ok(rec)) => {
+                Ok(rec) => {
                     loaded.generation = loaded.generation.max(rec.generation);
                     loaded.claims.insert(key, rec.into_claim(String::new()));
                 }
-                Some(Err(e)) => loaded.unreadable.push(Unreadable {
+                Err(e) => loaded.unreadable.push(Unreadable {
                     path,
                     bytes: Some(bytes),
                     why: format!("not a claim record: {e}"),
                 }),
-                None => {}
             }
         }
         Ok(())
