@@ -19,6 +19,7 @@ command -v python3 >/dev/null || need+=(python3)
 # systemd-analyze (unit verification), Prometheus' own parser for /metrics.
 command -v rpm >/dev/null || need+=(rpm)
 command -v objdump >/dev/null || need+=(binutils)
+command -v valgrind >/dev/null || need+=(valgrind)
 command -v systemd-analyze >/dev/null || need+=(systemd)
 # (Debian's python3, which the tests call as /usr/bin/python3: PATH may name another one.)
 /usr/bin/python3 -c 'import prometheus_client' 2>/dev/null || need+=(python3-prometheus-client)

@@ -1,5 +1,6 @@
 //! The measurements, in the issue's order, each beside its baseline.
 
+use std::ffi::OsStr;
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::symlink;
@@ -42,7 +43,7 @@ impl Sizes {
     fn full() -> Sizes {
         Sizes {
             hook: 300,
-            shim: 50,
+            shim: 100,
             passthrough: 100,
             podman: 10,
             cycles: 100,
@@ -91,7 +92,7 @@ pub fn run(cli: &Cli) -> Result<Report> {
     if !nix::unistd::geteuid().is_root() {
         bail!("run as root: the daemon mounts tmpfs and creates device nodes, runc and podman start containers");
     }
-    for tool in ["runc", "podman"] {
+    for tool in ["runc", "podman", "valgrind"] {
         which(tool).with_context(|| {
             format!("{tool} is not on PATH (scripts/install-test-deps.sh installs it)")
         })?;
@@ -468,6 +469,8 @@ impl Ctx {
             r_list.push(run_timed(rt(&runc).arg("list"), b"")?);
             s_list.push(run_timed(rt(&shim).arg("list"), b"")?);
         }
+        let counted =
+            wrapper_instructions(&shim, &config, &runc_root, &plain, &dir.join("callgrind"))?;
         let (sp, rp) = (sum(&s_plain)?, sum(&r_plain)?);
         self.report.targets.push(Target {
             name: "shim lifecycle ≤ 1.05 × runc (median)".into(),
@@ -485,7 +488,11 @@ impl Ctx {
                  shim gets a fresh copy of that config each time, and runc gets the config the shim \
                  produced (edits applied), so both run the same hooks and mounts and the ratio is \
                  the cost of resolving and applying the device. {n} lifecycles each; passthrough \
-                 subcommands {} each.",
+                 subcommands {} each. The wrapper's own instructions are counted by callgrind \
+                 (`--dump-before=execvp`: the count is written as the wrapper execs runc, which \
+                 then runs unobserved) for one lifecycle of the device-less bundle; runc itself \
+                 cannot be counted so (a Go program, which valgrind does not run), so those rows \
+                 have no ratio and the target stays the wall-time median.",
                 self.sizes.passthrough
             ),
             rows: [
@@ -496,6 +503,7 @@ impl Ctx {
             ]
             .into_iter()
             .flatten()
+            .chain(counted)
             .collect(),
         });
         Ok(())
@@ -1175,6 +1183,122 @@ fn lifecycle(rt: &mut dyn FnMut() -> Command, bundle: &Path, id: &str) -> Result
             .status();
     }
     result.map(|_| t.elapsed())
+}
+
+/// The instructions `shim` executes before it execs runc, for `create`, `start` and
+/// `delete --force` of one container from `bundle`, and their sum: one row each.
+///
+/// callgrind's `--dump-before=execvp` writes the count when the wrapper calls `execvp` (its
+/// exec into runc), as part 1 of `<dir>/cg.<pid>.1`; runc then runs natively (valgrind does
+/// not follow it), so the container is really created, started and deleted. A wrapper that
+/// never reached its exec leaves no part 1: that is an error, not a zero.
+fn wrapper_instructions(
+    shim: &Path,
+    config: &Path,
+    runc_root: &Path,
+    bundle: &Path,
+    dir: &Path,
+) -> Result<Vec<Row>> {
+    fs::create_dir_all(dir)?;
+    let id = "bench-callgrind";
+    let steps: [(&str, Vec<&OsStr>); 3] = [
+        (
+            "create",
+            vec![
+                OsStr::new("create"),
+                OsStr::new("--bundle"),
+                bundle.as_os_str(),
+                OsStr::new(id),
+            ],
+        ),
+        ("start", vec![OsStr::new("start"), OsStr::new(id)]),
+        (
+            "delete --force",
+            vec![OsStr::new("delete"), OsStr::new("--force"), OsStr::new(id)],
+        ),
+    ];
+    let mut rows = Vec::new();
+    let mut total = 0u64;
+    for (i, (name, args)) in steps.iter().enumerate() {
+        let out = dir.join(format!("cg{i}"));
+        let mut cmd = Command::new("valgrind");
+        cmd.arg("--tool=callgrind")
+            .arg(format!("--callgrind-out-file={}.%p", out.display()))
+            .arg("--dump-before=execvp")
+            .arg(shim)
+            .env("GPUSHARE_RUNTIME_CONFIG", config)
+            .arg("--root")
+            .arg(runc_root)
+            .args(args);
+        let run = run_timed(&mut cmd, b"");
+        if run.is_err() && i == 0 {
+            let _ = Command::new("runc")
+                .arg("--root")
+                .arg(runc_root)
+                .args(["delete", "--force", id])
+                .stderr(Stdio::null())
+                .status();
+        }
+        run?;
+        let count = callgrind_part_one(dir, &format!("cg{i}."))
+            .with_context(|| format!("counting `gpushare-runtime {name}`"))?;
+        total += count;
+        rows.push(Row {
+            figure: format!("`{name}`: the wrapper's own instructions before its exec"),
+            value: instructions(count),
+            baseline: "–".into(),
+            baseline_value: "–".into(),
+            ratio: None,
+        });
+    }
+    rows.push(Row {
+        figure: "lifecycle: the wrapper's own instructions".into(),
+        value: instructions(total),
+        baseline: "–".into(),
+        baseline_value: "–".into(),
+        ratio: None,
+    });
+    Ok(rows)
+}
+
+/// The `summary:` count of the one callgrind part-1 dump in `dir` whose name starts with
+/// `prefix`.
+fn callgrind_part_one(dir: &Path, prefix: &str) -> Result<u64> {
+    let mut found = None;
+    for entry in fs::read_dir(dir)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if name.starts_with(prefix) && name.ends_with(".1") {
+            if found.is_some() {
+                bail!(
+                    "more than one callgrind dump {prefix}*.1 in {}",
+                    dir.display()
+                );
+            }
+            found = Some(dir.join(name));
+        }
+    }
+    let file = found.with_context(|| {
+        format!(
+            "callgrind wrote no dump {prefix}*.1 in {}: the wrapper never reached execvp",
+            dir.display()
+        )
+    })?;
+    let text = fs::read_to_string(&file)?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("summary:"))
+        .with_context(|| format!("no summary line in {}", file.display()))?
+        .trim()
+        .parse()
+        .with_context(|| format!("summary of {}", file.display()))
+}
+
+/// `1234567` as "1.23 M instructions".
+fn instructions(n: u64) -> String {
+    if n >= 1_000_000 {
+        format!("{:.2} M instructions", n as f64 / 1e6)
+    } else {
+        format!("{} k instructions", (n + 500) / 1000)
+    }
 }
 
 /// `<dir>/rootfs` with busybox and a link per applet.

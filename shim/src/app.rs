@@ -30,7 +30,9 @@ pub struct Environment {
     pub config_path: Option<OsString>,
     /// `PATH`, if set.
     pub path: Option<OsString>,
-    /// This program's own executable, so it is never chosen as the low-level runtime.
+    /// A path to this program's own executable, so it is never chosen as the low-level
+    /// runtime (`/proc/self/exe` for the running process: a `stat` through it names the file
+    /// without resolving a path).
     pub self_exe: Option<PathBuf>,
     /// [`exec::LOOP_MARKER`] is set: a runtime this wrapper exec'd has led back to it.
     pub looped: bool,
@@ -42,7 +44,7 @@ impl Environment {
         Environment {
             config_path: std::env::var_os(config::CONFIG_ENV),
             path: std::env::var_os("PATH"),
-            self_exe: std::env::current_exe().ok(),
+            self_exe: Some(PathBuf::from("/proc/self/exe")),
             looped: std::env::var_os(exec::LOOP_MARKER).is_some(),
         }
     }

@@ -1,7 +1,7 @@
 //! Finding the low-level runtime and replacing this process with it.
 
 use std::ffi::{OsStr, OsString};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,21 +31,23 @@ impl std::fmt::Display for RuntimeNotFound {
 
 impl std::error::Error for RuntimeNotFound {}
 
-fn is_executable_file(path: &Path) -> bool {
-    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+/// The identity of `path` if it is an executable file.
+fn executable_file(path: &Path) -> Option<(u64, u64)> {
+    let m = std::fs::metadata(path).ok()?;
+    (m.is_file() && m.permissions().mode() & 0o111 != 0).then(|| (m.dev(), m.ino()))
 }
 
-fn same_file(a: &Path, b: &Path) -> bool {
-    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => false,
-    }
+/// A file's identity: (device, inode). Two paths name the same file, through any links, when
+/// their identities are equal; one `stat` each, where canonicalizing both paths cost a
+/// `readlink` per path component.
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 /// The first candidate that is an executable file: a candidate containing `/` is used as a
 /// path; a bare name is looked up in `path_env` (or [`FALLBACK_PATH`]). A candidate that is
-/// this very program (`self_exe`) is skipped, so a configuration naming the wrapper itself
-/// cannot make it exec itself forever.
+/// this very program (`self_exe`: the same file, through any symbolic or hard link) is
+/// skipped, so a configuration naming the wrapper itself cannot make it exec itself forever.
 pub fn find_runtime(
     candidates: &[String],
     path_env: Option<&OsStr>,
@@ -54,8 +56,8 @@ pub fn find_runtime(
     let search = path_env
         .filter(|p| !p.is_empty())
         .unwrap_or(OsStr::new(FALLBACK_PATH));
-    let acceptable =
-        |p: &Path| is_executable_file(p) && !self_exe.is_some_and(|me| same_file(p, me));
+    let me = self_exe.and_then(identity);
+    let acceptable = |p: &Path| executable_file(p).is_some_and(|id| Some(id) != me);
     for candidate in candidates {
         if candidate.contains('/') {
             let p = PathBuf::from(candidate);
@@ -84,13 +86,15 @@ pub const LOOP_MARKER: &str = "GPUSHARE_RUNTIME_ACTIVE";
 
 /// Replaces this process with `runtime`, argv\[0\] set to the runtime's path and the other
 /// arguments exactly `args`; the environment (plus [`LOOP_MARKER`]), pid, file descriptors and
-/// signal dispositions carry over. Returns only on failure.
+/// signal dispositions carry over, except SIGPIPE, which Rust's exec sets back to its default.
+/// Returns only on failure.
 pub fn exec_runtime(runtime: &Path, args: &[OsString]) -> std::io::Error {
-    Command::new(runtime)
-        .arg0(runtime)
-        .args(args)
-        .env(LOOP_MARKER, "1")
-        .exec()
+    // Set in this process's own environment, which the exec then passes on as it is: a
+    // `Command::env` would have copied and sorted the whole environment first, a third of
+    // the wrapper's own instructions. The wrapper starts no threads, so nothing reads the
+    // environment while it changes.
+    std::env::set_var(LOOP_MARKER, "1");
+    Command::new(runtime).arg0(runtime).args(args).exec()
 }
 
 #[cfg(test)]
@@ -150,6 +154,35 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(err.candidates.len(), 2);
+        // A hard link is the same file too; another executable beside it is taken.
+        let hard = dir.path().join("runc-hard");
+        std::fs::hard_link(&me, &hard).unwrap();
+        let other = dir.path().join("crun");
+        make_exe(&other);
+        let found = find_runtime(
+            &[
+                link.display().to_string(),
+                hard.display().to_string(),
+                other.display().to_string(),
+            ],
+            None,
+            Some(&me),
+        )
+        .unwrap();
+        assert_eq!(found, other);
+    }
+
+    #[test]
+    fn the_running_program_is_named_through_proc_self_exe() {
+        // The test binary is "this program": found by its own path, it is skipped.
+        let exe = std::env::current_exe().unwrap();
+        let err = find_runtime(
+            &[exe.display().to_string()],
+            None,
+            Some(Path::new("/proc/self/exe")),
+        )
+        .unwrap_err();
+        assert_eq!(err.candidates, vec![exe.display().to_string()]);
     }
 
     #[test]

@@ -15,6 +15,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_gpushare-runtime");
 const FAKE_RUNTIME: &str = r#"#!/bin/sh
 out="$FAKE_RUNTIME_OUT"
 printf '%s\n' "$$" > "$out/pid"
+grep '^SigIgn:' /proc/$$/status > "$out/sigign"
+env > "$out/env"
 printf '%s\n' "$0" > "$out/argv0"
 : > "$out/argv"
 for a in "$@"; do printf '%s\n' "$a" >> "$out/argv"; done
@@ -317,6 +319,72 @@ fn other_subcommands_pass_through_untouched() {
         assert_eq!(w.recorded_argv().unwrap(), args);
     }
     assert_eq!(std::fs::read(w.path("bundle/config.json")).unwrap(), before);
+}
+
+/// The `SigIgn` mask the fake runtime found in its /proc status.
+fn recorded_ignored_signals(w: &World) -> u64 {
+    let line = std::fs::read_to_string(w.path("out/sigign")).unwrap();
+    u64::from_str_radix(line.trim().trim_start_matches("SigIgn:").trim(), 16).unwrap()
+}
+
+#[test]
+fn the_runtime_is_the_wrapper_process_with_its_environment_and_ignored_signals() {
+    let w = World::new();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["start", "ctr-1"])
+        .env_clear()
+        .env("PATH", format!("{}:/usr/bin:/bin", w.path("bin").display()))
+        .env("GPUSHARE_RUNTIME_CONFIG", w.path("runtime.toml"))
+        .env("FAKE_RUNTIME_OUT", w.path("out"))
+        .env("CALLER_SETTING", "kept as it is");
+    // SAFETY: between fork and exec only async-signal-safe calls are allowed; signal(2) is one.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            libc::signal(libc::SIGINT, libc::SIG_IGN);
+            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    // exec, not a child: the runtime has the pid the caller started.
+    let recorded: u32 = std::fs::read_to_string(w.path("out/pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(recorded, pid);
+    // The caller's environment, plus the loop marker, and nothing else.
+    let mut env: Vec<String> = std::fs::read_to_string(w.path("out/env"))
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with("PWD=") && !l.starts_with("SHLVL=") && !l.starts_with("_="))
+        .map(String::from)
+        .collect();
+    env.sort();
+    let mut expected = vec![
+        "CALLER_SETTING=kept as it is".to_string(),
+        format!("FAKE_RUNTIME_OUT={}", w.path("out").display()),
+        "GPUSHARE_RUNTIME_ACTIVE=1".to_string(),
+        format!(
+            "GPUSHARE_RUNTIME_CONFIG={}",
+            w.path("runtime.toml").display()
+        ),
+        format!("PATH={}:/usr/bin:/bin", w.path("bin").display()),
+    ];
+    expected.sort();
+    assert_eq!(env, expected);
+    // An ignored signal stays ignored through the wrapper (the wrapper installs no handler of
+    // its own); SIGPIPE is set back to its default for the exec, by Rust's exec.
+    let ignored = recorded_ignored_signals(&w);
+    assert_ne!(ignored & (1 << (libc::SIGINT - 1)), 0, "SigIgn {ignored:x}");
+    assert_eq!(
+        ignored & (1 << (libc::SIGPIPE - 1)),
+        0,
+        "SigIgn {ignored:x}"
+    );
 }
 
 #[test]
