@@ -189,6 +189,45 @@ fn read_own_file_takes_only_a_bounded_regular_file_and_never_blocks() {
 }
 
 #[test]
+fn read_listed_file_refuses_what_was_swapped_in_after_the_listing() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("r.json");
+    fs::write(&file, b"{\"a\":1}").unwrap();
+    assert_eq!(read_listed_file(&file, 7).unwrap(), b"{\"a\":1}");
+    assert!(matches!(
+        read_listed_file(&file, 6),
+        Err(ReadRefusal::TooLarge(7))
+    ));
+    // Listed as a file, then replaced: by a fifo with no writer (opened without blocking,
+    // refused on the handle), by a link, by nothing.
+    fs::remove_file(&file).unwrap();
+    nix::unistd::mkfifo(&file, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let refusal = read_listed_file(&file, 9).unwrap_err();
+    assert!(refusal.to_string().contains("a fifo"), "{refusal}");
+    fs::remove_file(&file).unwrap();
+    let target = dir.path().join("target.json");
+    fs::write(&target, b"{}").unwrap();
+    std::os::unix::fs::symlink(&target, &file).unwrap();
+    assert!(matches!(
+        read_listed_file(&file, 9),
+        Err(ReadRefusal::NotAFile("a symbolic link"))
+    ));
+    fs::remove_file(&file).unwrap();
+    assert!(matches!(
+        read_listed_file(&file, 9),
+        Err(ReadRefusal::Missing)
+    ));
+    // A file that reports no size is read to its end, still bounded.
+    let status = Path::new("/proc/self/status");
+    let text = read_listed_file(status, 1 << 20).unwrap();
+    assert!(String::from_utf8_lossy(&text).contains("Pid:"));
+    assert!(matches!(
+        read_listed_file(status, 16),
+        Err(ReadRefusal::TooLarge(17))
+    ));
+}
+
+#[test]
 fn ensure_dir_makes_fixes_and_refuses_as_create_dir_does() {
     let dir = tempfile::tempdir().unwrap();
     let mode = |p: &Path| fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -122,8 +123,14 @@ impl Service {
                 claim_dirs.push((dir, owned));
             }
             // Every claim directory is listed for its MPS groups: on a few threads at once,
-            // since a node may hold a thousand of them.
-            let groups = crate::parallel::map(&claim_dirs, |(dir, _)| {
+            // since a node may hold a thousand of them. A claim's own directory whose link
+            // count says it has no subdirectory (2: its entry and its own `.`, as tmpfs and
+            // ext4 count) holds no group and is not listed; a filesystem that does not count
+            // a directory's links so (btrfs reports 1) gets the listing.
+            let groups = crate::parallel::map(&claim_dirs, |(dir, owned)| {
+                if *owned && fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir() && m.nlink() == 2) {
+                    return Vec::new();
+                }
                 let Ok(groups) = fs::read_dir(dir) else {
                     return Vec::new();
                 };

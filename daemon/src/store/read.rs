@@ -23,6 +23,16 @@ impl Store {
     /// UIDs of the records in `sub` (file names `<uid>.json`); temporaries of interrupted
     /// writes are removed.
     pub(super) fn list(&self, sub: &str) -> io::Result<Vec<String>> {
+        Ok(self
+            .list_typed(sub)?
+            .into_iter()
+            .map(|(uid, _)| uid)
+            .collect())
+    }
+
+    /// As [`Store::list`], each UID with whether the listing reported a regular file (read
+    /// with [`fsutil::read_listed_file`]; any other entry is read with the look first).
+    pub(super) fn list_typed(&self, sub: &str) -> io::Result<Vec<(String, bool)>> {
         let dir = self.dir.join(sub);
         let entries = match fs::read_dir(&dir) {
             Ok(e) => e,
@@ -38,7 +48,10 @@ impl Store {
                 continue;
             }
             if let Some(uid) = name.strip_suffix(".json") {
-                out.push(uid.to_string());
+                // From the entry's d_type; a listing that lacks it stats the entry (no link is
+                // followed), which is as good.
+                let regular = entry.file_type().is_ok_and(|t| t.is_file());
+                out.push((uid.to_string(), regular));
             }
         }
         out.sort();
@@ -46,20 +59,20 @@ impl Store {
     }
 
     pub(super) fn read_claims(&self, loaded: &mut Loaded) -> io::Result<()> {
-        let keys: Vec<String> = self
-            .list(CLAIMS_DIR)?
+        let keys: Vec<(String, bool)> = self
+            .list_typed(CLAIMS_DIR)?
             .into_iter()
-            .filter(|key| !loaded.claims.contains_key(key))
+            .filter(|(key, _)| !loaded.claims.contains_key(key))
             .collect();
-        let read = crate::parallel::map(&keys, |key| {
+        let read = crate::parallel::map(&keys, |(key, regular)| {
             let path = self.claim_path(key);
-            let read = fsutil::read_own_file(&path, MAX_RECORD_BYTES).map(|bytes| {
+            let read = read_record(&path, *regular).map(|bytes| {
                 let parsed = serde_json::from_slice::<ClaimRecord>(&bytes);
                 (bytes, parsed)
             });
             (path, read)
         });
-        for (key, (path, read)) in keys.into_iter().zip(read) {
+        for ((key, _), (path, read)) in keys.into_iter().zip(read) {
             let (bytes, parsed) = match read {
                 Ok(read) => read,
                 Err(fsutil::ReadRefusal::Missing) => continue,
@@ -88,19 +101,19 @@ impl Store {
     }
 
     pub(super) fn read_tombstones(&self, loaded: &mut Loaded) -> io::Result<()> {
-        let uids: Vec<String> = self
-            .list(TOMBSTONES_DIR)?
+        let uids: Vec<(String, bool)> = self
+            .list_typed(TOMBSTONES_DIR)?
             .into_iter()
-            .filter(|uid| crate::config::validate_claim_uid(uid).is_ok())
+            .filter(|(uid, _)| crate::config::validate_claim_uid(uid).is_ok())
             .collect();
-        let read = crate::parallel::map(&uids, |uid| {
-            fsutil::read_own_file(&self.tombstone_path(uid), MAX_RECORD_BYTES)
+        let read = crate::parallel::map(&uids, |(uid, regular)| {
+            read_record(&self.tombstone_path(uid), *regular)
                 .map_err(|e| e.to_string())
                 .and_then(|b| {
                     serde_json::from_slice::<TombstoneRecord>(&b).map_err(|e| e.to_string())
                 })
         });
-        for (uid, parsed) in uids.into_iter().zip(read) {
+        for ((uid, _), parsed) in uids.into_iter().zip(read) {
             let path = self.tombstone_path(&uid);
             match parsed {
                 Ok(t) => {
@@ -115,5 +128,18 @@ impl Store {
             }
         }
         Ok(())
+    }
+}
+
+/// A record the listing found: one it reported as a regular file is opened at once, anything
+/// else is looked at first ([`fsutil::read_own_file`]).
+fn read_record(
+    path: &std::path::Path,
+    listed_regular: bool,
+) -> Result<Vec<u8>, fsutil::ReadRefusal> {
+    if listed_regular {
+        fsutil::read_listed_file(path, MAX_RECORD_BYTES)
+    } else {
+        fsutil::read_own_file(path, MAX_RECORD_BYTES)
     }
 }

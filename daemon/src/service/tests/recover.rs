@@ -325,6 +325,32 @@ fn start_rolls_back_half_done_claims_and_removes_orphans_of_ours_only() {
 }
 
 #[test]
+fn an_mps_group_left_in_a_kept_claims_directory_is_stopped_and_removed_at_start() {
+    let f = fixture();
+    for (uid, gpu) in [("kept", "gpu-3"), ("plain", "gpu-4")] {
+        f.service.prepare(&claim(uid, &[gpu], None)).unwrap();
+    }
+    // A group of an MPS strategy the claim had before a re-prepare that was cut short: its
+    // directory and a daemon on its pipe, inside a claim's directory that stays.
+    let kept_dir = f.cfg.run_dir.join("claims/kept");
+    let stray = kept_dir.join("mps-abcde");
+    for d in ["pipe", "log"] {
+        std::fs::create_dir_all(stray.join(d)).unwrap();
+    }
+    fake_process(&f, stray.join("pipe").to_str().unwrap(), 777_002);
+
+    let again = restart(&f, fresh_backend());
+    assert_eq!(again.get_claim("kept").unwrap().state, ClaimState::Prepared);
+    assert!(!stray.exists(), "the group no claim owns is removed");
+    assert!(
+        kept_dir.join("claim.json").is_file(),
+        "the claim's own record stays"
+    );
+    assert!(f.cfg.run_dir.join("claims/plain/claim.json").is_file());
+    assert!(f.host.state().daemons.values().all(|d| !d.alive));
+}
+
+#[test]
 fn a_new_boot_id_redoes_every_claims_host_setup() {
     let f = fixture();
     let first = restart_with_boot(&f, "boot-a");
