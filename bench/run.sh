@@ -32,6 +32,9 @@ fi
 start=$(date +%s)
 cargo build --workspace --release --locked
 scripts/link-static.sh --profile release
+# The build's output goes to disk first, so that its writeback does not land in the first
+# section's tail (the hook's p99).
+sync
 bins=$target/release
 "$bins/gpushare-bench" --bin-dir "$bins" --out BENCHMARKS.md --notes bench/NOTES.md \
     --command "bench/run.sh"

@@ -376,6 +376,7 @@ impl Service {
         // control daemons (a `quit` that is not taken waits out the MPS timeout before the
         // kill), so one after another a start that cannot re-adopt them (say, after the MPS
         // control program changed) took that wait once per claim.
+        let specs = SpecListing::of(&self.cfg.cdi_dir);
         let one = |(uid, state): &(String, ClaimState)| match state {
             ClaimState::PrepareStarted | ClaimState::Unpreparing => {
                 tracing::warn!(claim = %uid, ?state, "rolling back a claim a crash left half-done");
@@ -387,7 +388,7 @@ impl Service {
                 // A GPU the node does not have: kept, to be released, but nothing is started
                 // on it and it never passes for Prepared (service/missing_gpus.rs).
                 if !self.degrade_if_gpus_missing(uid) {
-                    self.revive(uid, rebooted, host_records.get(uid));
+                    self.revive(uid, rebooted, host_records.get(uid), &specs);
                 }
             }
         };
@@ -447,7 +448,13 @@ impl Service {
 
     /// Re-adopts or restarts the MPS control daemons of a prepared claim and makes sure its
     /// CDI spec exists. `host_record` is what its host record held when the start read it.
-    fn revive(&self, uid: &str, rebooted: bool, host_record: Option<&ClaimInfo>) {
+    fn revive(
+        &self,
+        uid: &str,
+        rebooted: bool,
+        host_record: Option<&ClaimInfo>,
+        specs: &SpecListing,
+    ) {
         let mut restarted = false;
         // Only what is needed is copied out of the registry: most claims have no MPS group,
         // and this runs for every claim at every start.
@@ -484,7 +491,7 @@ impl Service {
         }
         {
             // Ours is a regular file: anything else there (a link, a fifo) is replaced.
-            let info = (!fs::symlink_metadata(&cdi_spec).is_ok_and(|m| m.is_file()))
+            let info = (!specs.is_regular_file(Path::new(&cdi_spec)))
                 .then(|| self.state().claims.get(uid).cloned())
                 .flatten();
             if let Some(info) = info {
@@ -499,6 +506,39 @@ impl Service {
             }
             // A restart has written the record since it was read: then the file is compared.
             let _ = self.write_host_record_over(uid, host_record.filter(|_| !restarted));
+        }
+    }
+}
+
+/// The regular files in the CDI directory as one listing at the start of the reconcile
+/// showed them (each entry's type from the listing's `d_type`): every claim's spec is
+/// checked against it, where an `lstat` per claim cost a name lookup in a directory of a
+/// thousand entries. A spec elsewhere, or a listing that failed, is looked at on its own.
+struct SpecListing {
+    dir: PathBuf,
+    files: Option<std::collections::BTreeSet<std::ffi::OsString>>,
+}
+
+impl SpecListing {
+    fn of(dir: &Path) -> SpecListing {
+        let files = fs::read_dir(dir).ok().map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+                .map(|e| e.file_name())
+                .collect()
+        });
+        SpecListing {
+            dir: dir.to_path_buf(),
+            files,
+        }
+    }
+
+    /// Whether `path` is a regular file (not a link, a fifo, a directory, or missing).
+    fn is_regular_file(&self, path: &Path) -> bool {
+        match (&self.files, path.parent(), path.file_name()) {
+            (Some(files), Some(parent), Some(name)) if parent == self.dir => files.contains(name),
+            _ => fs::symlink_metadata(path).is_ok_and(|m| m.is_file()),
         }
     }
 }

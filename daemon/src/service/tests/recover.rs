@@ -351,6 +351,29 @@ fn an_mps_group_left_in_a_kept_claims_directory_is_stopped_and_removed_at_start(
 }
 
 #[test]
+fn a_claims_cdi_spec_that_is_missing_or_not_a_regular_file_is_written_again_at_start() {
+    let f = fixture();
+    for (uid, gpu) in [("gone", "gpu-1"), ("linked", "gpu-2"), ("intact", "gpu-3")] {
+        f.service.prepare(&claim(uid, &[gpu], None)).unwrap();
+    }
+    let spec = |uid: &str| cdi::spec_path(&f.cfg.cdi_dir, uid);
+    let intact = std::fs::read(spec("intact")).unwrap();
+    std::fs::remove_file(spec("gone")).unwrap();
+    let target = f.cfg.cdi_dir.join("elsewhere.json");
+    std::fs::rename(spec("linked"), &target).unwrap();
+    std::os::unix::fs::symlink(&target, spec("linked")).unwrap();
+
+    let again = restart(&f, fresh_backend());
+    for uid in ["gone", "linked", "intact"] {
+        assert_eq!(again.get_claim(uid).unwrap().state, ClaimState::Prepared);
+        let meta = std::fs::symlink_metadata(spec(uid)).unwrap();
+        assert!(meta.is_file(), "{uid}: {meta:?}");
+        gpushare_cdi::load_spec_file(&spec(uid)).unwrap();
+    }
+    assert_eq!(std::fs::read(spec("intact")).unwrap(), intact);
+}
+
+#[test]
 fn a_new_boot_id_redoes_every_claims_host_setup() {
     let f = fixture();
     let first = restart_with_boot(&f, "boot-a");
