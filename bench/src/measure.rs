@@ -681,8 +681,8 @@ impl Ctx {
         let mut mps_alone_beside: Option<Summary> = None;
         let mut scale_rss = (0, 0);
         let mut checkpoint_bytes = 0;
-        let mut small_restart = vec![];
-        let mut small_size = 0;
+        // The second daemon of the MPS-at-scale baseline, kept for the recovery baseline.
+        let mut second: Option<Daemon> = None;
         let mut c = d.client()?;
         for &n in &sizes.scale {
             // The smallest size is the baseline: one batch of so few record writes is noise
@@ -716,38 +716,26 @@ impl Ctx {
             }
             let claims_timed = (n * rounds) as f64;
             let per_prepare = (t.elapsed() + extra_prepare).as_secs_f64() * 1e3 / claims_timed;
-            if n == sizes.scale[0] && n != largest {
-                // The issue's recovery baseline: a restart with few claims of the same shape
-                // as the largest restart below (time-sliced ones and one MPS claim whose
-                // control daemon is re-adopted), so that the ratio is what the claims cost.
-                let mps_uid = self.uids.next();
-                prepare(&mut c, &claim(&mps_uid, "gpu-0", &mps_params()))?;
-                drop(c);
-                for _ in 0..sizes.restarts {
-                    d.stop()?;
-                    small_restart.push(d.restart(n + 1)?);
-                }
-                c = d.client()?;
-                unprepare(&mut c, &mps_uid)?;
-                small_size = n + 1;
-            }
             if n == largest {
                 // MPS cycles on the free GPU 0 while `largest` time-sliced claims are held
                 // (they stay held through the idle and restart measurements), alternating
                 // cycle by cycle with the same on a second daemon that holds none: both in the
                 // same minutes, so the machine's drift falls on both.
                 let emulator = self.bin("gpushare-mps-control");
-                let empty = Daemon::start(&self.bin_dir, &self.work.join("z"), &emulator)?;
+                let empty = second.insert(Daemon::start(
+                    &self.bin_dir,
+                    &self.work.join("z"),
+                    &emulator,
+                )?);
                 let (mut p, mut u, mut h, mut p0) = (vec![], vec![], vec![], vec![]);
                 for _ in 0..sizes.cycles {
-                    let (ep, _, _) = self.cycles(&empty, &mps_params(), "gpu-0", 1)?;
+                    let (ep, _, _) = self.cycles(empty, &mps_params(), "gpu-0", 1)?;
                     p0.extend(ep);
                     let (sp, su, sh) = self.cycles(d, &mps_params(), "gpu-0", 1)?;
                     p.extend(sp);
                     u.extend(su);
                     h.extend(sh);
                 }
-                drop(empty);
                 mps_alone_beside = Some(sum(&p0)?);
                 mps_at_scale = Some((sum(&p)?, sum(&u)?, sum(&h)?));
                 scale_rss = rss_kib(d.pid()?)?;
@@ -784,12 +772,38 @@ impl Ctx {
         let idle_cpu = cpu_time(pid)?.saturating_sub(cpu0);
         let idle_pct = idle_cpu.as_secs_f64() / t.elapsed().as_secs_f64() * 100.0;
 
-        // Recovery: restart with the claims in the checkpoint.
+        // Recovery: restart with the claims in the checkpoint. The target's baseline is a
+        // restart with few claims of the same shape (the smallest scaling size of time-sliced
+        // claims and one MPS claim whose control daemon is re-adopted), so that the ratio is
+        // what the claims cost: on the second daemon, alternating restart by restart with this
+        // one, so that the machine's drift over minutes falls on both.
+        let small_size = sizes.scale[0] + 1;
+        let mut small_restart = vec![];
+        let mut baseline = match second.take() {
+            Some(z) if small_size <= largest => {
+                let mut zc = z.client()?;
+                for i in 0..sizes.scale[0] {
+                    let gpu = format!("gpu-{}", 1 + i % TIME_SLICED_GPUS);
+                    prepare(
+                        &mut zc,
+                        &claim(&self.uids.next(), &gpu, &time_slicing_params()),
+                    )?;
+                }
+                prepare(&mut zc, &claim(&self.uids.next(), "gpu-0", &mps_params()))?;
+                Some(z)
+            }
+            _ => None,
+        };
         let mut full_restart = vec![];
         for _ in 0..sizes.restarts {
+            if let Some(z) = baseline.as_mut() {
+                z.stop()?;
+                small_restart.push(z.restart(small_size)?);
+            }
             d.stop()?;
             full_restart.push(d.restart(largest + 1)?);
         }
+        drop(baseline);
         let restart_rss = rss_kib(d.pid()?)?;
         let mut c = d.client()?;
         let t = Instant::now();
@@ -1032,7 +1046,8 @@ impl Ctx {
                  MPS claim, whose control daemon outlives the restart and is re-adopted), polled \
                  every 0.5 ms; the baselines are the same restart with an empty checkpoint, and \
                  with the smallest scaling size of time-sliced claims plus one MPS claim (the \
-                 target's: both restarts then re-adopt one control daemon). {} restarts each.",
+                 target's: both restarts then re-adopt one control daemon), on a second daemon, \
+                 alternating restart by restart with the one at scale. {} restarts each.",
                 largest, sizes.restarts
             ),
             rows: row_p(&format!("restart to ready, {} claims", largest + 1), &fr, "empty checkpoint", &er)
