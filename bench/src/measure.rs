@@ -782,6 +782,18 @@ impl Ctx {
         let mut baseline = match second.take() {
             Some(z) if small_size <= largest => {
                 let mut zc = z.client()?;
+                // The same history as the daemon at scale: as many released claims (each
+                // leaves a tombstone, which every start reads back), so the two restarts
+                // differ in the claims held alone.
+                let tombstones = |dir: &Path| {
+                    fs::read_dir(dir.join("state/tombstones")).map_or(0, |e| e.count())
+                };
+                let missing = tombstones(&d.dir).saturating_sub(tombstones(&z.dir));
+                for _ in 0..missing {
+                    let uid = self.uids.next();
+                    prepare(&mut zc, &claim(&uid, "gpu-1", &time_slicing_params()))?;
+                    unprepare(&mut zc, &uid)?;
+                }
                 for i in 0..sizes.scale[0] {
                     let gpu = format!("gpu-{}", 1 + i % TIME_SLICED_GPUS);
                     prepare(
@@ -1046,8 +1058,9 @@ impl Ctx {
                  MPS claim, whose control daemon outlives the restart and is re-adopted), polled \
                  every 0.5 ms; the baselines are the same restart with an empty checkpoint, and \
                  with the smallest scaling size of time-sliced claims plus one MPS claim (the \
-                 target's: both restarts then re-adopt one control daemon), on a second daemon, \
-                 alternating restart by restart with the one at scale. {} restarts each.",
+                 target's: both restarts then re-adopt one control daemon), on a second daemon \
+                 given as many released claims (tombstones) as the one at scale, alternating \
+                 restart by restart with it. {} restarts each.",
                 largest, sizes.restarts
             ),
             rows: row_p(&format!("restart to ready, {} claims", largest + 1), &fr, "empty checkpoint", &er)
