@@ -10,7 +10,9 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use gpushare_proto::{AttachParams, ClaimInfo, DetachParams, DetachResult, Method, UidParams};
+use gpushare_proto::{
+    AttachParams, ClaimInfo, Client, DetachParams, DetachResult, Method, UidParams,
+};
 use serde_json::{json, Value};
 
 use crate::daemon::{
@@ -697,10 +699,7 @@ impl Ctx {
             for _ in 1..rounds {
                 let uids: Vec<String> = (0..n).map(|_| self.uids.next()).collect();
                 let t = Instant::now();
-                for (i, uid) in uids.iter().enumerate() {
-                    let gpu = format!("gpu-{}", 1 + i % TIME_SLICED_GPUS);
-                    prepare(&mut c, &claim(uid, &gpu, &time_slicing_params()))?;
-                }
+                prepare_time_sliced(&mut c, &uids)?;
                 extra_prepare += t.elapsed();
                 let t = Instant::now();
                 for uid in &uids {
@@ -710,10 +709,7 @@ impl Ctx {
             }
             let uids: Vec<String> = (0..n).map(|_| self.uids.next()).collect();
             let t = Instant::now();
-            for (i, uid) in uids.iter().enumerate() {
-                let gpu = format!("gpu-{}", 1 + i % TIME_SLICED_GPUS);
-                prepare(&mut c, &claim(uid, &gpu, &time_slicing_params()))?;
-            }
+            prepare_time_sliced(&mut c, &uids)?;
             let claims_timed = (n * rounds) as f64;
             let per_prepare = (t.elapsed() + extra_prepare).as_secs_f64() * 1e3 / claims_timed;
             if n == largest {
@@ -794,13 +790,8 @@ impl Ctx {
                     prepare(&mut zc, &claim(&uid, "gpu-1", &time_slicing_params()))?;
                     unprepare(&mut zc, &uid)?;
                 }
-                for i in 0..sizes.scale[0] {
-                    let gpu = format!("gpu-{}", 1 + i % TIME_SLICED_GPUS);
-                    prepare(
-                        &mut zc,
-                        &claim(&self.uids.next(), &gpu, &time_slicing_params()),
-                    )?;
-                }
+                let uids: Vec<String> = (0..sizes.scale[0]).map(|_| self.uids.next()).collect();
+                prepare_time_sliced(&mut zc, &uids)?;
                 prepare(&mut zc, &claim(&self.uids.next(), "gpu-0", &mps_params()))?;
                 Some(z)
             }
@@ -1213,11 +1204,20 @@ fn lifecycle(rt: &mut dyn FnMut() -> Command, bundle: &Path, id: &str) -> Result
     result.map(|_| t.elapsed())
 }
 
+/// Prepares a time-sliced claim for each of `uids`, spread over the time-sliced GPUs in turn.
+fn prepare_time_sliced(c: &mut Client, uids: &[String]) -> Result<()> {
+    for (i, uid) in uids.iter().enumerate() {
+        let gpu = format!("gpu-{}", 1 + i % TIME_SLICED_GPUS);
+        prepare(c, &claim(uid, &gpu, &time_slicing_params()))?;
+    }
+    Ok(())
+}
+
 /// The instructions `shim` executes before it execs runc, for `create`, `start` and
 /// `delete --force` of one container from `bundle`, and their sum: one row each.
 ///
 /// callgrind's `--dump-before=execvp` writes the count when the wrapper calls `execvp` (its
-/// exec into runc), as part 1 of `<dir>/cg.<pid>.1`; runc then runs natively (valgrind does
+/// exec into runc), as part 1 of `<dir>/cg<step>.<pid>.1`; runc then runs natively (valgrind does
 /// not follow it), so the container is really created, started and deleted. A wrapper that
 /// never reached its exec leaves no part 1: that is an error, not a zero.
 fn wrapper_instructions(
@@ -1259,7 +1259,8 @@ fn wrapper_instructions(
             .arg(runc_root)
             .args(args);
         let run = run_timed(&mut cmd, b"");
-        if run.is_err() && i == 0 {
+        if run.is_err() {
+            // Leave no container behind, whichever step failed.
             let _ = Command::new("runc")
                 .arg("--root")
                 .arg(runc_root)
