@@ -201,11 +201,17 @@ pub(crate) async fn run(
 
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
-    // Boxed, not pinned on the stack, so that dropping it at SIGTERM closes the listener.
-    let mut serving = Box::pin(server::serve(listener, Arc::clone(&service), server_cfg));
+    // A task of its own, not a future polled here on the main thread: a connection the accept
+    // loop spawns then starts on the worker that accepted it, where one polled by `block_on`
+    // is handed over to a worker by a wake-up, which on a busy node is most of the hook's
+    // tail. Aborted at SIGTERM, which drops (closes) the listener.
+    let mut serving = tokio::spawn(server::serve(listener, Arc::clone(&service), server_cfg));
     let result = loop {
         tokio::select! {
-            r = &mut serving => break r.context("serving"),
+            r = &mut serving => break match r {
+                Ok(served) => served.context("serving"),
+                Err(e) => Err(anyhow::anyhow!("the accept loop ended: {e}")),
+            },
             _ = sigchld.recv() => {
                 let reaped = tokio::task::spawn_blocking(reap_orphans).await.unwrap_or_default();
                 if !reaped.is_empty() {
@@ -227,7 +233,9 @@ pub(crate) async fn run(
     // Stop accepting first (the listener is dropped with `serving`), then let requests under
     // way finish, bounded, and write the checkpoint. MPS control daemons are left running on
     // purpose: GPU jobs must survive a restart of gpushared.
-    drop(serving);
+    serving.abort();
+    // The listener is dropped when the aborted task is; an ended one has already dropped it.
+    let _ = serving.await;
     server::remove_socket(&socket);
     let bound = Duration::from_secs(args.stop_timeout);
     let stopping = Arc::clone(&service);
