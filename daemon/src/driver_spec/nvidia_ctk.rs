@@ -128,7 +128,7 @@ impl SpecGenerator for NvidiaCtk {
             stdin: Vec::new(),
             timeout: self.timeout,
             private_shm: None,
-            new_session: false,
+            new_process_group: false,
         };
         let out = self
             .runner

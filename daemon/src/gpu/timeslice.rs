@@ -82,7 +82,7 @@ impl NvidiaSmi {
             stdin: Vec::new(),
             timeout: self.timeout,
             private_shm: None,
-            new_session: false,
+            new_process_group: false,
         }
     }
 

@@ -1,13 +1,12 @@
 //! The production leaf: real processes and real mounts.
 
 use std::collections::BTreeSet;
-use std::ffi::CString;
 use std::fs;
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -35,47 +34,16 @@ impl CommandRunner for HostRunner {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        if let Some(shm) = &spec.private_shm {
-            let source = CString::new(shm.as_os_str().as_bytes())
-                .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in shm path"))?;
-            // SAFETY: the closure runs in the forked child before exec; it only makes raw
-            // syscalls (unshare, mount) on data allocated before the fork, and allocates
-            // nothing itself, which keeps it async-signal-safe.
-            unsafe {
-                cmd.pre_exec(move || {
-                    unshare(CloneFlags::CLONE_NEWNS)?;
-                    // Slave, not private: later host mounts still reach the daemon, but its own
-                    // /dev/shm never leaks back to the host.
-                    mount(
-                        None::<&std::ffi::CStr>,
-                        c"/",
-                        None::<&std::ffi::CStr>,
-                        MsFlags::MS_REC | MsFlags::MS_SLAVE,
-                        None::<&std::ffi::CStr>,
-                    )?;
-                    mount(
-                        Some(source.as_c_str()),
-                        c"/dev/shm",
-                        None::<&std::ffi::CStr>,
-                        MsFlags::MS_BIND,
-                        None::<&std::ffi::CStr>,
-                    )?;
-                    Ok(())
-                });
-            }
-        }
-        if spec.new_session {
-            // SAFETY: the closure runs in the forked child before exec and only makes the
-            // setsid syscall, which is async-signal-safe.
-            unsafe {
-                cmd.pre_exec(|| {
-                    nix::unistd::setsid()?;
-                    Ok(())
-                });
-            }
+        if spec.new_process_group {
+            // setpgid(0, 0) in the child, which posix_spawn does (std's fast path), where a
+            // setsid would take a pre_exec closure and with it a fork (below).
+            cmd.process_group(0);
         }
         let mut running = lock_running();
-        let mut child = cmd.spawn()?;
+        let mut child = match &spec.private_shm {
+            Some(shm) => spawn_with_private_shm(&mut cmd, shm)?,
+            None => cmd.spawn()?,
+        };
         let pid = child.id();
         running.insert(pid as i32);
         drop(running);
@@ -115,6 +83,48 @@ impl CommandRunner for HostRunner {
             timed_out,
         })
     }
+}
+
+/// Spawns `cmd` in a new mount namespace whose `/dev/shm` is the host directory `shm`, without
+/// forking gpushared.
+///
+/// The namespace is made by a thread of its own: `unshare(CLONE_FS | CLONE_NEWNS)` moves only
+/// the calling thread into a new mount namespace, and a process that thread spawns starts in
+/// it. The thread ends right after, so nothing of gpushared but the child stays in the
+/// namespace. The mounts are a slave copy of the host's (later host mounts still reach the
+/// child; its `/dev/shm` never leaks back) with `shm` bind-mounted on `/dev/shm`.
+///
+/// Why not a `pre_exec` closure, which did the same in the child: with one, std forks instead
+/// of using posix_spawn (a vfork), and a fork write-protects every page gpushared has written
+/// for copy-on-write, so that each page written afterwards faults once more. That grew with
+/// the daemon's memory and threads: 2 ms of a 20 ms MPS prepare on a fresh daemon, 6 ms after
+/// a burst of 64 clients had left its blocking pool full (BENCHMARKS.md, MPS prepare at scale).
+///
+/// # Errors
+/// The `unshare` or a mount failing (gpushared lacks CAP_SYS_ADMIN), or the spawn's own.
+fn spawn_with_private_shm(cmd: &mut Command, shm: &Path) -> io::Result<Child> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            unshare(CloneFlags::CLONE_FS | CloneFlags::CLONE_NEWNS)?;
+            mount(
+                None::<&Path>,
+                "/",
+                None::<&Path>,
+                MsFlags::MS_REC | MsFlags::MS_SLAVE,
+                None::<&Path>,
+            )?;
+            mount(
+                Some(shm),
+                "/dev/shm",
+                None::<&Path>,
+                MsFlags::MS_BIND,
+                None::<&Path>,
+            )?;
+            cmd.spawn()
+        })
+        .join()
+        .unwrap_or_else(|_| Err(io::Error::other("the thread spawning the process panicked")))
+    })
 }
 
 /// Pids of children that a [`HostRunner::run`] call is waiting for: the orphan reaper must
@@ -291,7 +301,7 @@ mod tests {
             stdin: stdin.as_bytes().to_vec(),
             timeout: Duration::from_millis(timeout_ms),
             private_shm: None,
-            new_session: false,
+            new_process_group: false,
         }
     }
 
@@ -334,6 +344,98 @@ mod tests {
             "{:?}",
             start.elapsed()
         );
+    }
+
+    /// `(pid, pgrp, session)` from a `/proc/<pid>/stat` line.
+    fn stat_ids(stat: &str) -> (i32, i32, i32) {
+        let (pid, rest) = stat.split_once(" (").unwrap();
+        let f: Vec<&str> = rest.rsplit_once(") ").unwrap().1.split(' ').collect();
+        (
+            pid.parse().unwrap(),
+            f[2].parse().unwrap(),
+            f[3].parse().unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_new_process_group_is_the_childs_own_in_our_session() {
+        let me = stat_ids(&fs::read_to_string("/proc/self/stat").unwrap());
+        let mut s = spec("/bin/cat", &["/proc/self/stat"], "", 5000);
+        let (_, pgrp, session) = stat_ids(&HostRunner.run(&s).unwrap().stdout);
+        assert_eq!((pgrp, session), (me.1, me.2), "without: our group");
+        s.new_process_group = true;
+        let (pid, pgrp, session) = stat_ids(&HostRunner.run(&s).unwrap().stdout);
+        assert_eq!(pgrp, pid, "with: a group it leads");
+        assert_eq!(session, me.2, "a process group, not a session");
+    }
+
+    /// Held by the tests that make mount namespaces, so that one's scan of our threads never
+    /// meets the other's short-lived namespace thread.
+    static NAMESPACE_TESTS: Mutex<()> = Mutex::new(());
+
+    fn mount_ns(task: &str) -> PathBuf {
+        fs::read_link(format!("/proc/{task}/ns/mnt")).unwrap()
+    }
+
+    #[test]
+    fn a_private_shm_is_the_childs_dev_shm_and_nobody_elses() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root to mount");
+            return;
+        }
+        let _serial = NAMESPACE_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+        let shm = tempfile::tempdir().unwrap();
+        let marker = format!("gpushare-test-{}", std::process::id());
+        fs::write(shm.path().join(&marker), "").unwrap();
+        let ours = mount_ns("self");
+        let mut s = spec(
+            "/bin/sh",
+            &["-c", "ls /dev/shm; readlink /proc/self/ns/mnt"],
+            "",
+            5000,
+        );
+        s.private_shm = Some(shm.path().to_path_buf());
+        let out = HostRunner.run(&s).unwrap();
+        assert_eq!(out.code, Some(0), "{out:?}");
+        let lines: Vec<&str> = out.stdout.lines().collect();
+        assert_eq!(
+            lines[..lines.len() - 1],
+            [marker.as_str()],
+            "its /dev/shm is the directory"
+        );
+        assert_ne!(
+            Path::new(lines[lines.len() - 1]),
+            ours,
+            "in a mount namespace of its own"
+        );
+        // The thread that made the namespace is gone: every thread left is in ours, whose
+        // /dev/shm is the host's.
+        for task in fs::read_dir("/proc/self/task").unwrap().flatten() {
+            let task = format!("self/task/{}", task.file_name().to_string_lossy());
+            assert_eq!(mount_ns(&task), ours, "{task}");
+        }
+        assert!(!Path::new("/dev/shm").join(&marker).exists());
+    }
+
+    #[test]
+    fn a_private_shm_that_cannot_be_mounted_fails_the_spawn() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root to mount");
+            return;
+        }
+        let _serial = NAMESPACE_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+        let dir = tempfile::tempdir().unwrap();
+        let witness = dir.path().join("ran");
+        let mut s = spec(
+            "/bin/sh",
+            &["-c", &format!("touch {}", witness.display())],
+            "",
+            5000,
+        );
+        s.private_shm = Some(dir.path().join("missing"));
+        let err = HostRunner.run(&s).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOENT), "{err}");
+        assert!(!witness.exists(), "the program never ran");
     }
 
     #[test]

@@ -39,10 +39,11 @@ pub struct CommandSpec {
     pub timeout: Duration,
     /// Run in a new mount namespace where this host directory is bind-mounted on `/dev/shm`.
     pub private_shm: Option<PathBuf>,
-    /// Start it in a new session and process group (`setsid`), so that signals to
+    /// Start it in a process group of its own (`setpgid(0, 0)`), so that signals to
     /// gpushared's process group (a terminal's Ctrl-C, a stop) never reach it or what it forks:
-    /// MPS control daemons must outlive gpushared.
-    pub new_session: bool,
+    /// MPS control daemons must outlive gpushared. (Not a new session: std makes that only
+    /// with a fork; the control programs' daemons make their own with `setsid`.)
+    pub new_process_group: bool,
 }
 
 /// What a finished process left.

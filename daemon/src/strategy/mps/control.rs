@@ -83,7 +83,7 @@ impl MpsControl {
                 stdin,
                 timeout: self.timeout,
                 private_shm: None,
-                new_session: false,
+                new_process_group: false,
             })
             .map_err(|source| MpsError::Spawn {
                 program: self.program.clone(),
@@ -235,7 +235,7 @@ impl MpsControl {
                 stdin: vec![],
                 timeout: self.timeout,
                 private_shm: Some(dirs.shm.clone()),
-                new_session: true,
+                new_process_group: true,
             })
             .map_err(|source| MpsError::Spawn {
                 program: self.program.clone(),
