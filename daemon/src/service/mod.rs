@@ -51,6 +51,7 @@ mod plan;
 mod quarantine_name;
 mod reconcile;
 mod restarts;
+mod revive;
 mod stop;
 #[cfg(test)]
 mod testing;
