@@ -41,8 +41,8 @@ pub struct CommandSpec {
     pub private_shm: Option<PathBuf>,
     /// Start it in a process group of its own (`setpgid(0, 0)`), so that signals to
     /// gpushared's process group (a terminal's Ctrl-C, a stop) never reach it or what it forks:
-    /// MPS control daemons must outlive gpushared. (Not a new session: std makes that only
-    /// with a fork; the control programs' daemons make their own with `setsid`.)
+    /// MPS control daemons must outlive gpushared. (Not a new session: std makes one only with
+    /// a fork, and a group of its own is what keeps gpushared's signals away.)
     pub new_process_group: bool,
 }
 
