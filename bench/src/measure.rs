@@ -195,14 +195,16 @@ impl Ctx {
             .and_then(|r| r.cdi_device_ids.last())
             .context("prepare returned no CDI device")?
             .clone();
+        drop(c);
         progress("hook");
         self.hook(&d, &uid)?;
         progress("shim");
         self.shim(&d, &uid)?;
         progress("podman");
         self.podman(&d, &uid, &device)?;
-        unprepare(&mut c, &uid)?;
-        drop(c);
+        // A connection of its own: the first one would have been idle past the daemon's idle
+        // timeout (60 s) by now.
+        unprepare(&mut d.client()?, &uid)?;
 
         progress("prepare/unprepare per strategy");
         self.strategies(&d)?;
@@ -235,12 +237,13 @@ impl Ctx {
                 let uid = self.uids.next();
                 prepare(&mut c, &claim(&uid, "gpu-0", &mps_params()))?;
                 progress(section);
+                drop(c);
                 if section == "hook" {
                     self.hook(&d, &uid)?;
                 } else {
                     self.shim(&d, &uid)?;
                 }
-                unprepare(&mut c, &uid)?;
+                unprepare(&mut d.client()?, &uid)?;
             }
             "scale" => {
                 progress("prepare/unprepare per strategy");
