@@ -203,8 +203,9 @@ pub(crate) async fn run(
     let mut sigint = signal(SignalKind::interrupt())?;
     // A task of its own, not a future polled here on the main thread: a connection the accept
     // loop spawns then starts on the worker that accepted it, where one polled by `block_on`
-    // is handed over to a worker by a wake-up, which on a busy node is most of the hook's
-    // tail. Aborted at SIGTERM, which drops (closes) the listener.
+    // was handed over to a worker by a wake-up, one more hand-over per hook call (each may
+    // wait for another CPU to be run; bench/NOTES.md, the hook's p99). Aborted at SIGTERM,
+    // which drops (closes) the listener.
     let mut serving = tokio::spawn(server::serve(listener, Arc::clone(&service), server_cfg));
     let result = loop {
         tokio::select! {
