@@ -57,7 +57,7 @@ impl Sizes {
             clients: 64,
             per_client: 8,
             idle: Duration::from_secs(60),
-            restarts: 5,
+            restarts: 15,
             dra: 60,
             baseline_rounds: 10,
         }
