@@ -694,8 +694,7 @@ impl Ctx {
         // The second daemon of the MPS-at-scale and per-claim baselines, kept for the
         // recovery baseline.
         let mut second: Option<Daemon> = None;
-        let (mut beside_prepare, mut beside_unprepare) =
-            (SmallBatches::default(), SmallBatches::default());
+        let (mut beside_prepare, mut beside_unprepare) = (Rolling::default(), Rolling::default());
         let mut c = d.client()?;
         for &n in &sizes.scale {
             // The smallest size is the baseline: one batch of so few record writes is noise
@@ -731,12 +730,13 @@ impl Ctx {
                 )?);
                 let mut zc = z.client()?;
                 let mut took = Duration::ZERO;
-                for chunk in uids.chunks(n.div_ceil(INTERLEAVED_CHUNKS)) {
+                for (k, chunk) in uids.chunks(INTERLEAVE_EVERY).enumerate() {
                     let t = Instant::now();
-                    prepare_time_sliced(&mut c, chunk)?;
+                    prepare_time_sliced_from(&mut c, chunk, k * INTERLEAVE_EVERY)?;
                     took += t.elapsed();
-                    beside_prepare.batch(&mut zc, &mut self.uids, sizes.scale[0])?;
+                    beside_prepare.step(&mut zc, &mut self.uids, sizes.scale[0])?;
                 }
+                beside_prepare.release_all(&mut zc)?;
                 took
             } else {
                 let t = Instant::now();
@@ -839,15 +839,18 @@ impl Ctx {
         let mut zc = baseline.as_ref().map(Daemon::client).transpose()?;
         let releasing: Vec<&String> = held.iter().chain([&mps_uid]).collect();
         let mut took = Duration::ZERO;
-        for chunk in releasing.chunks(releasing.len().div_ceil(INTERLEAVED_CHUNKS)) {
+        for chunk in releasing.chunks(INTERLEAVE_EVERY) {
             let t = Instant::now();
             for uid in chunk {
                 unprepare(&mut c, uid)?;
             }
             took += t.elapsed();
             if let Some(zc) = zc.as_mut() {
-                beside_unprepare.batch(zc, &mut self.uids, sizes.scale[0])?;
+                beside_unprepare.step(zc, &mut self.uids, sizes.scale[0])?;
             }
+        }
+        if let Some(zc) = zc.as_mut() {
+            beside_unprepare.release_all(zc)?;
         }
         drop(zc);
         drop(baseline);
@@ -883,7 +886,7 @@ impl Ctx {
                 beside_prepare.prepare_ms().unwrap_or(first.1),
                 beside_unprepare.unprepare_ms().unwrap_or(first.2),
             );
-            let how = if beside_unprepare.claims > 0 {
+            let how = if beside_unprepare.released > 0 {
                 " (a second daemon, interleaved)"
             } else {
                 ""
@@ -1009,9 +1012,10 @@ impl Ctx {
                  one claim per GPU) one after another on one connection, then release them; time per \
                  claim against N = {} (the mean over {} such batches: one batch of so few durable \
                  writes is noise; every other size is one batch). The per-claim targets compare \
-                 N = {largest} with batches of N = {} on a second daemon, one batch after each \
-                 tenth of the {largest} prepares and of their unprepares, so that the disk's drift \
-                 over minutes falls on both. At N = {largest}, {} MPS prepare/unprepare cycles run on the \
+                 N = {largest} with a second daemon that holds a rolling window of {} claims: \
+                 after every {INTERLEAVE_EVERY} of the {largest} prepares (and of their \
+                 unprepares) it prepares one more and releases its oldest, each timed, so that \
+                 both sample the same minutes evenly. At N = {largest}, {} MPS prepare/unprepare cycles run on the \
                  free GPU 0 with the emulator while the {largest} claims are held, alternating cycle \
                  by cycle with the same on a second daemon that holds none (the target's baseline) (the unprepare \
                  figure at N = {largest} is taken after the idle and restart measurements below). \
@@ -1273,54 +1277,81 @@ fn lifecycle(rt: &mut dyn FnMut() -> Command, bundle: &Path, id: &str) -> Result
     result.map(|_| t.elapsed())
 }
 
-/// Prepares a time-sliced claim for each of `uids`, spread over the time-sliced GPUs in turn.
-/// How many chunks the largest size's prepares and unprepares are cut into, with one batch
-/// of [`SmallBatches`] after each.
-const INTERLEAVED_CHUNKS: usize = 10;
+/// How many of the largest size's prepares (and unprepares) run between two steps of
+/// [`Rolling`].
+const INTERLEAVE_EVERY: usize = 5;
 
-/// The per-claim baseline: batches of a few time-sliced claims prepared and released on a
-/// second daemon, timed apart.
+/// The per-claim baseline on a second daemon: it holds a rolling window of a few time-sliced
+/// claims, and each step prepares one more and releases the oldest, each timed. Steps run
+/// between the measured daemon's prepares, so that both sample the same minutes evenly.
 #[derive(Debug, Default)]
-struct SmallBatches {
+struct Rolling {
+    held: std::collections::VecDeque<String>,
+    next_gpu: usize,
     prepare: Duration,
+    prepared: usize,
     unprepare: Duration,
-    claims: usize,
+    released: usize,
 }
 
-impl SmallBatches {
-    /// Prepares `size` new claims on `c`, then releases them, timing each phase.
-    fn batch(&mut self, c: &mut Client, uids: &mut Uids, size: usize) -> Result<()> {
-        let batch: Vec<String> = (0..size).map(|_| uids.next()).collect();
-        let t = Instant::now();
-        prepare_time_sliced(c, &batch)?;
-        self.prepare += t.elapsed();
-        let t = Instant::now();
-        for uid in &batch {
-            unprepare(c, uid)?;
+impl Rolling {
+    /// One step on `c`, whose window is `size` claims: fills it first (untimed), then
+    /// prepares one claim and releases the oldest.
+    fn step(&mut self, c: &mut Client, uids: &mut Uids, size: usize) -> Result<()> {
+        while self.held.len() < size {
+            self.add(c, uids)?;
         }
-        self.unprepare += t.elapsed();
-        self.claims += size;
+        let t = Instant::now();
+        self.add(c, uids)?;
+        self.prepare += t.elapsed();
+        self.prepared += 1;
+        if let Some(oldest) = self.held.pop_front() {
+            let t = Instant::now();
+            unprepare(c, &oldest)?;
+            self.unprepare += t.elapsed();
+            self.released += 1;
+        }
         Ok(())
     }
 
-    /// Mean per claim of the prepares, in ms; `None` before any batch.
+    fn add(&mut self, c: &mut Client, uids: &mut Uids) -> Result<()> {
+        let uid = uids.next();
+        let gpu = format!("gpu-{}", 1 + self.next_gpu % TIME_SLICED_GPUS);
+        self.next_gpu += 1;
+        prepare(c, &claim(&uid, &gpu, &time_slicing_params()))?;
+        self.held.push_back(uid);
+        Ok(())
+    }
+
+    /// Mean of the timed prepares, in ms; `None` before any step.
     fn prepare_ms(&self) -> Option<f64> {
-        self.per_claim(self.prepare)
+        (self.prepared > 0).then(|| self.prepare.as_secs_f64() * 1e3 / self.prepared as f64)
     }
 
-    /// Mean per claim of the unprepares, in ms; `None` before any batch.
+    /// Mean of the timed unprepares, in ms; `None` before any step.
     fn unprepare_ms(&self) -> Option<f64> {
-        self.per_claim(self.unprepare)
+        (self.released > 0).then(|| self.unprepare.as_secs_f64() * 1e3 / self.released as f64)
     }
 
-    fn per_claim(&self, total: Duration) -> Option<f64> {
-        (self.claims > 0).then(|| total.as_secs_f64() * 1e3 / self.claims as f64)
+    /// Releases the window.
+    fn release_all(&mut self, c: &mut Client) -> Result<()> {
+        while let Some(uid) = self.held.pop_front() {
+            unprepare(c, &uid)?;
+        }
+        Ok(())
     }
 }
 
+/// Prepares a time-sliced claim for each of `uids`, spread over the time-sliced GPUs in turn.
 fn prepare_time_sliced(c: &mut Client, uids: &[String]) -> Result<()> {
+    prepare_time_sliced_from(c, uids, 0)
+}
+
+/// [`prepare_time_sliced`] for the claims from the `first`-th on: claim `first + i` goes to
+/// the same GPU as in one call for all.
+fn prepare_time_sliced_from(c: &mut Client, uids: &[String], first: usize) -> Result<()> {
     for (i, uid) in uids.iter().enumerate() {
-        let gpu = format!("gpu-{}", 1 + i % TIME_SLICED_GPUS);
+        let gpu = format!("gpu-{}", 1 + (first + i) % TIME_SLICED_GPUS);
         prepare(c, &claim(uid, &gpu, &time_slicing_params()))?;
     }
     Ok(())
