@@ -719,9 +719,9 @@ impl Ctx {
             }
             let uids: Vec<String> = (0..n).map(|_| self.uids.next()).collect();
             let took = if n == largest {
-                // The per-claim targets' baseline: batches of the smallest size on a second
-                // daemon, one between every two chunks of these prepares (and of their
-                // unprepares, below), so that the disk's drift over minutes falls on both.
+                // The per-claim targets' baseline: a second daemon holding a rolling window
+                // of the smallest size, stepped between chunks of these prepares (and of
+                // their unprepares, below), so that both sample the disk's same minutes.
                 let emulator = self.bin("gpushare-mps-control");
                 let z = second.insert(Daemon::start(
                     &self.bin_dir,
@@ -918,7 +918,7 @@ impl Ctx {
                 Some(Row {
                     figure: format!("{what}, {} claims, per claim", last.0),
                     value: ms(at),
-                    baseline: format!("batches of {} on a second daemon, interleaved", first.0),
+                    baseline: format!("{} held on a second daemon, interleaved", first.0),
                     baseline_value: ms(beside?),
                     ratio: ratio(at, beside?),
                 })
@@ -1316,9 +1316,8 @@ impl Rolling {
 
     fn add(&mut self, c: &mut Client, uids: &mut Uids) -> Result<()> {
         let uid = uids.next();
-        let gpu = format!("gpu-{}", 1 + self.next_gpu % TIME_SLICED_GPUS);
+        prepare_time_sliced_from(c, std::slice::from_ref(&uid), self.next_gpu)?;
         self.next_gpu += 1;
-        prepare(c, &claim(&uid, &gpu, &time_slicing_params()))?;
         self.held.push_back(uid);
         Ok(())
     }

@@ -373,17 +373,25 @@ mod tests {
     /// meets the other's short-lived namespace thread.
     static NAMESPACE_TESTS: Mutex<()> = Mutex::new(());
 
+    /// For a test that makes a mount namespace: `None` (skipped, said on stderr) unless root;
+    /// else [`NAMESPACE_TESTS`], held until dropped.
+    fn namespace_test() -> Option<MutexGuard<'static, ()>> {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root to mount");
+            return None;
+        }
+        Some(NAMESPACE_TESTS.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
     fn mount_ns(task: &str) -> PathBuf {
         fs::read_link(format!("/proc/{task}/ns/mnt")).unwrap()
     }
 
     #[test]
     fn a_private_shm_is_the_childs_dev_shm_and_nobody_elses() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipped: needs root to mount");
+        let Some(_serial) = namespace_test() else {
             return;
-        }
-        let _serial = NAMESPACE_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+        };
         let shm = tempfile::tempdir().unwrap();
         let marker = format!("gpushare-test-{}", std::process::id());
         fs::write(shm.path().join(&marker), "").unwrap();
@@ -419,11 +427,9 @@ mod tests {
 
     #[test]
     fn a_private_shm_that_cannot_be_mounted_fails_the_spawn() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipped: needs root to mount");
+        let Some(_serial) = namespace_test() else {
             return;
-        }
-        let _serial = NAMESPACE_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+        };
         let dir = tempfile::tempdir().unwrap();
         let witness = dir.path().join("ran");
         let mut s = spec(
