@@ -370,12 +370,20 @@ fn slice(
 }
 
 /// The devices of a node, in `gpus` order: `gpu-<minor>` for a whole GPU, its MIG devices
-/// instead for a GPU in MIG mode.
+/// instead for a GPU in MIG mode. A GPU instance without a compute instance (an empty MIG
+/// UUID: what a crash half-way through making or destroying one leaves, or a prepare making
+/// one right now) is no device: nothing can run on it, and a scheduler that saw it would keep
+/// placing pods whose prepares fail.
 pub fn devices(gpus: &[GpuInfo]) -> Vec<Device> {
     let mut devices = Vec::new();
     for g in gpus {
         if g.mig_enabled {
-            devices.extend(g.mig_devices.iter().map(|m| mig_device(g, m)));
+            devices.extend(
+                g.mig_devices
+                    .iter()
+                    .filter(|m| !m.uuid.is_empty())
+                    .map(|m| mig_device(g, m)),
+            );
             continue;
         }
         devices.push(whole_gpu_device(g));

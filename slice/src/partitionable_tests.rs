@@ -238,17 +238,53 @@ fn static_instances_are_published_as_they_are_and_claims_slices_as_slices() {
     assert!(!all.contains(&"gpu-1-mig-7g80gb-0-0"));
     assert!(!all.contains(&"gpu-1"));
 
-    // In the static layout: the devices that exist, uuids and all.
+    // In the static layout: the devices that exist, uuids and all; the GPU instance without
+    // a compute instance is no device (a scheduler would place pods on it, and their prepares
+    // would fail).
     let pool = build_pool_in(&[g], NODE, DRIVER, 1, Layout::Static);
     assert_eq!(
         names(&pool[0]),
-        [
-            "gpu-1-mig-3g40gb-9-4",
-            "gpu-1-mig-1g10gb-19-0",
-            "gpu-1-mig-1g10gb-19-6"
-        ]
+        ["gpu-1-mig-3g40gb-9-4", "gpu-1-mig-1g10gb-19-0"]
     );
     validate_pool(&pool, Layout::Static).unwrap();
+}
+
+#[test]
+fn no_layout_publishes_a_mig_device_without_a_compute_instance() {
+    // What a crash left (or a prepare is half-way through): GPU instances without a compute
+    // instance, one no claim owns and one a claim does, both with an empty MIG UUID.
+    let mut g = h100(1, false, true, &[]);
+    let bare = |start, owner: Option<&str>| MigDeviceInfo {
+        uuid: String::new(),
+        profile: "1g.10gb".into(),
+        gi_profile_id: 19,
+        placement_start: start,
+        memory_slices: 1,
+        memory_mib: 9856,
+        multiprocessors: 16,
+        copy_engines: 1,
+        decoders: 1,
+        encoders: 0,
+        jpeg_engines: 1,
+        ofa_engines: 0,
+        gi_id: Some(start + 1),
+        owner: owner.map(str::to_string),
+    };
+    g.mig_enabled = true;
+    g.mig_devices = vec![bare(2, None), bare(3, Some("claim-a"))];
+    for layout in [Layout::Static, Layout::Combined, Layout::Split] {
+        let pool = build_pool_in(&[g.clone()], NODE, DRIVER, 1, layout);
+        for d in pool.iter().flat_map(|s| &s.spec.devices) {
+            let uuid = d.attributes.get("uuid").and_then(|a| a.string.as_deref());
+            assert_ne!(uuid, Some(""), "{layout:?}: {} published without a MIG UUID", d.name);
+        }
+    }
+    let pool = build_pool_in(&[g], NODE, DRIVER, 1, Layout::Static);
+    assert!(
+        pool.iter().all(|s| s.spec.devices.is_empty()),
+        "{:?}",
+        pool.iter().flat_map(names).collect::<Vec<_>>()
+    );
 }
 
 #[test]
