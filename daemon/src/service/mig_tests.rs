@@ -94,6 +94,56 @@ fn make_by_hand(f: &Fixture, gpu: &str, profile: u32, start: u32) -> u32 {
     gi
 }
 
+/// Plants the MIG intents file a crashed run leaves (`v`: a JSON array of intents).
+fn write_intents(f: &Fixture, v: Value) {
+    std::fs::create_dir_all(&f.cfg.run_dir).unwrap();
+    std::fs::write(
+        f.cfg.run_dir.join("mig-intents.json"),
+        serde_json::to_vec(&v).unwrap(),
+    )
+    .unwrap();
+}
+
+/// One intent as the intents file holds it.
+fn intent(f: &Fixture, claim: &str, gpu: &str, slice: (u32, u32, u32), gi: Option<u32>) -> Value {
+    let (profile, start, size) = slice;
+    json!({"claim": claim, "gpu_uuid": uuid_of(f, gpu), "gi_profile_id": profile,
+           "placement_start": start, "memory_slices": size, "gi_id": gi})
+}
+
+/// Leaves claim `uid`'s record on disk as a prepare that a crash cut short before its MIG
+/// slice was recorded leaves it: `PrepareStarted`, its groups planned for `device`, no slice
+/// recorded. (Prepared by the fixture's service, its instance destroyed by hand unless it
+/// existed before the claim, its record rewritten; the next start rolls it back.)
+fn interrupted(f: &Fixture, uid: &str, device: &str, params: Option<Value>) {
+    f.service.prepare(&claim(uid, &[device], params)).unwrap();
+    let c = f.service.get_claim(uid).unwrap();
+    for m in c.groups.iter().flat_map(|g| &g.mig) {
+        if m.origin == gpushare_proto::MigOrigin::Created {
+            f.backend
+                .destroy_compute_instance(&m.gpu_uuid, m.gi_id, m.ci_id.unwrap())
+                .unwrap();
+            f.backend.destroy_gpu_instance(&m.gpu_uuid, m.gi_id).unwrap();
+        }
+    }
+    let file = RecordsOnDisk::new(f.cfg.checkpoint.clone());
+    let mut cp = file.load().unwrap().checkpoint;
+    let r = cp.claims.get_mut(uid).unwrap();
+    r.state = ClaimState::PrepareStarted;
+    for g in &mut r.groups {
+        g.mig.clear();
+    }
+    file.save(&cp).unwrap();
+}
+
+/// Makes a GPU instance without a compute instance on `gpu` (what a crash right after our
+/// create leaves, or an administrator's `nvidia-smi mig -cgi` without `-C`); its GI ID.
+fn make_bare(f: &Fixture, gpu: &str, profile: u32, start: u32) -> u32 {
+    f.backend
+        .create_gpu_instance(&uuid_of(f, gpu), crate::mig::GiProfileId(profile), start)
+        .unwrap()
+}
+
 fn code(r: Result<PrepareResult, ServiceError>) -> ErrorCode {
     r.expect_err("prepare should be refused").code
 }
@@ -852,6 +902,7 @@ fn whole_gpu_claims_on_gpus_in_mig_mode() {
     assert!(e.message.contains("layout"), "{e}");
 }
 
+mod forged_intents;
 mod intents;
 mod mode;
 mod reconcile;
