@@ -821,6 +821,58 @@ fn every_named_crash_point_is_hit_and_recovered_from() {
     );
 }
 
+/// A claim for the 3g.20gb slice at memory slice 4 of gpu-2, without sharing settings.
+fn mig_claim(uid: &str) -> Value {
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+           "metadata": {"name": "crash-test", "namespace": "ns", "uid": uid},
+           "status": {"allocation": {"devices": {
+               "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": NODE,
+                            "device": "gpu-2-mig-3g20gb-9-4"}]}}}})
+}
+
+#[test]
+fn a_kill_after_a_slices_compute_instance_is_destroyed_leaks_no_gpu_instance() {
+    // The release destroys the compute instance and is killed before anything is recorded
+    // after it: the next start finishes destroying the GPU instance (the record said the
+    // destroy had begun), and the placement can be claimed again. (It used to find a GPU
+    // instance without the compute instance its record named, take it for someone else's,
+    // and keep it for good as static MIG; every claim for the placement got Conflict.)
+    if !need(is_root(), "root") {
+        return;
+    }
+    let mut node = Node::new(mps_program()).with_mig_on_gpu_2();
+    let mut counts = Counts::new();
+    node.start();
+    let uid = format!("mig-ci-{}", std::process::id());
+    node.prepare(&mig_claim(&uid)).unwrap();
+    node.sigterm();
+    node.spawn(Some("unprepare.mig_compute_destroyed"));
+    node.wait_ready();
+    assert!(node.unprepare(&uid).is_err(), "killed under the release");
+    let status = node.wait_exit(Duration::from_secs(30));
+    assert_eq!(status.signal(), Some(Signal::SIGABRT as i32), "{status}");
+    node.start();
+    let gpu2 = node.gpus().into_iter().find(|g| g.name == "gpu-2").unwrap();
+    assert!(
+        gpu2.mig_devices.is_empty(),
+        "a GPU instance left: {:?}\n{}",
+        gpu2.mig_devices,
+        node.log()
+    );
+    assert!(node.claim(&uid).is_err(), "the release finished");
+    node.check(&mut counts);
+    let again = format!("mig-ci-again-{}", std::process::id());
+    node.prepare(&mig_claim(&again))
+        .unwrap_or_else(|e| panic!("the placement is not claimable again: {e}"));
+    let c = node.claim(&again).unwrap();
+    assert_eq!(c.groups[0].mig[0].placement_start, 4);
+    node.unprepare(&again).unwrap();
+    let gpu2 = node.gpus().into_iter().find(|g| g.name == "gpu-2").unwrap();
+    assert!(gpu2.mig_devices.is_empty(), "{:?}", gpu2.mig_devices);
+    node.check(&mut counts);
+    node.sigterm();
+}
+
 #[test]
 fn an_mps_daemon_keeps_its_pid_across_20_restarts_while_a_container_stays_attached() {
     if !need(is_root(), "root") || !need(which("runc").is_some(), "runc") {

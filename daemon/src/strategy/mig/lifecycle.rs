@@ -155,8 +155,8 @@ pub fn destroy(
     if let Some(ci) = &inst.compute {
         match backend.destroy_compute_instance(&rec.gpu_uuid, rec.gi_id, ci.ci_id) {
             Ok(()) | Err(GpuError::NotFound(_)) => {
-                compute_gone();
                 crate::crash::point("unprepare.mig_compute_destroyed");
+                compute_gone();
             }
             Err(e) => {
                 return Err(gpu_err(
