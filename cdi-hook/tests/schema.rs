@@ -549,6 +549,7 @@ fn mig_instance(complete: bool) -> MigInstanceInfo {
             MigOrigin::Created
         },
         enabled_mig_mode: !complete,
+        destroying: !complete,
     }
 }
 

@@ -11,15 +11,19 @@ pub const CRASH_POINTS: &[&str] = &[
     "prepare.started_saved",
     "prepare.gpu_settings_applied",
     "prepare.mps_started",
-    // a MIG slice's intent written, then its GPU instance made (before the record is on disk)
+    // a MIG slice's intent written, then its GPU instance made (before the record is on disk),
+    // then its compute instance made (the record on disk names the GPU instance alone)
     "prepare.mig_intent_saved",
     "prepare.mig_gpu_instance_created",
+    "prepare.mig_compute_created",
     "prepare.cdi_written",
     "prepare.completed_saved",
     // unprepare
     "unprepare.unpreparing_saved",
     "unprepare.mps_stopped",
-    // a MIG slice's compute instance destroyed, its GPU instance not yet
+    // a MIG slice's destroy recorded as begun, nothing destroyed yet; then its compute
+    // instance destroyed, nothing recorded since, its GPU instance not yet
+    "unprepare.mig_destroy_marked",
     "unprepare.mig_compute_destroyed",
     "unprepare.cdi_removed",
     "unprepare.dirs_removed",

@@ -482,6 +482,12 @@ pub struct MigInstanceInfo {
     /// carrying it turns MIG mode off again (on GPUs that leave MIG mode without a reset).
     #[serde(default)]
     pub enabled_mig_mode: bool,
+    /// A release began destroying the instance: this was on disk before its compute instance
+    /// was destroyed, so a crash part-way is finished at the next start (the GPU instance is
+    /// then known as this record's with its recorded compute instance or with none). Read as
+    /// false when absent.
+    #[serde(default)]
+    pub destroying: bool,
 }
 
 /// Who made a claim's MIG instance (see [`MigInstanceInfo::origin`]).

@@ -48,8 +48,14 @@ impl GroupRecorder for ClaimGroup<'_> {
         }
     }
 
+    fn mig_made(&self, rec: &MigInstanceInfo) -> Result<(), ServiceError> {
+        self.mig(rec);
+        self.service
+            .commit(self.service.state())
+            .map_err(|e| ServiceError::new(e.code, format!("recording MIG device {}: {}", rec.device, e.message)))
+    }
+
     fn mig(&self, rec: &MigInstanceInfo) {
-        self.service.mig_intents.made(self.uid, rec);
         let mut st = self.service.state();
         if let Some(c) = st.claims.get_mut(self.uid) {
             if let Some(g) = c.groups.iter_mut().find(|g| g.devices == self.devices) {
@@ -66,29 +72,48 @@ impl GroupRecorder for ClaimGroup<'_> {
     }
 
     /// Looks for `rec` in every group of the claim: a record names one MIG instance.
-    fn mig_compute_gone(&self, rec: &MigInstanceInfo) {
+    fn mig_destroying(&self, rec: &MigInstanceInfo) -> Result<(), ServiceError> {
         let mut st = self.service.state();
-        if let Some(m) = st
+        let Some(m) = st
             .claims
             .get_mut(self.uid)
             .into_iter()
             .flat_map(|c| c.groups.iter_mut())
             .flat_map(|g| g.mig.iter_mut())
             .find(|m| *m == rec)
-        {
-            // The MIG UUID stays: it names what the group's MPS control daemon ran on (a
-            // record whose daemon names a device the group lacks is refused at start), and a
-            // record without its compute instance matches its GPU instance by IDs alone.
-            m.ci_id = None;
-        }
-        // On disk before the GPU instance goes: a kill in between leaves a record that names
-        // the GPU instance alone, which the next start's release finds and destroys.
-        let _ = self.service.commit(st);
+        else {
+            // Nothing would say on disk that the destroy began: a crash half-way would leak
+            // the GPU instance. (The release works from the record it read; nothing else
+            // changes the claim meanwhile.)
+            return Err(ServiceError::internal(format!(
+                "claim {}: MIG device {} (GPU instance {}) is not in the claim's record as the release read it",
+                self.uid, rec.device, rec.gi_id
+            )));
+        };
+        // The compute instance and MIG UUID stay: the record then matches its GPU instance
+        // with that compute instance or with none, never with another's.
+        m.destroying = true;
+        // On disk before the compute instance goes: a kill before the GPU instance is
+        // destroyed too leaves a record that names it, which the next start's release
+        // finds and destroys.
+        self.service.commit(st).map_err(|e| {
+            ServiceError::new(
+                e.code,
+                format!(
+                    "recording that MIG device {} is being destroyed: {}",
+                    rec.device, e.message
+                ),
+            )
+        })
     }
 }
 
 impl SliceIntents for ClaimGroup<'_> {
     fn reserve(&self, target: &MigTarget) -> Result<MigTarget, ServiceError> {
         self.service.reserve_slice(self.uid, target)
+    }
+
+    fn made(&self, rec: &MigInstanceInfo) {
+        self.service.mig_intents.made(self.uid, rec);
     }
 }

@@ -169,7 +169,9 @@ impl Service {
         // Ours but half made (a crash between its GPU and compute instance): made again whole.
         if let Some(half) = live.iter().find(|i| strategy::is_instance_of(rec, i)) {
             tracing::warn!(claim = %uid, device = %rec.device, gi = half.gi_id, "MIG slice found half made; destroying it to make it again");
-            if let Err(e) = strategy::destroy(backend, rec, || {}) {
+            // Its record (Prepared, without a compute instance) matches the GPU instance
+            // whatever it holds: nothing to mark before the destroy.
+            if let Err(e) = strategy::destroy(backend, rec, || Ok(())) {
                 return Slice::Lost(e.message);
             }
         }
@@ -260,7 +262,7 @@ impl Service {
                 ..partial.clone()
             };
             self.set_slice(uid, gi, ri, &half);
-            let _ = self.commit(self.state());
+            self.commit(self.state())
         });
         self.mig_intents.strike(uid);
         match created {

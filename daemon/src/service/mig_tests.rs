@@ -550,15 +550,19 @@ fn startup_destroys_only_what_a_crash_left_of_gpushare_s_own_making() {
         .prepare(&claim("half", &["gpu-3-mig-2g10gb-14-0"], None))
         .unwrap();
     let uuid = uuid_of(&f, "gpu-3");
-    // What a crash between making `half`'s instance and recording it leaves: its record still
-    // PrepareStarted without the slice, and its intent in the run directory.
+    // What a crash between making `half`'s GPU instance and recording it leaves: its record
+    // still PrepareStarted without the slice, its intent in the run directory, the GPU
+    // instance without a compute instance (the record is on disk before one is made).
     let file = RecordsOnDisk::new(f.cfg.checkpoint.clone());
     let mut cp = file.load().unwrap().checkpoint;
     let half = cp.claims.get_mut("half").unwrap();
     half.state = ClaimState::PrepareStarted;
-    let half_gi = half.groups[0].mig[0].gi_id;
+    let (half_gi, half_ci) = (half.groups[0].mig[0].gi_id, half.groups[0].mig[0].ci_id);
     half.groups[0].mig.clear();
     file.save(&cp).unwrap();
+    f.backend
+        .destroy_compute_instance(&uuid, half_gi, half_ci.unwrap())
+        .unwrap();
     let intent = |claim: &str, profile: u32, start: u32, size: u32, gi: Option<u32>| {
         json!({"claim": claim, "gpu_uuid": uuid, "gi_profile_id": profile,
                "placement_start": start, "memory_slices": size, "gi_id": gi})

@@ -355,9 +355,18 @@ impl Service {
                 local.push(item);
             }
         }
-        // What the last run was making when it ended, and for which claims: the MIG sweep
-        // below destroys only instances gpushare made (service/mig/intents.rs).
-        let left_intents = self.mig_intents.left_for_sweep(rebooted);
+        // What the last run was making when it ended, and for which claims, as far as the
+        // records vouch for it (service/mig/start.rs): a GPU instance such an intent names
+        // that no record owns and that holds no compute instance is what a crash between
+        // making and recording it leaves, and is destroyed now, while the records that vouch
+        // for it are still there (a start killed after the rollbacks below finds it gone).
+        let honoured = {
+            let left = self.mig_intents.left_for_sweep(rebooted);
+            let st = self.state();
+            let honoured = mig::honoured_intents(left, st.claims.values());
+            mig::sweep_at_start(self.backend.as_ref(), &honoured, st.claims.values());
+            honoured
+        };
         // Half-started MPS daemons of claims about to be rolled back (and of no claim at all)
         // go first: one still starting holds no lock yet and would keep writing into the
         // directories the rollback removes.
@@ -406,12 +415,11 @@ impl Service {
         // After the rollbacks, so that only what the remaining claims asked is applied.
         reapply_gpu_settings(self.backend.as_ref(), &self.state().placement);
         // After the rollbacks too (which destroyed the rolled-back claims' recorded MIG
-        // instances): the sweep destroys the MIG instances gpushare made that no remaining
-        // claim owns, which a crash between making and recording one leaves; others'
-        // instances (static MIG) are kept.
+        // instances, and turned MIG mode off after the last slice carrying the flag): MIG
+        // mode a crashed prepare turned on before its slice was recorded goes off again.
         {
             let st = self.state();
-            mig::sweep_at_start(self.backend.as_ref(), &left_intents, st.claims.values());
+            mig::leave_mig_mode_at_start(self.backend.as_ref(), &honoured, st.claims.values());
         }
         self.mig_intents.clear();
         // Then the MIG slices of prepared claims that vanished while gpushared was away (a GPU

@@ -112,14 +112,28 @@ pub trait GroupRecorder {
     /// Records `sharing` as the group's (an MPS daemon just started, with its pid).
     fn sharing(&self, sharing: &StrategyInfo);
 
+    /// Records `rec`, a GPU instance just made, as one of the group's MIG instances and
+    /// writes the claim's record to disk before anything else happens to the instance: a
+    /// compute instance made in it after is then the record's (a record without its compute
+    /// instance matches the GPU instance whatever it holds), whatever a crash leaves.
+    ///
+    /// # Errors
+    /// `Internal` when the record cannot be written (the caller destroys the GPU instance).
+    fn mig_made(&self, rec: &MigInstanceInfo) -> Result<(), ServiceError>;
+
     /// Records `rec` as one of the group's MIG instances, replacing the record of the same
-    /// GPU instance (a GPU instance first, then the same with its compute instance).
+    /// GPU instance (the one [`GroupRecorder::mig_made`] recorded, now with its compute
+    /// instance); written with the claim's next change.
     fn mig(&self, rec: &MigInstanceInfo);
 
-    /// Strikes the compute instance of `rec`, just destroyed, from the claim's record, so
-    /// that a retry after its GPU instance failed to go knows that GPU instance by its IDs
-    /// and placement alone.
-    fn mig_compute_gone(&self, rec: &MigInstanceInfo);
+    /// Marks `rec` as being destroyed ([`MigInstanceInfo::destroying`]) and writes the claim's
+    /// record to disk, before its compute instance is destroyed: a crash between that and the
+    /// destroy of its GPU instance leaves a record that still names the GPU instance, which
+    /// the next start's release destroys.
+    ///
+    /// # Errors
+    /// `Internal` when the record cannot be written (then nothing is destroyed).
+    fn mig_destroying(&self, rec: &MigInstanceInfo) -> Result<(), ServiceError>;
 }
 
 /// The intents written before a MIG slice is made or taken (how a restarted gpushared knows
@@ -132,6 +146,10 @@ pub trait SliceIntents {
     /// # Errors
     /// The intent cannot be written, or no placement is free any more.
     fn reserve(&self, target: &MigTarget) -> Result<MigTarget, ServiceError>;
+
+    /// Marks the intent of the slice `rec` names with its GPU-instance ID, the moment the GPU
+    /// instance exists (before its record is on disk).
+    fn made(&self, rec: &MigInstanceInfo);
 }
 
 /// The effects the service lends a group's strategy, for one group of one claim.

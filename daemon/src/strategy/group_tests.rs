@@ -18,9 +18,13 @@ use crate::sys::fake::FakeHost;
 #[derive(Debug, Clone, PartialEq)]
 enum Seen {
     Reserved(String),
+    /// The intent marked with the GPU-instance ID.
+    Marked(u32),
     Sharing(StrategyInfo),
+    /// Recorded on disk (a GPU instance just made).
+    Saved(MigInstanceInfo),
     Mig(MigInstanceInfo),
-    ComputeGone(MigInstanceInfo),
+    Destroying(MigInstanceInfo),
 }
 
 #[derive(Default)]
@@ -39,11 +43,16 @@ impl GroupRecorder for Recorder {
     fn sharing(&self, sharing: &StrategyInfo) {
         self.push(Seen::Sharing(sharing.clone()));
     }
+    fn mig_made(&self, rec: &MigInstanceInfo) -> Result<(), ServiceError> {
+        self.push(Seen::Saved(rec.clone()));
+        Ok(())
+    }
     fn mig(&self, rec: &MigInstanceInfo) {
         self.push(Seen::Mig(rec.clone()));
     }
-    fn mig_compute_gone(&self, rec: &MigInstanceInfo) {
-        self.push(Seen::ComputeGone(rec.clone()));
+    fn mig_destroying(&self, rec: &MigInstanceInfo) -> Result<(), ServiceError> {
+        self.push(Seen::Destroying(rec.clone()));
+        Ok(())
     }
 }
 
@@ -51,6 +60,9 @@ impl SliceIntents for Recorder {
     fn reserve(&self, target: &MigTarget) -> Result<MigTarget, ServiceError> {
         self.push(Seen::Reserved(target.device.clone()));
         Ok(target.clone())
+    }
+    fn made(&self, rec: &MigInstanceInfo) {
+        self.push(Seen::Marked(rec.gi_id));
     }
 }
 
@@ -265,19 +277,21 @@ fn a_mig_group_records_each_slice_as_it_is_made_then_its_daemon_on_the_mig_uuids
         panic!("not MPS: {applied:?}")
     };
     assert_eq!(started.visible_devices, vec![made.uuid.clone()]);
-    // The intent, then the GPU instance alone (recorded before its compute instance is
-    // asked for), then the whole slice, then the daemon.
+    // The intent, marked with the GI ID, then the GPU instance alone recorded on disk
+    // (before its compute instance is asked for), then the whole slice, then the daemon.
     let seen = node.record.seen();
-    assert_eq!(seen.len(), 4, "{seen:?}");
+    assert_eq!(seen.len(), 5, "{seen:?}");
     assert_eq!(seen[0], Seen::Reserved(names[0].clone()));
-    let Seen::Mig(partial) = &seen[1] else {
+    assert_eq!(seen[1], Seen::Marked(made.gi_id));
+    let Seen::Saved(partial) = &seen[2] else {
         panic!("{seen:?}")
     };
     assert_eq!((partial.gi_id, partial.ci_id), (made.gi_id, None));
-    assert_eq!(seen[2], Seen::Mig(made.clone()));
-    assert_eq!(seen[3], Seen::Sharing(applied.sharing.clone()));
+    assert_eq!(seen[3], Seen::Mig(made.clone()));
+    assert_eq!(seen[4], Seen::Sharing(applied.sharing.clone()));
 
-    // Released from its record: the daemon first, then the slice it ran on.
+    // Released from its record: the daemon first, then the slice it ran on, its destroy
+    // recorded as begun before anything of it went.
     let rec = record(vec![device(&names[0], &gpu)], applied);
     release_of(&rec).stop(&node.fx(), &rec).unwrap();
     assert_eq!(node.daemons(), 0);
@@ -286,7 +300,7 @@ fn a_mig_group_records_each_slice_as_it_is_made_then_its_daemon_on_the_mig_uuids
     assert!(node.backend.mig_instances(&gpu).unwrap().is_empty());
     assert_eq!(
         node.record.seen().last(),
-        Some(&Seen::ComputeGone(rec.mig[0].clone()))
+        Some(&Seen::Destroying(rec.mig[0].clone()))
     );
 }
 
@@ -306,7 +320,7 @@ fn a_failed_compute_instance_leaves_its_gpu_instance_recorded_and_destroyed() {
     // took it with it, and no daemon was started.
     let seen = node.record.seen();
     assert!(
-        matches!(&seen[..], [Seen::Reserved(_), Seen::Mig(m)] if m.ci_id.is_none()),
+        matches!(&seen[..], [Seen::Reserved(_), Seen::Marked(_), Seen::Saved(m)] if m.ci_id.is_none()),
         "{seen:?}"
     );
     assert!(node.backend.mig_instances(&gpu).unwrap().is_empty());

@@ -144,7 +144,7 @@ impl Service {
                     chosen: false,
                     carries_mode_flag: false,
                 };
-                let rec = strategy::create(self.backend.as_ref(), &target, |_| {})?;
+                let rec = strategy::create(self.backend.as_ref(), &target, |_| Ok(()))?;
                 created.push(format!("{}={}", rec.device, rec.uuid));
             }
             if let Some(o) = slot {

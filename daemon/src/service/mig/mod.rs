@@ -1,99 +1,26 @@
 //! The service's side of MIG: planning a claim's MIG devices (their group, `MigGroup`, makes
-//! and destroys them), the intents it writes before making one, the start-up sweep, MIG mode
-//! turned off after the last claim it was turned on for, live MIG state for `list_gpus`;
-//! `intents` (how gpushared knows what it made) and `layout` (`mig_apply`) beside.
+//! and destroys them), the intents it writes before making one, MIG mode turned off after the
+//! last claim it was turned on for, live MIG state for `list_gpus`; `intents` (how gpushared
+//! knows what it made), `start` (the start-up sweep) and `layout` (`mig_apply`) beside.
 
 use std::collections::BTreeSet;
 
-use gpushare_proto::{ClaimInfo, ClaimState, ErrorCode, MigDeviceInfo};
+use gpushare_proto::{ClaimInfo, ErrorCode, MigDeviceInfo};
 
 use super::Service;
 use crate::config::{ClaimSpec, MpsSettings};
 use crate::error::ServiceError;
-use crate::gpu::{Gpu, GpuBackend, MigInstance, MigMode};
+use crate::gpu::{Gpu, MigMode};
 use crate::mig::MigModel;
 use crate::strategy::mig::{self as strategy, Claimed, MigGroup, MigTarget};
 use crate::strategy::mps::MpsLaunch;
 
 mod intents;
 mod layout;
+mod start;
 
 pub(super) use intents::{Intent, MigIntents};
-
-/// At start-up, after the rollbacks: destroys the MIG instances that no remaining claim owns
-/// and that gpushare made, which only a crash between making an instance and recording it
-/// leaves. gpushare knows it made one by the intent it wrote before making it (`left`, from
-/// the last run): honoured for a claim that is not prepared now (its prepare crashed and was
-/// rolled back, maybe by a start killed in turn) or that records a slice at exactly that
-/// place (a slice being made again); the profile and placement must match exactly, and the
-/// GPU-instance ID too once the intent has it (else, a crash between the create and its
-/// mark, only a GPU instance without a compute instance is taken for ours: an
-/// administrator's `-cgi … -C` makes both). Every other instance no claim owns was made by
-/// someone else (`gpushare mig apply`, mig-parted, `nvidia-smi`: static MIG) and is kept.
-pub(super) fn sweep_at_start<'a>(
-    backend: &dyn GpuBackend,
-    left: &[Intent],
-    claims: impl IntoIterator<Item = &'a ClaimInfo> + Clone,
-) {
-    let claimed = Claimed::of(claims.clone());
-    let prepared = |uid: &str| {
-        claims.clone().into_iter().find(|c| {
-            c.uid == uid && matches!(c.state, ClaimState::Prepared | ClaimState::Degraded)
-        })
-    };
-    let made_by_us = |gpu: &str, inst: &MigInstance| {
-        left.iter().any(|x| {
-            let here = !x.existing
-                && x.gpu_uuid == gpu
-                && x.gi_profile_id == inst.profile.0
-                && x.placement_start == inst.placement.start
-                && x.memory_slices == inst.placement.size
-                && match x.gi_id {
-                    Some(gi) => gi == inst.gi_id,
-                    None => inst.compute.is_none(),
-                };
-            here && prepared(&x.claim).is_none_or(|c| {
-                c.groups.iter().flat_map(|g| &g.mig).any(|m| {
-                    m.gpu_uuid == gpu
-                        && m.gi_profile_id == inst.profile.0
-                        && m.placement_start == inst.placement.start
-                        && m.memory_slices == inst.placement.size
-                })
-            })
-        })
-    };
-    let swept = strategy::sweep_unowned(backend, &claimed, made_by_us);
-    if !swept.is_empty() {
-        tracing::warn!(
-            count = swept.len(),
-            "start-up: MIG instances gpushare made that no claim recorded were found"
-        );
-    }
-    // MIG mode a crashed prepare turned on for its slice (its intent says so) goes off again
-    // where that slice is gone and nothing else is on the GPU, as a release would have done.
-    let flipped: BTreeSet<&str> = left
-        .iter()
-        .filter(|x| x.enabled_mig_mode && !claimed.any_on(&x.gpu_uuid))
-        .map(|x| x.gpu_uuid.as_str())
-        .collect();
-    for gpu in flipped {
-        let Some(g) = backend.find(gpu) else { continue };
-        if !strategy::model_of(g).is_ok_and(|m| m.reset_free_mode_toggle())
-            || !backend.mig_instances(gpu).is_ok_and(|v| v.is_empty())
-        {
-            continue;
-        }
-        match backend.set_mig_mode(gpu, false) {
-            Ok(m) if !m.current => {
-                tracing::info!(gpu = %g.device_name(), "MIG mode disabled: a prepare that crashed had turned it on, and nothing is left on the GPU")
-            }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::error!(gpu = %g.device_name(), error = %e, "disabling MIG mode a crashed prepare turned on")
-            }
-        }
-    }
-}
+pub(super) use start::{honoured_intents, leave_mig_mode_at_start, sweep_at_start};
 
 impl Service {
     /// Resolves a MIG group's devices and checks they can be created now, touching nothing;

@@ -1,7 +1,7 @@
-//! The MIG intents against what a break-it round did to them: a start killed before its
-//! sweep, a crash before the GPU instance was made, a directory or garbage at the intents
-//! path, intents of the last boot, two prepares for one static device, and a release killed
-//! between destroying a slice's compute and GPU instance.
+//! The MIG intents against what a break-it round did to them: a crash between making a GPU
+//! instance and recording it, a crash before the GPU instance was made, a directory or
+//! garbage at the intents path, intents of the last boot, two prepares for one static device,
+//! and a release stopped between destroying a slice's compute and GPU instance.
 
 use super::*;
 
@@ -9,48 +9,47 @@ fn intents_path(f: &Fixture) -> std::path::PathBuf {
     f.cfg.run_dir.join("mig-intents.json")
 }
 
-fn write_intents(f: &Fixture, v: Value) {
-    std::fs::create_dir_all(&f.cfg.run_dir).unwrap();
-    std::fs::write(intents_path(f), serde_json::to_vec(&v).unwrap()).unwrap();
-}
-
-fn intent(f: &Fixture, claim: &str, profile: u32, start: u32, size: u32, gi: Option<u32>) -> Value {
-    json!({"claim": claim, "gpu_uuid": uuid_of(f, "gpu-3"), "gi_profile_id": profile,
-           "placement_start": start, "memory_slices": size, "gi_id": gi})
-}
-
 #[test]
-fn a_crashed_prepare_s_instance_is_destroyed_even_after_its_record_is_gone() {
-    // A start killed after rolling the claim back (its record gone) but before its sweep:
-    // the intent is still there for the next start, and honoured (the claim is not prepared).
+fn a_crashed_prepare_s_gpu_instance_is_destroyed_before_its_claim_is_rolled_back() {
+    // What a kill between making the GPU instance and recording it leaves: the claim's
+    // record `PrepareStarted` without the slice, the intent marked with the GI ID, the GPU
+    // instance without a compute instance. The start destroys it while the record that
+    // vouches for the intent is still there, then rolls the claim back.
     let f = fixture("p4d.24xlarge", &[3]);
-    let gi = make_by_hand(&f, "gpu-3", 19, 4);
-    write_intents(&f, json!([intent(&f, "rolled-back", 19, 4, 1, Some(gi))]));
+    interrupted(&f, "cut", "gpu-3-mig-1g5gb-19-4", None);
+    let gi = make_bare(&f, "gpu-3", 19, 4);
+    write_intents(
+        &f,
+        json!([intent(&f, "cut", "gpu-3", (19, 4, 1), Some(gi))]),
+    );
     let s = start(&f.cfg, &f.host, &f.backend);
     assert!(
         instances(&f, "gpu-3").is_empty(),
         "made by gpushare: destroyed"
     );
+    assert!(s.get_claim("cut").is_err(), "rolled back");
     assert!(!intents_path(&f).exists());
-    drop(s);
+    // The placement can be claimed again.
+    s.prepare(&claim("next", &["gpu-3-mig-1g5gb-19-4"], None))
+        .unwrap();
 }
 
 #[test]
 fn an_intent_without_its_gi_id_takes_only_a_gpu_instance_without_compute() {
     // A crash after the intent, before the create: whatever an administrator made there
     // since (GPU and compute instance) is theirs; a bare GPU instance is what our create
-    // leaves when a crash follows it.
+    // leaves when a crash follows it. The short form (a whole GPU with `migProfile`) plans
+    // no placement: any one of the GPU is its.
     let f = fixture("p4d.24xlarge", &[3]);
+    interrupted(&f, "a", "gpu-3-mig-1g5gb-19-4", None);
+    interrupted(&f, "b", "gpu-3", Some(short_mig("1g.5gb")));
     make_by_hand(&f, "gpu-3", 19, 4);
-    let uuid = uuid_of(&f, "gpu-3");
-    f.backend
-        .create_gpu_instance(&uuid, crate::mig::GiProfileId(19), 5)
-        .unwrap();
+    make_bare(&f, "gpu-3", 19, 5);
     write_intents(
         &f,
         json!([
-            intent(&f, "a", 19, 4, 1, None),
-            intent(&f, "b", 19, 5, 1, None)
+            intent(&f, "a", "gpu-3", (19, 4, 1), None),
+            intent(&f, "b", "gpu-3", (19, 5, 1), None)
         ]),
     );
     let _s = start(&f.cfg, &f.host, &f.backend);
@@ -68,18 +67,15 @@ fn an_intent_without_its_gi_id_takes_only_a_gpu_instance_without_compute() {
 #[test]
 fn intents_of_the_last_boot_are_not_taken() {
     let f = fixture("p4d.24xlarge", &[3]);
-    let gi = make_by_hand(&f, "gpu-3", 19, 4);
-    write_intents(&f, json!([intent(&f, "x", 19, 4, 1, Some(gi))]));
-    // The store remembers this boot; a start under another boot ID is a reboot.
-    drop(start(&f.cfg, &f.host, &f.backend));
-    assert!(instances(&f, "gpu-3").is_empty(), "same boot: taken");
-    let gi = make_by_hand(&f, "gpu-3", 19, 4);
-    write_intents(&f, json!([intent(&f, "x", 19, 4, 1, Some(gi))]));
+    interrupted(&f, "x", "gpu-3-mig-1g5gb-19-4", None);
+    let gi = make_bare(&f, "gpu-3", 19, 4);
+    write_intents(&f, json!([intent(&f, "x", "gpu-3", (19, 4, 1), Some(gi))]));
     let mps = MpsControl::new(
         "/usr/bin/nvidia-cuda-mps-control".into(),
         f.host.ops(),
         Duration::from_millis(200),
     );
+    // The store remembers the fixture's boot; a start under another boot ID is a reboot.
     let _s = Service::with_boot_id(
         f.cfg.clone(),
         Arc::clone(&f.backend) as Arc<dyn GpuBackend>,
@@ -149,23 +145,26 @@ fn a_static_device_a_claim_records_is_not_reserved_for_another() {
 #[test]
 fn a_release_that_stops_between_compute_and_gpu_instance_finishes_at_the_next_start() {
     // The compute instance is destroyed, then the GPU instance's destroy fails: the record
-    // on disk no longer names the compute instance, so the next start's release takes the
-    // GPU instance for the claim's own. (A kill in between is the crash suite's
-    // `unprepare.mig_compute_destroyed`: the record is on disk before the GPU instance's
-    // destroy.)
+    // on disk says the destroy had begun (written before the compute instance went), so the
+    // next start's release takes the GPU instance left without it for the claim's own. (A
+    // kill in between is the crash suite's `unprepare.mig_compute_destroyed`.)
     let f = fixture("p4d.24xlarge", &[3]);
     f.service
         .prepare(&claim("c", &["gpu-3-mig-1g5gb-19-4"], None))
         .unwrap();
+    let made = f.service.get_claim("c").unwrap().groups[0].mig[0].clone();
     f.backend.inject(SimFault::DestroyGpuInstance);
     assert!(f.service.unprepare("c").is_err());
     let on_disk = RecordsOnDisk::new(f.cfg.checkpoint.clone())
         .load()
         .unwrap()
         .checkpoint;
+    let rec = &on_disk.claims["c"].groups[0].mig[0];
+    assert!(rec.destroying, "on disk before the compute instance's destroy");
     assert_eq!(
-        on_disk.claims["c"].groups[0].mig[0].ci_id, None,
-        "struck on disk before the GPU instance's destroy"
+        (rec.ci_id, &rec.uuid),
+        (made.ci_id, &made.uuid),
+        "the compute instance it names stays recorded"
     );
     let live = instances(&f, "gpu-3");
     assert!(live.len() == 1 && live[0].compute.is_none(), "{live:?}");

@@ -108,24 +108,17 @@ fn concurrent_first_claims_all_carry_the_flag_and_the_last_release_turns_mig_mod
 #[test]
 fn mig_mode_a_crashed_prepare_turned_on_goes_off_at_the_next_start() {
     // What a crash after the GPU instance was made leaves: the instance, MIG mode on, the
-    // intent marked with the GI ID and the flag, no record of the slice.
+    // intent marked with the GI ID and the flag, the claim's record `PrepareStarted` without
+    // the slice.
     let f = fixture("p5.48xlarge", &[]);
+    interrupted(&f, "crashed", "gpu-7", Some(short_mig("1g.10gb")));
     let uuid = uuid_of(&f, "gpu-7");
-    f.backend.set_mig_mode(&uuid, true).unwrap();
-    let gi = f
-        .backend
-        .create_gpu_instance(&uuid, crate::mig::GiProfileId(19), 0)
-        .unwrap();
-    std::fs::create_dir_all(&f.cfg.run_dir).unwrap();
-    std::fs::write(
-        f.cfg.run_dir.join("mig-intents.json"),
-        serde_json::to_vec(
-            &json!([{"claim": "crashed", "gpu_uuid": uuid, "gi_profile_id": 19,
-            "placement_start": 0, "memory_slices": 1, "gi_id": gi, "enabled_mig_mode": true}]),
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    assert!(mode_on(&f, "gpu-7"));
+    let gi = make_bare(&f, "gpu-7", 19, 0);
+    let mut x = intent(&f, "crashed", "gpu-7", (19, 0, 1), Some(gi));
+    x["enabled_mig_mode"] = json!(true);
+    write_intents(&f, json!([x]));
+    assert_eq!(x["gpu_uuid"], uuid.as_str());
     let _s = start(&f.cfg, &f.host, &f.backend);
     assert!(instances(&f, "gpu-7").is_empty());
     assert!(!mode_on(&f, "gpu-7"), "turned off again");

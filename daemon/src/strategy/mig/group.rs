@@ -55,9 +55,11 @@ impl GroupStrategy for MigGroup {
 }
 
 /// Creates (or takes, static MIG) a group's MIG devices, recording each GPU instance in the
-/// claim the moment it exists, so that a failure anywhere after lets the release destroy it.
-/// Each slice's intent is written first (struck at the prepare's end); a placement chosen at
-/// planning that a concurrent prepare is making is chosen again.
+/// claim on disk the moment it exists, so that a failure or a crash anywhere after lets the
+/// release destroy it (with whatever compute instance it holds by then). Each slice's intent
+/// is written first (struck at the prepare's end) and marked with the GPU-instance ID: what
+/// covers a crash before the record is on disk. A placement chosen at planning that a
+/// concurrent prepare is making is chosen again.
 fn make_slices(
     fx: &GroupEffects<'_>,
     targets: &[MigTarget],
@@ -71,10 +73,12 @@ fn make_slices(
             .any(|d| d.gpu_uuid == t.gpu_uuid && d.enabled_mig_mode);
         crate::crash::point("prepare.mig_intent_saved");
         let rec = create(fx.backend, &t, |partial| {
-            fx.record.mig(partial);
+            fx.intents.made(partial);
             crate::crash::point("prepare.mig_gpu_instance_created");
+            fx.record.mig_made(partial)
         })?;
         fx.record.mig(&rec);
+        crate::crash::point("prepare.mig_compute_created");
         done.push(rec);
     }
     Ok(done)
@@ -87,12 +91,12 @@ impl GroupRelease for Mig {
     }
 
     /// Destroys every MIG instance of the group that is still the one its record names
-    /// ([`destroy`]); returns the first error after trying all. A compute instance destroyed
-    /// is struck from the claim's record at once.
+    /// ([`destroy`]); returns the first error after trying all. Each slice's record says on
+    /// disk that its destroy has begun before its compute instance goes.
     fn destroy(&self, fx: &GroupEffects<'_>, group: &GroupInfo) -> Result<(), ServiceError> {
         let mut first = None;
         for rec in &group.mig {
-            if let Err(e) = destroy(fx.backend, rec, || fx.record.mig_compute_gone(rec)) {
+            if let Err(e) = destroy(fx.backend, rec, || fx.record.mig_destroying(rec)) {
                 tracing::error!(claim = %fx.uid, device = %rec.device, error = %e, "destroying MIG device");
                 first.get_or_insert(ServiceError::new(
                     e.code,

@@ -9,19 +9,20 @@ use crate::gpu::{GpuBackend, GpuError, MigInstance};
 
 /// Creates `target`: enables MIG mode if it is off (only where that needs no reset; the
 /// record then carries `enabled_mig_mode`), creates the GPU instance at the target's
-/// placement, calls `created` with its record (so the claim owns it before anything else can
-/// fail), then creates the full compute instance and reads the MIG UUID from it. A compute
-/// instance that fails takes its GPU instance with it. A target that takes an existing
-/// instance ([`MigTarget::existing`]) makes nothing: its record is the instance as it is,
-/// checked to be still there.
+/// placement, calls `created` with its record (which records it on disk, so the claim owns it
+/// before anything else can happen to it: a compute instance made after is then the record's
+/// too), then creates the full compute instance and reads the MIG UUID from it. A compute
+/// instance that fails, or a `created` that fails, takes the GPU instance with it. A target
+/// that takes an existing instance ([`MigTarget::existing`]) makes nothing: its record is the
+/// instance as it is, checked to be still there.
 ///
 /// # Errors
-/// As [`gpu_err`]; when even the rollback fails, the error says so and the record passed to
-/// `created` still names the GPU instance, for the release to retry.
+/// As [`gpu_err`], or `created`'s error; when even the rollback fails, the error says so and
+/// the record passed to `created` still names the GPU instance, for the release to retry.
 pub fn create(
     backend: &dyn GpuBackend,
     target: &MigTarget,
-    mut created: impl FnMut(&MigInstanceInfo),
+    mut created: impl FnMut(&MigInstanceInfo) -> Result<(), ServiceError>,
 ) -> Result<MigInstanceInfo, ServiceError> {
     if let Some(inst) = &target.existing {
         return take(backend, target, inst);
@@ -62,7 +63,9 @@ pub fn create(
         })?;
     let mut record = target.record(gi_id);
     record.enabled_mig_mode |= enabled_now;
-    created(&record);
+    if let Err(cause) = created(&record) {
+        return Err(undo_gpu_instance(backend, target, gi_id, cause));
+    }
     match backend.create_compute_instance(&target.gpu_uuid, gi_id, target.profile.full_ci_profile())
     {
         Ok(ci) => {
@@ -79,20 +82,31 @@ pub fn create(
                 ),
                 e,
             );
-            match backend.destroy_gpu_instance(&target.gpu_uuid, gi_id) {
-                Ok(()) | Err(GpuError::NotFound(_)) => {
-                    tracing::warn!(device = %target.device, gi = gi_id, "compute instance failed; GPU instance destroyed");
-                    Err(cause)
-                }
-                Err(undo) => Err(err(
-                    cause.code,
-                    format!(
-                        "{}; destroying GPU instance {gi_id} again also failed: {undo}",
-                        cause.message
-                    ),
-                )),
-            }
+            Err(undo_gpu_instance(backend, target, gi_id, cause))
         }
+    }
+}
+
+/// Destroys GPU instance `gi_id` just made for `target` after `cause` stopped the create;
+/// the error to return: `cause`, saying so when the destroy failed too.
+fn undo_gpu_instance(
+    backend: &dyn GpuBackend,
+    target: &MigTarget,
+    gi_id: u32,
+    cause: ServiceError,
+) -> ServiceError {
+    match backend.destroy_gpu_instance(&target.gpu_uuid, gi_id) {
+        Ok(()) | Err(GpuError::NotFound(_)) => {
+            tracing::warn!(device = %target.device, gi = gi_id, error = %cause, "MIG device not made; its GPU instance destroyed");
+            cause
+        }
+        Err(undo) => err(
+            cause.code,
+            format!(
+                "{}; destroying GPU instance {gi_id} again also failed: {undo}",
+                cause.message
+            ),
+        ),
     }
 }
 
@@ -120,21 +134,23 @@ fn take(
     Ok(record)
 }
 
-/// Destroys a claim's MIG instance: its compute instance, then its GPU instance; calls
-/// `compute_gone` once the compute instance is gone, so the caller's record can say so (a GPU
-/// instance whose destroy failed is then known by its IDs and placement alone). Only the
-/// instance whose identity matches `rec` ([`is_instance_of`]) is touched: the driver reuses
-/// GPU-instance IDs, so an instance made since at the same ID and placement (by hand, by a
-/// layout) is another's. Instances already gone count as destroyed (idempotent), and so does a
-/// GPU no longer in MIG mode. An instance the claim took as it existed
-/// ([`MigOrigin::Existing`]) is left as it is.
+/// Destroys a claim's MIG instance: its compute instance, then its GPU instance. Before
+/// either goes, `begin` records on disk that the destroy has begun
+/// ([`MigInstanceInfo::destroying`]; not again for a record that says so already), so that a
+/// crash between the two leaves a record that still names the GPU instance left without its
+/// compute instance, and the next start finishes the job. Only the instance whose identity
+/// matches `rec` ([`is_instance_of`]) is touched: the driver reuses GPU-instance IDs, so an
+/// instance made since at the same ID and placement (by hand, by a layout) is another's.
+/// Instances already gone count as destroyed (idempotent), and so does a GPU no longer in MIG
+/// mode. An instance the claim took as it existed ([`MigOrigin::Existing`]) is left as it is.
 ///
 /// # Errors
-/// As [`gpu_err`] (e.g. `Conflict` while processes use the instance).
+/// `begin`'s error (then nothing is destroyed); as [`gpu_err`] (e.g. `Conflict` while
+/// processes use the instance).
 pub fn destroy(
     backend: &dyn GpuBackend,
     rec: &MigInstanceInfo,
-    mut compute_gone: impl FnMut(),
+    begin: impl FnOnce() -> Result<(), ServiceError>,
 ) -> Result<(), ServiceError> {
     if rec.origin == MigOrigin::Existing {
         tracing::info!(device = %rec.device, gi = rec.gi_id, uuid = %rec.uuid, "MIG device existed before the claim; left as it is");
@@ -152,11 +168,14 @@ pub fn destroy(
         tracing::warn!(device = %rec.device, gi = rec.gi_id, uuid = %rec.uuid, found = ?inst, "GPU instance ID now names another instance; not destroying it");
         return Ok(());
     }
+    if !rec.destroying {
+        begin()?;
+        crate::crash::point("unprepare.mig_destroy_marked");
+    }
     if let Some(ci) = &inst.compute {
         match backend.destroy_compute_instance(&rec.gpu_uuid, rec.gi_id, ci.ci_id) {
             Ok(()) | Err(GpuError::NotFound(_)) => {
                 crate::crash::point("unprepare.mig_compute_destroyed");
-                compute_gone();
             }
             Err(e) => {
                 return Err(gpu_err(
@@ -181,11 +200,12 @@ pub fn destroy(
 /// Whether live instance `inst` is the one `rec` records: the same GPU-instance ID, profile
 /// and placement, and, once the record has its compute instance, the same compute-instance ID
 /// and MIG UUID (a MIG UUID is never handed out twice). A record made before its compute
-/// instance existed (a crash in between) matches its GPU instance whatever it holds now. A
-/// release strikes the compute instance from the record on disk before it destroys the GPU
-/// instance, so a kill in between leaves such a record too. A record with its compute
-/// instance does not match a GPU instance without one: the driver reuses GI IDs, and an
-/// operator half-way through making a new instance there is not to be undone.
+/// instance existed (on disk the moment the GPU instance exists; a crash before the compute
+/// instance is recorded) matches its GPU instance whatever it holds now. A record with its
+/// compute instance does not match a GPU instance without one (the driver reuses GI IDs, and
+/// an operator half-way through making a new instance there is not to be undone), unless the
+/// record says its destroy had begun ([`MigInstanceInfo::destroying`], on disk before the
+/// compute instance went): then the GPU instance left without it is the record's.
 pub fn is_instance_of(rec: &MigInstanceInfo, inst: &MigInstance) -> bool {
     inst.gi_id == rec.gi_id
         && inst.profile.0 == rec.gi_profile_id
@@ -194,7 +214,7 @@ pub fn is_instance_of(rec: &MigInstanceInfo, inst: &MigInstance) -> bool {
         && match (rec.ci_id, &inst.compute) {
             (None, _) => true,
             (Some(ci), Some(c)) => c.ci_id == ci && c.uuid == rec.uuid,
-            (Some(_), None) => false,
+            (Some(_), None) => rec.destroying,
         }
 }
 

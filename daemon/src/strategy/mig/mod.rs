@@ -84,6 +84,7 @@ impl MigTarget {
             uuid: String::new(),
             origin: MigOrigin::Created,
             enabled_mig_mode: self.carries_mode_flag,
+            destroying: false,
         }
     }
 
