@@ -53,7 +53,11 @@ impl Node {
             .prefix("gk-")
             .tempdir_in("/tmp")
             .unwrap();
-        fs::write(dir.path().join("config.toml"), "[metrics]\nenabled = false\n").unwrap();
+        fs::write(
+            dir.path().join("config.toml"),
+            "[metrics]\nenabled = false\n",
+        )
+        .unwrap();
         fs::write(dir.path().join("boot_id"), "boot-1\n").unwrap();
         Node {
             socket: dir.path().join("sock"),
@@ -373,7 +377,12 @@ fn check(node: &Node, api: &ApiServer, layout: &str, counts: &mut BTreeMap<&'sta
             .as_array()
             .unwrap()
             .iter()
-            .flat_map(|d| d["containerEdits"]["deviceNodes"].as_array().unwrap().iter())
+            .flat_map(|d| {
+                d["containerEdits"]["deviceNodes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+            })
             .filter_map(|n| n["path"].as_str())
             .filter(|p| p.starts_with("/dev/nvidia-caps/"))
             .map(str::to_string)
@@ -406,7 +415,10 @@ fn check(node: &Node, api: &ApiServer, layout: &str, counts: &mut BTreeMap<&'sta
         assert!(gpushare::sys::pid_alive(*pid), "MPS daemon {pid} dead");
     }
     let running = mps_processes(&node.path("run/claims"));
-    assert!(running.is_subset(&daemons), "{running:?} beyond {daemons:?}");
+    assert!(
+        running.is_subset(&daemons),
+        "{running:?} beyond {daemons:?}"
+    );
     *counts.entry("MPS daemons are the claims'").or_default() += 1;
 
     // What the plugin publishes (a server without partitionable devices: what exists) comes to

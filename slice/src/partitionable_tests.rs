@@ -276,7 +276,12 @@ fn no_layout_publishes_a_mig_device_without_a_compute_instance() {
         let pool = build_pool_in(&[g.clone()], NODE, DRIVER, 1, layout);
         for d in pool.iter().flat_map(|s| &s.spec.devices) {
             let uuid = d.attributes.get("uuid").and_then(|a| a.string.as_deref());
-            assert_ne!(uuid, Some(""), "{layout:?}: {} published without a MIG UUID", d.name);
+            assert_ne!(
+                uuid,
+                Some(""),
+                "{layout:?}: {} published without a MIG UUID",
+                d.name
+            );
         }
     }
     let pool = build_pool_in(&[g], NODE, DRIVER, 1, Layout::Static);

@@ -50,9 +50,12 @@ impl GroupRecorder for ClaimGroup<'_> {
 
     fn mig_made(&self, rec: &MigInstanceInfo) -> Result<(), ServiceError> {
         self.mig(rec);
-        self.service
-            .commit(self.service.state())
-            .map_err(|e| ServiceError::new(e.code, format!("recording MIG device {}: {}", rec.device, e.message)))
+        self.service.commit(self.service.state()).map_err(|e| {
+            ServiceError::new(
+                e.code,
+                format!("recording MIG device {}: {}", rec.device, e.message),
+            )
+        })
     }
 
     fn mig(&self, rec: &MigInstanceInfo) {

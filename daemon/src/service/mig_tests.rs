@@ -123,7 +123,9 @@ fn interrupted(f: &Fixture, uid: &str, device: &str, params: Option<Value>) {
             f.backend
                 .destroy_compute_instance(&m.gpu_uuid, m.gi_id, m.ci_id.unwrap())
                 .unwrap();
-            f.backend.destroy_gpu_instance(&m.gpu_uuid, m.gi_id).unwrap();
+            f.backend
+                .destroy_gpu_instance(&m.gpu_uuid, m.gi_id)
+                .unwrap();
         }
     }
     let file = RecordsOnDisk::new(f.cfg.checkpoint.clone());

@@ -53,7 +53,10 @@ fn refusal<'a>(
     claims: impl IntoIterator<Item = &'a ClaimInfo>,
 ) -> Option<(String, bool)> {
     if let Some(why) = crate::config::claim_uid_problem(&x.claim) {
-        return Some((format!("its claim {:?} is no claim UID: it {why}", x.claim), false));
+        return Some((
+            format!("its claim {:?} is no claim UID: it {why}", x.claim),
+            false,
+        ));
     }
     let Some(c) = claims.into_iter().find(|c| c.uid == x.claim) else {
         return Some((

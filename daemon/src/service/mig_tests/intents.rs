@@ -160,7 +160,10 @@ fn a_release_that_stops_between_compute_and_gpu_instance_finishes_at_the_next_st
         .unwrap()
         .checkpoint;
     let rec = &on_disk.claims["c"].groups[0].mig[0];
-    assert!(rec.destroying, "on disk before the compute instance's destroy");
+    assert!(
+        rec.destroying,
+        "on disk before the compute instance's destroy"
+    );
     assert_eq!(
         (rec.ci_id, &rec.uuid),
         (made.ci_id, &made.uuid),
