@@ -305,6 +305,25 @@ fn a_mig_group_records_each_slice_as_it_is_made_then_its_daemon_on_the_mig_uuids
 }
 
 #[test]
+fn a_gpu_instance_whose_record_cannot_be_written_is_destroyed_before_its_compute_instance() {
+    // A record that is not on disk would leave nothing but the intent to say the instance is
+    // ours, and an intent never vouches for a whole instance: no compute instance is made,
+    // and the GPU instance goes.
+    let node = Node::new();
+    let target = node.mig_target("gpu-2-mig-3g20gb-9-4");
+    let e = mig::create(node.backend.as_ref(), &target, |_| {
+        Err(ServiceError::internal("No space left on device"))
+    })
+    .unwrap_err();
+    assert!(e.message.contains("No space left"), "{e}");
+    assert!(node
+        .backend
+        .mig_instances(&target.gpu_uuid)
+        .unwrap()
+        .is_empty());
+}
+
+#[test]
 fn a_failed_compute_instance_leaves_its_gpu_instance_recorded_and_destroyed() {
     let node = Node::new();
     let target = node.mig_target("gpu-2-mig-3g20gb-9-4");
