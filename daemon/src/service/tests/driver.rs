@@ -410,3 +410,29 @@ fn a_host_record_with_the_driver_devices_of_its_own_gpus_is_accepted_and_others_
         assert!(e.contains("is not the claim's own"), "{foreign}: {e}");
     }
 }
+
+#[test]
+fn driver_spec_temporaries_of_a_killed_writer_are_removed_at_start() {
+    let d = with_driver("p4d.24xlarge", &[], None);
+    let f = &d.f;
+    // Named as fsutil::write_atomic names its temporaries (.<file>.tmp-<pid>-<n>): what a kill
+    // during a regeneration leaves. The fake host knows no process 99: its writer is gone.
+    let dead = f.cfg.cdi_dir.join(".gpushare.io-gpu.json.tmp-99-3");
+    std::fs::write(&dead, "{").unwrap();
+    // One whose writer still runs (another gpushared on this CDI directory) is left to it.
+    fake_process(f, "another-gpushared", 777_003);
+    let live = f.cfg.cdi_dir.join(".gpushare.io-gpu.json.tmp-777003-0");
+    std::fs::write(&live, "{").unwrap();
+    // Another kind's temporary, and a name that only looks like one, are not ours.
+    let foreign = f.cfg.cdi_dir.join(".nvidia.com-gpu.json.tmp-99-0");
+    std::fs::write(&foreign, "{").unwrap();
+    let odd = f.cfg.cdi_dir.join(".gpushare.io-gpu.json.tmp-99-x");
+    std::fs::write(&odd, "{").unwrap();
+
+    let _again = restart(f, Arc::clone(&d.backend));
+    assert!(!dead.exists(), "a killed regeneration's temporary is swept");
+    assert!(live.exists(), "a running writer's");
+    assert!(foreign.exists(), "another kind's");
+    assert!(odd.exists(), "not a temporary of ours");
+    assert!(driver_spec_path(f).is_file());
+}
