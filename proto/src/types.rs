@@ -474,11 +474,11 @@ pub struct MigInstanceInfo {
     pub uuid: String,
     /// The MIG UUID the slice had when the claim was prepared, once the slice has been made
     /// again with another (after a GPU reset or a reboot, MIG UUIDs are never reused); empty
-    /// while it is the slice first made. The claim's CDI device IDs keep naming it
+    /// while it is the slice first made (and from older daemons). The claim's CDI device IDs keep naming it
     /// (`gpushare.io/gpu=MIG-<original>`: kubelet caches them for the claim's whole life),
     /// and the driver's CDI spec keeps a device of that name with the edits of the slice's
-    /// device now, while the claim holds the slice. Absent from older daemons.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    /// device now, while the claim holds the slice.
+    #[serde(default)]
     pub original_uuid: String,
     /// Who made the instance: gpushare for this claim (destroyed at its release), or someone
     /// else before the claim (static MIG: handed over as it is, never destroyed). Records
@@ -892,7 +892,7 @@ pub struct HealthInfo {
     /// The NVIDIA driver's CDI spec that every prepared device needs (`[cdi] driver_spec =
     /// "toolkit"`): whether it can be generated now. `None` with `driver_spec = "none"`, and
     /// from daemons before this field.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub driver_spec: Option<DriverSpecHealth>,
 }
 
