@@ -16,25 +16,30 @@ use gpushare_cdi::{Device, Spec};
 
 /// `generated` with, for each `(alias, target)` of `aliases`, a device named `alias` that has
 /// the edits of `generated`'s device `target`; the spec at the lowest version that fits.
-/// Returns it with the aliases left out, each with why: no device `target` in the spec (the
+/// Returns it with the aliases left out, by name with why: no device `target` in the spec (the
 /// slice is not there now: gpushared is recreating it, or it was lost), a device of its own
 /// named `alias` (which then wins), or a name CDI does not allow.
-pub fn with_aliases(generated: &Spec, aliases: &BTreeMap<String, String>) -> (Spec, Vec<String>) {
+pub fn with_aliases(
+    generated: &Spec,
+    aliases: &BTreeMap<String, String>,
+) -> (Spec, BTreeMap<String, String>) {
     let mut spec = generated.clone();
-    let mut left_out = Vec::new();
+    let mut left_out = BTreeMap::new();
     for (alias, target) in aliases {
         if let Err(e) = gpushare_cdi::validate_device_name(alias) {
-            left_out.push(format!("{alias}: {e}"));
+            left_out.insert(alias.clone(), e.to_string());
             continue;
         }
         if generated.devices.iter().any(|d| &d.name == alias) {
-            left_out.push(format!(
-                "{alias}: the generator wrote a device of that name itself"
-            ));
+            left_out.insert(
+                alias.clone(),
+                "the generator wrote a device of that name itself (a MIG UUID handed out twice)"
+                    .into(),
+            );
             continue;
         }
         let Some(device) = generated.devices.iter().find(|d| &d.name == target) else {
-            left_out.push(format!("{alias}: the spec has no device {target}"));
+            left_out.insert(alias.clone(), format!("the spec has no device {target}"));
             continue;
         };
         spec.devices.push(Device {
@@ -89,9 +94,9 @@ mod tests {
         assert_eq!(spec.devices.len(), 3, "{spec:?}");
         assert_eq!(spec.devices[..2], generated.devices[..]);
         assert_eq!(left_out.len(), 3, "{left_out:?}");
-        assert!(left_out.iter().any(|l| l.starts_with("MIG-gone: the spec has no device MIG-absent")));
-        assert!(left_out.iter().any(|l| l.starts_with("GPU-1: the generator wrote")));
-        assert!(left_out.iter().any(|l| l.starts_with("-bad: ")));
+        assert_eq!(left_out["MIG-gone"], "the spec has no device MIG-absent");
+        assert!(left_out["GPU-1"].starts_with("the generator wrote"));
+        assert!(left_out.contains_key("-bad"));
         let (same, none) = with_aliases(&generated, &BTreeMap::new());
         assert_eq!(same.devices, generated.devices);
         assert!(none.is_empty());

@@ -174,6 +174,8 @@ struct Inner {
     installed: Option<Spec>,
     /// Old MIG device name → the device it stands for now ([`DriverSpecs::set_aliases`]).
     aliases: BTreeMap<String, String>,
+    /// Aliases the last install left out, with why.
+    left_out: BTreeMap<String, String>,
     /// The last generation failed.
     failure: Option<retry::Failure>,
 }
@@ -445,8 +447,8 @@ impl DriverSpecs {
     /// Installs `generated` with the aliases: validated, written atomically; kept in memory.
     fn install(&self, inner: &mut Inner, generated: Spec) -> Result<Spec, DriverSpecError> {
         let (spec, left_out) = alias::with_aliases(&generated, &inner.aliases);
-        for why in &left_out {
-            tracing::debug!(alias = %why, "a recreated MIG slice's old name is not in the driver's CDI spec");
+        for (name, why) in &left_out {
+            tracing::warn!(alias = %name, reason = %why, "a recreated MIG slice's first name is not in the driver's CDI spec");
         }
         gpushare_cdi::validate_spec(&spec).map_err(|e| {
             DriverSpecError::Failed(format!("the driver's CDI spec is not valid: {e}"))
@@ -463,7 +465,13 @@ impl DriverSpecs {
         tracing::info!(path = %self.spec_path().display(), devices = spec.devices.len(), aliases = spec.devices.len() - generated.devices.len(), generator = %self.generator.describe(), "driver's CDI spec installed");
         inner.generated = Some(generated);
         inner.installed = Some(spec.clone());
+        inner.left_out = left_out;
         Ok(spec)
+    }
+
+    /// Why the last install left alias `name` out ([`alias::with_aliases`]), if it did.
+    pub fn alias_left_out(&self, name: &str) -> Option<String> {
+        self.lock().left_out.get(name).cloned()
     }
 
     /// Runs the generator and reads, checks and cleans what it wrote.

@@ -114,6 +114,29 @@ impl Service {
             // (`driver_spec::alias`), so the same IDs give the recreated slice. They are
             // checked as a prepare checks them before the claim is ready.
             self.sync_driver_aliases();
+            if let Some(d) = &self.cfg.driver_spec {
+                let left_out = || -> Vec<(String, String, String)> {
+                    after
+                        .groups
+                        .iter()
+                        .flat_map(|g| &g.mig)
+                        .filter_map(|m| {
+                            let why = d.alias_left_out(&m.original_uuid)?;
+                            Some((m.original_uuid.clone(), m.device.clone(), why))
+                        })
+                        .collect()
+                };
+                // Installed on a spec generated before the slice was made again (which may
+                // still name the vanished device by the old name): generated afresh once.
+                if d.current().is_ok() && !left_out().is_empty() {
+                    let _ = d.refresh();
+                }
+                for (name, device, why) in left_out() {
+                    lost.push(format!(
+                        "the driver's CDI spec cannot keep the name {name} the claim's CDI device IDs give MIG device {device}: {why}"
+                    ));
+                }
+            }
             match self.prepared_requests(uid, &after.groups, &after.requests) {
                 Ok(requests) => {
                     if let Err(why) = self.verify_cdi(uid, &requests) {
