@@ -463,6 +463,13 @@ pub fn claim_detail(c: &ClaimInfo) -> String {
                     ""
                 }
             );
+            if !m.original_uuid.is_empty() && m.original_uuid != m.uuid {
+                let _ = writeln!(
+                    s,
+                    "             made again since it was prepared (a GPU reset or a reboot); its CDI IDs keep its first name {}, which the driver's CDI spec keeps for it",
+                    clean(&m.original_uuid)
+                );
+            }
         }
         match &g.sharing {
             StrategyInfo::Exclusive if !g.mig.is_empty() => {

@@ -585,8 +585,15 @@ fn cdi_ids_kubelet_cached_give_the_recreated_slice_after_a_reset_and_a_reboot() 
             // The driver's device alone, and the whole list, give the recreated slice.
             assert_eq!(caps_in_podman(&node, &rootfs, &ids[..1]), want, "{fault}, {uid}");
             assert_eq!(caps_in_podman(&node, &rootfs, ids), want, "{fault}, {uid}");
-            // And they stay the IDs the claim answers with.
+            // And they stay the IDs the claim answers with, as its detail says.
             assert_eq!(&c.requests[0].cdi_device_ids, ids, "{fault}, {uid}");
+            let detail = node.cli(&["claim", uid]);
+            let detail = String::from_utf8_lossy(&detail.stdout);
+            assert!(
+                detail.contains(&now.uuid)
+                    && detail.contains(&format!("keep its first name {}", first.uuid)),
+                "{detail}"
+            );
         }
         assert_ne!(
             the_slice(&node.claim(&high)).gi_id,
