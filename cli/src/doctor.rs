@@ -378,7 +378,14 @@ pub type CheckFn = fn(&Context<'_>) -> Check;
 pub const CHECKS: &[CheckFn] = &[
     |c| check_driver(c.simulate.as_deref(), c.host),
     check_mps_control,
-    |c| check_driver_spec(&c.cfg, c.simulate.as_deref(), c.host, c.daemon.as_ref().ok()),
+    |c| {
+        check_driver_spec(
+            &c.cfg,
+            c.simulate.as_deref(),
+            c.host,
+            c.daemon.as_ref().ok(),
+        )
+    },
     |c| check_containerd(&c.paths.containerd_config),
     |c| check_nodeadm(&c.paths.nodeadm_dir, c.host),
     |c| check_cdi(&c.paths.static_cdi_dir, &c.cfg.paths.cdi_dir),

@@ -681,7 +681,8 @@ mod tests {
             &v,
         );
         assert!(
-            ok.contains("driver spec:  /var/run/cdi/gpushare.io-gpu.json\n") && !ok.contains("FAILING"),
+            ok.contains("driver spec:  /var/run/cdi/gpushare.io-gpu.json\n")
+                && !ok.contains("FAILING"),
             "{ok}"
         );
     }

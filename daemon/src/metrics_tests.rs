@@ -90,7 +90,8 @@ fn health_gauges_show_degraded_claims_and_the_checkpoint_state() {
             path: "/var/run/cdi/gpushare.io-gpu.json".into(),
             generator: "/usr/bin/nvidia-ctk cdi generate (driver root /)".into(),
             ok: error.is_none(),
-            error: error.map(|_| "Failed to initialize NVML: Driver/library version mismatch".into()),
+            error: error
+                .map(|_| "Failed to initialize NVML: Driver/library version mismatch".into()),
             failures: if error.is_some() { 3 } else { 0 },
             retry_in_seconds: error.map(|_| 40),
             generate_timeout_seconds: Some(15),

@@ -251,7 +251,10 @@ impl Config {
 ///
 /// # Errors
 /// One line naming both keys.
-pub fn check_generate_timeout(claim_timeout: Duration, health: &serde_json::Value) -> Result<(), String> {
+pub fn check_generate_timeout(
+    claim_timeout: Duration,
+    health: &serde_json::Value,
+) -> Result<(), String> {
     let Some(generate) = health
         .pointer("/driver_spec/generate_timeout_seconds")
         .and_then(serde_json::Value::as_u64)
@@ -287,7 +290,10 @@ mod tests {
             e.starts_with("claim_timeout_seconds 10 must be above gpushared's [cdi] generate_timeout_seconds (15)"),
             "{e}"
         );
-        assert!(check_generate_timeout(Duration::from_secs(15), &health(serde_json::json!(15))).is_err());
+        assert!(
+            check_generate_timeout(Duration::from_secs(15), &health(serde_json::json!(15)))
+                .is_err()
+        );
     }
 
     #[test]

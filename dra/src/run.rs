@@ -96,10 +96,24 @@ async fn watch_gpushared(
                 was_up = Some(true);
                 let driver_spec_error = crate::state::driver_spec_error(&h);
                 match (&driver_spec_error, state.gpushared()) {
-                    (Some(e), GpusharedState::Up { driver_spec_error: None, .. } | GpusharedState::Unknown | GpusharedState::Down(_)) => {
+                    (
+                        Some(e),
+                        GpusharedState::Up {
+                            driver_spec_error: None,
+                            ..
+                        }
+                        | GpusharedState::Unknown
+                        | GpusharedState::Down(_),
+                    ) => {
                         tracing::warn!(error = %e, "gpushared cannot generate the NVIDIA driver's CDI spec: every prepare fails until it can (/healthz says so meanwhile)");
                     }
-                    (None, GpusharedState::Up { driver_spec_error: Some(_), .. }) => {
+                    (
+                        None,
+                        GpusharedState::Up {
+                            driver_spec_error: Some(_),
+                            ..
+                        },
+                    ) => {
                         tracing::info!("gpushared generates the NVIDIA driver's CDI spec again");
                     }
                     _ => {}

@@ -502,7 +502,12 @@ fn a_failing_nvidia_ctk_shows_everywhere_and_is_not_run_for_every_prepare() {
             ctk.display().to_string()
         ),
     );
-    let count = || fs::read_to_string(&runs).unwrap_or_default().lines().count();
+    let count = || {
+        fs::read_to_string(&runs)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
     let health = || -> gpushare_proto::HealthInfo {
         d.client()
             .call(gpushare_proto::Method::Health, None::<&()>)
@@ -555,9 +560,10 @@ fn a_failing_nvidia_ctk_shows_everywhere_and_is_not_run_for_every_prepare() {
     };
     let text = status(false);
     assert!(
-        text.lines().any(|l| l.starts_with("DRIVER CDI SPEC FAILING: ")
-            && l.contains("Driver/library version mismatch")
-            && l.ends_with("every prepare that needs it is refused")),
+        text.lines()
+            .any(|l| l.starts_with("DRIVER CDI SPEC FAILING: ")
+                && l.contains("Driver/library version mismatch")
+                && l.ends_with("every prepare that needs it is refused")),
         "{text}"
     );
     let json: Value = serde_json::from_str(&status(true)).unwrap();

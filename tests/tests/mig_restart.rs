@@ -546,7 +546,10 @@ fn cdi_ids_kubelet_cached_give_the_recreated_slice_after_a_reset_and_a_reboot() 
     let tag = unique_uid("mig-ids");
     let (high, low) = (format!("a-{tag}"), format!("b-{tag}"));
     let mut handed = Vec::new();
-    for (uid, device) in [(&low, "gpu-2-mig-3g20gb-9-0"), (&high, "gpu-2-mig-3g20gb-9-4")] {
+    for (uid, device) in [
+        (&low, "gpu-2-mig-3g20gb-9-0"),
+        (&high, "gpu-2-mig-3g20gb-9-4"),
+    ] {
         let r = node
             .prepare(&mig_claim(uid, device, None))
             .unwrap_or_else(|e| panic!("{e}; log:\n{}", node.log()));
@@ -554,7 +557,11 @@ fn cdi_ids_kubelet_cached_give_the_recreated_slice_after_a_reset_and_a_reboot() 
         let ids = r.requests[0].cdi_device_ids.clone();
         assert_eq!(ids[0], format!("gpushare.io/gpu={}", slice.uuid));
         let caps = caps_in_podman(&node, &rootfs, &ids);
-        assert_eq!(caps, expected_caps(slice.gi_id, slice.ci_id.unwrap()), "{uid}");
+        assert_eq!(
+            caps,
+            expected_caps(slice.gi_id, slice.ci_id.unwrap()),
+            "{uid}"
+        );
         handed.push((uid.clone(), ids, slice));
     }
     let claims = [low.as_str(), high.as_str()];
@@ -575,7 +582,12 @@ fn cdi_ids_kubelet_cached_give_the_recreated_slice_after_a_reset_and_a_reboot() 
         let registry = gpushare_cdi::Registry::load(&[&node.cdi_dir]);
         for (uid, ids, first) in &handed {
             let c = node.claim(uid);
-            assert_eq!(c.state, ClaimState::Prepared, "{fault}, {uid}: {:?}", c.last_error);
+            assert_eq!(
+                c.state,
+                ClaimState::Prepared,
+                "{fault}, {uid}: {:?}",
+                c.last_error
+            );
             let now = the_slice(&c);
             assert_ne!(now.uuid, first.uuid, "{fault}, {uid}: made again");
             registry
@@ -583,7 +595,11 @@ fn cdi_ids_kubelet_cached_give_the_recreated_slice_after_a_reset_and_a_reboot() 
                 .unwrap_or_else(|e| panic!("{fault}, {uid}: {ids:?}: {e}"));
             let want = expected_caps(now.gi_id, now.ci_id.unwrap());
             // The driver's device alone, and the whole list, give the recreated slice.
-            assert_eq!(caps_in_podman(&node, &rootfs, &ids[..1]), want, "{fault}, {uid}");
+            assert_eq!(
+                caps_in_podman(&node, &rootfs, &ids[..1]),
+                want,
+                "{fault}, {uid}"
+            );
             assert_eq!(caps_in_podman(&node, &rootfs, ids), want, "{fault}, {uid}");
             // And they stay the IDs the claim answers with, as its detail says.
             assert_eq!(&c.requests[0].cdi_device_ids, ids, "{fault}, {uid}");
@@ -610,6 +626,9 @@ fn cdi_ids_kubelet_cached_give_the_recreated_slice_after_a_reset_and_a_reboot() 
     }
     let spec = fs::read_to_string(node.driver_spec()).unwrap();
     for (_, _, first) in &handed {
-        assert!(!spec.contains(&first.uuid), "a released claim's name is left");
+        assert!(
+            !spec.contains(&first.uuid),
+            "a released claim's name is left"
+        );
     }
 }

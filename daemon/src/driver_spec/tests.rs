@@ -309,7 +309,10 @@ fn a_failing_generator_runs_again_after_its_wait_or_a_change_not_for_every_use()
     let d = specs(dir.path(), canned.clone()).with_retry(RetryPolicy::default(), clock.clone());
     let runs = || canned.runs.load(Ordering::SeqCst);
     let status = d.status();
-    assert!(!status.ok && status.error.is_none(), "not tried yet: {status:?}");
+    assert!(
+        !status.ok && status.error.is_none(),
+        "not tried yet: {status:?}"
+    );
     assert!(d.refresh().unwrap_err().to_string().contains(mismatch));
     assert_eq!(runs(), 1);
     let status = d.status();
@@ -374,7 +377,11 @@ fn aliases_are_installed_without_running_the_generator_and_follow_each_generatio
     d.refresh().unwrap();
     let aliases = BTreeMap::from([("MIG-old".to_string(), "MIG-new".to_string())]);
     d.set_aliases(aliases.clone()).unwrap();
-    assert_eq!(canned.runs.load(Ordering::SeqCst), 1, "installed from memory");
+    assert_eq!(
+        canned.runs.load(Ordering::SeqCst),
+        1,
+        "installed from memory"
+    );
     let names = || -> Vec<String> {
         gpushare_cdi::load_spec_file(&d.spec_path())
             .unwrap()

@@ -151,9 +151,9 @@ impl Service {
                     } else {
                         // A slice made again keeps the name its claim's IDs were handed out
                         // with: the driver's spec has it as an alias of the new device.
-                        migs.get(di).filter(|m| !m.uuid.is_empty()).map(|m| {
-                            (m.device.clone(), driver_name_of(m).to_string())
-                        })
+                        migs.get(di)
+                            .filter(|m| !m.uuid.is_empty())
+                            .map(|m| (m.device.clone(), driver_name_of(m).to_string()))
                     };
                     let device = device.ok_or_else(|| {
                         crate::driver_spec::DriverSpecError::Failed(format!(

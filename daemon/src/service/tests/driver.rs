@@ -487,7 +487,10 @@ fn the_cdi_ids_a_prepare_handed_out_stay_valid_for_recreated_mig_slices() {
     for (uid, c) in &claims {
         let r = f.service.prepare(c).unwrap();
         let slice = f.service.get_claim(uid).unwrap().groups[0].mig[0].clone();
-        assert_eq!(resolved_caps(f, &r.requests[0].cdi_device_ids), caps_of(&slice));
+        assert_eq!(
+            resolved_caps(f, &r.requests[0].cdi_device_ids),
+            caps_of(&slice)
+        );
         handed.push((r.requests.clone(), slice));
     }
     assert_eq!((handed[0].1.gi_id, handed[1].1.gi_id), (1, 2));
@@ -536,7 +539,10 @@ fn the_cdi_ids_a_prepare_handed_out_stay_valid_for_recreated_mig_slices() {
                 assert_ne!(now.uuid, previous[i], "{round}, {uid}: a new MIG UUID");
             }
             previous[i] = now.uuid.clone();
-            assert_eq!(now.original_uuid, first.uuid, "{round}, {uid}: its first name");
+            assert_eq!(
+                now.original_uuid, first.uuid,
+                "{round}, {uid}: its first name"
+            );
             assert_eq!(
                 &info.requests, requests,
                 "{round}, {uid}: the IDs handed out are the claim's for its whole life"
