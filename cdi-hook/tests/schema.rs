@@ -542,6 +542,12 @@ fn mig_instance(complete: bool) -> MigInstanceInfo {
         } else {
             String::new()
         },
+        // A slice made again after a reset keeps its first name; one first made has none.
+        original_uuid: if complete {
+            "MIG-first".into()
+        } else {
+            String::new()
+        },
         // Both origins, and the flag both ways, are shapes the schema must take.
         origin: if complete {
             MigOrigin::Existing
@@ -826,6 +832,27 @@ fn samples() -> Vec<(&'static str, Value)> {
                 degraded_claims: 1,
                 stopping: false,
                 drivers: vec!["gpu.nvidia.com".into()],
+                driver_spec: Some(gpushare_proto::DriverSpecHealth {
+                    path: "/var/run/cdi/gpushare.io-gpu.json".into(),
+                    generator: "/usr/bin/nvidia-ctk cdi generate (driver root /)".into(),
+                    ok: false,
+                    error: Some("/usr/bin/nvidia-ctk cdi generate failed: exit 1; output: \"Failed to initialize NVML: Driver/library version mismatch\"".into()),
+                    failures: 2,
+                    retry_in_seconds: Some(17),
+                    generate_timeout_seconds: Some(15),
+                }),
+            }),
+        ),
+        (
+            "DriverSpecHealth",
+            to_json(&gpushare_proto::DriverSpecHealth {
+                path: "/var/run/cdi/gpushare.io-gpu.json".into(),
+                generator: "the simulated nvidia-ctk cdi generate (driver root /run/gpushare/simulated-driver)".into(),
+                ok: true,
+                error: None,
+                failures: 0,
+                retry_in_seconds: None,
+                generate_timeout_seconds: None,
             }),
         ),
         (
@@ -926,6 +953,7 @@ fn schema_has_a_def_for_every_wire_type() {
         "MigGpuPlan",
         "DetachResult",
         "HealthInfo",
+        "DriverSpecHealth",
         "VersionInfo",
         "ListClaimsResult",
         "ListGpusResult",

@@ -378,7 +378,14 @@ pub type CheckFn = fn(&Context<'_>) -> Check;
 pub const CHECKS: &[CheckFn] = &[
     |c| check_driver(c.simulate.as_deref(), c.host),
     check_mps_control,
-    |c| check_driver_spec(&c.cfg, c.simulate.as_deref(), c.host),
+    |c| {
+        check_driver_spec(
+            &c.cfg,
+            c.simulate.as_deref(),
+            c.host,
+            c.daemon.as_ref().ok(),
+        )
+    },
     |c| check_containerd(&c.paths.containerd_config),
     |c| check_nodeadm(&c.paths.nodeadm_dir, c.host),
     |c| check_cdi(&c.paths.static_cdi_dir, &c.cfg.paths.cdi_dir),
@@ -594,9 +601,16 @@ fn check_driver(simulate: Option<&str>, host: &dyn DoctorHost) -> Check {
 }
 
 /// `[cdi] driver_spec = "toolkit"` needs NVIDIA's `nvidia-ctk` (nvidia-container-toolkit):
-/// without it gpushared refuses every claim; and the spec it generates at start should be in
-/// the CDI directory.
-fn check_driver_spec(cfg: &DaemonConfig, simulate: Option<&str>, host: &dyn DoctorHost) -> Check {
+/// without it gpushared refuses every claim; the answering daemon says whether it can
+/// generate the spec now (a generator that fails, say with "Driver/library version mismatch",
+/// also fails every prepare); without one, the spec it generates at start should be in the
+/// CDI directory.
+fn check_driver_spec(
+    cfg: &DaemonConfig,
+    simulate: Option<&str>,
+    host: &dyn DoctorHost,
+    daemon: Option<&DaemonView>,
+) -> Check {
     if cfg.cdi.driver_spec == DriverSpecMode::None {
         return check(
             "driver-spec",
@@ -624,6 +638,9 @@ fn check_driver_spec(cfg: &DaemonConfig, simulate: Option<&str>, host: &dyn Doct
             }
         }
     };
+    if let Some(d) = daemon.and_then(|v| v.health.driver_spec.as_ref()) {
+        return driver_spec_of_daemon(d);
+    }
     match gpushare_cdi::load_spec_file(&spec) {
         Ok(s) => check(
             "driver-spec",
@@ -642,6 +659,33 @@ fn check_driver_spec(cfg: &DaemonConfig, simulate: Option<&str>, host: &dyn Doct
             "gpushared generates it at start and after MIG changes: journalctl -u gpushared says why it did not",
         ),
     }
+}
+
+/// The driver spec as the answering daemon reports it: FAIL while it cannot generate it.
+fn driver_spec_of_daemon(d: &gpushare_proto::DriverSpecHealth) -> Check {
+    if d.ok {
+        return check(
+            "driver-spec",
+            Status::Ok,
+            format!("gpushared generates {} with {}", d.path, d.generator),
+            "",
+        );
+    }
+    let when = d
+        .retry_in_seconds
+        .map_or(String::new(), |s| format!("; next try in {s} s"));
+    check(
+        "driver-spec",
+        Status::Fail,
+        format!(
+            "gpushared cannot generate {} with {} ({} failed generations in a row{when}): {}; every prepare is refused until it can",
+            d.path,
+            d.generator,
+            d.failures,
+            d.error.as_deref().unwrap_or("not generated yet")
+        ),
+        "run the generator by hand for its whole output (nvidia-ctk cdi generate --output /tmp/spec.json); \"Driver/library version mismatch\" means the driver's libraries were updated without its kernel module: reboot the node (or reload the nvidia kernel modules). gpushared tries again on its own, and at once after a change of nvidia-ctk or the driver or a systemctl reload gpushared",
+    )
 }
 
 /// The MPS control program gpushared runs: the answering daemon says which; without one,
@@ -1532,6 +1576,7 @@ mod tests {
                 degraded_claims: 0,
                 stopping: false,
                 drivers: vec![],
+                driver_spec: None,
             },
             gpus,
             claims: vec![],
@@ -1647,6 +1692,61 @@ mod tests {
         .unwrap();
         let c = get(&run(&n.paths, None, &FakeHost::default()), "driver-spec").clone();
         assert_eq!(c.status, Status::Ok, "{c:?}");
+    }
+
+    #[test]
+    fn a_driver_spec_the_daemon_cannot_generate_fails_the_check() {
+        let n = node(CDI_ON);
+        // The file of an earlier, good generation is there; the daemon's word wins.
+        std::fs::write(
+            n.dir.path().join("run-cdi/gpushare.io-gpu.json"),
+            r#"{"cdiVersion":"0.3.0","kind":"gpushare.io/gpu","devices":[{"name":"GPU-0","containerEdits":{"env":["A=1"]}}]}"#,
+        )
+        .unwrap();
+        let mut daemon = healthy(vec![gpu(GpuSharing::Free, ComputeMode::Default)]);
+        daemon.health.driver_spec = Some(gpushare_proto::DriverSpecHealth {
+            path: "/var/run/cdi/gpushare.io-gpu.json".into(),
+            generator: "/usr/bin/nvidia-ctk cdi generate (driver root /)".into(),
+            ok: false,
+            error: Some("/usr/bin/nvidia-ctk cdi generate failed: exit 1: Failed to initialize NVML: Driver/library version mismatch".into()),
+            failures: 3,
+            retry_in_seconds: Some(40),
+            generate_timeout_seconds: Some(15),
+        });
+        let host = FakeHost {
+            programs: vec!["nvidia-ctk"],
+            daemon: Some(daemon.clone()),
+            ..FakeHost::default()
+        };
+        let r = run(&n.paths, None, &host);
+        let c = get(&r, "driver-spec");
+        assert_eq!(c.status, Status::Fail, "{}", r.text());
+        for part in [
+            "Driver/library version mismatch",
+            "3 failed generations in a row",
+            "next try in 40 s",
+            "every prepare is refused",
+        ] {
+            assert!(c.detail.contains(part), "{part:?} in {c:?}");
+        }
+        assert!(c.hint.contains("reboot"), "{c:?}");
+        assert!(!r.ok);
+        // Generated again: OK, from the daemon's word too.
+        daemon.health.driver_spec = Some(gpushare_proto::DriverSpecHealth {
+            ok: true,
+            error: None,
+            failures: 0,
+            retry_in_seconds: None,
+            ..daemon.health.driver_spec.clone().unwrap()
+        });
+        let host = FakeHost {
+            programs: vec!["nvidia-ctk"],
+            daemon: Some(daemon),
+            ..FakeHost::default()
+        };
+        let c = get(&run(&n.paths, None, &host), "driver-spec").clone();
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(c.detail.contains("gpushared generates"), "{c:?}");
     }
 
     #[test]

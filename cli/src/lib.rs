@@ -463,6 +463,13 @@ pub fn claim_detail(c: &ClaimInfo) -> String {
                     ""
                 }
             );
+            if !m.original_uuid.is_empty() && m.original_uuid != m.uuid {
+                let _ = writeln!(
+                    s,
+                    "             made again since it was prepared (a GPU reset or a reboot); its CDI IDs keep its first name {}, which the driver's CDI spec keeps for it",
+                    clean(&m.original_uuid)
+                );
+            }
         }
         match &g.sharing {
             StrategyInfo::Exclusive if !g.mig.is_empty() => {
@@ -552,6 +559,9 @@ pub fn status_text(h: &HealthInfo, v: &VersionInfo) -> String {
         v.daemon, v.protocol, h.ready, h.node_name, h.backend, h.mps_control, h.gpus, h.claims
     );
     let _ = writeln!(s, "degraded:     {}", h.degraded_claims);
+    if let Some(d) = h.driver_spec.as_ref().filter(|d| d.ok) {
+        let _ = writeln!(s, "driver spec:  {}", clean(&d.path));
+    }
     if h.stopping {
         let _ = writeln!(s, "stopping:     yes");
     }
@@ -570,6 +580,18 @@ pub fn status_text(h: &HealthInfo, v: &VersionInfo) -> String {
     }
     if let Some(e) = &h.checkpoint_error {
         let _ = writeln!(s, "CHECKPOINT NOT WRITABLE: {}", clean(e));
+    }
+    if let Some(d) = h.driver_spec.as_ref().filter(|d| !d.ok) {
+        let next = d
+            .retry_in_seconds
+            .map_or(String::new(), |r| format!("; next try in {r} s"));
+        let _ = writeln!(
+            s,
+            "DRIVER CDI SPEC FAILING: {} ({} failed generations in a row{next}; {}): every prepare that needs it is refused",
+            clean(d.error.as_deref().unwrap_or("not generated yet")),
+            d.failures,
+            clean(&d.generator)
+        );
     }
     s
 }
@@ -623,6 +645,46 @@ mod tests {
             "mig_devices": vec![device; mig_devices],
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn status_shows_a_driver_spec_that_cannot_be_generated() {
+        let v = VersionInfo {
+            daemon: "0.1.0".into(),
+            protocol: 1,
+        };
+        let health = |spec: serde_json::Value| -> HealthInfo {
+            serde_json::from_value(serde_json::json!({
+                "ready": true, "node_name": "n", "gpus": 1, "claims": 0, "backend": "nvml",
+                "mps_control": "/usr/bin/nvidia-cuda-mps-control", "driver_spec": spec,
+            }))
+            .unwrap()
+        };
+        let failing = status_text(
+            &health(serde_json::json!({
+                "path": "/var/run/cdi/gpushare.io-gpu.json",
+                "generator": "/usr/bin/nvidia-ctk cdi generate (driver root /)",
+                "ok": false, "error": "exit 1: Driver/library version mismatch\nmore",
+                "failures": 2, "retry_in_seconds": 17, "generate_timeout_seconds": 15,
+            })),
+            &v,
+        );
+        assert!(
+            failing.contains("DRIVER CDI SPEC FAILING: exit 1: Driver/library version mismatch?more (2 failed generations in a row; next try in 17 s; /usr/bin/nvidia-ctk cdi generate (driver root /)): every prepare that needs it is refused\n"),
+            "{failing}"
+        );
+        let ok = status_text(
+            &health(serde_json::json!({
+                "path": "/var/run/cdi/gpushare.io-gpu.json",
+                "generator": "/usr/bin/nvidia-ctk cdi generate (driver root /)", "ok": true,
+            })),
+            &v,
+        );
+        assert!(
+            ok.contains("driver spec:  /var/run/cdi/gpushare.io-gpu.json\n")
+                && !ok.contains("FAILING"),
+            "{ok}"
+        );
     }
 
     #[test]

@@ -19,7 +19,8 @@ use serde::Deserialize;
 pub use checks::{check_layout, check_metrics_address, parse_mode};
 pub use sections::{
     CdiConfig, DriverSpecMode, GpusConfig, HookSettings, LogConfig, MetricsConfig, MpsConfig,
-    NodeConfig, PathsConfig, SocketConfig, DEFAULT_METRICS_ADDRESS,
+    NodeConfig, PathsConfig, SocketConfig, DEFAULT_METRICS_ADDRESS, MAX_GENERATE_TIMEOUT_SECONDS,
+    PLUGIN_CLAIM_TIMEOUT_SECONDS,
 };
 
 /// Where `gpushared` looks for its configuration when `--config` is not given. A missing file

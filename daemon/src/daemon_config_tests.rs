@@ -170,12 +170,35 @@ fn cdi_section() {
             "[cdi]\ngenerate_timeout_seconds = 0\n",
             "cdi.generate_timeout_seconds",
         ),
+        (
+            "[cdi]\ngenerate_timeout_seconds = 60\n",
+            "cdi.generate_timeout_seconds",
+        ),
     ] {
         let e = DaemonConfig::parse(text, Path::new("x"))
             .unwrap_err()
             .to_string();
         assert!(e.contains(key), "{text}: {e}");
     }
+}
+
+#[test]
+fn a_generation_is_bounded_below_the_plugins_claim_timeout() {
+    // A prepare may wait on a generation; the DRA plugin gives a whole prepare 30 s by
+    // default, so a generation that may take as long would be cut off and retried by kubelet
+    // while it still runs.
+    let default = DaemonConfig::default().cdi.generate_timeout_seconds;
+    assert!(default < 30, "{default}");
+    DaemonConfig::parse("[cdi]\ngenerate_timeout_seconds = 25\n", Path::new("x")).unwrap();
+    let e = DaemonConfig::parse("[cdi]\ngenerate_timeout_seconds = 30\n", Path::new("x"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("cdi.generate_timeout_seconds")
+            && e.contains("30")
+            && e.contains("claim_timeout_seconds"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -213,7 +213,8 @@ fn encode_gauge(
     g.encode(m)
 }
 
-/// The service's health as gauges: degraded claims and the checkpoint's state.
+/// The service's health as gauges: degraded claims, the checkpoint's state and the driver's
+/// CDI spec's.
 fn encode_health(encoder: &mut DescriptorEncoder, health: &HealthInfo) -> Result<(), fmt::Error> {
     encode_gauge(
         encoder,
@@ -238,6 +239,21 @@ fn encode_health(encoder: &mut DescriptorEncoder, health: &HealthInfo) -> Result
         "gpushare_checkpoint_write_error",
         "Whether the last checkpoint write failed (1: changing requests fail until one succeeds) or not (0).",
         i64::from(health.checkpoint_error.is_some()),
+    )?;
+    // gpushare_ready keeps its meaning (changing requests are accepted: releases work, and
+    // prepares that need no driver spec); this is the gauge that says prepares fail.
+    let failing = health.driver_spec.as_ref().filter(|d| !d.ok);
+    encode_gauge(
+        encoder,
+        "gpushare_driver_spec_error",
+        "Whether the NVIDIA driver's CDI spec cannot be generated (1: every prepare that needs it is refused; gpushare status says why) or can (0).",
+        i64::from(failing.is_some()),
+    )?;
+    encode_gauge(
+        encoder,
+        "gpushare_driver_spec_failures",
+        "Failed generations of the NVIDIA driver's CDI spec in a row (0 once one succeeds).",
+        i64::from(failing.map_or(0, |d| d.failures)),
     )
 }
 

@@ -85,6 +85,17 @@ fn health_gauges_show_degraded_claims_and_the_checkpoint_state() {
         degraded_claims: degraded,
         stopping: false,
         drivers: vec!["gpu.nvidia.com".into()],
+        // The driver's CDI spec fails along with the checkpoint here.
+        driver_spec: Some(gpushare_proto::DriverSpecHealth {
+            path: "/var/run/cdi/gpushare.io-gpu.json".into(),
+            generator: "/usr/bin/nvidia-ctk cdi generate (driver root /)".into(),
+            ok: error.is_none(),
+            error: error
+                .map(|_| "Failed to initialize NVML: Driver/library version mismatch".into()),
+            failures: if error.is_some() { 3 } else { 0 },
+            retry_in_seconds: error.map(|_| 40),
+            generate_timeout_seconds: Some(15),
+        }),
     };
     let text = |h: HealthInfo| {
         let mut r = Registry::default();
@@ -97,15 +108,26 @@ fn health_gauges_show_degraded_claims_and_the_checkpoint_state() {
         "gpushare_checkpoint_quarantined 0",
         "gpushare_quarantined_records 0",
         "gpushare_checkpoint_write_error 0",
+        "gpushare_driver_spec_error 0",
+        "gpushare_driver_spec_failures 0",
     ] {
         assert!(ok.lines().any(|l| l == line), "{line}: {ok}");
     }
     let bad = text(health(2, Some("moved to x: bad json"), Some("disk full")));
+    let mut none = health(0, None, None);
+    none.driver_spec = None;
+    let none = text(none);
+    assert!(
+        none.lines().any(|l| l == "gpushare_driver_spec_error 0"),
+        "[cdi] driver_spec = \"none\" has nothing to fail: {none}"
+    );
     for line in [
         "gpushare_degraded_claims 2",
         "gpushare_checkpoint_quarantined 1",
         "gpushare_quarantined_records 2",
         "gpushare_checkpoint_write_error 1",
+        "gpushare_driver_spec_error 1",
+        "gpushare_driver_spec_failures 3",
     ] {
         assert!(bad.lines().any(|l| l == line), "{line}: {bad}");
     }

@@ -243,9 +243,58 @@ impl Config {
     }
 }
 
+/// Checks the plugin's claim timeout against gpushared's bound on one generation of the
+/// driver's CDI spec (`[cdi] generate_timeout_seconds`, in its `health` answer; absent from
+/// gpushared before the field and for the simulated generator): a prepare may wait on a
+/// generation, so the claim timeout must be longer, or the plugin gives up on a prepare that
+/// is still generating and kubelet retries it meanwhile.
+///
+/// # Errors
+/// One line naming both keys.
+pub fn check_generate_timeout(
+    claim_timeout: Duration,
+    health: &serde_json::Value,
+) -> Result<(), String> {
+    let Some(generate) = health
+        .pointer("/driver_spec/generate_timeout_seconds")
+        .and_then(serde_json::Value::as_u64)
+    else {
+        return Ok(());
+    };
+    if claim_timeout.as_secs() > generate {
+        return Ok(());
+    }
+    Err(format!(
+        "claim_timeout_seconds {} must be above gpushared's [cdi] generate_timeout_seconds ({generate}): a prepare may wait on a generation of the driver's CDI spec, and one the plugin gives up on is retried by kubelet while it still runs; raise claim_timeout_seconds (at most 40) or lower generate_timeout_seconds",
+        claim_timeout.as_secs()
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_claim_timeout_must_cover_a_generation_of_the_driver_spec() {
+        let health = |g: serde_json::Value| {
+            serde_json::json!({"driver_spec": {"path": "p", "generator": "g", "ok": true,
+                "generate_timeout_seconds": g}})
+        };
+        let thirty = Duration::from_secs(30);
+        check_generate_timeout(thirty, &health(serde_json::json!(15))).unwrap();
+        check_generate_timeout(thirty, &health(serde_json::json!(null))).unwrap();
+        check_generate_timeout(thirty, &serde_json::json!({"ready": true})).unwrap();
+        let e = check_generate_timeout(Duration::from_secs(10), &health(serde_json::json!(15)))
+            .unwrap_err();
+        assert!(
+            e.starts_with("claim_timeout_seconds 10 must be above gpushared's [cdi] generate_timeout_seconds (15)"),
+            "{e}"
+        );
+        assert!(
+            check_generate_timeout(Duration::from_secs(15), &health(serde_json::json!(15)))
+                .is_err()
+        );
+    }
 
     #[test]
     fn the_documented_default_file_is_the_default() {

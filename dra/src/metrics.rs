@@ -164,8 +164,9 @@ impl Metrics {
     }
 }
 
-/// `/healthz`: 200 `ok` while kubelet has not refused the registration and gpushared
-/// answers; 503 with the reason otherwise.
+/// `/healthz`: 200 `ok` while kubelet has not refused the registration, gpushared answers and
+/// it can generate the driver's CDI spec (without which every prepare fails); 503 with the
+/// reason otherwise.
 pub fn healthz(state: &State) -> (u16, String) {
     let mut problems = Vec::new();
     if let Registration::Refused(e) = state.registration() {
@@ -174,6 +175,12 @@ pub fn healthz(state: &State) -> (u16, String) {
     match state.gpushared() {
         Gpushared::Down(e) => problems.push(format!("gpushared does not answer: {e}")),
         Gpushared::Unknown => problems.push("gpushared not asked yet".into()),
+        Gpushared::Up {
+            driver_spec_error: Some(e),
+            ..
+        } => problems.push(format!(
+            "gpushared cannot generate the NVIDIA driver's CDI spec, so every prepare fails: {e}"
+        )),
         Gpushared::Up { .. } => {}
     }
     if problems.is_empty() {
@@ -241,4 +248,30 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, sta
 /// The address cannot be bound.
 pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(addr).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn healthz_fails_while_gpushared_cannot_generate_the_driver_spec() {
+        let state = State::default();
+        state.set_registration(Registration::Registered);
+        state.set_gpushared(Gpushared::Up {
+            node_name: "n".into(),
+            driver_spec_error: None,
+        });
+        assert_eq!(healthz(&state), (200, "ok\n".to_string()));
+        state.set_gpushared(Gpushared::Up {
+            node_name: "n".into(),
+            driver_spec_error: Some("Driver/library version mismatch".into()),
+        });
+        let (code, body) = healthz(&state);
+        assert_eq!(code, 503);
+        assert_eq!(
+            body,
+            "gpushared cannot generate the NVIDIA driver's CDI spec, so every prepare fails: Driver/library version mismatch\n"
+        );
+    }
 }

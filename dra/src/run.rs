@@ -66,8 +66,9 @@ fn bind(path: &Path) -> anyhow::Result<UnixListener> {
 }
 
 /// Watches gpushared: `health` every 2 s while it answers, with backoff (250 ms doubling to
-/// 10 s) while it does not. The first answer's node and driver are checked against ours;
-/// a mismatch ends the plugin with one line.
+/// 10 s) while it does not. The first answer's node and driver are checked against ours, and
+/// our claim timeout against its bound on a generation of the driver's CDI spec; a mismatch
+/// ends the plugin with one line. Whether it can generate that spec is kept for `/healthz`.
 async fn watch_gpushared(
     g: Gpushared,
     cfg: Arc<Config>,
@@ -85,12 +86,41 @@ async fn watch_gpushared(
                     let _ = fatal.send(Fatal::Config(line)).await;
                     return;
                 }
+                if let Err(line) = crate::config::check_generate_timeout(cfg.claim_timeout, &h) {
+                    let _ = fatal.send(Fatal::Config(line)).await;
+                    return;
+                }
                 if was_up != Some(true) {
                     tracing::info!(node = %id.node_name, socket = %g.socket().display(), "gpushared answers");
                 }
                 was_up = Some(true);
+                let driver_spec_error = crate::state::driver_spec_error(&h);
+                match (&driver_spec_error, state.gpushared()) {
+                    (
+                        Some(e),
+                        GpusharedState::Up {
+                            driver_spec_error: None,
+                            ..
+                        }
+                        | GpusharedState::Unknown
+                        | GpusharedState::Down(_),
+                    ) => {
+                        tracing::warn!(error = %e, "gpushared cannot generate the NVIDIA driver's CDI spec: every prepare fails until it can (/healthz says so meanwhile)");
+                    }
+                    (
+                        None,
+                        GpusharedState::Up {
+                            driver_spec_error: Some(_),
+                            ..
+                        },
+                    ) => {
+                        tracing::info!("gpushared generates the NVIDIA driver's CDI spec again");
+                    }
+                    _ => {}
+                }
                 state.set_gpushared(GpusharedState::Up {
                     node_name: id.node_name,
+                    driver_spec_error,
                 });
                 backoff = Duration::from_millis(250);
                 Duration::from_secs(2)

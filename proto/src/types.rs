@@ -472,6 +472,14 @@ pub struct MigInstanceInfo {
     /// `MIG-…` UUID read from the compute instance; empty until it exists.
     #[serde(default)]
     pub uuid: String,
+    /// The MIG UUID the slice had when the claim was prepared, once the slice has been made
+    /// again with another (after a GPU reset or a reboot, MIG UUIDs are never reused); empty
+    /// while it is the slice first made (and from older daemons). The claim's CDI device IDs keep naming it
+    /// (`gpushare.io/gpu=MIG-<original>`: kubelet caches them for the claim's whole life),
+    /// and the driver's CDI spec keeps a device of that name with the edits of the slice's
+    /// device now, while the claim holds the slice.
+    #[serde(default)]
+    pub original_uuid: String,
     /// Who made the instance: gpushare for this claim (destroyed at its release), or someone
     /// else before the claim (static MIG: handed over as it is, never destroyed). Records
     /// without the field are `created` (every slice was, before static MIG).
@@ -887,6 +895,40 @@ pub struct HealthInfo {
     /// this field.
     #[serde(default)]
     pub drivers: Vec<String>,
+    /// The NVIDIA driver's CDI spec that every prepared device needs (`[cdi] driver_spec =
+    /// "toolkit"`): whether it can be generated now. `None` with `driver_spec = "none"`, and
+    /// from daemons before this field.
+    #[serde(default)]
+    pub driver_spec: Option<DriverSpecHealth>,
+}
+
+/// The driver's CDI spec in [`HealthInfo`]: while its generation fails, every prepare that
+/// needs it (all of them, unless `[cdi] driver_spec = "none"`) is refused with `error`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriverSpecHealth {
+    /// The spec file gpushared installs (`<cdi-dir>/gpushare.io-gpu.json` by default).
+    pub path: String,
+    /// What generates it, e.g. `/usr/bin/nvidia-ctk cdi generate (driver root /)`.
+    pub generator: String,
+    /// A spec is installed and its last generation succeeded: prepares can have it.
+    pub ok: bool,
+    /// Why the last generation failed (the generator's own words, e.g. `Failed to initialize
+    /// NVML: Driver/library version mismatch`); `None` while `ok`.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// Failed generations in a row (0 while `ok`).
+    #[serde(default)]
+    pub failures: u32,
+    /// Seconds until gpushared runs the generator again on its own (it backs off while
+    /// generations fail; a change of the generator, the driver's libraries or its kernel
+    /// module, a reload or a restart tries at once). `None` while `ok`, and while the toolkit
+    /// is not installed (looked for again at every prepare, which costs nothing).
+    #[serde(default)]
+    pub retry_in_seconds: Option<u64>,
+    /// The bound of one generation (`[cdi] generate_timeout_seconds`); `None` for the
+    /// simulated generator, which runs no program.
+    #[serde(default)]
+    pub generate_timeout_seconds: Option<u64>,
 }
 
 /// Result of `version`.

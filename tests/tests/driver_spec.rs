@@ -350,6 +350,24 @@ fn a_node_without_the_toolkit_refuses_the_claim_in_one_line_and_leaves_nothing()
     d.assert_nothing_left(&uid, &[]);
 }
 
+/// The spec a stand-in `nvidia-ctk` writes for the simulated p4d.24xlarge of a daemon whose
+/// run directory is `run_dir`: a device per GPU, but those of minors `without`.
+fn canned_spec(run_dir: &Path, without: &[u32]) -> Value {
+    let gpus = gpushare::gpu::catalog::resolve("p4d.24xlarge")
+        .unwrap()
+        .gpus(NODE);
+    let devices: Vec<Value> = gpus
+        .iter()
+        .filter(|g| !without.contains(&g.minor))
+        .map(|g| {
+            json!({"name": g.uuid, "containerEdits": {"deviceNodes": [{"path": format!("/dev/nvidia{}", g.minor),
+                "hostPath": run_dir.join(format!("simulated-dev/nvidia{}", g.minor)).display().to_string()}]}})
+        })
+        .collect();
+    json!({"cdiVersion": "0.5.0", "kind": "gpushare.io/gpu",
+           "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}, "devices": devices})
+}
+
 #[test]
 fn a_toolkit_spec_without_the_claims_gpu_refuses_it_naming_the_gpu() {
     if !need(is_root(), "root") {
@@ -362,22 +380,8 @@ fn a_toolkit_spec_without_the_claims_gpu_refuses_it_naming_the_gpu() {
     let gpus = gpushare::gpu::catalog::resolve("p4d.24xlarge")
         .unwrap()
         .gpus(NODE);
-    let devices: Vec<Value> = gpus
-        .iter()
-        .filter(|g| g.minor != 3)
-        .map(|g| {
-            json!({"name": g.uuid, "containerEdits": {"deviceNodes": [{"path": format!("/dev/nvidia{}", g.minor),
-                "hostPath": run_dir.join(format!("simulated-dev/nvidia{}", g.minor)).display().to_string()}]}})
-        })
-        .collect();
     let canned = tmp.path().join("canned.json");
-    fs::write(
-        &canned,
-        json!({"cdiVersion": "0.5.0", "kind": "gpushare.io/gpu",
-               "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}, "devices": devices})
-        .to_string(),
-    )
-    .unwrap();
+    fs::write(&canned, canned_spec(&run_dir, &[3]).to_string()).unwrap();
     let args_log = tmp.path().join("args.log");
     let ctk = tmp.path().join("nvidia-ctk");
     fs::write(
@@ -434,4 +438,189 @@ fn a_toolkit_spec_without_the_claims_gpu_refuses_it_naming_the_gpu() {
     d.assert_nothing_left(&uid, &[]);
     d.unprepare(&ok);
     d.assert_nothing_left(&ok, &[]);
+}
+
+/// An executable `nvidia-ctk` stand-in at `path` running `body` (a shell script), each run
+/// appended to `runs`. Written to a new file and renamed over the old one, as a package
+/// update replaces a program.
+fn stand_in_ctk(path: &Path, runs: &Path, body: &str) {
+    let next = path.with_extension("new");
+    fs::write(
+        &next,
+        format!("#!/bin/sh\necho run >>'{}'\n{body}", runs.display()),
+    )
+    .unwrap();
+    fs::set_permissions(&next, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::rename(&next, path).unwrap();
+}
+
+/// `GET <path>` over plain HTTP/1.1: the body.
+fn http_body(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    raw.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
+#[test]
+fn a_failing_nvidia_ctk_shows_everywhere_and_is_not_run_for_every_prepare() {
+    if !need(is_root(), "root") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    let runs = tmp.path().join("runs.log");
+    let ctk = tmp.path().join("nvidia-ctk");
+    // What nvidia-ctk says after a driver update without a reboot.
+    stand_in_ctk(
+        &ctk,
+        &runs,
+        "echo 'ERRO failed to generate CDI spec: failed to create device CDI specs: failed to initialize NVML: Driver/library version mismatch' >&2\nexit 1\n",
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics = format!("127.0.0.1:{port}");
+    let d = Daemon::start_with_config(
+        DaemonOptions {
+            mps_control: bin("gpushare-mps-control"),
+            cdi_dir: None,
+            run_dir: Some(run_dir.clone()),
+        },
+        &format!(
+            "[cdi]\nnvidia_ctk = {:?}\n[metrics]\nenabled = true\naddress = {metrics:?}\n",
+            ctk.display().to_string()
+        ),
+    );
+    let count = || {
+        fs::read_to_string(&runs)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let health = || -> gpushare_proto::HealthInfo {
+        d.client()
+            .call(gpushare_proto::Method::Health, None::<&()>)
+            .unwrap()
+    };
+    // Serving (releases and queries work), and saying that prepares do not.
+    let h = health();
+    assert!(h.ready);
+    let spec = h.driver_spec.clone().expect("driver_spec in health");
+    assert!(!spec.ok, "{spec:?}");
+    assert!(
+        spec.error
+            .as_deref()
+            .is_some_and(|e| e.contains("Driver/library version mismatch")),
+        "{spec:?}"
+    );
+    assert_eq!(spec.failures, 1, "{spec:?}");
+    assert!(spec.retry_in_seconds.is_some_and(|s| s <= 10), "{spec:?}");
+    assert_eq!(spec.generate_timeout_seconds, Some(15));
+    assert_eq!(count(), 1, "run once at start");
+    // Every prepare is refused with the generator's words, without running it each time.
+    for i in 0..5 {
+        let uid = unique_uid(&format!("drv-mismatch{i}"));
+        let body = d
+            .prepare(&mps_claim(&uid, "gpu-0"))
+            .unwrap_err()
+            .remote()
+            .cloned()
+            .unwrap();
+        assert_eq!(body.code.as_str(), "Internal", "{body:?}");
+        assert!(
+            body.message.contains("Driver/library version mismatch")
+                && body.message.contains("runs it again in"),
+            "{body:?}"
+        );
+        d.assert_nothing_left(&uid, &[]);
+    }
+    // (The retry thread may have run it once meanwhile on a slow machine: 10 s after start.)
+    assert!(count() <= 2, "run for every prepare: {} runs", count());
+    // gpushare status, text and JSON.
+    let status = |json: bool| -> String {
+        let mut cmd = Command::new(bin("gpushare"));
+        cmd.arg("--socket").arg(&d.socket);
+        if json {
+            cmd.args(["--output", "json"]);
+        }
+        let out = cmd.arg("status").output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = status(false);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("DRIVER CDI SPEC FAILING: ")
+                && l.contains("Driver/library version mismatch")
+                && l.ends_with("every prepare that needs it is refused")),
+        "{text}"
+    );
+    let json: Value = serde_json::from_str(&status(true)).unwrap();
+    let shown = json
+        .pointer("/health/driver_spec")
+        .unwrap_or_else(|| panic!("{json}"));
+    assert_eq!(shown["ok"], json!(false), "{json}");
+    // The metric.
+    let scraped = http_body(&metrics, "/metrics");
+    assert!(
+        scraped.lines().any(|l| l == "gpushare_driver_spec_error 1"),
+        "{scraped}"
+    );
+    // gpushare doctor: FAIL.
+    let out = Command::new(bin("gpushare"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["doctor", "--simulate", "p4d.24xlarge", "--config"])
+        .arg(d.dir.path().join("config.toml"))
+        .arg("--cdi-dir")
+        .arg(&d.cdi_dir)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    let line = report
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("driver-spec"))
+        .unwrap_or_else(|| panic!("{report}"));
+    assert!(
+        line.starts_with("FAIL") && line.contains("Driver/library version mismatch"),
+        "{line}"
+    );
+
+    // Fixed (nvidia-ctk replaced): generated again on its own, without waiting for the back-off.
+    let canned = tmp.path().join("canned.json");
+    fs::write(&canned, canned_spec(&run_dir, &[]).to_string()).unwrap();
+    stand_in_ctk(
+        &ctk,
+        &runs,
+        &format!(
+            "out=''\nwhile [ $# -gt 0 ]; do [ \"$1\" = --output ] && out=$2; shift; done\ncp '{}' \"$out\"\n",
+            canned.display()
+        ),
+    );
+    let healed = wait_until(std::time::Duration::from_secs(8), || {
+        health().driver_spec.is_some_and(|s| s.ok)
+    });
+    assert!(healed, "{:?}\n{}", health().driver_spec, d.log());
+    assert!(!status(false).contains("FAILING"));
+    let scraped = http_body(&metrics, "/metrics");
+    assert!(
+        scraped.lines().any(|l| l == "gpushare_driver_spec_error 0"),
+        "{scraped}"
+    );
+    let uid = unique_uid("drv-healed");
+    d.prepare(&mps_claim(&uid, "gpu-0"))
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    d.unprepare(&uid);
+    d.assert_nothing_left(&uid, &[]);
 }

@@ -11,7 +11,7 @@
 
 use std::fs;
 use std::os::unix::fs::FileTypeExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,13 @@ use serde_json::{json, Value};
 struct Node {
     dir: tempfile::TempDir,
     child: Option<Child>,
+    /// Its CDI directory: its own, or podman's `/var/run/cdi` ([`Node::for_containers`]).
+    cdi_dir: PathBuf,
+    /// The simulated node's own directory (`--sim-dev-root`): its device nodes and the MIG
+    /// state its GPUs keep while gpushared is away.
+    sim_dir: PathBuf,
+    /// The boot ID file it reads (`--boot-id-file`).
+    boot_file: PathBuf,
 }
 
 impl Node {
@@ -40,7 +47,46 @@ impl Node {
             "[metrics]\nenabled = false\n",
         )
         .unwrap();
-        Node { dir, child: None }
+        let boot_file = dir.path().join("boot_id");
+        fs::write(&boot_file, "boot-1\n").unwrap();
+        Node {
+            cdi_dir: dir.path().join("cdi"),
+            // The default: inside the run directory.
+            sim_dir: dir.path().join("run/simulated-dev"),
+            boot_file,
+            dir,
+            child: None,
+        }
+    }
+
+    /// A node whose containers podman starts: its CDI directory is podman's `/var/run/cdi`
+    /// (the driver's spec it writes there is removed at drop), and its simulated GPUs keep
+    /// their state outside the run directory, as hardware keeps its own across a reboot that
+    /// empties `/run` (a reboot still loses their MIG instances: [`Node::reboot_while_away`]).
+    fn for_containers() -> Node {
+        let mut node = Node::new();
+        node.cdi_dir = PathBuf::from("/var/run/cdi");
+        node.sim_dir = node.path("gpus");
+        node
+    }
+
+    /// What a reboot does while gpushared is stopped: a new boot ID, every MIG instance gone
+    /// (MIG mode stays, as on hardware), the run directory emptied, and `claims`' CDI specs
+    /// and the driver's gone from the CDI directory (`/var/run/cdi` is a tmpfs).
+    fn reboot_while_away(&self, claims: &[&str]) {
+        assert!(self.child.is_none(), "gpushared runs");
+        let boot = fs::read_to_string(&self.boot_file).unwrap();
+        fs::write(&self.boot_file, format!("{}-next\n", boot.trim())).unwrap();
+        fs::write(self.sim_dir.join("reset-gpus"), "all\n").unwrap();
+        fs::remove_dir_all(self.path("run")).unwrap();
+        for uid in claims {
+            let _ = fs::remove_file(self.cdi_dir.join(format!("gpushare.io-claim_{uid}.json")));
+        }
+        let _ = fs::remove_file(self.driver_spec());
+    }
+
+    fn driver_spec(&self) -> PathBuf {
+        self.cdi_dir.join("gpushare.io-gpu.json")
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -51,10 +97,8 @@ impl Node {
         self.path("sock")
     }
 
-    /// The simulated node's own directory (`--sim-dev-root` default): its device nodes and
-    /// the MIG state its GPUs keep while gpushared is away.
     fn sim_dir(&self) -> PathBuf {
-        self.path("run/simulated-dev")
+        self.sim_dir.clone()
     }
 
     fn log(&self) -> String {
@@ -80,7 +124,11 @@ impl Node {
             .arg("--run-dir")
             .arg(self.path("run"))
             .arg("--cdi-dir")
-            .arg(self.path("cdi"))
+            .arg(&self.cdi_dir)
+            .arg("--sim-dev-root")
+            .arg(&self.sim_dir)
+            .arg("--boot-id-file")
+            .arg(&self.boot_file)
             .arg("--mps-control")
             .arg(bin("gpushare-mps-control"))
             .env("RUST_LOG", "info")
@@ -161,21 +209,25 @@ impl Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
-        if self.child.is_none() {
-            return;
-        }
-        // Release whatever a failed test left, so no MPS daemon outlives the test.
-        if let Ok(claims) = Client::connect(self.socket(), Duration::from_secs(5))
-            .and_then(|mut c| c.call::<(), Vec<ClaimInfo>>(Method::ListClaims, None))
-        {
-            for c in claims {
-                let _ =
-                    Client::connect(self.socket(), Duration::from_secs(30)).and_then(|mut cl| {
-                        cl.call::<_, Value>(Method::Unprepare, Some(&UidParams { uid: c.uid }))
-                    });
+        if self.child.is_some() {
+            // Release whatever a failed test left, so no MPS daemon outlives the test.
+            if let Ok(claims) = Client::connect(self.socket(), Duration::from_secs(5))
+                .and_then(|mut c| c.call::<(), Vec<ClaimInfo>>(Method::ListClaims, None))
+            {
+                for c in claims {
+                    let _ = Client::connect(self.socket(), Duration::from_secs(30)).and_then(
+                        |mut cl| {
+                            cl.call::<_, Value>(Method::Unprepare, Some(&UidParams { uid: c.uid }))
+                        },
+                    );
+                }
             }
+            self.stop();
         }
-        self.stop();
+        if self.cdi_dir != self.path("cdi") {
+            // Nothing else removes it from a shared CDI directory.
+            let _ = fs::remove_file(self.driver_spec());
+        }
     }
 }
 
@@ -203,7 +255,7 @@ fn the_slice(c: &ClaimInfo) -> MigInstanceInfo {
 
 /// `/dev/nvidia-caps/nvidia-cap<N>` paths a claim's CDI spec gives its containers.
 fn cap_nodes(node: &Node, uid: &str) -> Vec<(String, String)> {
-    let path = node.path(&format!("cdi/gpushare.io-claim_{uid}.json"));
+    let path = node.cdi_dir.join(format!("gpushare.io-claim_{uid}.json"));
     let spec: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
     spec["devices"][0]["containerEdits"]["deviceNodes"]
         .as_array()
@@ -447,4 +499,136 @@ fn a_slice_that_cannot_be_recreated_leaves_its_claim_degraded_and_releasable() {
         .path(&format!("cdi/gpushare.io-claim_{uid}.json"))
         .exists());
     assert!(!node.path(&format!("run/claims/{uid}")).exists());
+}
+
+/// The capability device nodes a container started by podman with CDI devices `ids` has,
+/// sorted: the MIG slice it was given.
+fn caps_in_podman(node: &Node, rootfs: &Path, ids: &[String]) -> Vec<String> {
+    let out = gpushare_cli::container::podman_run_devices(
+        ids,
+        &[],
+        rootfs,
+        "for n in /dev/nvidia-caps/*; do echo cap=$n; done",
+    )
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "podman with {ids:?}: {stdout}\n{}\nlog:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        node.log()
+    );
+    let mut caps: Vec<String> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("cap="))
+        .map(str::to_string)
+        .collect();
+    caps.sort();
+    caps
+}
+
+#[test]
+fn cdi_ids_kubelet_cached_give_the_recreated_slice_after_a_reset_and_a_reboot() {
+    if setup().is_none()
+        || !need(which("podman").is_some(), "podman")
+        || !need(which("runc").is_some(), "runc")
+    {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let rootfs = busybox_rootfs(tmp.path(), &[]);
+    let mut node = Node::for_containers();
+    node.start();
+    // Prepared in this order, the slice at 0 gets GPU instance 1 and the one at 4 gets 2; a
+    // start recreates claims in UID order ("a-…" first), so the IDs swap: a container given
+    // the first slice's nodes would see the other claim's slice.
+    let tag = unique_uid("mig-ids");
+    let (high, low) = (format!("a-{tag}"), format!("b-{tag}"));
+    let mut handed = Vec::new();
+    for (uid, device) in [
+        (&low, "gpu-2-mig-3g20gb-9-0"),
+        (&high, "gpu-2-mig-3g20gb-9-4"),
+    ] {
+        let r = node
+            .prepare(&mig_claim(uid, device, None))
+            .unwrap_or_else(|e| panic!("{e}; log:\n{}", node.log()));
+        let slice = the_slice(&node.claim(uid));
+        let ids = r.requests[0].cdi_device_ids.clone();
+        assert_eq!(ids[0], format!("gpushare.io/gpu={}", slice.uuid));
+        let caps = caps_in_podman(&node, &rootfs, &ids);
+        assert_eq!(
+            caps,
+            expected_caps(slice.gi_id, slice.ci_id.unwrap()),
+            "{uid}"
+        );
+        handed.push((uid.clone(), ids, slice));
+    }
+    let claims = [low.as_str(), high.as_str()];
+    for fault in ["reset", "reboot"] {
+        // Kubelet never prepares again a claim it checkpointed as prepared: a container
+        // restarted after the fault asks for the IDs the first prepare returned.
+        node.stop();
+        if fault == "reset" {
+            fs::write(node.sim_dir().join("reset-gpus"), "gpu-2\n").unwrap();
+        } else {
+            node.reboot_while_away(&claims);
+        }
+        node.start();
+        if fault == "reboot" {
+            assert!(node.log().contains("rebooted"), "{}", node.log());
+        }
+        // Every ID resolves as the CDI library reads the CDI directory.
+        let registry = gpushare_cdi::Registry::load(&[&node.cdi_dir]);
+        for (uid, ids, first) in &handed {
+            let c = node.claim(uid);
+            assert_eq!(
+                c.state,
+                ClaimState::Prepared,
+                "{fault}, {uid}: {:?}",
+                c.last_error
+            );
+            let now = the_slice(&c);
+            assert_ne!(now.uuid, first.uuid, "{fault}, {uid}: made again");
+            registry
+                .resolve(ids)
+                .unwrap_or_else(|e| panic!("{fault}, {uid}: {ids:?}: {e}"));
+            let want = expected_caps(now.gi_id, now.ci_id.unwrap());
+            // The driver's device alone, and the whole list, give the recreated slice.
+            assert_eq!(
+                caps_in_podman(&node, &rootfs, &ids[..1]),
+                want,
+                "{fault}, {uid}"
+            );
+            assert_eq!(caps_in_podman(&node, &rootfs, ids), want, "{fault}, {uid}");
+            // And they stay the IDs the claim answers with, as its detail says.
+            assert_eq!(&c.requests[0].cdi_device_ids, ids, "{fault}, {uid}");
+            let detail = node.cli(&["claim", uid]);
+            let detail = String::from_utf8_lossy(&detail.stdout);
+            assert!(
+                detail.contains(&now.uuid)
+                    && detail.contains(&format!("keep its first name {}", first.uuid)),
+                "{detail}"
+            );
+        }
+        assert_ne!(
+            the_slice(&node.claim(&high)).gi_id,
+            handed[1].2.gi_id,
+            "{fault}: the GPU instances changed places"
+        );
+    }
+    for uid in claims {
+        node.unprepare(uid);
+        assert!(!node
+            .cdi_dir
+            .join(format!("gpushare.io-claim_{uid}.json"))
+            .exists());
+    }
+    let spec = fs::read_to_string(node.driver_spec()).unwrap();
+    for (_, _, first) in &handed {
+        assert!(
+            !spec.contains(&first.uuid),
+            "a released claim's name is left"
+        );
+    }
 }

@@ -128,6 +128,17 @@ impl DaemonConfig {
                 "must be at least 1".into(),
             ));
         }
+        if self.cdi.generate_timeout_seconds > super::sections::MAX_GENERATE_TIMEOUT_SECONDS {
+            return Err(invalid(
+                "cdi.generate_timeout_seconds",
+                format!(
+                    "{} must be at most {}: a prepare may wait on a generation, and the DRA plugin gives a whole prepare {} s (claim_timeout_seconds in dra.toml); a longer one would be cut off and retried by kubelet while nvidia-ctk still runs",
+                    self.cdi.generate_timeout_seconds,
+                    super::sections::MAX_GENERATE_TIMEOUT_SECONDS,
+                    super::sections::PLUGIN_CLAIM_TIMEOUT_SECONDS
+                ),
+            ));
+        }
         if self.cdi.driver_root.as_os_str().is_empty() || !self.cdi.driver_root.is_absolute() {
             return Err(invalid(
                 "cdi.driver_root",

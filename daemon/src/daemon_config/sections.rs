@@ -35,7 +35,8 @@ pub struct CdiConfig {
     /// The CDI kind (`vendor/class`) of the generated spec: our own, so that it never
     /// collides with the toolkit's `nvidia.com/gpu` spec in the same directory.
     pub driver_kind: String,
-    /// Seconds one generation may take before it is killed and counts as failed.
+    /// Seconds one generation may take before it is killed and counts as failed; below
+    /// [`MAX_GENERATE_TIMEOUT_SECONDS`], since a prepare may wait on one.
     pub generate_timeout_seconds: u64,
 }
 
@@ -46,10 +47,19 @@ impl Default for CdiConfig {
             driver_root: PathBuf::from("/"),
             nvidia_ctk: PathBuf::new(),
             driver_kind: crate::driver_spec::DEFAULT_KIND.to_string(),
-            generate_timeout_seconds: 60,
+            generate_timeout_seconds: 15,
         }
     }
 }
+
+/// The DRA plugin's default bound on a whole prepare (`claim_timeout_seconds` in `dra.toml`):
+/// a generation of the driver's CDI spec, which a prepare may wait on, must end well before it,
+/// or the plugin gives up on the prepare and kubelet retries it while `nvidia-ctk` still runs.
+pub const PLUGIN_CLAIM_TIMEOUT_SECONDS: u64 = 30;
+
+/// The longest `[cdi] generate_timeout_seconds` allowed: 5 s of the plugin's default claim
+/// timeout are left for the rest of a prepare.
+pub const MAX_GENERATE_TIMEOUT_SECONDS: u64 = PLUGIN_CLAIM_TIMEOUT_SECONDS - 5;
 
 /// `[metrics]`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

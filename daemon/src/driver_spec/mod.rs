@@ -22,12 +22,17 @@
 //! driver root, so that `--simulate` nodes, the demo and the tests run the same path as a
 //! real node.
 
+pub mod alias;
 pub mod nvidia_ctk;
+pub mod retry;
 pub mod sim;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+pub use retry::{Clock, DriverSpecStatus, RetryPolicy, SystemClock};
 
 use gpushare_cdi::Spec;
 
@@ -85,6 +90,19 @@ pub trait SpecGenerator: Send + Sync + std::fmt::Debug {
     /// [`GenerateError::NotInstalled`] when there is no generator on this node,
     /// [`GenerateError::Failed`] when it failed or ran too long.
     fn generate(&self, vendor: &str, class: &str, output: &Path) -> Result<(), GenerateError>;
+
+    /// A fingerprint of what a generation depends on outside gpushared (for `nvidia-ctk`: the
+    /// program, the driver's libraries, its kernel module): a failed generation is tried
+    /// again at once when it changes ([`retry`]). Cheap: read every few seconds while
+    /// generations fail. Empty (the default): nothing to watch.
+    fn inputs(&self) -> String {
+        String::new()
+    }
+
+    /// The bound of one generation, when it runs a program.
+    fn timeout(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// Why the driver's spec cannot give a claim its devices.
@@ -130,7 +148,9 @@ pub fn strip_host_mps(spec: &mut Spec) -> usize {
 }
 
 /// The driver's CDI spec of this node: generated, cleaned, validated and installed as
-/// `<cdi_dir>/<vendor>-<class>.json`; the last good one kept in memory.
+/// `<cdi_dir>/<vendor>-<class>.json`, with the names recreated MIG slices keep ([`alias`]);
+/// the last good one kept in memory. A generator that fails is not run again for every use
+/// ([`retry`]).
 #[derive(Debug)]
 pub struct DriverSpecs {
     generator: Arc<dyn SpecGenerator>,
@@ -138,14 +158,42 @@ pub struct DriverSpecs {
     class: String,
     cdi_dir: PathBuf,
     staging: PathBuf,
-    /// The installed spec; `None` until a generation succeeded. Held across a generation, so
-    /// generations never overlap.
-    current: Mutex<Option<Spec>>,
+    policy: RetryPolicy,
+    clock: Arc<dyn Clock>,
+    /// Held across a generation and an install, so they never overlap.
+    inner: Mutex<Inner>,
+    /// What `health` shows; never held across a generation, so `health` answers at once.
+    status: Mutex<Snapshot>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// The generator's last good spec, cleaned.
+    generated: Option<Spec>,
+    /// What is installed: `generated` with the aliases.
+    installed: Option<Spec>,
+    /// Old MIG device name → the device it stands for now ([`DriverSpecs::set_aliases`]).
+    aliases: BTreeMap<String, String>,
+    /// Aliases the last install left out, with why.
+    left_out: BTreeMap<String, String>,
+    /// The last generation failed.
+    failure: Option<retry::Failure>,
+}
+
+/// [`DriverSpecStatus`] as of the last attempt.
+#[derive(Debug, Clone, Default)]
+struct Snapshot {
+    generator: String,
+    ok: bool,
+    error: Option<String>,
+    failures: u32,
+    next: Option<Instant>,
 }
 
 impl DriverSpecs {
     /// Specs of `kind` (checked by [`split_kind`]) from `generator`, installed in `cdi_dir`;
-    /// the generator writes into `staging` (a directory of ours, created when needed).
+    /// the generator writes into `staging` (a directory of ours, created when needed). A
+    /// failing generator is run again as [`RetryPolicy::default`] says.
     ///
     /// # Errors
     /// `kind` is not a valid `vendor/class`.
@@ -162,8 +210,18 @@ impl DriverSpecs {
             class: class.to_string(),
             cdi_dir: cdi_dir.to_path_buf(),
             staging: staging.to_path_buf(),
-            current: Mutex::new(None),
+            policy: RetryPolicy::default(),
+            clock: Arc::new(SystemClock),
+            inner: Mutex::new(Inner::default()),
+            status: Mutex::new(Snapshot::default()),
         })
+    }
+
+    /// The same with another retry policy and clock (tests).
+    pub fn with_retry(mut self, policy: RetryPolicy, clock: Arc<dyn Clock>) -> DriverSpecs {
+        self.policy = policy;
+        self.clock = clock;
+        self
     }
 
     /// `vendor/class`.
@@ -183,21 +241,21 @@ impl DriverSpecs {
         self.generator.describe()
     }
 
-    fn lock(&self) -> MutexGuard<'_, Option<Spec>> {
-        self.current.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Generates the spec now and installs it: what gpushared does at start and after every
-    /// MIG change. Bounded by the generator's timeout; one generation at a time.
+    /// MIG change. Bounded by the generator's timeout; one generation at a time. After a
+    /// failure the generator runs again only when [`retry`] says so; until then this answers
+    /// the last failure at once.
     ///
     /// # Errors
     /// Not installed, the generator failed, its spec is invalid or of another kind, or it
     /// cannot be written. The previously installed spec stays in place then.
     pub fn refresh(&self) -> Result<Spec, DriverSpecError> {
-        let mut current = self.lock();
-        let spec = self.generate()?;
-        *current = Some(spec.clone());
-        Ok(spec)
+        let mut inner = self.lock();
+        self.attempt_if_due(&mut inner)
     }
 
     /// The installed spec, generated first when there is none yet (the toolkit installed
@@ -206,21 +264,20 @@ impl DriverSpecs {
     /// # Errors
     /// As [`DriverSpecs::refresh`].
     pub fn current(&self) -> Result<Spec, DriverSpecError> {
-        let mut current = self.lock();
-        if let Some(spec) = current.as_ref() {
+        let mut inner = self.lock();
+        if let Some(spec) = inner.installed.as_ref() {
             if self.spec_path().is_file() {
                 return Ok(spec.clone());
             }
             tracing::warn!(path = %self.spec_path().display(), "the driver's CDI spec is gone; generating it again");
         }
-        let spec = self.generate()?;
-        *current = Some(spec.clone());
-        Ok(spec)
+        self.attempt_if_due(&mut inner)
     }
 
     /// The qualified CDI device IDs of `devices` (`(label, name)`: a GPU's `gpu-3` and its
-    /// `GPU-…` UUID, or a MIG device's name and its `MIG-…` UUID), in order. A device the
-    /// installed spec lacks makes it generate once more (the spec may predate the device).
+    /// `GPU-…` UUID, or a MIG device's name and its `MIG-…` UUID, or the UUID it had when
+    /// its claim was prepared), in order. A device the installed spec lacks makes it generate
+    /// once more (the spec may predate the device).
     ///
     /// # Errors
     /// [`DriverSpecError::Missing`] naming every device still missing, or as
@@ -251,6 +308,173 @@ impl DriverSpecs {
             .collect())
     }
 
+    /// Sets the names recreated MIG slices keep (old MIG device name → the name of the
+    /// slice's device now, see [`alias`]) and installs the spec again with them when they
+    /// changed, from the last generation: the generator is not run.
+    ///
+    /// # Errors
+    /// The spec cannot be written (the aliases are kept for the next install).
+    pub fn set_aliases(&self, aliases: BTreeMap<String, String>) -> Result<(), DriverSpecError> {
+        let mut inner = self.lock();
+        if inner.aliases == aliases {
+            return Ok(());
+        }
+        inner.aliases = aliases;
+        match inner.generated.clone() {
+            Some(generated) => self.install(&mut inner, generated).map(|_| ()),
+            // Installed with the first generation.
+            None => Ok(()),
+        }
+    }
+
+    /// Runs the generator when its last generation failed and a new one is due (the
+    /// back-off passed, its inputs changed, or it was not installed); what the retry thread
+    /// calls ([`retry::spawn_retries`]). Never waits for a generation under way. Returns
+    /// whether it ran.
+    pub fn retry_if_due(&self) -> bool {
+        let mut inner = match self.inner.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
+        let due = inner
+            .failure
+            .as_ref()
+            .is_some_and(|f| f.due(self.clock.now(), &self.generator.inputs()));
+        if due {
+            let _ = self.attempt(&mut inner);
+        }
+        due
+    }
+
+    /// Runs the generator now when its last generation failed, whatever the back-off: an
+    /// operator's reload (SIGHUP) after fixing the node. `None` when it did not fail.
+    pub fn retry_now(&self) -> Option<Result<(), DriverSpecError>> {
+        let mut inner = self.lock();
+        inner.failure.as_ref()?;
+        Some(self.attempt(&mut inner).map(|_| ()))
+    }
+
+    /// The state `health` shows; answers at once, even during a generation.
+    pub fn status(&self) -> DriverSpecStatus {
+        let snap = self
+            .status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let now = self.clock.now();
+        DriverSpecStatus {
+            path: self.spec_path(),
+            generator: if snap.generator.is_empty() {
+                self.generator.describe()
+            } else {
+                snap.generator
+            },
+            ok: snap.ok,
+            error: snap.error,
+            failures: snap.failures,
+            retry_in: snap.next.map(|n| n.saturating_duration_since(now)),
+            timeout: self.generator.timeout(),
+        }
+    }
+
+    /// [`DriverSpecs::attempt`] unless the last generation failed and a new one is not due:
+    /// then that failure, at once.
+    fn attempt_if_due(&self, inner: &mut Inner) -> Result<Spec, DriverSpecError> {
+        if let Some(f) = &inner.failure {
+            let now = self.clock.now();
+            if !f.due(now, &self.generator.inputs()) {
+                return Err(f.answer(now));
+            }
+        }
+        self.attempt(inner)
+    }
+
+    /// Generates and installs the spec, recording how it went for the retries and `health`.
+    fn attempt(&self, inner: &mut Inner) -> Result<Spec, DriverSpecError> {
+        // Read before the run: a change during it is one the next check sees.
+        let inputs = self.generator.inputs();
+        let result = self
+            .generate()
+            .and_then(|generated| self.install(inner, generated));
+        let generator = self.generator.describe();
+        match &result {
+            Ok(_) => {
+                if let Some(f) = inner.failure.take() {
+                    tracing::info!(failures = f.failures, generator = %generator, "the NVIDIA driver's CDI spec is generated again; claims that need it are prepared again");
+                }
+            }
+            Err(e) => {
+                let failures = inner.failure.as_ref().map_or(0, |f| f.failures) + 1;
+                let wait = self.policy.delay(failures);
+                let not_installed = matches!(e, DriverSpecError::NotInstalled(_));
+                // A missing toolkit is looked for at every use: said once, not every time.
+                let repeated = not_installed
+                    && inner
+                        .failure
+                        .as_ref()
+                        .is_some_and(|f| f.error.to_string() == e.to_string());
+                if !repeated {
+                    if not_installed {
+                        tracing::error!(error = %e, generator = %generator, "cannot generate the NVIDIA driver's CDI spec; claims that need it are refused until it can be");
+                    } else {
+                        tracing::error!(error = %e, generator = %generator, failures, retry_in_s = wait.as_secs(), "cannot generate the NVIDIA driver's CDI spec; claims that need it are refused until it can be (the generator is run again after the wait, or at once when it or the driver changes)");
+                    }
+                }
+                inner.failure = Some(retry::Failure {
+                    error: e.clone(),
+                    failures,
+                    next: self.clock.now() + wait,
+                    inputs,
+                });
+            }
+        }
+        let snap = Snapshot {
+            generator,
+            ok: result.is_ok(),
+            error: inner.failure.as_ref().map(|f| f.error.to_string()),
+            failures: inner.failure.as_ref().map_or(0, |f| f.failures),
+            next: inner
+                .failure
+                .as_ref()
+                .filter(|f| !matches!(f.error, DriverSpecError::NotInstalled(_)))
+                .map(|f| f.next),
+        };
+        *self.status.lock().unwrap_or_else(|p| p.into_inner()) = snap;
+        result
+    }
+
+    /// Installs `generated` with the aliases: validated, written atomically; kept in memory.
+    fn install(&self, inner: &mut Inner, generated: Spec) -> Result<Spec, DriverSpecError> {
+        let (spec, left_out) = alias::with_aliases(&generated, &inner.aliases);
+        for (name, why) in &left_out {
+            tracing::warn!(alias = %name, reason = %why, "a recreated MIG slice's first name is not in the driver's CDI spec");
+        }
+        gpushare_cdi::validate_spec(&spec).map_err(|e| {
+            DriverSpecError::Failed(format!("the driver's CDI spec is not valid: {e}"))
+        })?;
+        crate::fsutil::create_dir_if_missing(&self.cdi_dir, 0o755).map_err(|e| {
+            DriverSpecError::Failed(format!("creating {}: {e}", self.cdi_dir.display()))
+        })?;
+        let mut bytes = serde_json::to_vec_pretty(&spec)
+            .map_err(|e| DriverSpecError::Failed(format!("encoding the driver's CDI spec: {e}")))?;
+        bytes.push(b'\n');
+        crate::fsutil::write_atomic(&self.spec_path(), &bytes, 0o644).map_err(|e| {
+            DriverSpecError::Failed(format!("writing {}: {e}", self.spec_path().display()))
+        })?;
+        tracing::info!(path = %self.spec_path().display(), devices = spec.devices.len(), aliases = spec.devices.len() - generated.devices.len(), generator = %self.generator.describe(), "driver's CDI spec installed");
+        inner.generated = Some(generated);
+        inner.installed = Some(spec.clone());
+        inner.left_out = left_out;
+        Ok(spec)
+    }
+
+    /// Why the last install left alias `name` out ([`alias::with_aliases`]), if it did.
+    pub fn alias_left_out(&self, name: &str) -> Option<String> {
+        self.lock().left_out.get(name).cloned()
+    }
+
+    /// Runs the generator and reads, checks and cleans what it wrote.
     fn generate(&self) -> Result<Spec, DriverSpecError> {
         crate::fsutil::create_dir_if_missing(&self.staging, 0o700).map_err(|e| {
             DriverSpecError::Failed(format!("creating {}: {e}", self.staging.display()))
@@ -292,16 +516,6 @@ impl DriverSpecs {
         gpushare_cdi::validate_spec(&spec).map_err(|e| {
             DriverSpecError::Failed(format!("the driver's CDI spec is not valid: {e}"))
         })?;
-        crate::fsutil::create_dir_if_missing(&self.cdi_dir, 0o755).map_err(|e| {
-            DriverSpecError::Failed(format!("creating {}: {e}", self.cdi_dir.display()))
-        })?;
-        let mut bytes = serde_json::to_vec_pretty(&spec)
-            .map_err(|e| DriverSpecError::Failed(format!("encoding the driver's CDI spec: {e}")))?;
-        bytes.push(b'\n');
-        crate::fsutil::write_atomic(&self.spec_path(), &bytes, 0o644).map_err(|e| {
-            DriverSpecError::Failed(format!("writing {}: {e}", self.spec_path().display()))
-        })?;
-        tracing::info!(path = %self.spec_path().display(), devices = spec.devices.len(), generator = %self.generator.describe(), "driver's CDI spec generated");
         Ok(spec)
     }
 }

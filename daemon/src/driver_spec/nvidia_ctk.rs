@@ -17,6 +17,17 @@ use crate::sys::{CommandRunner, CommandSpec};
 /// The `PATH` the program runs with: it looks up `ldconfig` and the driver's binaries.
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
+/// The loaded kernel module's version line: it changes when the module is reloaded (what ends
+/// a "Driver/library version mismatch" without a reboot).
+pub const KERNEL_MODULE_VERSION: &str = "/proc/driver/nvidia/version";
+
+/// The dynamic linker's cache below the driver root: rewritten (by `ldconfig`) whenever the
+/// driver's libraries are installed or updated.
+pub const LIBRARY_CACHE: &str = "etc/ld.so.cache";
+
+/// Most bytes of [`KERNEL_MODULE_VERSION`] read (it is two lines).
+const MAX_VERSION_BYTES: u64 = 4096;
+
 /// `nvidia-ctk cdi generate` on this host.
 #[derive(Debug)]
 pub struct NvidiaCtk {
@@ -107,7 +118,47 @@ fn is_executable(p: &Path) -> bool {
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
+/// A file's identity as written (device, inode, size, modification time), or `absent`.
+fn stamp(p: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).map_or_else(
+        |_| "absent".to_string(),
+        |m| {
+            format!(
+                "{}:{}:{}:{}.{}",
+                m.dev(),
+                m.ino(),
+                m.size(),
+                m.mtime(),
+                m.mtime_nsec()
+            )
+        },
+    )
+}
+
 impl SpecGenerator for NvidiaCtk {
+    /// The program (which one, and its file's identity), the driver root's library cache
+    /// ([`LIBRARY_CACHE`]) and the kernel module's version ([`KERNEL_MODULE_VERSION`]).
+    fn inputs(&self) -> String {
+        use std::io::Read;
+        let program = self
+            .program()
+            .map_or_else(|e| e, |p| format!("{}@{}", p.display(), stamp(&p)));
+        let libraries = stamp(&self.driver_root.join(LIBRARY_CACHE));
+        let mut module = String::new();
+        if std::fs::File::open(KERNEL_MODULE_VERSION)
+            .and_then(|f| f.take(MAX_VERSION_BYTES).read_to_string(&mut module))
+            .is_err()
+        {
+            module = "absent".into();
+        }
+        format!("{program} | {libraries} | {module}")
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        Some(self.timeout)
+    }
+
     fn describe(&self) -> String {
         match self.program() {
             Ok(p) => format!(
@@ -226,6 +277,32 @@ mod tests {
         );
         assert_eq!(runs[0].timeout, Duration::from_secs(7));
         assert!(runs[0].env.contains_key("PATH"));
+    }
+
+    #[test]
+    fn its_inputs_change_with_the_program_and_the_drivers_libraries() {
+        let dir = tempfile::tempdir().unwrap();
+        let program = fake_ctk(dir.path());
+        let ctk = NvidiaCtk::new(
+            &program,
+            dir.path(),
+            Arc::new(Ctk::default()),
+            Duration::from_secs(1),
+        );
+        let first = ctk.inputs();
+        assert_eq!(ctk.inputs(), first, "nothing changed");
+        assert!(first.contains(&program.display().to_string()), "{first}");
+        // A toolkit update replaces the program (a new file).
+        let next = dir.path().join("nvidia-ctk.new");
+        std::fs::write(&next, "#!/bin/sh\nexit 0\n").unwrap();
+        std::fs::rename(&next, &program).unwrap();
+        let updated = ctk.inputs();
+        assert_ne!(updated, first);
+        // A driver update runs ldconfig.
+        std::fs::create_dir_all(dir.path().join("etc")).unwrap();
+        std::fs::write(dir.path().join(LIBRARY_CACHE), "cache").unwrap();
+        assert_ne!(ctk.inputs(), updated);
+        assert_eq!(ctk.timeout(), Some(Duration::from_secs(1)));
     }
 
     #[test]

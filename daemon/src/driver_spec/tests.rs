@@ -1,13 +1,16 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use super::*;
 use crate::gpu::{GpuBackend, SimulatedBackend};
 
-/// A generator that writes `text` (its kind replaced by what is asked), counting runs.
+/// A generator that writes `text` (its kind replaced by what is asked), counting runs;
+/// `inputs` stands for the program and driver it depends on.
 #[derive(Debug)]
 struct Canned {
     text: Mutex<Result<String, GenerateError>>,
     runs: AtomicUsize,
+    inputs: Mutex<String>,
 }
 
 impl Canned {
@@ -15,13 +18,36 @@ impl Canned {
         Arc::new(Canned {
             text: Mutex::new(r),
             runs: AtomicUsize::new(0),
+            inputs: Mutex::new("nvidia-ctk@1".into()),
         })
+    }
+}
+
+/// A clock that moves only when told.
+#[derive(Debug)]
+struct ManualClock(Mutex<Instant>);
+
+impl Clock for ManualClock {
+    fn now(&self) -> Instant {
+        *self.0.lock().unwrap()
+    }
+}
+
+impl ManualClock {
+    fn new() -> Arc<ManualClock> {
+        Arc::new(ManualClock(Mutex::new(Instant::now())))
+    }
+    fn advance(&self, by: Duration) {
+        *self.0.lock().unwrap() += by;
     }
 }
 
 impl SpecGenerator for Canned {
     fn describe(&self) -> String {
         "canned".into()
+    }
+    fn inputs(&self) -> String {
+        self.inputs.lock().unwrap().clone()
     }
     fn generate(&self, _vendor: &str, _class: &str, output: &Path) -> Result<(), GenerateError> {
         self.runs.fetch_add(1, Ordering::SeqCst);
@@ -160,7 +186,8 @@ fn no_toolkit_a_failure_and_a_wrong_kind_keep_the_installed_spec() {
     let canned = Canned::new(Err(GenerateError::NotInstalled(
         "nvidia-ctk is in none of /usr/bin".into(),
     )));
-    let d = specs(dir.path(), canned.clone());
+    let clock = ManualClock::new();
+    let d = specs(dir.path(), canned.clone()).with_retry(RetryPolicy::default(), clock.clone());
     let e = d.current().unwrap_err();
     assert!(matches!(e, DriverSpecError::NotInstalled(_)));
     let line = e.to_string();
@@ -181,6 +208,8 @@ fn no_toolkit_a_failure_and_a_wrong_kind_keep_the_installed_spec() {
         Err(GenerateError::Failed("exit 1".into())),
     ] {
         *canned.text.lock().unwrap() = bad;
+        // Each after the wait of the one before.
+        clock.advance(Duration::from_secs(300));
         assert!(d.refresh().is_err());
         assert_eq!(
             std::fs::read(d.spec_path()).unwrap(),
@@ -189,6 +218,7 @@ fn no_toolkit_a_failure_and_a_wrong_kind_keep_the_installed_spec() {
         );
     }
     // A deleted spec file is generated again when next needed.
+    clock.advance(Duration::from_secs(300));
     std::fs::remove_file(d.spec_path()).unwrap();
     *canned.text.lock().unwrap() = Ok(gpu_spec(DEFAULT_KIND, &["GPU-1"]));
     d.current().unwrap();
@@ -268,4 +298,112 @@ fn the_simulated_toolkit_writes_the_toolkits_layout_for_a_simulated_driver_root(
     assert_eq!(spec.cdi_version, "0.5.0", "podman 4.3 reads it");
     // Generating again over the same root changes nothing.
     assert_eq!(d.refresh().unwrap(), spec);
+}
+
+#[test]
+fn a_failing_generator_runs_again_after_its_wait_or_a_change_not_for_every_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let mismatch = "Failed to initialize NVML: Driver/library version mismatch";
+    let canned = Canned::new(Err(GenerateError::Failed(mismatch.into())));
+    let clock = ManualClock::new();
+    let d = specs(dir.path(), canned.clone()).with_retry(RetryPolicy::default(), clock.clone());
+    let runs = || canned.runs.load(Ordering::SeqCst);
+    let status = d.status();
+    assert!(
+        !status.ok && status.error.is_none(),
+        "not tried yet: {status:?}"
+    );
+    assert!(d.refresh().unwrap_err().to_string().contains(mismatch));
+    assert_eq!(runs(), 1);
+    let status = d.status();
+    assert!(!status.ok, "{status:?}");
+    assert_eq!(status.error.as_deref(), Some(mismatch));
+    assert_eq!(
+        (status.failures, status.retry_in),
+        (1, Some(Duration::from_secs(10)))
+    );
+    // Prepares meanwhile get the failure at once, saying when it is tried again.
+    clock.advance(Duration::from_secs(4));
+    for _ in 0..5 {
+        let e = d
+            .device_ids(&[("gpu-0".into(), "GPU-1".into())])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(mismatch) && e.contains("runs it again in 6 s"),
+            "{e}"
+        );
+        assert!(d.current().is_err());
+        assert!(d.refresh().is_err());
+    }
+    assert!(!d.retry_if_due());
+    assert_eq!(runs(), 1, "not run again before its wait is over");
+    // The retry thread runs it once the wait is over; the next wait is twice as long.
+    clock.advance(Duration::from_secs(6));
+    assert!(d.retry_if_due());
+    assert_eq!(runs(), 2);
+    assert_eq!(
+        (d.status().failures, d.status().retry_in),
+        (2, Some(Duration::from_secs(20)))
+    );
+    // A reload runs it at once.
+    assert!(d.retry_now().unwrap().is_err());
+    assert_eq!((runs(), d.status().failures), (3, 3));
+    // So does a change of what it depends on (an updated toolkit or driver), and it works.
+    *canned.text.lock().unwrap() = Ok(gpu_spec(DEFAULT_KIND, &["GPU-1"]));
+    assert!(d.current().is_err(), "nothing changed yet");
+    *canned.inputs.lock().unwrap() = "nvidia-ctk@2".into();
+    assert_eq!(
+        d.device_ids(&[("gpu-0".into(), "GPU-1".into())]).unwrap(),
+        vec!["gpushare.io/gpu=GPU-1"]
+    );
+    assert_eq!(runs(), 4);
+    let status = d.status();
+    assert!(status.ok, "{status:?}");
+    assert_eq!(
+        (status.error, status.failures, status.retry_in),
+        (None, 0, None)
+    );
+    assert!(d.retry_now().is_none(), "nothing to retry");
+    assert!(!d.retry_if_due());
+    assert_eq!(runs(), 4);
+}
+
+#[test]
+fn aliases_are_installed_without_running_the_generator_and_follow_each_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let canned = Canned::new(Ok(gpu_spec(DEFAULT_KIND, &["GPU-1", "MIG-new"])));
+    let d = specs(dir.path(), canned.clone());
+    d.refresh().unwrap();
+    let aliases = BTreeMap::from([("MIG-old".to_string(), "MIG-new".to_string())]);
+    d.set_aliases(aliases.clone()).unwrap();
+    assert_eq!(
+        canned.runs.load(Ordering::SeqCst),
+        1,
+        "installed from memory"
+    );
+    let names = || -> Vec<String> {
+        gpushare_cdi::load_spec_file(&d.spec_path())
+            .unwrap()
+            .devices
+            .into_iter()
+            .map(|x| x.name)
+            .collect()
+    };
+    assert_eq!(names(), ["GPU-1", "MIG-new", "MIG-old"]);
+    assert_eq!(
+        d.device_ids(&[("m".into(), "MIG-old".into())]).unwrap(),
+        vec!["gpushare.io/gpu=MIG-old"]
+    );
+    d.set_aliases(aliases).unwrap();
+    assert_eq!(canned.runs.load(Ordering::SeqCst), 1);
+    // The next generation keeps them; one whose device is gone is left out.
+    *canned.text.lock().unwrap() = Ok(gpu_spec(DEFAULT_KIND, &["GPU-1"]));
+    d.refresh().unwrap();
+    assert_eq!(names(), ["GPU-1"]);
+    *canned.text.lock().unwrap() = Ok(gpu_spec(DEFAULT_KIND, &["GPU-1", "MIG-new"]));
+    d.refresh().unwrap();
+    assert_eq!(names(), ["GPU-1", "MIG-new", "MIG-old"]);
+    d.set_aliases(BTreeMap::new()).unwrap();
+    assert_eq!(names(), ["GPU-1", "MIG-new"]);
 }

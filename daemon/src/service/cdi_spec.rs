@@ -149,9 +149,11 @@ impl Service {
                             .find(&d.device)
                             .map(|g| (g.device_name(), g.uuid.clone()))
                     } else {
+                        // A slice made again keeps the name its claim's IDs were handed out
+                        // with: the driver's spec has it as an alias of the new device.
                         migs.get(di)
                             .filter(|m| !m.uuid.is_empty())
-                            .map(|m| (m.device.clone(), m.uuid.clone()))
+                            .map(|m| (m.device.clone(), driver_name_of(m).to_string()))
                     };
                     let device = device.ok_or_else(|| {
                         crate::driver_spec::DriverSpecError::Failed(format!(
@@ -214,13 +216,28 @@ impl Service {
         .map_err(|e| driver_spec_error(uid, e))
     }
 
-    /// Generates the driver's CDI spec again (after a MIG change, at start); a failure is
-    /// logged, and claims that need the spec are refused until it works.
+    /// Generates the driver's CDI spec again (after a MIG change, at start), with the names
+    /// recreated slices keep; a failure is logged (by the driver spec, once per attempt), and
+    /// claims that need the spec are refused until it works.
     pub(crate) fn regenerate_driver_spec(&self, when: &str) {
         if let Some(d) = &self.cfg.driver_spec {
+            self.sync_driver_aliases();
             if let Err(e) = d.refresh() {
-                tracing::error!(error = %e, generator = %d.generator(), when, "cannot generate the NVIDIA driver's CDI spec; claims that need it are refused until it can be");
+                tracing::debug!(error = %e, when, "the NVIDIA driver's CDI spec was not generated");
             }
+        }
+    }
+
+    /// Gives the driver's spec the names the claims' recreated MIG slices keep: for each
+    /// slice of a prepared (or degraded) claim that was made again, its first MIG UUID as an
+    /// alias of its device now. A released claim's (`Unpreparing`) go with the next install.
+    pub(super) fn sync_driver_aliases(&self) {
+        let Some(d) = &self.cfg.driver_spec else {
+            return;
+        };
+        let aliases = driver_aliases(self.state().claims.values());
+        if let Err(e) = d.set_aliases(aliases) {
+            tracing::error!(error = %e, "installing the driver's CDI spec with the names of recreated MIG slices");
         }
     }
 
@@ -237,6 +254,32 @@ impl Service {
         }
         self.commit(st)
     }
+}
+
+/// The driver spec's device name a claim's IDs use for slice `m`: its first MIG UUID when it
+/// was made again since ([`MigInstanceInfo::original_uuid`]), else its MIG UUID.
+///
+/// [`MigInstanceInfo::original_uuid`]: gpushare_proto::MigInstanceInfo::original_uuid
+pub(super) fn driver_name_of(m: &gpushare_proto::MigInstanceInfo) -> &str {
+    if m.original_uuid.is_empty() {
+        &m.uuid
+    } else {
+        &m.original_uuid
+    }
+}
+
+/// The aliases (old name → device now) the driver's spec needs for `claims`: every slice of
+/// a prepared or degraded claim that was made again and exists now.
+pub(super) fn driver_aliases<'a>(
+    claims: impl IntoIterator<Item = &'a ClaimInfo>,
+) -> std::collections::BTreeMap<String, String> {
+    claims
+        .into_iter()
+        .filter(|c| matches!(c.state, ClaimState::Prepared | ClaimState::Degraded))
+        .flat_map(|c| c.groups.iter().flat_map(|g| &g.mig))
+        .filter(|m| !m.original_uuid.is_empty() && !m.uuid.is_empty() && m.original_uuid != m.uuid)
+        .map(|m| (m.original_uuid.clone(), m.uuid.clone()))
+        .collect()
 }
 
 /// A driver-spec failure as a prepare's answer: `Unsupported` on a node without the toolkit,

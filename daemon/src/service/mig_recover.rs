@@ -71,7 +71,9 @@ impl Service {
             for (ri, rec) in g.mig.iter().enumerate() {
                 match self.check_slice(uid, gi, ri, rec) {
                     Slice::Intact => {}
-                    Slice::Recreated(new) => {
+                    Slice::Recreated(mut new) => {
+                        // The claim's CDI IDs keep the name it was prepared with.
+                        new.original_uuid = super::cdi_spec::driver_name_of(rec).to_string();
                         if new.origin == MigOrigin::Existing {
                             tracing::warn!(claim = %uid, device = %rec.device, old_uuid = %rec.uuid, uuid = %new.uuid, gi = new.gi_id, "MIG slice vanished while gpushared was away; one made again at its placement by someone else is taken as it is");
                         } else {
@@ -106,11 +108,43 @@ impl Service {
                 tracing::error!(claim = %uid, error = %e, "rewriting the CDI spec for recreated MIG slices");
                 lost.push(format!("rewriting the CDI spec: {}", e.message));
             }
-            // The driver spec's device of a MIG slice is named by its MIG UUID, which the new
-            // instance does not share: the claim's CDI device IDs follow it (a record naming
-            // a device the claim does not hold is quarantined at the next start).
+            // The driver spec names a MIG slice's device by its MIG UUID, which the new
+            // instance does not share, and kubelet keeps the IDs it was handed for the claim's
+            // whole life: the spec keeps the slice's first name as an alias of its new device
+            // (`driver_spec::alias`), so the same IDs give the recreated slice. They are
+            // checked as a prepare checks them before the claim is ready.
+            self.sync_driver_aliases();
+            if let Some(d) = &self.cfg.driver_spec {
+                let left_out = || -> Vec<(String, String, String)> {
+                    after
+                        .groups
+                        .iter()
+                        .flat_map(|g| &g.mig)
+                        .filter_map(|m| {
+                            let why = d.alias_left_out(&m.original_uuid)?;
+                            Some((m.original_uuid.clone(), m.device.clone(), why))
+                        })
+                        .collect()
+                };
+                // Installed on a spec generated before the slice was made again (which may
+                // still name the vanished device by the old name): generated afresh once.
+                if d.current().is_ok() && !left_out().is_empty() {
+                    let _ = d.refresh();
+                }
+                for (name, device, why) in left_out() {
+                    lost.push(format!(
+                        "the driver's CDI spec cannot keep the name {name} the claim's CDI device IDs give MIG device {device}: {why}"
+                    ));
+                }
+            }
             match self.prepared_requests(uid, &after.groups, &after.requests) {
                 Ok(requests) => {
+                    if let Err(why) = self.verify_cdi(uid, &requests) {
+                        tracing::error!(claim = %uid, error = %why, "the CDI device IDs of recreated MIG slices do not resolve");
+                        lost.push(format!(
+                            "the claim's CDI device IDs after recreating its MIG slice(s): {why}"
+                        ));
+                    }
                     if let Some(c) = self.state().claims.get_mut(uid) {
                         c.requests = requests;
                     }
@@ -259,6 +293,7 @@ impl Service {
             // alone, so a crash now finds it half made and makes it again.
             let half = MigInstanceInfo {
                 uuid: rec.uuid.clone(),
+                original_uuid: rec.original_uuid.clone(),
                 ..partial.clone()
             };
             self.set_slice(uid, gi, ri, &half);

@@ -22,7 +22,8 @@ use crate::strategy::mps::MpsDirs;
 impl Service {
     /// Removes what is ours on the host and owned by no claim: MPS control daemons on, mounts
     /// under and directories in `<run-dir>/claims/` (every entry there is ours), and CDI specs
-    /// named `gpushare.io-claim_<uid>.json` (and their temporaries) in the CDI directory.
+    /// named `gpushare.io-claim_<uid>.json` (and their temporaries, and the driver spec's) in
+    /// the CDI directory.
     pub(super) fn remove_orphans(&self) {
         let (owned_claims, owned_groups): (Vec<String>, Vec<PathBuf>) = {
             let st = self.state();
@@ -50,7 +51,8 @@ impl Service {
     /// Removes `gpushare.io-claim_<uid>.json` specs in the CDI directory that no claim owns and
     /// that are provably this daemon's: their hooks name this daemon's socket. The CDI
     /// directory is shared (with other vendors, and in tests with other gpushared instances),
-    /// so a spec of ours by name alone is not enough. Temporaries of interrupted writes go
+    /// so a spec of ours by name alone is not enough. Temporaries of interrupted writes, of
+    /// the claims' specs and of the driver's spec (`.gpushare.io-gpu.json.tmp-<pid>-<n>`), go
     /// when the process that wrote them (the pid in their name) is gone.
     pub(super) fn remove_orphan_specs(&self, owned_claims: &[String]) {
         let owned: BTreeSet<&str> = owned_claims.iter().map(String::as_str).collect();
@@ -58,10 +60,22 @@ impl Service {
             return;
         };
         let socket = format!("{:?}", self.cfg.hook.socket.display().to_string());
+        // The driver's spec (`gpushare.io-gpu.json` by default; its kind is configurable) is
+        // written the same way: a kill during a regeneration leaves its temporary too.
+        let driver_file = self.cfg.driver_spec.as_ref().and_then(|d| {
+            d.spec_path()
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+        });
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             let path = entry.path();
-            let orphan = if let Some(rest) = name.strip_prefix(".gpushare.io-claim_") {
+            let driver_writer = driver_file
+                .as_deref()
+                .and_then(|target| fsutil::temporary_writer(&name, target));
+            let orphan = if let Some(pid) = driver_writer {
+                !self.processes.alive(pid)
+            } else if let Some(rest) = name.strip_prefix(".gpushare.io-claim_") {
                 rest.split_once(".json.tmp-")
                     .and_then(|(uid, _)| {
                         fsutil::temporary_writer(&name, &format!("gpushare.io-claim_{uid}.json"))
@@ -79,7 +93,12 @@ impl Service {
             } else {
                 false
             };
-            if orphan {
+            if orphan && driver_writer.is_some() {
+                tracing::warn!(path = %path.display(), "removing the temporary of a regeneration of the driver's CDI spec that was cut short");
+                if let Err(e) = fsutil::remove_file_if_exists(&path) {
+                    tracing::error!(path = %path.display(), error = %e, "removing a driver spec's temporary");
+                }
+            } else if orphan {
                 tracing::warn!(path = %path.display(), "removing a CDI spec no claim owns");
                 if let Err(e) = fsutil::remove_file_if_exists(&path) {
                     tracing::error!(path = %path.display(), error = %e, "removing an orphan CDI spec");

@@ -57,7 +57,10 @@ fn is_driver_device_of(info: &ClaimInfo, id: &str) -> bool {
         return false;
     }
     info.groups.iter().any(|g| {
-        g.devices.iter().any(|d| d.uuid == q.name) || g.mig.iter().any(|m| m.uuid == q.name)
+        g.devices.iter().any(|d| d.uuid == q.name)
+            || g.mig.iter().any(|m| {
+                m.uuid == q.name || (!m.original_uuid.is_empty() && m.original_uuid == q.name)
+            })
     })
 }
 
@@ -124,6 +127,9 @@ pub(super) fn check_record(info: &ClaimInfo, key: &str, run_dir: &Path) -> Resul
             safe_name("GPU UUID", &m.gpu_uuid)?;
             if !m.uuid.is_empty() {
                 safe_name("MIG UUID", &m.uuid)?;
+            }
+            if !m.original_uuid.is_empty() {
+                safe_name("first MIG UUID", &m.original_uuid)?;
             }
         }
         if let StrategyInfo::Mps(m) = &g.sharing {
@@ -230,7 +236,8 @@ fn check_mps_dirs(claim_dir: &Path, m: &gpushare_proto::MpsInfo) -> Result<(), S
 }
 
 /// The records to refuse because a MIG slice they name is another record's: two records
-/// whose slices on one GPU overlap in placement (or name one MIG UUID) cannot both be true, as
+/// whose slices on one GPU overlap in placement (or name one MIG UUID, as the slice's now or
+/// the first one a recreated slice keeps) cannot both be true, as
 /// admission never grants a placement twice. `claims` pairs each record with whether it was
 /// rebuilt from a host record alone (the store did not have it). The one kept is the prepared
 /// (or degraded) one over one a crash left half-done, then the one the store has, then the
@@ -257,7 +264,14 @@ pub(super) fn mig_collisions<'a>(
                     let overlap = h.gpu_uuid == m.gpu_uuid
                         && m.placement_start < h.placement_start + h.memory_slices
                         && h.placement_start < m.placement_start + m.memory_slices;
-                    overlap || (!m.uuid.is_empty() && h.uuid == m.uuid)
+                    // A name the driver's spec gives the slice (its MIG UUID, or the
+                    // first one it keeps after being made again) names one device only.
+                    let names = |x: &'a gpushare_proto::MigInstanceInfo| {
+                        [x.uuid.as_str(), x.original_uuid.as_str()]
+                            .into_iter()
+                            .filter(|n| !n.is_empty())
+                    };
+                    overlap || names(m).any(|n| names(h).any(|o| o == n))
                 })
                 .map(|(owner, h)| (m, *owner, *h))
         });

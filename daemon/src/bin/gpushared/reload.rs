@@ -1,5 +1,5 @@
-//! SIGHUP: what a reload applies at once (`[log] level`, `[metrics]`) and what it names as
-//! waiting for the next restart.
+//! SIGHUP: what a reload applies at once (`[log] level`, `[metrics]`, a new try of a failing
+//! driver CDI spec) and what it names as waiting for the next restart.
 
 use std::sync::Arc;
 
@@ -39,11 +39,14 @@ pub(crate) struct Running {
     pub(crate) filter: Option<FilterHandle>,
     pub(crate) metrics: Option<(String, tokio::task::JoinHandle<()>)>,
     pub(crate) registry: Arc<prometheus_client::registry::Registry>,
+    /// The driver's CDI spec: a reload runs a failing generator again at once.
+    pub(crate) driver_spec: Option<Arc<gpushare::driver_spec::DriverSpecs>>,
 }
 
 impl Running {
     /// SIGHUP: re-reads the config file (with the command line laid over it again) and applies
-    /// `[log] level` and `[metrics]`; a bad file is refused and nothing changes.
+    /// `[log] level` and `[metrics]`; a bad file is refused and nothing changes. A driver CDI
+    /// spec whose generation fails is generated again at once.
     pub(crate) async fn reload(&mut self, args: &Args) {
         notify::reloading();
         let new = match args.settings() {
@@ -92,6 +95,17 @@ impl Running {
                     tracing::error!(error = %format!("{e:#}"), "metrics endpoint not served after reload")
                 }
             }
+        }
+        // An operator who fixed the node (a driver reloaded, a toolkit repaired) reloads: a
+        // failing generator runs now, not after its back-off. In the background: a reload
+        // answers at once, and the generation logs how it went.
+        if let Some(specs) = &self.driver_spec {
+            let specs = Arc::clone(specs);
+            drop(tokio::task::spawn_blocking(move || {
+                if let Some(Ok(())) = specs.retry_now() {
+                    tracing::info!("reload: the NVIDIA driver's CDI spec is generated again");
+                }
+            }));
         }
         // What a reload did not apply stays as it was, so the next reload compares with it.
         let mut applied = self.settings.clone();

@@ -118,7 +118,7 @@ pub(crate) async fn run(
             timeout_secs: settings.hook.timeout_seconds,
         },
         shm_bytes: (settings.mps.shm_size_mib > 0).then_some(settings.mps.shm_size_mib << 20),
-        driver_spec,
+        driver_spec: driver_spec.clone(),
     };
     let boot_id_file = args
         .boot_id_file
@@ -139,6 +139,11 @@ pub(crate) async fn run(
     );
     gpushare::supervise::spawn(Arc::clone(&service))
         .context("starting the MPS control daemon supervisor")?;
+    if let Some(specs) = &driver_spec {
+        // A failing generator is run again when due, so `health` clears without a prepare.
+        gpushare::driver_spec::retry::spawn_retries(Arc::clone(specs))
+            .context("starting the driver spec's retry thread")?;
+    }
     let requests = Arc::new(metrics::RequestMetrics::default());
     let registry = Arc::new(metrics::registry(
         &requests,
@@ -196,6 +201,7 @@ pub(crate) async fn run(
         filter,
         metrics: metrics_task,
         registry,
+        driver_spec,
     };
     let mut sighup = signal(SignalKind::hangup())?;
 

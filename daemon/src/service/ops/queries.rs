@@ -82,6 +82,18 @@ impl Service {
                 .count(),
             stopping: st.stopping,
             drivers: self.cfg.drivers.clone(),
+            driver_spec: self.cfg.driver_spec.as_ref().map(|d| {
+                let s = d.status();
+                gpushare_proto::DriverSpecHealth {
+                    path: s.path.display().to_string(),
+                    generator: s.generator,
+                    ok: s.ok,
+                    error: s.error,
+                    failures: s.failures,
+                    retry_in_seconds: s.retry_in.map(crate::driver_spec::retry::ceil_secs),
+                    generate_timeout_seconds: s.timeout.map(|t| t.as_secs()),
+                }
+            }),
         }
     }
 }

@@ -410,3 +410,175 @@ fn a_host_record_with_the_driver_devices_of_its_own_gpus_is_accepted_and_others_
         assert!(e.contains("is not the claim's own"), "{foreign}: {e}");
     }
 }
+
+#[test]
+fn driver_spec_temporaries_of_a_killed_writer_are_removed_at_start() {
+    let d = with_driver("p4d.24xlarge", &[], None);
+    let f = &d.f;
+    // Named as fsutil::write_atomic names its temporaries (.<file>.tmp-<pid>-<n>): what a kill
+    // during a regeneration leaves. The fake host knows no process 99: its writer is gone.
+    let dead = f.cfg.cdi_dir.join(".gpushare.io-gpu.json.tmp-99-3");
+    std::fs::write(&dead, "{").unwrap();
+    // One whose writer still runs (another gpushared on this CDI directory) is left to it.
+    fake_process(f, "another-gpushared", 777_003);
+    let live = f.cfg.cdi_dir.join(".gpushare.io-gpu.json.tmp-777003-0");
+    std::fs::write(&live, "{").unwrap();
+    // Another kind's temporary, and a name that only looks like one, are not ours.
+    let foreign = f.cfg.cdi_dir.join(".nvidia.com-gpu.json.tmp-99-0");
+    std::fs::write(&foreign, "{").unwrap();
+    let odd = f.cfg.cdi_dir.join(".gpushare.io-gpu.json.tmp-99-x");
+    std::fs::write(&odd, "{").unwrap();
+
+    let _again = restart(f, Arc::clone(&d.backend));
+    assert!(!dead.exists(), "a killed regeneration's temporary is swept");
+    assert!(live.exists(), "a running writer's");
+    assert!(foreign.exists(), "another kind's");
+    assert!(odd.exists(), "not a temporary of ours");
+    assert!(driver_spec_path(f).is_file());
+}
+
+/// The capability device nodes (container paths) that `ids` give a container, resolved as the
+/// CDI library reads the CDI directory.
+fn resolved_caps(f: &Fixture, ids: &[String]) -> Vec<String> {
+    let registry = gpushare_cdi::Registry::load(&[&f.cfg.cdi_dir]);
+    let edits = registry
+        .resolve(ids)
+        .unwrap_or_else(|e| panic!("{ids:?} do not resolve: {e}"));
+    let mut caps: Vec<String> = edits
+        .device_nodes
+        .iter()
+        .map(|n| n.path.clone())
+        .filter(|p| p.starts_with("/dev/nvidia-caps/"))
+        .collect();
+    // Named by both the driver's device and the claim's: one node in the container.
+    caps.sort();
+    caps.dedup();
+    caps
+}
+
+/// The capability device nodes of `slice` (on gpu-2), sorted.
+fn caps_of(slice: &gpushare_proto::MigInstanceInfo) -> Vec<String> {
+    let mut caps: Vec<String> = [None, slice.ci_id]
+        .iter()
+        .map(|ci| {
+            format!(
+                "/dev/nvidia-caps/nvidia-cap{}",
+                crate::gpu::mig_cap_minor(2, slice.gi_id, *ci)
+            )
+        })
+        .collect();
+    caps.sort();
+    caps
+}
+
+#[test]
+fn the_cdi_ids_a_prepare_handed_out_stay_valid_for_recreated_mig_slices() {
+    let d = with_driver("p4d.24xlarge", &[2], None);
+    let f = &d.f;
+    let gpu2 = uuid(&d, "gpu-2");
+    // Prepared in this order, the slice at 0 gets GPU instance 1 and the one at 4 gets 2; a
+    // start recreates slices in claim UID order ("a-…" first), so the IDs swap and every
+    // capability device node changes: the old ones would give the other claim's slice.
+    let claims = [
+        ("b-low", claim("b-low", &["gpu-2-mig-3g20gb-9-0"], None)),
+        ("a-high", claim("a-high", &["gpu-2-mig-3g20gb-9-4"], None)),
+    ];
+    let mut handed = Vec::new();
+    for (uid, c) in &claims {
+        let r = f.service.prepare(c).unwrap();
+        let slice = f.service.get_claim(uid).unwrap().groups[0].mig[0].clone();
+        assert_eq!(
+            resolved_caps(f, &r.requests[0].cdi_device_ids),
+            caps_of(&slice)
+        );
+        handed.push((r.requests.clone(), slice));
+    }
+    assert_eq!((handed[0].1.gi_id, handed[1].1.gi_id), (1, 2));
+    let mps = || MpsControl::new("/x".into(), f.host.ops(), Duration::from_millis(200));
+    let mut previous: Vec<String> = handed.iter().map(|(_, s)| s.uuid.clone()).collect();
+    let mut service = None;
+    // What kubelet caches is what the first prepare returned; it never prepares the claim
+    // again. A reset, a second reset, a reboot and a plain restart later, those IDs must
+    // still resolve, each to the slice the claim holds now.
+    for round in ["reset", "second reset", "reboot", "restart"] {
+        drop(service.take());
+        match round {
+            "restart" => {}
+            "reboot" => {
+                // MIG instances, /run and the CDI specs there do not survive it.
+                d.backend.reset(&gpu2).unwrap();
+                std::fs::remove_dir_all(&f.cfg.run_dir).unwrap();
+                std::fs::remove_dir_all(&f.cfg.cdi_dir).unwrap();
+            }
+            _ => d.backend.reset(&gpu2).unwrap(),
+        }
+        let s = if round == "reboot" {
+            Service::with_boot_id(
+                f.cfg.clone(),
+                Arc::clone(&d.backend) as Arc<dyn GpuBackend>,
+                mps(),
+                "after-the-reboot".into(),
+            )
+            .unwrap()
+        } else {
+            restart(f, Arc::clone(&d.backend))
+        };
+        for (i, (uid, c)) in claims.iter().enumerate() {
+            let (requests, first) = &handed[i];
+            let info = s.get_claim(uid).unwrap();
+            assert_eq!(
+                info.state,
+                ClaimState::Prepared,
+                "{round}, {uid}: {:?}",
+                info.last_error
+            );
+            let now = info.groups[0].mig[0].clone();
+            if round == "restart" {
+                assert_eq!(now.uuid, previous[i], "{round}, {uid}: nothing recreated");
+            } else {
+                assert_ne!(now.uuid, previous[i], "{round}, {uid}: a new MIG UUID");
+            }
+            previous[i] = now.uuid.clone();
+            assert_eq!(
+                now.original_uuid, first.uuid,
+                "{round}, {uid}: its first name"
+            );
+            assert_eq!(
+                &info.requests, requests,
+                "{round}, {uid}: the IDs handed out are the claim's for its whole life"
+            );
+            let ids = &requests[0].cdi_device_ids;
+            // The driver's device alone (what NVIDIA's generator gives a MIG device) and the
+            // whole list: the recreated slice's nodes, not the first one's.
+            let driver_id = &ids[0];
+            assert!(driver_id.ends_with(&first.uuid), "{driver_id}");
+            assert_eq!(
+                resolved_caps(f, std::slice::from_ref(driver_id)),
+                caps_of(&now),
+                "{round}, {uid}"
+            );
+            assert_eq!(resolved_caps(f, ids), caps_of(&now), "{round}, {uid}");
+            // A kubelet that prepares it again anyway is answered the same IDs.
+            let again = s.prepare(c).unwrap();
+            assert!(again.already_prepared);
+            assert_eq!(&again.requests, requests, "{round}, {uid}");
+        }
+        service = Some(s);
+    }
+    let s = service.unwrap();
+    assert_ne!(
+        (s.get_claim("a-high").unwrap().groups[0].mig[0].gi_id),
+        handed[1].1.gi_id,
+        "the GPU instances changed places"
+    );
+    for (uid, _) in &claims {
+        s.unprepare(uid).unwrap();
+    }
+    let spec = gpushare_cdi::load_spec_file(&driver_spec_path(f)).unwrap();
+    for (_, first) in &handed {
+        assert!(
+            !spec.devices.iter().any(|x| x.name == first.uuid),
+            "no name of a released claim's slice is left in the driver's spec"
+        );
+    }
+}

@@ -82,6 +82,7 @@ impl MigTarget {
             gi_id,
             ci_id: None,
             uuid: String::new(),
+            original_uuid: String::new(),
             origin: MigOrigin::Created,
             enabled_mig_mode: self.carries_mode_flag,
             destroying: false,
