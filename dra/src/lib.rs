@@ -18,6 +18,7 @@
 //! | [`health`] | the optional `v1alpha1.DRAResourceHealth` service |
 //! | [`metrics`], [`state`] | Prometheus metrics, `/healthz`, shared state |
 //! | [`run`] | the plugin's life from start to SIGTERM |
+//! | [`probe`], [`running`] | `gpushare-dra probe`; the running plugin's process, read from `/proc` |
 
 pub mod api;
 pub mod config;
@@ -29,6 +30,7 @@ pub mod metrics;
 pub mod plugin;
 pub mod probe;
 pub mod run;
+pub mod running;
 pub mod service;
 pub mod slices;
 pub mod sockets;
