@@ -11,7 +11,7 @@
 //! | [`service`] | the tonic services: DRAPlugin v1 / v1beta1, Registration |
 //! | [`plugin`] | per-claim prepare / unprepare: concurrent, bounded, errors per claim |
 //! | [`mapping`] | gpushared's answer as kubelet `Device`s; claim checks (pure) |
-//! | [`api`] | the API server through `kube`: claims with version fallback, slices, Node |
+//! | [`api`], [`bounded`] | the API server through `kube`: claims with version fallback, slices, Node; every answer read within a bound |
 //! | [`slices`] | the watch-driven ResourceSlice publisher and its pure planner |
 //! | [`gpushared`] | gpushared's socket through the blocking `gpushare-proto` client |
 //! | [`sockets`] | stale sockets, other plugins for the same driver |
@@ -21,6 +21,7 @@
 //! | [`probe`], [`running`] | `gpushare-dra probe`; the running plugin's process, read from `/proc` |
 
 pub mod api;
+pub mod bounded;
 pub mod config;
 pub mod gpushared;
 pub mod grpc;

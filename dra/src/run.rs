@@ -133,7 +133,7 @@ fn stop_signal() -> std::io::Result<impl std::future::Future<Output = &'static s
 pub async fn run(cfg: Config, api: Arc<Api>) -> anyhow::Result<()> {
     let cfg = Arc::new(cfg);
     let state = Arc::new(State::default());
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Metrics::with_api(&api));
     let dra_path = cfg.dra_socket();
     let reg_path = cfg.registration_socket();
 
