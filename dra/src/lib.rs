@@ -15,12 +15,14 @@
 //! | [`slices`] | the watch-driven ResourceSlice publisher and its pure planner |
 //! | [`gpushared`] | gpushared's socket through the blocking `gpushare-proto` client |
 //! | [`sockets`] | stale sockets, other plugins for the same driver |
+//! | [`authority`] | any `:authority` on the plugin's sockets (gRPC clients send the socket's path) |
 //! | [`health`] | the optional `v1alpha1.DRAResourceHealth` service |
 //! | [`metrics`], [`state`] | Prometheus metrics, `/healthz`, shared state |
 //! | [`run`] | the plugin's life from start to SIGTERM |
 //! | [`probe`], [`running`] | `gpushare-dra probe`; the running plugin's process, read from `/proc` |
 
 pub mod api;
+pub mod authority;
 pub mod bounded;
 pub mod config;
 pub mod gpushared;
