@@ -302,6 +302,11 @@ impl ApiServer {
         self.lock().oversized = what.map(|(w, n)| (w.iter().copied().collect(), n));
     }
 
+    /// Ends every open watch (as a server's restart does): watchers list again.
+    pub fn end_watches(&self) {
+        self.lock().watchers.clear();
+    }
+
     /// Oversized answers begun so far, of `what`.
     pub fn oversized_sent(&self, what: Oversize) -> usize {
         self.lock().oversized_sent.get(&what).copied().unwrap_or(0)
