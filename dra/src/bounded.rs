@@ -43,20 +43,26 @@ where
             seen: declared,
         });
     }
-    // A declared length is trusted for the first allocation only (it is within the bound).
-    let mut out = Vec::with_capacity(usize::try_from(declared).unwrap_or(0));
+    // The frames are kept as they came (no copy, no buffer doubling past the bound) and
+    // joined once the body is whole: an oversized body costs its bound, nothing more.
+    let (mut frames, mut total) = (Vec::new(), 0usize);
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| BodyError::Read(e.to_string()))?;
         let Ok(data) = frame.into_data() else {
             continue; // trailers
         };
-        if out.len() + data.len() > limit {
+        total += data.len();
+        if total > limit {
             return Err(BodyError::TooLarge {
                 limit,
-                seen: (out.len() + data.len()) as u64,
+                seen: total as u64,
             });
         }
-        out.extend_from_slice(&data);
+        frames.push(data);
+    }
+    let mut out = Vec::with_capacity(total);
+    for f in frames {
+        out.extend_from_slice(&f);
     }
     Ok(out)
 }
