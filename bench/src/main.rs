@@ -9,6 +9,7 @@
 
 mod daemon;
 mod dra;
+mod dra_memory;
 mod measure;
 mod report;
 mod stats;

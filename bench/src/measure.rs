@@ -222,6 +222,18 @@ impl Ctx {
             crate::dra::measure(&self.bin_dir, &self.work, d, &mut self.uids, self.sizes.dra)?;
         self.report.sections.push(section);
         self.report.targets.extend(targets);
+        self.dra_memory(d)
+    }
+
+    /// 9b. The DRA kubelet plugin fed oversized API-server answers (`crate::dra_memory`):
+    /// a tenth of the plugin's samples in prepares of an oversized claim, at least 2.
+    fn dra_memory(&mut self, d: &Daemon) -> Result<()> {
+        progress("DRA kubelet plugin: oversized API-server answers");
+        let prepares = self.sizes.dra.div_ceil(10).max(2);
+        let (section, targets) =
+            crate::dra_memory::measure(&self.bin_dir, &self.work, d, prepares)?;
+        self.report.sections.push(section);
+        self.report.targets.extend(targets);
         Ok(())
     }
 

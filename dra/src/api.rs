@@ -3,13 +3,21 @@
 //! and NodeRestriction allow a node (`research/kubelet-dra.md` §4): get a ResourceClaim, get
 //! its own Node, discover `resource.k8s.io`'s versions, and list / watch (with the
 //! `spec.nodeName` field selector) / create / update / delete its own ResourceSlices.
+//!
+//! Every answer is read within a bound, as it arrives ([`crate::bounded`]): one object at
+//! [`OBJECT_LIMIT`], a list of the node's slices at their count times that, a watch one event
+//! (one object) a line. An answer past its bound fails with [`ApiError::TooLarge`] naming the
+//! URL, is counted in `gpushare_dra_api_oversized_answers_total`, and its connection is
+//! dropped; the callers retry with back-off.
 
 use std::path::Path;
 use std::sync::Mutex;
 
-use futures_util::{AsyncBufReadExt, Stream, StreamExt};
+use futures_util::{Stream, StreamExt};
 use gpushare_slice::ApiVersion;
 use http::Request;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use serde_json::Value;
 
 use crate::config::KUBELET_KUBECONFIG;
@@ -43,6 +51,23 @@ pub enum ApiError {
         /// What failed.
         message: String,
     },
+    /// The answer was longer than anything the call can legitimately get (a misbehaving
+    /// server or proxy): read up to the bound, then dropped with its connection.
+    #[error("{verb} {url}: the answer exceeds {limit} bytes, the most {what} can be (cut off at {seen} bytes)")]
+    TooLarge {
+        /// HTTP verb.
+        verb: &'static str,
+        /// Request path.
+        path: String,
+        /// The whole URL (the server's address and `path`).
+        url: String,
+        /// What the answer should have held, e.g. "a ResourceClaim".
+        what: &'static str,
+        /// The bound, bytes.
+        limit: usize,
+        /// Bytes read (or declared) when reading stopped.
+        seen: u64,
+    },
     /// The server serves none of `resource.k8s.io` v1, v1beta2, v1beta1.
     #[error("the API server serves no resource.k8s.io version this plugin speaks (v1, v1beta2, v1beta1): {0}")]
     NoVersion(String),
@@ -55,6 +80,11 @@ impl ApiError {
             ApiError::Status { code, .. } => Some(*code),
             _ => None,
         }
+    }
+
+    /// An answer past its bound ([`ApiError::TooLarge`]).
+    pub fn is_too_large(&self) -> bool {
+        matches!(self, ApiError::TooLarge { .. })
     }
 
     /// A 404 for a path whose resource type the server does not serve (as opposed to a
@@ -104,8 +134,15 @@ pub async fn connect(kubeconfig: Option<&Path>) -> anyhow::Result<Api> {
         },
     };
     let origin = format!("API server {} (from {source})", config.cluster_url);
+    let base = config
+        .cluster_url
+        .to_string()
+        .trim_end_matches('/')
+        .to_string();
     let client = kube::Client::try_from(config).context("building the API client")?;
-    Ok(Api::with_origin(client, origin))
+    let mut api = Api::with_origin(client, origin);
+    api.base = base;
+    Ok(api)
 }
 
 async fn from_file(path: &Path) -> anyhow::Result<kube::Config> {
@@ -122,7 +159,44 @@ pub struct Api {
     client: kube::Client,
     /// The server as errors name it: `API server <url> (from <kubeconfig>)`.
     origin: String,
+    /// The server's URL without a trailing `/` (empty when unknown), before each path in
+    /// [`ApiError::TooLarge`].
+    base: String,
     version: Mutex<Option<ApiVersion>>,
+    oversized: OversizedAnswers,
+}
+
+/// Answers cut off past their bound, by `operation` (`get_claim`, `list_slices`, …): the
+/// family behind `gpushare_dra_api_oversized_answers_total` ([`crate::metrics`] registers
+/// it).
+pub type OversizedAnswers = Family<Vec<(&'static str, String)>, Counter>;
+
+/// The most one API object's JSON is read to, bytes: an object at its API maximum plus
+/// slack. The server stores an object of at most 1.5 MiB (etcd's request limit, in protobuf,
+/// which is more compact than JSON); 3 MiB, twice that, is also the most it takes as one JSON
+/// write.
+pub const OBJECT_LIMIT: usize = 3 * 1024 * 1024;
+
+/// Slices a list of the node's own is bounded for beyond the count the publisher expects
+/// ([`Api::list_slices`]): room for ones a layout change or another writer left.
+pub const LIST_SLACK: usize = 2;
+
+/// What one call reads: its name in the metric, what its answer holds, and its bound.
+#[derive(Debug, Clone, Copy)]
+struct Read {
+    operation: &'static str,
+    what: &'static str,
+    limit: usize,
+}
+
+impl Read {
+    const fn object(operation: &'static str, what: &'static str) -> Read {
+        Read {
+            operation,
+            what,
+            limit: OBJECT_LIMIT,
+        }
+    }
 }
 
 impl std::fmt::Debug for Api {
@@ -205,16 +279,35 @@ impl Api {
         Api {
             client,
             origin,
+            base: String::new(),
             version: Mutex::new(None),
+            oversized: OversizedAnswers::default(),
         }
     }
 
-    async fn call(
-        &self,
+    /// The counter family of answers cut off past their bound, to register.
+    pub fn oversized_answers_family(&self) -> OversizedAnswers {
+        self.oversized.clone()
+    }
+
+    /// Answers of `operation` cut off past their bound so far.
+    pub fn oversized_answers(&self, operation: &'static str) -> u64 {
+        self.oversized
+            .get_or_create(&vec![("operation", operation.into())])
+            .get()
+    }
+
+    /// The request for `verb` `path` with `body` (JSON), accepting JSON.
+    fn request(
         verb: &'static str,
         path: &str,
         body: Option<&Value>,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Request<kube::client::Body>, ApiError> {
+        let transport = |message: String| ApiError::Transport {
+            verb,
+            path: path.into(),
+            message,
+        };
         let mut req = Request::builder()
             .method(verb)
             .uri(path)
@@ -225,21 +318,109 @@ impl Api {
         let bytes = body
             .map(serde_json::to_vec)
             .transpose()
-            .map_err(|e| ApiError::Transport {
+            .map_err(|e| transport(e.to_string()))?
+            .unwrap_or_default();
+        req.body(kube::client::Body::from(bytes))
+            .map_err(|e| transport(e.to_string()))
+    }
+
+    /// Why reading an answer's body failed, as an [`ApiError`]; a cut-off one is counted.
+    fn body_error(
+        &self,
+        verb: &'static str,
+        path: &str,
+        read: Read,
+        e: crate::bounded::BodyError,
+    ) -> ApiError {
+        match e {
+            crate::bounded::BodyError::TooLarge { limit, seen } => {
+                self.oversized
+                    .get_or_create(&vec![("operation", read.operation.into())])
+                    .inc();
+                ApiError::TooLarge {
+                    verb,
+                    path: path.into(),
+                    url: format!("{}{path}", self.base),
+                    what: read.what,
+                    limit,
+                    seen,
+                }
+            }
+            crate::bounded::BodyError::Read(message) => ApiError::Transport {
                 verb,
                 path: path.into(),
-                message: e.to_string(),
-            })?
-            .unwrap_or_default();
-        let req = req.body(bytes).map_err(|e| ApiError::Transport {
+                message: format!("{}: {message}", self.origin),
+            },
+        }
+    }
+
+    /// Sends `req`; an error status is read (within [`OBJECT_LIMIT`]) as the server's Status.
+    async fn send(
+        &self,
+        verb: &'static str,
+        path: &str,
+        req: Request<kube::client::Body>,
+        read: Read,
+    ) -> Result<http::Response<kube::client::Body>, ApiError> {
+        let res = self
+            .client
+            .send(req)
+            .await
+            .map_err(|e| status_error(verb, path, &self.origin, e))?;
+        let code = res.status();
+        if !(code.is_client_error() || code.is_server_error()) {
+            return Ok(res);
+        }
+        let status_read = Read {
+            limit: OBJECT_LIMIT,
+            what: "a Status",
+            ..read
+        };
+        let body = crate::bounded::read(res.into_body(), OBJECT_LIMIT)
+            .await
+            .map_err(|e| self.body_error(verb, path, status_read, e))?;
+        Err(match serde_json::from_slice::<kube::core::Status>(&body) {
+            Ok(s) => ApiError::Status {
+                verb,
+                path: path.into(),
+                code: s.code,
+                reason: s.reason,
+                message: s.message,
+                object_missing: s.details.as_ref().is_some_and(|d| !d.name.is_empty()),
+            },
+            // A proxy's or a bare path's answer: text, not a Status.
+            Err(_) => ApiError::Status {
+                verb,
+                path: path.into(),
+                code: code.as_u16(),
+                reason: code.canonical_reason().unwrap_or_default().to_string(),
+                message: String::from_utf8_lossy(&body)
+                    .trim()
+                    .chars()
+                    .take(512)
+                    .collect(),
+                object_missing: false,
+            },
+        })
+    }
+
+    async fn call(
+        &self,
+        verb: &'static str,
+        path: &str,
+        body: Option<&Value>,
+        read: Read,
+    ) -> Result<Value, ApiError> {
+        let req = Self::request(verb, path, body)?;
+        let res = self.send(verb, path, req, read).await?;
+        let bytes = crate::bounded::read(res.into_body(), read.limit)
+            .await
+            .map_err(|e| self.body_error(verb, path, read, e))?;
+        serde_json::from_slice(&bytes).map_err(|e| ApiError::Transport {
             verb,
             path: path.into(),
-            message: e.to_string(),
-        })?;
-        self.client
-            .request::<Value>(req)
-            .await
-            .map_err(|e| status_error(verb, path, &self.origin, e))
+            message: format!("{}: unreadable answer: {e}", self.origin),
+        })
     }
 
     /// The `resource.k8s.io` version to use: the most preferred one the server serves
@@ -255,7 +436,14 @@ impl Api {
         {
             return Ok(v);
         }
-        let group = self.call("GET", GROUP_PATH, None).await?;
+        let group = self
+            .call(
+                "GET",
+                GROUP_PATH,
+                None,
+                Read::object("discovery", "an APIGroup"),
+            )
+            .await?;
         let served: Vec<&str> = group["versions"]
             .as_array()
             .map(|a| a.iter().filter_map(|v| v["version"].as_str()).collect())
@@ -294,7 +482,15 @@ impl Api {
                 encode(namespace),
                 encode(name)
             );
-            match self.call("GET", &path, None).await {
+            match self
+                .call(
+                    "GET",
+                    &path,
+                    None,
+                    Read::object("get_claim", "a ResourceClaim"),
+                )
+                .await
+            {
                 Ok(obj) => {
                     if v != first {
                         *self
@@ -317,8 +513,13 @@ impl Api {
     /// # Errors
     /// As [`Api::get_claim`].
     pub async fn get_node(&self, node: &str) -> Result<Value, ApiError> {
-        self.call("GET", &format!("/api/v1/nodes/{}", encode(node)), None)
-            .await
+        self.call(
+            "GET",
+            &format!("/api/v1/nodes/{}", encode(node)),
+            None,
+            Read::object("get_node", "a Node"),
+        )
+        .await
     }
 
     fn slices_path(v: ApiVersion) -> String {
@@ -330,7 +531,9 @@ impl Api {
     }
 
     /// Lists this node's slices of `driver` (field selector `spec.driver=<driver>,
-    /// spec.nodeName=<node>`), returning the items and the list's resourceVersion.
+    /// spec.nodeName=<node>`), returning the items and the list's resourceVersion. The answer
+    /// is read to (`expected` + [`LIST_SLACK`]) × [`OBJECT_LIMIT`] bytes: `expected` is how
+    /// many slices the node publishes (0 when not known yet).
     ///
     /// # Errors
     /// As [`Api::get_claim`].
@@ -339,13 +542,21 @@ impl Api {
         v: ApiVersion,
         driver: &str,
         node: &str,
+        expected: usize,
     ) -> Result<(Vec<Value>, String), ApiError> {
         let path = format!(
             "{}?fieldSelector={}",
             Self::slices_path(v),
             Self::selector(driver, node)
         );
-        let list = self.call("GET", &path, None).await?;
+        let read = Read {
+            operation: "list_slices",
+            what: "this node's ResourceSlices",
+            limit: expected
+                .saturating_add(LIST_SLACK)
+                .saturating_mul(OBJECT_LIMIT),
+        };
+        let list = self.call("GET", &path, None, read).await?;
         let rv = list
             .pointer("/metadata/resourceVersion")
             .and_then(Value::as_str)
@@ -373,24 +584,42 @@ impl Api {
             Self::selector(driver, node),
             encode(resource_version)
         );
-        let req = Request::builder()
-            .method("GET")
-            .uri(&path)
-            .header("accept", "application/json")
-            .body(Vec::new())
-            .map_err(|e| ApiError::Transport {
+        let read = Read::object("watch_slices", "one watch event");
+        let req = Self::request("GET", &path, None).map_err(|e| match e {
+            ApiError::Transport { message, .. } => ApiError::Transport {
                 verb: "WATCH",
                 path: path.clone(),
-                message: e.to_string(),
-            })?;
-        let body = self
-            .client
-            .request_stream(req)
-            .await
-            .map_err(|e| status_error("WATCH", &path, &self.origin, e))?;
-        Ok(body.lines().map(|line| match line {
-            Err(e) => WatchEvent::Error(e.to_string()),
-            Ok(line) => match serde_json::from_str::<Value>(&line) {
+                message,
+            },
+            other => other,
+        })?;
+        let body = self.send("WATCH", &path, req, read).await?.into_body();
+        let events = crate::bounded::lines(body, read.limit);
+        // Each event's error is built once, from what the stream's closure owns.
+        let (base, origin, oversized) = (
+            self.base.clone(),
+            self.origin.clone(),
+            self.oversized.clone(),
+        );
+        Ok(events.map(move |line| match line {
+            Err(crate::bounded::BodyError::TooLarge { limit, seen }) => {
+                oversized
+                    .get_or_create(&vec![("operation", read.operation.into())])
+                    .inc();
+                WatchEvent::Error(
+                    ApiError::TooLarge {
+                        verb: "WATCH",
+                        path: path.clone(),
+                        url: format!("{base}{path}"),
+                        what: read.what,
+                        limit,
+                        seen,
+                    }
+                    .to_string(),
+                )
+            }
+            Err(crate::bounded::BodyError::Read(e)) => WatchEvent::Error(format!("{origin}: {e}")),
+            Ok(line) => match serde_json::from_slice::<Value>(&line) {
                 Err(e) => WatchEvent::Error(format!("unreadable watch event: {e}")),
                 Ok(ev) => {
                     let obj = ev["object"].clone();
@@ -417,7 +646,13 @@ impl Api {
     /// # Errors
     /// As [`Api::get_claim`].
     pub async fn create_slice(&self, v: ApiVersion, slice: &Value) -> Result<Value, ApiError> {
-        self.call("POST", &Self::slices_path(v), Some(slice)).await
+        self.call(
+            "POST",
+            &Self::slices_path(v),
+            Some(slice),
+            Read::object("create_slice", "a ResourceSlice"),
+        )
+        .await
     }
 
     /// Creates a slice without storing it (`dryRun=All`): the server authorizes, defaults,
@@ -436,6 +671,7 @@ impl Api {
             "POST",
             &format!("{}?dryRun=All", Self::slices_path(v)),
             Some(slice),
+            Read::object("create_slice_dry_run", "a ResourceSlice"),
         )
         .await
     }
@@ -447,7 +683,14 @@ impl Api {
     /// # Errors
     /// The call failed, or the answer has no `major` 1 and numeric `minor`.
     pub async fn server_minor(&self) -> Result<u32, ApiError> {
-        let v = self.call("GET", "/version", None).await?;
+        let v = self
+            .call(
+                "GET",
+                "/version",
+                None,
+                Read::object("version", "a version"),
+            )
+            .await?;
         let digits = |key: &str| -> Option<u32> {
             let s = v[key].as_str()?;
             let d: String = s.chars().take_while(char::is_ascii_digit).collect();
@@ -473,6 +716,7 @@ impl Api {
             "PUT",
             &format!("{}/{}", Self::slices_path(v), encode(name)),
             Some(slice),
+            Read::object("update_slice", "a ResourceSlice"),
         )
         .await
     }
@@ -491,6 +735,7 @@ impl Api {
                 "DELETE",
                 &format!("{}/{}", Self::slices_path(v), encode(name)),
                 Some(&body),
+                Read::object("delete_slice", "a ResourceSlice"),
             )
             .await
         {

@@ -100,9 +100,10 @@ fn write_man_pages(dir: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn default_node() -> String {
-    std::env::var("NODE_NAME")
-        .ok()
+/// The node name when neither a flag nor the config file gives one: `node_name_env` (a
+/// process's `NODE_NAME`) when set, else the host's name, lower-cased.
+fn default_node(node_name_env: Option<String>) -> String {
+    node_name_env
         .filter(|n| !n.is_empty())
         .or_else(|| {
             nix::unistd::gethostname()
@@ -113,9 +114,11 @@ fn default_node() -> String {
         .to_ascii_lowercase()
 }
 
-fn load(cli: &Cli) -> anyhow::Result<Config> {
+/// The configuration `cli` resolves to for a process started in `cwd` (a relative
+/// `--config` is read there) whose default node name is `default_node`.
+fn load(cli: &Cli, cwd: &std::path::Path, default_node: &str) -> anyhow::Result<Config> {
     let (path, required) = match &cli.config {
-        Some(p) => (p.clone(), true),
+        Some(p) => (cwd.join(p), true),
         None => (PathBuf::from(config::DEFAULT_CONFIG_FILE), false),
     };
     let file = match std::fs::read_to_string(&path) {
@@ -134,7 +137,38 @@ fn load(cli: &Cli) -> anyhow::Result<Config> {
         claim_timeout_seconds: cli.claim_timeout_seconds,
         device_health: cli.device_health,
     };
-    Ok(Config::resolve(file, flags, &default_node())?)
+    Ok(Config::resolve(file, flags, default_node)?)
+}
+
+/// The names of the plugin listening on `cfg`'s registration socket, resolved from its own
+/// command line, working directory and `NODE_NAME` as it resolved them at its start; each
+/// name the probe was given a flag for stays the probe's. `None` when there is no such
+/// process, it cannot be read, or it is not a plugin's command line.
+fn running_names(cli: &Cli, cfg: &Config) -> Option<gpushare_dra::probe::RunningNames> {
+    let p = gpushare_dra::running::behind_socket(&cfg.registration_socket())?;
+    let theirs = Cli::try_parse_from(&p.args).ok()?;
+    if theirs.command.is_some() {
+        return None;
+    }
+    // An environment we may not read: the probe's own default, as before.
+    let node_env = p
+        .node_name_env
+        .clone()
+        .or_else(|| std::env::var("NODE_NAME").ok());
+    let resolved = load(&theirs, &p.cwd, &default_node(node_env)).ok()?;
+    Some(gpushare_dra::probe::RunningNames {
+        node_name: if cli.node_name.is_some() {
+            cfg.node_name.clone()
+        } else {
+            resolved.node_name
+        },
+        driver_name: if cli.driver_name.is_some() {
+            cfg.driver_name.clone()
+        } else {
+            resolved.driver_name
+        },
+        pid: p.pid,
+    })
 }
 
 fn init_logging(level: &str) {
@@ -159,9 +193,14 @@ fn init_logging(level: &str) {
 }
 
 async fn main_async(cli: Cli) -> anyhow::Result<ExitCode> {
-    let cfg = load(&cli)?;
+    let cfg = load(
+        &cli,
+        std::path::Path::new(""),
+        &default_node(std::env::var("NODE_NAME").ok()),
+    )?;
     if let Some(Command::Probe { json }) = cli.command {
-        let checks = gpushare_dra::probe::probe(&cfg).await;
+        let running = running_names(&cli, &cfg);
+        let checks = gpushare_dra::probe::probe(&cfg, running).await;
         if json {
             println!("{}", serde_json::to_string(&checks)?);
         } else {

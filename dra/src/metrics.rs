@@ -8,6 +8,7 @@
 //! | `gpushare_dra_calls_total` | counter: kubelet calls (a call without claims, a health probe's, is not counted) | `method`, `version` (`v1`, `v1beta1`) |
 //! | `gpushare_dra_published_slices`, `gpushare_dra_published_devices` | gauge | |
 //! | `gpushare_dra_api_errors_total` | counter | `operation` |
+//! | `gpushare_dra_api_oversized_answers_total` | counter: API-server answers cut off past their bound ([`crate::api::OBJECT_LIMIT`]) | `operation` (`get_claim`, `list_slices`, `watch_slices`, …) |
 //! | `gpushare_dra_registered` | gauge: 1 registered, 0 not yet, -1 refused by kubelet | |
 //! | `gpushare_dra_gpushared_up` | gauge (0/1) | |
 
@@ -117,6 +118,18 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Every metric, with `api`'s count of answers cut off past their bound
+    /// (`gpushare_dra_api_oversized_answers_total`, counted where the answers are read).
+    pub fn with_api(api: &crate::api::Api) -> Metrics {
+        let mut m = Metrics::default();
+        m.registry.register(
+            "api_oversized_answers",
+            "API server answers cut off past their bound (an object's API maximum plus slack), by operation",
+            api.oversized_answers_family(),
+        );
+        m
+    }
+
     /// One claim answered by `method` with `outcome` in `took`.
     pub fn claim(&self, method: &'static str, outcome: &str, took: Duration) {
         self.claims

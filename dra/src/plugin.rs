@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 
-use crate::api::Api;
+use crate::api::{Api, ApiError};
 use crate::gpushared::{Gpushared, GpusharedError};
 use crate::mapping::{check_claim, kubelet_devices, KubeletDevice};
 use crate::metrics::Metrics;
@@ -26,6 +26,9 @@ pub struct ClaimRef {
     /// `metadata.name`.
     pub name: String,
 }
+
+/// GETs of a claim whose answer is cut off past its bound, before the claim fails.
+pub const GET_ATTEMPTS: u32 = 3;
 
 /// Method names as metrics and logs give them.
 pub const PREPARE: &str = "NodePrepareResources";
@@ -136,20 +139,16 @@ impl Plugin {
             "the API server (GET ResourceClaim {}/{})",
             c.namespace, c.name
         ));
-        let claim = self
-            .api
-            .get_claim(&c.namespace, &c.name)
-            .await
-            .map_err(|e| {
-                self.metrics.api_error("get_claim");
-                ClaimError {
-                    outcome: "ApiError".into(),
-                    message: format!(
-                        "cannot read ResourceClaim {}/{} ({}) from the API server: {e}",
-                        c.namespace, c.name, c.uid
-                    ),
-                }
-            })?;
+        let claim = self.get_claim(c, stage).await.map_err(|e| {
+            self.metrics.api_error("get_claim");
+            ClaimError {
+                outcome: "ApiError".into(),
+                message: format!(
+                    "cannot read ResourceClaim {}/{} ({}) from the API server: {e}",
+                    c.namespace, c.name, c.uid
+                ),
+            }
+        })?;
         check_claim(&claim, &c.namespace, &c.name, &c.uid).map_err(|e| ClaimError {
             outcome: match e {
                 crate::mapping::ClaimCheckError::Replaced { .. } => "Replaced".into(),
@@ -167,6 +166,35 @@ impl Plugin {
             .await
             .map_err(|e| gpushared_error("prepare", c, e))?;
         Ok(kubelet_devices(&result, &claim))
+    }
+
+    /// GETs the claim; an answer cut off past its bound (a misbehaving server or proxy,
+    /// perhaps for a moment) is asked again after 250 ms, then 500 ms (plus up to a quarter
+    /// of jitter), [`GET_ATTEMPTS`] times in all, the claim's bound permitting.
+    async fn get_claim(&self, c: &ClaimRef, stage: &Stage) -> Result<serde_json::Value, ApiError> {
+        let mut pause = Duration::from_millis(250);
+        let mut attempt = 1;
+        loop {
+            match self.api.get_claim(&c.namespace, &c.name).await {
+                Err(e) if e.is_too_large() && attempt < GET_ATTEMPTS => {
+                    tracing::warn!(
+                        claim = %c.uid, namespace = %c.namespace, name = %c.name, attempt,
+                        error = %e, "reading the ResourceClaim: retrying with back-off"
+                    );
+                    stage.set(format!(
+                        "the API server (GET ResourceClaim {}/{}, attempt {} after: {e})",
+                        c.namespace,
+                        c.name,
+                        attempt + 1
+                    ));
+                    let jitter = fastrand::u64(0..=pause.as_millis() as u64 / 4);
+                    tokio::time::sleep(pause + Duration::from_millis(jitter)).await;
+                    pause *= 2;
+                    attempt += 1;
+                }
+                r => return r,
+            }
+        }
     }
 
     /// Prepares every claim, concurrently; the map has one entry per distinct claim UID.

@@ -69,8 +69,22 @@ const GPUSHARED_HINT: &str = "systemctl status gpushared; journalctl -u gpushare
 /// What to do when the names disagree.
 const NAMES_HINT: &str = "make node_name / driver_name in /etc/gpushare/dra.toml and gpushared's [node] name / drivers agree, then restart both";
 
-/// Runs the checks for the plugin configured by `cfg`.
-pub async fn probe(cfg: &Config) -> Vec<Check> {
+/// The names the running plugin serves, where they were read from its process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunningNames {
+    /// Its node name (its `--node-name`, else its config file's, else its `NODE_NAME`,
+    /// else the host's name: as it resolved it at its start).
+    pub node_name: String,
+    /// Its driver name.
+    pub driver_name: String,
+    /// Its pid, for the check's detail.
+    pub pid: i32,
+}
+
+/// Runs the checks for the plugin configured by `cfg`. The names check compares
+/// `running`'s names with gpushared's where the running plugin's were read (a flag given to
+/// the plugin, e.g. through `GPUSHARE_DRA_ARGS`, that the probe was not given), else `cfg`'s.
+pub async fn probe(cfg: &Config, running: Option<RunningNames>) -> Vec<Check> {
     let t = Duration::from_secs(2);
     let reg = cfg.registration_socket();
     let dra = cfg.dra_socket();
@@ -123,14 +137,23 @@ pub async fn probe(cfg: &Config) -> Vec<Check> {
         Err(e) => Check::fail("dra-socket", format!("{}: {e}", dra.display()), SOCKET_HINT),
     });
     let g = Gpushared::new(&cfg.gpushared_socket, t);
+    let (node, driver, whose) = match &running {
+        Some(r) => (
+            r.node_name.as_str(),
+            r.driver_name.as_str(),
+            format!(" (the running plugin's, pid {})", r.pid),
+        ),
+        None => (
+            cfg.node_name.as_str(),
+            cfg.driver_name.as_str(),
+            String::new(),
+        ),
+    };
     out.push(match g.health().await {
-        Ok(h) => match Identity::of_health(&h).check(&cfg.node_name, &cfg.driver_name) {
+        Ok(h) => match Identity::of_health(&h).check(node, driver) {
             Ok(()) => Check::pass(
                 "names",
-                format!(
-                    "node {:?} and driver {:?} agree with gpushared",
-                    cfg.node_name, cfg.driver_name
-                ),
+                format!("node {node:?} and driver {driver:?}{whose} agree with gpushared"),
             ),
             Err(line) => Check::fail("names", line, NAMES_HINT),
         },

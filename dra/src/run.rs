@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::api::Api;
+use crate::authority::AnyAuthority;
 use crate::config::Config;
 use crate::gpushared::{Gpushared, Identity};
 use crate::grpc::{
@@ -59,6 +60,16 @@ pub async fn check_no_other_plugin(cfg: &Config) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The connections `listener` accepts, each read through [`AnyAuthority`]: a gRPC client
+/// that names the socket by its path is served as kubelet is.
+fn any_authority(
+    listener: UnixListener,
+) -> impl futures_util::Stream<Item = std::io::Result<AnyAuthority<tokio::net::UnixStream>>> {
+    futures_util::StreamExt::map(UnixListenerStream::new(listener), |c| {
+        c.map(AnyAuthority::new)
+    })
 }
 
 fn bind(path: &Path) -> anyhow::Result<UnixListener> {
@@ -163,7 +174,7 @@ fn stop_signal() -> std::io::Result<impl std::future::Future<Output = &'static s
 pub async fn run(cfg: Config, api: Arc<Api>) -> anyhow::Result<()> {
     let cfg = Arc::new(cfg);
     let state = Arc::new(State::default());
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Metrics::with_api(&api));
     let dra_path = cfg.dra_socket();
     let reg_path = cfg.registration_socket();
 
@@ -219,7 +230,7 @@ pub async fn run(cfg: Config, api: Arc<Api>) -> anyhow::Result<()> {
     }
     let mut rx = shutdown_rx.clone();
     let dra_server = tokio::spawn(router.serve_with_incoming_shutdown(
-        UnixListenerStream::new(dra_listener),
+        any_authority(dra_listener),
         async move {
             let _ = rx.changed().await;
         },
@@ -238,7 +249,7 @@ pub async fn run(cfg: Config, api: Arc<Api>) -> anyhow::Result<()> {
             .add_service(reg::registration_server::RegistrationServer::new(
                 RegistrationService::new(info, Arc::clone(&state)),
             ))
-            .serve_with_incoming_shutdown(UnixListenerStream::new(reg_listener), async move {
+            .serve_with_incoming_shutdown(any_authority(reg_listener), async move {
                 let _ = rx.changed().await;
             }),
     );

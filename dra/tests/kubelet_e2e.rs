@@ -962,6 +962,69 @@ async fn probe_which_gpushare_doctor_runs_sees_the_plugin_and_name_mismatches() 
         .exists()));
     let (ok, v) = probe(NODE);
     assert!(ok, "{v}\n{}", plugin.log());
+
+    // The plugin got its node name from a flag (GPUSHARE_DRA_ARGS=--node-name …); the probe
+    // as `gpushare doctor` runs it has no such flag, no NODE_NAME, and this host's name is
+    // not the node's: the running plugin's name counts, not the probe's own default.
+    assert_ne!(nix::unistd::gethostname().unwrap().to_string_lossy(), NODE);
+    let out = std::process::Command::new(bin("gpushare-dra"))
+        .args(["--config", "/dev/null", "probe", "--json"])
+        .arg("--gpushared-socket")
+        .arg(&d.socket)
+        .arg("--plugins-dir")
+        .arg(&dirs.plugins)
+        .arg("--registry-dir")
+        .arg(&dirs.registry)
+        .env_remove("NODE_NAME")
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(out.status.success(), "{v}");
+    let names = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "names")
+        .unwrap();
+    assert!(
+        names["detail"].as_str().unwrap().contains(NODE)
+            && names["detail"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("pid {}", plugin.child.id())),
+        "{v}"
+    );
+    // And `gpushare doctor` itself (which finds gpushare-dra on PATH) passes its check.
+    let path = format!(
+        "{}:{}",
+        bin_dir().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = std::process::Command::new(bin("gpushare"))
+        .args([
+            "doctor",
+            "--simulate",
+            "p4d.24xlarge",
+            "--dra-config",
+            "/dev/null",
+        ])
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("--dra-plugins-dir")
+        .arg(&dirs.plugins)
+        .arg("--dra-registry-dir")
+        .arg(&dirs.registry)
+        .env("PATH", path)
+        .env_remove("NODE_NAME")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("dra-plugin"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(line.starts_with("OK"), "{line}");
+
     let (ok, v) = probe("ip-10-0-9-9.us-west-2.compute.internal");
     assert!(!ok);
     let names = v

@@ -164,9 +164,19 @@ impl Publisher {
             .await
             .inspect_err(|_| self.metrics.api_error("discovery"))?;
         let owner = self.owner().await?;
+        // The node's devices bound the list of its slices: learn them first where gpushared
+        // answers (else the list is bounded for none but the slack).
+        if gpus.is_none() {
+            *gpus = self.gpushared.list_gpus().await.ok();
+        }
         let (items, rv) = self
             .api
-            .list_slices(v, &self.driver, &self.node)
+            .list_slices(
+                v,
+                &self.driver,
+                &self.node,
+                self.slice_count(gpus.as_deref()),
+            )
             .await
             .inspect_err(|_| self.metrics.api_error("list_slices"))?;
         let mut cache: BTreeMap<String, Value> = items
@@ -229,6 +239,18 @@ impl Publisher {
                 _ = shutdown.changed() => return Ok(()),
             }
         }
+    }
+
+    /// The most slices a pool of `gpus` is published in, in any layout (0 before gpushared
+    /// has answered): what bounds the list of the node's slices.
+    fn slice_count(&self, gpus: Option<&[GpuInfo]>) -> usize {
+        gpus.map_or(0, |g| {
+            [Layout::Static, Layout::Combined, Layout::Split]
+                .map(|l| build_pool_in(g, &self.node, &self.driver, 0, l).len())
+                .into_iter()
+                .max()
+                .unwrap_or(0)
+        })
     }
 
     /// What a pool of `gpus` would be in either layout: a change of anything else (a
@@ -365,7 +387,7 @@ fn name_of(o: &Value) -> &str {
 /// The API server refused or could not be reached.
 pub async fn remove_all(api: &Api, driver: &str, node: &str) -> Result<usize, ApiError> {
     let v = api.version().await?;
-    let (items, _) = api.list_slices(v, driver, node).await?;
+    let (items, _) = api.list_slices(v, driver, node, 0).await?;
     for s in &items {
         let uid = s
             .pointer("/metadata/uid")

@@ -19,7 +19,10 @@
 //!   nothing) go through [`crate::slice_rules`]: partitionable devices' fields dropped unless
 //!   [`ApiServer::set_partitionable`], else that version's limits, a violation answered 422
 //!   `Invalid` and recorded ([`ApiServer::invalid`]);
-//! - faults: down (connections dropped), slow (every answer delayed);
+//! - faults: down (connections dropped), slow (every answer delayed), oversized
+//!   ([`ApiServer::set_oversized`]: claim GETs, slice lists or watch events answered with a
+//!   body of any size, streamed as it is sent and never held, which no real server can be
+//!   asked for);
 //! - [`ApiServer::wipe_node_slices`]: what kubelet's DeleteCollection does at its start.
 //!
 //! Every request is recorded (verb, resource) for the RBAC coverage test.
@@ -60,6 +63,44 @@ struct Store {
     partitionable: bool,
     invalid: Vec<String>,
     dry_runs: usize,
+    /// The answers made oversized, and their size in bytes.
+    oversized: Option<(BTreeSet<Oversize>, u64)>,
+    oversized_sent: BTreeMap<Oversize, usize>,
+    claim_get_times: Vec<std::time::Instant>,
+}
+
+/// Answers [`ApiServer::set_oversized`] can make too large.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Oversize {
+    /// A ResourceClaim GET the node may make: a claim object with a padding field.
+    Claims,
+    /// A ResourceSlice list: an empty list with a padding field.
+    SliceLists,
+    /// A ResourceSlice watch: after the events it owes, one `ADDED` event line that size.
+    WatchEvents,
+}
+
+/// Padding inside JSON: `prefix`, `size` bytes of `a`, `suffix`, generated 64 KiB at a time
+/// as the connection takes it (`u64::MAX`: never ends in any test's life).
+fn padded(prefix: String, size: u64, suffix: &'static str) -> Body {
+    const CHUNK: usize = 64 * 1024;
+    let filler = Bytes::from(vec![b'a'; CHUNK]);
+    let head = futures_util::stream::iter([Bytes::from(prefix)]);
+    let body = futures_util::stream::unfold(size, move |left| {
+        let filler = filler.clone();
+        async move {
+            (left > 0).then(|| {
+                let n = usize::try_from(left).unwrap_or(CHUNK).min(CHUNK);
+                (filler.slice(..n), left - n as u64)
+            })
+        }
+    });
+    let tail = futures_util::stream::iter([Bytes::from_static(suffix.as_bytes())]);
+    let frames = futures_util::StreamExt::map(
+        futures_util::StreamExt::chain(futures_util::StreamExt::chain(head, body), tail),
+        |b| Ok::<_, Infallible>(Frame::data(b)),
+    );
+    BodyExt::boxed(StreamBody::new(frames))
 }
 
 /// The stand-in; cheap to clone.
@@ -254,6 +295,40 @@ impl ApiServer {
         self.lock().down = down;
     }
 
+    /// Answers `what` with bodies of `size` bytes from now on (`None`: normal answers again).
+    /// The bodies are chunked, without a length, as a misbehaving proxy or server streams
+    /// them.
+    pub fn set_oversized(&self, what: Option<(&[Oversize], u64)>) {
+        self.lock().oversized = what.map(|(w, n)| (w.iter().copied().collect(), n));
+    }
+
+    /// Ends every open watch (as a server's restart does): watchers list again.
+    pub fn end_watches(&self) {
+        self.lock().watchers.clear();
+    }
+
+    /// Oversized answers begun so far, of `what`.
+    pub fn oversized_sent(&self, what: Oversize) -> usize {
+        self.lock().oversized_sent.get(&what).copied().unwrap_or(0)
+    }
+
+    /// When each claim GET arrived, in order.
+    pub fn claim_get_times(&self) -> Vec<std::time::Instant> {
+        self.lock().claim_get_times.clone()
+    }
+
+    /// The size of an oversized answer of `what` now due, counted as sent.
+    fn oversize_due(&self, what: Oversize) -> Option<u64> {
+        let mut st = self.lock();
+        let size = st
+            .oversized
+            .as_ref()
+            .filter(|(w, _)| w.contains(&what))
+            .map(|(_, n)| *n)?;
+        *st.oversized_sent.entry(what).or_default() += 1;
+        Some(size)
+    }
+
     /// Delays every answer by `d`.
     pub fn set_delay(&self, d: Duration) {
         self.lock().delay = d;
@@ -353,7 +428,24 @@ impl ApiServer {
         if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
             return Ok(self.watch(&node, &path, &q));
         }
-        Ok(reply(self.serve(&node, &method, &path, &q, &body)))
+        let (code, answer) = self.serve(&node, &method, &path, &q, &body);
+        let kind = answer["kind"].as_str().unwrap_or_default();
+        let due = match (code, kind) {
+            (200, "ResourceClaim") => self.oversize_due(Oversize::Claims),
+            (200, "ResourceSliceList") => self.oversize_due(Oversize::SliceLists),
+            _ => None,
+        };
+        if let Some(size) = due {
+            let prefix = format!(
+                "{{\"kind\":\"{kind}\",\"apiVersion\":{},\"metadata\":{},\"padding\":\"",
+                answer["apiVersion"], answer["metadata"]
+            );
+            let mut r = Response::new(padded(prefix, size, "\"}"));
+            r.headers_mut()
+                .insert("content-type", "application/json".parse().unwrap());
+            return Ok(r);
+        }
+        Ok(reply((code, answer)))
     }
 
     fn deny(&self, st: &mut Store, node: &str, what: String) -> (u16, Value) {
@@ -426,6 +518,7 @@ impl ApiServer {
                     ["namespaces", ns, "resourceclaims", name] if method == "GET" => {
                         st.seen.insert(("get".into(), "resourceclaims".into()));
                         st.claim_gets.push(path.to_string());
+                        st.claim_get_times.push(std::time::Instant::now());
                         let key = (ns.to_string(), name.to_string());
                         if !st.node_claims.get(node).is_some_and(|s| s.contains(&key)) {
                             return self.deny(
@@ -648,12 +741,39 @@ impl ApiServer {
         }
         let driver = sel.get("spec.driver").cloned().unwrap_or_default();
         st.watchers.push((driver, node.to_string(), tx));
-        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-            rx.recv()
-                .await
-                .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
-        });
-        let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
+        let oversized = st
+            .oversized
+            .as_ref()
+            .filter(|(w, _)| w.contains(&Oversize::WatchEvents))
+            .map(|(_, n)| *n);
+        if oversized.is_some() {
+            *st.oversized_sent.entry(Oversize::WatchEvents).or_default() += 1;
+        }
+        drop(st);
+        let body = match oversized {
+            None => {
+                let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+                    rx.recv()
+                        .await
+                        .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+                });
+                BodyExt::boxed(StreamBody::new(stream))
+            }
+            Some(size) => {
+                // The events owed first (queued already), then the oversized one.
+                let mut rx = rx;
+                let mut head = String::new();
+                while let Ok(b) = rx.try_recv() {
+                    head.push_str(&String::from_utf8_lossy(&b));
+                }
+                padded(
+                    format!("{head}{{\"type\":\"ADDED\",\"object\":{{\"padding\":\""),
+                    size,
+                    "\"}}\n",
+                )
+            }
+        };
+        let mut r = Response::new(body);
         r.headers_mut()
             .insert("content-type", "application/json".parse().unwrap());
         r

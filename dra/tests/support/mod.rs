@@ -63,6 +63,8 @@ impl Plugin {
             .path()
             .join(format!("plugin-{}.log", fastrand::u32(..)));
         let f = std::fs::File::create(&log).unwrap();
+        // Before the plugin starts: it reads its config first thing.
+        std::fs::write(dirs.root.path().join("none.toml"), "").unwrap();
         let child = Command::new(bin("gpushare-dra"))
             .arg("--config")
             .arg(dirs.root.path().join("none.toml"))
@@ -91,7 +93,6 @@ impl Plugin {
             .stderr(f)
             .spawn()
             .unwrap();
-        std::fs::write(dirs.root.path().join("none.toml"), "").unwrap();
         Plugin { child, log }
     }
 
