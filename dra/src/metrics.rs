@@ -1,4 +1,4 @@
-//! Prometheus metrics and `/healthz`, served on `--metrics-address` (default
+//! Prometheus metrics, `/healthz` (readiness) and `/livez` (liveness), served on `--metrics-address` (default
 //! `127.0.0.1:9472`; gpushared's are on 9471).
 //!
 //! | family | type | labels |
@@ -179,8 +179,33 @@ impl Metrics {
 
 /// `/healthz`: 200 `ok` while kubelet has not refused the registration, gpushared answers and
 /// it can generate the driver's CDI spec (without which every prepare fails); 503 with the
-/// reason otherwise.
+/// reason otherwise. The DaemonSet's readiness probe: a plugin that can prepare nothing shows
+/// as not ready (`kubectl get pods`) without being restarted.
 pub fn healthz(state: &State) -> (u16, String) {
+    let mut problems = live_problems(state);
+    if let Gpushared::Up {
+        driver_spec_error: Some(e),
+        ..
+    } = state.gpushared()
+    {
+        problems.push(format!(
+            "gpushared cannot generate the NVIDIA driver's CDI spec, so every prepare fails: {e}"
+        ));
+    }
+    answer(problems)
+}
+
+/// `/livez`: as [`healthz`] without the driver's CDI spec, the DaemonSet's liveness probe. A
+/// restart of the plugin cannot mend a spec that gpushared on the host fails to generate (a
+/// driver updated without a reboot), so that alone must not get the plugin restarted over and
+/// over; a refused registration or a gpushared that does not answer is retried by a restart,
+/// which registers again and reconnects.
+pub fn livez(state: &State) -> (u16, String) {
+    answer(live_problems(state))
+}
+
+/// What [`livez`] checks: the registration and gpushared's answer.
+fn live_problems(state: &State) -> Vec<String> {
     let mut problems = Vec::new();
     if let Registration::Refused(e) = state.registration() {
         problems.push(format!("kubelet refused the registration: {e}"));
@@ -188,14 +213,13 @@ pub fn healthz(state: &State) -> (u16, String) {
     match state.gpushared() {
         Gpushared::Down(e) => problems.push(format!("gpushared does not answer: {e}")),
         Gpushared::Unknown => problems.push("gpushared not asked yet".into()),
-        Gpushared::Up {
-            driver_spec_error: Some(e),
-            ..
-        } => problems.push(format!(
-            "gpushared cannot generate the NVIDIA driver's CDI spec, so every prepare fails: {e}"
-        )),
         Gpushared::Up { .. } => {}
     }
+    problems
+}
+
+/// 200 `ok` without problems, else 503 with them joined by `; `.
+fn answer(problems: Vec<String>) -> (u16, String) {
     if problems.is_empty() {
         (200, "ok\n".into())
     } else {
@@ -203,7 +227,7 @@ pub fn healthz(state: &State) -> (u16, String) {
     }
 }
 
-/// Serves `/metrics` and `/healthz` on `listener` until the task is dropped.
+/// Serves `/metrics`, `/healthz` and `/livez` on `listener` until the task is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, state: Arc<State>) {
     use http_body_util::Full;
     use hyper::body::Bytes;
@@ -228,10 +252,14 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, sta
                             let (s, b) = healthz(&state);
                             (s, "text/plain; charset=utf-8", b)
                         }
+                        "/livez" => {
+                            let (s, b) = livez(&state);
+                            (s, "text/plain; charset=utf-8", b)
+                        }
                         _ => (
                             404,
                             "text/plain; charset=utf-8",
-                            "/metrics and /healthz are served here\n".into(),
+                            "/metrics, /healthz and /livez are served here\n".into(),
                         ),
                     };
                     let mut r = Response::new(Full::new(Bytes::from(body)));
@@ -286,5 +314,29 @@ mod tests {
             body,
             "gpushared cannot generate the NVIDIA driver's CDI spec, so every prepare fails: Driver/library version mismatch\n"
         );
+        // The liveness probe leaves it out: a restart of the plugin cannot mend it.
+        assert_eq!(livez(&state), (200, "ok\n".to_string()));
+    }
+
+    #[test]
+    fn livez_fails_while_gpushared_is_down_or_the_registration_was_refused() {
+        let state = State::default();
+        state.set_registration(Registration::Registered);
+        state.set_gpushared(Gpushared::Down("connection refused".into()));
+        assert_eq!(
+            livez(&state),
+            (503, "gpushared does not answer: connection refused\n".to_string())
+        );
+        state.set_gpushared(Gpushared::Up {
+            node_name: "n".into(),
+            driver_spec_error: None,
+        });
+        assert_eq!(livez(&state), (200, "ok\n".to_string()));
+        state.set_registration(Registration::Refused("taken".into()));
+        assert_eq!(
+            livez(&state),
+            (503, "kubelet refused the registration: taken\n".to_string())
+        );
+        assert_eq!(livez(&state), healthz(&state));
     }
 }

@@ -1290,6 +1290,14 @@ async fn a_registration_kubelet_refuses_shows_in_healthz_and_metrics() {
         body.contains("kubelet refused the registration: plugin gpu.nvidia.com already registered"),
         "{body}"
     );
+    // The liveness probe fails too: a restart registers again.
+    let (code, live) = tokio::task::spawn_blocking({
+        let addr = addr.clone();
+        move || http_get(&addr, "/livez")
+    })
+    .await
+    .unwrap();
+    assert_eq!((code, live.as_str()), (503, body.as_str()));
     let (_, metrics) = tokio::task::spawn_blocking({
         let addr = addr.clone();
         move || http_get(&addr, "/metrics")
