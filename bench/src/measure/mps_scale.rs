@@ -49,9 +49,11 @@ impl Ctx {
             at_scale.extend(p);
         }
         // The time-sliced claims leave nothing outside the daemon's own directories (their
-        // specs and claim directories are on its tmpfs, unmounted on drop): stopping it is
-        // enough, where releasing them one by one would take as long as preparing them.
-        full.stop().context("stopping the daemon at scale")?;
+        // specs and claim directories are on its tmpfs, unmounted on drop, the GPUs are
+        // simulated there too, and every MPS claim was released): a SIGKILL is enough, where
+        // releasing them one by one would take as long as preparing them, and a SIGTERM writes
+        // every claim's record once more.
+        full.kill().context("killing the daemon at scale")?;
         drop(full);
         drop(empty);
         let (p, p0) = (sum(&at_scale)?, sum(&alone)?);
