@@ -182,7 +182,8 @@ impl Service {
 
     /// Wakes the supervisor only if `claim` runs an MPS control daemon: the set of daemons to
     /// watch changes only with such a claim, and every wake costs the supervisor a pass over
-    /// all claims, which a prepare of another strategy must not pay on a node holding many.
+    /// the MPS claims and a look at each daemon, which a prepare of another strategy need
+    /// not pay.
     pub(super) fn wake_supervisor_for(&self, claim: &ClaimInfo) {
         if runs_mps(claim) {
             self.wake_supervisor();
