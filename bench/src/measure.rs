@@ -23,6 +23,8 @@ use crate::report::{ms, num, Report, Row, Section, Target};
 use crate::stats::{ratio, summarize, Summary};
 use crate::Cli;
 
+mod mps_scale;
+
 /// How much of everything to do.
 #[derive(Debug, Clone)]
 struct Sizes {
@@ -42,6 +44,8 @@ struct Sizes {
     dra: usize,
     /// Batches the smallest scaling size (the per-claim baseline) is timed over.
     baseline_rounds: usize,
+    /// Time-sliced claims held during section 4c's MPS cycles (NVIDIA's program).
+    mps_scale_held: usize,
 }
 
 impl Sizes {
@@ -60,6 +64,7 @@ impl Sizes {
             restarts: 15,
             dra: 60,
             baseline_rounds: 10,
+            mps_scale_held: 10_000,
         }
     }
 
@@ -78,6 +83,7 @@ impl Sizes {
             restarts: 1,
             dra: 3,
             baseline_rounds: 2,
+            mps_scale_held: 20,
         }
     }
 }
@@ -212,6 +218,7 @@ impl Ctx {
         progress("scaling, footprint and recovery");
         self.scale_footprint_recovery(&mut d, idle_rss)?;
         drop(d);
+        self.mps_scale_nvidia(false)?;
         Ok(())
     }
 
@@ -239,6 +246,10 @@ impl Ctx {
 
     /// One group of measurements (`--only SECTION`), against a daemon of its own.
     fn only(&mut self, section: &str) -> Result<()> {
+        if section == "mps-scale" {
+            // Daemons of its own, with NVIDIA's program.
+            return self.mps_scale_nvidia(true);
+        }
         let emulator = self.bin("gpushare-mps-control");
         let mut d = Daemon::start(&self.bin_dir, &self.work.join("e"), &emulator)?;
         let idle_rss = settle_rss(d.pid()?)?;

@@ -1529,3 +1529,48 @@ fn a_restart_that_cannot_readopt_mps_daemons_stops_and_restarts_them_all_at_once
     }
     node.check(&mut counts);
 }
+
+/// Issue 25, item 5: a SIGSTOPped MPS control daemon held gpushared's start for two MPS
+/// timeouts: the re-adoption probe ran out its timeout, then `quit` waited a full timeout on
+/// the same dead pipe. A stopped process shows as such in `/proc` and is not asked at all, and
+/// a daemon that did not answer the probe is not asked again: the start is ready within about
+/// one timeout, with the stopped daemon killed and replaced and the claim's limits read back.
+#[test]
+fn a_sigstopped_mps_daemon_delays_the_start_by_at_most_about_one_timeout() {
+    if !need(is_root(), "root") {
+        return;
+    }
+    // --mps-timeout of the Node.
+    const TIMEOUT: Duration = Duration::from_secs(5);
+    let mut node = Node::new(mps_program());
+    node.start();
+    let uid = format!("stop-{}", std::process::id());
+    node.prepare(&mps_claim(&uid, 3, 35)).unwrap();
+    let old = mps_groups(&node.claim(&uid).unwrap())[0].clone();
+    node.kill9();
+    kill(Pid::from_raw(old.control_daemon_pid), Signal::SIGSTOP).unwrap();
+    let started = Instant::now();
+    node.start();
+    let took = started.elapsed();
+    eprintln!("a SIGSTOPped MPS control daemon killed and replaced; ready in {took:?}");
+    assert!(
+        took < TIMEOUT * 3 / 2,
+        "ready after {took:?}, the MPS timeout is {TIMEOUT:?}; log:\n{}",
+        node.log()
+    );
+    assert!(
+        !gpushare::sys::pid_alive(old.control_daemon_pid),
+        "the stopped daemon was killed"
+    );
+    let c = node.claim(&uid).unwrap();
+    assert_eq!(c.state, ClaimState::Prepared, "{c:?}");
+    let now = mps_groups(&c)[0].clone();
+    assert_ne!(now.control_daemon_pid, old.control_daemon_pid, "replaced");
+    assert_eq!(now.active_thread_percentage, "35.0");
+    assert_eq!(c.restarts, 1);
+    // Every invariant, the limits read back from the new daemon itself among them.
+    let mut counts = Counts::new();
+    node.check(&mut counts);
+    node.unprepare(&uid).unwrap();
+    node.check(&mut counts);
+}

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Deref;
 
-use gpushare_proto::{Attachment, ClaimInfo};
+use gpushare_proto::{Attachment, ClaimInfo, StrategyInfo};
 
 use crate::checkpoint::Tombstone;
 use crate::claim::lifecycle::apply;
@@ -30,6 +30,12 @@ pub struct Claims {
     map: BTreeMap<String, ClaimInfo>,
     shown: BTreeSet<String>,
     durable: BTreeSet<String>,
+    /// UIDs of the claims that ran an MPS control daemon when [`Claims::take_shown`] last
+    /// ran: with `shown` (every claim changed since), a superset of those that run one now.
+    /// The supervisor asks for the daemons at every MPS prepare and release, and a pass over
+    /// every claim held made each such change cost what the node holds (10,000 time-sliced
+    /// claims beside one MPS claim); see [`Claims::running_mps`].
+    mps: BTreeSet<String>,
 }
 
 impl Deref for Claims {
@@ -133,13 +139,40 @@ impl Claims {
 
     /// UIDs changed since the last call, for the view.
     pub fn take_shown(&mut self) -> BTreeSet<String> {
-        std::mem::take(&mut self.shown)
+        let shown = std::mem::take(&mut self.shown);
+        for uid in &shown {
+            if self.map.get(uid).is_some_and(runs_mps) {
+                self.mps.insert(uid.clone());
+            } else {
+                self.mps.remove(uid);
+            }
+        }
+        shown
+    }
+
+    /// The claims with an MPS device group (each runs MPS control daemons), in UID order, in
+    /// time that grows with them and with the claims changed since the view was last
+    /// published, never with every claim held.
+    pub fn running_mps(&self) -> impl Iterator<Item = &ClaimInfo> {
+        // Both sets are sorted: their union yields each UID once.
+        self.mps
+            .union(&self.shown)
+            .filter_map(|uid| self.map.get(uid))
+            .filter(|c| runs_mps(c))
     }
 
     /// UIDs whose durable record changed since the last call, for the store.
     pub fn take_durable(&mut self) -> BTreeSet<String> {
         std::mem::take(&mut self.durable)
     }
+}
+
+/// Whether `claim` has a device group shared through MPS, i.e. runs MPS control daemons.
+pub fn runs_mps(claim: &ClaimInfo) -> bool {
+    claim
+        .groups
+        .iter()
+        .any(|g| matches!(g.sharing, StrategyInfo::Mps(_)))
 }
 
 /// Tombstones by claim UID, with the UIDs changed since [`Tombstones::take_changed`].
@@ -272,6 +305,77 @@ mod tests {
             c.transition("a", Event::Released),
             Err(TransitionError::NotFound("a".into()))
         );
+    }
+
+    /// A claim with one device group shared through MPS.
+    fn mps_claim(uid: &str) -> ClaimInfo {
+        let mut c = claim(uid, ClaimState::Prepared);
+        c.groups.push(gpushare_proto::GroupInfo {
+            requests: vec!["gpu".into()],
+            devices: vec![],
+            sharing: StrategyInfo::Mps(gpushare_proto::MpsInfo {
+                control_daemon_pid: 7,
+                pipe_dir: format!("/run/gpushare/claims/{uid}/mps-00000/pipe"),
+                log_dir: String::new(),
+                shm_dir: String::new(),
+                visible_devices: vec![],
+                active_thread_percentage: "100.0".into(),
+                pinned_device_memory_limits: Default::default(),
+                control_daemon_start_time: 0,
+                requested: Default::default(),
+                restarts: 0,
+            }),
+            mig: vec![],
+        });
+        c
+    }
+
+    fn mps_uids(c: &Claims) -> Vec<String> {
+        c.running_mps().map(|c| c.uid.clone()).collect()
+    }
+
+    /// The index behind `running_mps` (the supervisor's set of daemons, asked at every MPS
+    /// prepare and release) follows every kind of change, before and after the view takes
+    /// the changed UIDs, and holds nothing of the other claims.
+    #[test]
+    fn the_claims_running_mps_follow_every_change() {
+        let mut c = Claims::default();
+        for i in 0..50 {
+            c.insert(
+                format!("ts-{i:02}"),
+                claim(&format!("ts-{i:02}"), ClaimState::Prepared),
+            );
+        }
+        c.insert("m1".into(), mps_claim("m1"));
+        assert_eq!(mps_uids(&c), ["m1"], "before the view took the changes");
+        c.take_shown();
+        assert_eq!(mps_uids(&c), ["m1"], "after");
+        assert_eq!(c.mps.len(), 1, "the index holds the MPS claims alone");
+
+        // A claim becomes MPS through get_mut (a prepare records its daemon), one stops.
+        *c.get_mut("ts-07").unwrap() = mps_claim("ts-07");
+        c.get_mut("m1").unwrap().groups.clear();
+        assert_eq!(mps_uids(&c), ["ts-07"]);
+        c.take_shown();
+        assert_eq!(mps_uids(&c), ["ts-07"]);
+
+        // Released through the lifecycle, rolled back, restored, adopted at start.
+        c.transition("ts-07", Event::ReleaseStarted).unwrap();
+        assert_eq!(mps_uids(&c), ["ts-07"], "Unpreparing still runs it");
+        c.transition("ts-07", Event::Released).unwrap();
+        assert!(mps_uids(&c).is_empty());
+        c.take_shown();
+        assert!(mps_uids(&c).is_empty());
+        c.restore("m2", Some(mps_claim("m2")));
+        c.adopt("m3".into(), mps_claim("m3"));
+        assert_eq!(mps_uids(&c), ["m2", "m3"]);
+        c.take_shown();
+        c.remove("m2");
+        c.restore("m3", None);
+        assert!(mps_uids(&c).is_empty());
+        c.take_shown();
+        assert!(mps_uids(&c).is_empty());
+        assert!(c.mps.is_empty(), "nothing left in the index");
     }
 
     #[test]

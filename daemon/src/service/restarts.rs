@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use gpushare_proto::{ClaimInfo, ClaimState, StrategyInfo};
 
+pub(super) use crate::registry::runs_mps;
+
 use super::reconcile::*;
 use super::{missing_gpus, now_secs, Service};
 use crate::strategy::mps::{launch_of, Liveness, MpsDirs};
@@ -148,11 +150,13 @@ impl Service {
         })
     }
 
-    /// Every MPS control daemon of a prepared or degraded claim, for the supervisor.
+    /// Every MPS control daemon of a prepared or degraded claim, for the supervisor. Looks
+    /// at the claims that run MPS alone (`Claims::running_mps`): it runs at every MPS prepare
+    /// and release, which must not cost what the node's other claims hold.
     pub fn supervised(&self) -> Vec<SupervisedDaemon> {
         self.state()
             .claims
-            .values()
+            .running_mps()
             .filter(|c| matches!(c.state, ClaimState::Prepared | ClaimState::Degraded))
             .flat_map(|c| {
                 c.groups.iter().filter_map(|g| match &g.sharing {
@@ -178,7 +182,8 @@ impl Service {
 
     /// Wakes the supervisor only if `claim` runs an MPS control daemon: the set of daemons to
     /// watch changes only with such a claim, and every wake costs the supervisor a pass over
-    /// all claims, which a prepare of another strategy must not pay on a node holding many.
+    /// the MPS claims and a look at each daemon, which a prepare of another strategy need
+    /// not pay.
     pub(super) fn wake_supervisor_for(&self, claim: &ClaimInfo) {
         if runs_mps(claim) {
             self.wake_supervisor();
@@ -340,14 +345,6 @@ pub(super) struct RestartPlan {
     failures: u32,
     /// When a daemon of the claim was last started by a restart.
     started: Option<Instant>,
-}
-
-/// Whether `claim` has a device group shared through MPS, i.e. runs MPS control daemons.
-pub(super) fn runs_mps(claim: &ClaimInfo) -> bool {
-    claim
-        .groups
-        .iter()
-        .any(|g| matches!(g.sharing, StrategyInfo::Mps(_)))
 }
 
 #[cfg(test)]

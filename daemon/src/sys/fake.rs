@@ -28,8 +28,10 @@ pub(crate) struct FakeDaemon {
     pub env: BTreeMap<String, String>,
     /// Its state, as the emulator's interpreter keeps it.
     pub control: ControlState,
-    /// SIGSTOPped: it holds its pipe directory and lives, but answers nothing (every UI run
-    /// on it ends at its timeout) until it is killed.
+    /// Hung: it holds its pipe directory and runs, but answers nothing (every UI run on it
+    /// ends at its timeout) until it is killed; `/proc` shows it running.
+    pub hung: bool,
+    /// SIGSTOPped: it answers nothing, as a hung one, and `/proc` shows it stopped.
     pub stopped: bool,
 }
 
@@ -47,6 +49,7 @@ impl FakeDaemon {
             watchers: Vec::new(),
             env,
             control,
+            hung: false,
             stopped: false,
         }
     }
@@ -196,7 +199,11 @@ impl CommandRunner for FakeHost {
         }
         let (ignore_atp, ignore_quit) = (st.ignore_atp, st.ignore_quit);
         let stdin = String::from_utf8_lossy(&spec.stdin).trim().to_string();
-        if st.daemons.get(&pipe).is_some_and(|d| d.alive && d.stopped) {
+        if st
+            .daemons
+            .get(&pipe)
+            .is_some_and(|d| d.alive && (d.hung || d.stopped))
+        {
             // The UI waits on a daemon that never answers until the runner's timeout ends it
             // (the fake does not sleep it out: the timeline counts it).
             st.timeline.push(format!("run {stdin}: timed out"));
@@ -315,6 +322,13 @@ impl Processes for FakeHost {
     fn start_time(&self, pid: i32) -> Option<u64> {
         // A fake pid is never reused, so its number stands for its start time.
         self.alive(pid).then_some(pid as u64 * 100)
+    }
+
+    fn stopped(&self, pid: i32) -> bool {
+        self.state()
+            .daemons
+            .values()
+            .any(|d| d.pid == pid && d.alive && d.stopped)
     }
 }
 

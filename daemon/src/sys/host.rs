@@ -217,6 +217,10 @@ impl Processes for HostProcesses {
         super::process_start_time(pid)
     }
 
+    fn stopped(&self, pid: i32) -> bool {
+        super::process_stopped(pid)
+    }
+
     fn with_env_under(&self, var: &str, dir: &Path) -> Vec<(i32, std::path::PathBuf)> {
         super::processes_with_env_under(var, dir)
     }

@@ -14,8 +14,8 @@ pub use host::{reap_orphans, HostMounter, HostProcesses, HostRunner};
 pub use peer::peer_groups;
 pub use pidfd::{readable_now, wait_readable, PidFd};
 pub use proc::{
-    find_lock_holder, parse_status_groups, pid_alive, process_start_time, processes_with_env_under,
-    read_cgroup, read_groups, whole_file_write_lock,
+    find_lock_holder, parse_status_groups, pid_alive, process_start_time, process_stopped,
+    processes_with_env_under, read_cgroup, read_groups, whole_file_write_lock,
 };
 
 use std::collections::BTreeMap;
@@ -132,6 +132,10 @@ pub trait Processes: Send + Sync + std::fmt::Debug {
     /// Start time of `pid` in clock ticks after boot (see [`process_start_time`]); `None`
     /// when it does not run. Together with the pid it names one process for good.
     fn start_time(&self, pid: i32) -> Option<u64>;
+
+    /// Whether `pid` is stopped by a signal or a tracer (see [`process_stopped`]): it answers
+    /// nothing until continued. `false` when nothing is known.
+    fn stopped(&self, pid: i32) -> bool;
 
     /// Live processes whose environment sets `var` to a path under `dir`, with that path
     /// (see [`processes_with_env_under`]).

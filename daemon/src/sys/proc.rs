@@ -100,6 +100,23 @@ fn parse_start_time(stat: &str) -> Option<u64> {
     fields.get(22 - 3)?.parse().ok()
 }
 
+/// Whether `pid` is stopped: by a signal (`T`: SIGSTOP, SIGTSTP, …) or under a tracer (`t`),
+/// as field 3 of `/proc/<pid>/stat` says. Such a process answers nothing until it is continued,
+/// so a control session on it can only run out its timeout. `false` when it does not exist or
+/// the file cannot be read (nothing is known, and nothing is skipped on a guess).
+pub fn process_stopped(pid: i32) -> bool {
+    if pid <= 0 {
+        return false;
+    }
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| parse_stopped(&stat))
+}
+
+/// Whether the state (field 3) of a `/proc/<pid>/stat` line is `T` or `t`.
+fn parse_stopped(stat: &str) -> bool {
+    stat.rsplit_once(") ")
+        .is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
+}
+
 /// Live processes whose environment sets `var` to a path under `dir` (component-wise), with
 /// that path. Every MPS control daemon, UI session and MPS server carries
 /// `CUDA_MPS_PIPE_DIRECTORY`, so this finds the MPS processes of a run directory even when a
@@ -255,6 +272,38 @@ mod tests {
         assert!(process_start_time(me).is_some_and(|t| t > 0));
         assert_eq!(process_start_time(me), process_start_time(me));
         assert_eq!(process_start_time(i32::MAX), None);
+    }
+
+    #[test]
+    fn a_stopped_process_is_seen_in_its_state_field() {
+        assert!(parse_stopped("42 (a) b (c) T 1 42 42 0"));
+        assert!(parse_stopped("42 (gdb) t 1 42 42 0"));
+        assert!(
+            !parse_stopped("42 (T) S 1 42 42 0"),
+            "the name is not the state"
+        );
+        assert!(!parse_stopped("42 (x) R 1"));
+        assert!(!parse_stopped("garbage"));
+        let mut child = std::process::Command::new("/bin/sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let state = |stopped: bool| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while process_stopped(pid) != stopped && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            process_stopped(pid)
+        };
+        assert!(!state(false), "running");
+        kill(Pid::from_raw(pid), nix::sys::signal::Signal::SIGSTOP).unwrap();
+        assert!(state(true), "SIGSTOPped");
+        kill(Pid::from_raw(pid), nix::sys::signal::Signal::SIGCONT).unwrap();
+        assert!(!state(false), "continued");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!process_stopped(pid), "gone");
     }
 
     #[test]

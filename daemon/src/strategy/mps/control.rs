@@ -20,8 +20,8 @@ pub struct MpsControl {
     pub(super) ops: HostOps,
     pub(super) timeout: Duration,
     /// Pipe directories whose daemon let the last control session run out its timeout (a
-    /// hung daemon, e.g. SIGSTOPped): its `quit` timing out too means it answers nothing,
-    /// and it is killed at once instead of being given another timeout to exit.
+    /// hung daemon): it is not asked again, so a stop kills it at once instead of spending
+    /// another timeout on a `quit` it will not answer either.
     pub(super) unanswered: Arc<Mutex<BTreeSet<PathBuf>>>,
 }
 
@@ -350,6 +350,13 @@ impl MpsControl {
             return Err(format!(
                 "pid {pid} started at tick {started:?}, not at the recorded {}: another process",
                 info.control_daemon_start_time
+            ));
+        }
+        // A stopped daemon (SIGSTOP, a tracer) cannot answer the round trip: asking would
+        // only run out the timeout, and the restart that follows kills it without asking.
+        if self.ops.processes.stopped(pid) {
+            return Err(format!(
+                "pid {pid} is stopped (state T or t in /proc/{pid}/stat) and can answer no control command"
             ));
         }
         self.read_back(&launch)

@@ -77,16 +77,25 @@ impl MpsControl {
             }
         }
         if let Some(pid) = holder {
-            let hung_before = self.is_unanswered(dirs);
+            let stopped = self.ops.processes.stopped(pid);
+            if stopped || self.is_unanswered(dirs) {
+                // A stopped daemon answers nothing until it is continued, and one that let its
+                // last control session (the re-adoption probe, say) run out the timeout is
+                // not asked again: a `quit` would only wait out another timeout, and keep
+                // gpushared from being ready meanwhile.
+                let why = if stopped {
+                    "is stopped (SIGSTOP or a tracer)"
+                } else {
+                    "did not answer its last control command within the timeout"
+                };
+                tracing::warn!(pid, pipe = %dirs.pipe.display(), "MPS control daemon {why}; sending SIGKILL without asking it to quit");
+                self.kill_now(dirs, pid);
+                return Ok(());
+            }
             if let Err(e) = self.ui(dirs, &["quit".to_string()]) {
-                if hung_before && self.is_unanswered(dirs) {
-                    // Neither its last control command nor `quit` was answered within the
-                    // timeout: it is hung (SIGSTOPped, say), and waiting a third timeout for
-                    // an exit that cannot come only keeps gpushared from being ready.
-                    tracing::warn!(pid, error = %e, timeout_ms = self.timeout.as_millis() as u64, "MPS control daemon answered neither its last control command nor quit within the timeout; sending SIGKILL now");
-                    self.ops.processes.kill(pid);
-                    self.wait_exit(dirs, pid, self.timeout);
-                    self.note_answer(dirs, true);
+                if self.ops.processes.stopped(pid) {
+                    tracing::warn!(pid, error = %e, "MPS control daemon was stopped while asked to quit; sending SIGKILL now");
+                    self.kill_now(dirs, pid);
                     return Ok(());
                 }
                 // Not killed yet: `quit`'s exit status is the daemon's own, and NVIDIA's `quit`
@@ -106,6 +115,14 @@ impl MpsControl {
         // Whatever held the pipe directory is gone: nothing is remembered of it.
         self.note_answer(dirs, true);
         Ok(())
+    }
+
+    /// SIGKILLs the daemon `pid` on `dirs` (it is asked nothing), waits (bounded) until it
+    /// lets go of the pipe directory, and forgets that it did not answer.
+    fn kill_now(&self, dirs: &MpsDirs, pid: i32) {
+        self.ops.processes.kill(pid);
+        self.wait_exit(dirs, pid, self.timeout);
+        self.note_answer(dirs, true);
     }
 
     /// Waits until `pid` no longer holds `dirs` (it exited, or at least let go of the pipe

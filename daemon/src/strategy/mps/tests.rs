@@ -102,30 +102,35 @@ fn mem_total_parse() {
     assert_eq!(default_shm_bytes(None), 64 << 20);
 }
 
-/// Break-it finding 7: a SIGSTOPped control daemon held the start for three MPS timeouts
-/// (the re-adoption probe, `quit`, then a wait for an exit that never comes before the
-/// SIGKILL). A daemon that answered neither the probe nor `quit` is known unresponsive: it is
-/// killed as soon as `quit` times out, so a restart waits two timeouts, not three.
-#[test]
-fn a_daemon_that_answers_neither_probe_nor_quit_is_killed_without_a_third_wait() {
-    let host = crate::sys::fake::FakeHost::default();
-    let mps = MpsControl::new("/m".into(), host.ops(), Duration::from_millis(200));
-    let claim = tempfile::tempdir().unwrap();
+/// A launch of one group on GPU-a, with a limit to read back, under `claim`.
+fn one_gpu_launch(claim: &Path) -> MpsLaunch {
     let uuids = vec!["GPU-a".to_string()];
-    let launch = MpsLaunch {
-        dirs: MpsDirs::for_group(claim.path(), &uuids),
-        visible_devices: uuids.clone(),
+    MpsLaunch {
+        dirs: MpsDirs::for_group(claim, &uuids),
+        visible_devices: uuids,
         multi_user: false,
         active_thread_percentage: Some(50),
         pinned_limits_mib: vec![None],
         shm_bytes: 1 << 20,
-    };
+    }
+}
+
+/// Break-it finding 7, then issue 25 item 5: a hung control daemon held the start for three
+/// MPS timeouts (the re-adoption probe, `quit`, then a wait for an exit that never comes),
+/// then for two (the probe and `quit`). A daemon that did not answer the probe is not asked
+/// again: the restart kills it at once, so a restart waits one timeout.
+#[test]
+fn a_daemon_that_did_not_answer_the_probe_is_killed_without_being_asked_to_quit() {
+    let host = crate::sys::fake::FakeHost::default();
+    let mps = MpsControl::new("/m".into(), host.ops(), Duration::from_millis(200));
+    let claim = tempfile::tempdir().unwrap();
+    let launch = one_gpu_launch(claim.path());
     let info = mps.start(&launch).unwrap();
     let pid = info.control_daemon_pid;
     host.state()
         .daemons
         .values_mut()
-        .for_each(|d| d.stopped = true);
+        .for_each(|d| d.hung = true);
     host.state().timeline.clear();
     let why = mps.check_adoptable(&info).unwrap_err();
     assert!(why.contains("timed out"), "{why}");
@@ -138,20 +143,52 @@ fn a_daemon_that_answers_neither_probe_nor_quit_is_killed_without_a_third_wait()
         .collect();
     assert_eq!(
         timed_out,
-        [
-            "run get_default_active_thread_percentage: timed out",
-            "run quit: timed out"
-        ],
-        "two timeouts: the probe and quit ({timeline:#?})"
+        ["run get_default_active_thread_percentage: timed out"],
+        "one timeout, the probe's ({timeline:#?})"
     );
-    // No wait for it to exit between the unanswered quit and the SIGKILL (such a wait polls
-    // the holder of its pipe directory until the timeout ends).
-    let quit = timeline.iter().position(|e| e == "run quit: timed out");
+    assert!(
+        !timeline.iter().any(|e| e.starts_with("run quit")),
+        "not asked to quit: {timeline:#?}"
+    );
+    assert!(
+        timeline.contains(&format!("SIGKILL {pid}")),
+        "killed: {timeline:#?}"
+    );
+    mps.stop(&launch.dirs, Some(again.control_daemon_pid))
+        .unwrap();
+}
+
+/// Issue 25 item 5: a SIGSTOPped control daemon shows as stopped in `/proc`; it is neither
+/// probed nor asked to quit (each would only run out the timeout), but killed and replaced.
+#[test]
+fn a_stopped_daemon_is_neither_probed_nor_asked_to_quit() {
+    let host = crate::sys::fake::FakeHost::default();
+    let mps = MpsControl::new("/m".into(), host.ops(), Duration::from_millis(200));
+    let claim = tempfile::tempdir().unwrap();
+    let launch = one_gpu_launch(claim.path());
+    let info = mps.start(&launch).unwrap();
+    let pid = info.control_daemon_pid;
+    host.state()
+        .daemons
+        .values_mut()
+        .for_each(|d| d.stopped = true);
+    host.state().timeline.clear();
+    let why = mps.check_adoptable(&info).unwrap_err();
+    assert!(why.contains("stopped"), "{why}");
+    let again = mps.restart(&launch).unwrap();
+    assert_ne!(again.control_daemon_pid, pid);
+    assert_eq!(again.active_thread_percentage, "50.0", "read back");
+    let timeline = host.state().timeline.clone();
+    assert!(
+        !timeline.iter().any(|e| e.ends_with("timed out")),
+        "no timeout run out: {timeline:#?}"
+    );
     let kill = timeline.iter().position(|e| *e == format!("SIGKILL {pid}"));
-    let (Some(quit), Some(kill)) = (quit, kill) else {
-        panic!("quit, then SIGKILL: {timeline:#?}")
-    };
-    assert_eq!(kill, quit + 1, "SIGKILL at once after quit: {timeline:#?}");
+    let first_run = timeline.iter().position(|e| e.starts_with("run "));
+    assert!(
+        matches!((kill, first_run), (Some(k), Some(r)) if k < r),
+        "killed before anything ran (the new daemon's commands): {timeline:#?}"
+    );
     mps.stop(&launch.dirs, Some(again.control_daemon_pid))
         .unwrap();
 }
@@ -179,7 +216,7 @@ fn a_slow_quit_of_a_daemon_that_answered_gets_its_time_before_the_kill() {
     host.state()
         .daemons
         .values_mut()
-        .for_each(|d| d.stopped = true);
+        .for_each(|d| d.hung = true);
     host.state().timeline.clear();
     mps.stop(&launch.dirs, Some(pid)).unwrap();
     let timeline = host.state().timeline.clone();
