@@ -325,7 +325,10 @@ mod tests {
         state.set_gpushared(Gpushared::Down("connection refused".into()));
         assert_eq!(
             livez(&state),
-            (503, "gpushared does not answer: connection refused\n".to_string())
+            (
+                503,
+                "gpushared does not answer: connection refused\n".to_string()
+            )
         );
         state.set_gpushared(Gpushared::Up {
             node_name: "n".into(),

@@ -335,7 +335,7 @@ impl Service {
                 }
                 st.claim_generation = st.claim_generation.max(info.generation);
                 st.claims.adopt(uid.clone(), info);
-                if write {
+                if write || loaded.other_format.contains(&uid) {
                     st.claims.mark_durable(&uid);
                 }
             }

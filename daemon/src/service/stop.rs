@@ -79,11 +79,9 @@ impl Service {
         // one knows it for its own export and removes it).
         let mut st = self.state();
         st.stopping = true;
-        // Every record is written once more: the store then holds this build's format.
-        let uids: Vec<String> = st.claims.keys().cloned().collect();
-        for uid in &uids {
-            st.claims.mark_durable(uid);
-        }
+        // Only what is queued is written: every record on disk is already in this build's
+        // format (the start wrote again those that were not). Writing all of them again took
+        // a flush per record, past systemd's stop timeout at 10,000 claims.
         let mut export = crate::checkpoint::Checkpoint {
             boot_id: st.boot_id.clone(),
             generation: st.claim_generation,

@@ -88,6 +88,9 @@ impl Store {
             match parsed {
                 Ok(rec) => {
                     loaded.generation = loaded.generation.max(rec.generation);
+                    if rec.format != crate::claim::RECORD_FORMAT {
+                        loaded.other_format.insert(key.clone());
+                    }
                     loaded.claims.insert(key, rec.into_claim(String::new()));
                 }
                 Err(e) => loaded.unreadable.push(Unreadable {

@@ -85,6 +85,10 @@ pub struct Loaded {
     pub quarantined: Option<(PathBuf, String)>,
     /// A version 2 checkpoint was migrated: where the original was kept.
     pub migrated: Option<PathBuf>,
+    /// Claims whose record was written in another format than this build's
+    /// ([`RECORD_FORMAT`](crate::claim::RECORD_FORMAT)): the start writes them again, so that
+    /// the store holds this build's format without a stop rewriting every record.
+    pub other_format: std::collections::BTreeSet<String>,
 }
 
 /// The changes of one durable write: records to write (`Some`) or remove (`None`).

@@ -145,3 +145,48 @@ fn the_attach_limit_holds_across_a_crash_between_attaches() {
     let err = attach(&third, "c3", 7003).unwrap_err();
     assert_eq!(err.code, ErrorCode::LimitReached, "{}", err.message);
 }
+
+/// The inode of claim `uid`'s record: a write replaces the file (a temporary renamed over it),
+/// so a record written again has a new one.
+fn record_inode(f: &Fixture, uid: &str) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(f.service.store.claim_path(uid))
+        .unwrap()
+        .ino()
+}
+
+#[test]
+fn a_stop_writes_only_what_changed_and_a_start_rewrites_records_of_another_format() {
+    let f = fixture();
+    f.service
+        .prepare(&claim(
+            "t1",
+            &["gpu-2"],
+            Some(
+                json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+           "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}),
+            ),
+        ))
+        .unwrap();
+    f.service.prepare(&claim("e1", &["gpu-3"], None)).unwrap();
+    let before = [record_inode(&f, "t1"), record_inode(&f, "e1")];
+    // A stop with nothing queued writes no record again: at 10,000 claims a flush each took
+    // it past systemd's stop timeout.
+    assert!(f.service.stop(Duration::from_secs(5)).unwrap());
+    assert_eq!([record_inode(&f, "t1"), record_inode(&f, "e1")], before);
+
+    // A record another build wrote (here a newer format, read as far as its fields are
+    // known) is written again in this build's format at the next start, and only it.
+    let path = f.service.store.claim_path("t1");
+    let mut v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    v["format"] = json!(crate::claim::RECORD_FORMAT + 1);
+    std::fs::write(&path, serde_json::to_vec(&v).unwrap()).unwrap();
+    let e1 = record_inode(&f, "e1");
+    let t1 = record_inode(&f, "t1");
+    let again = restart(&f, fresh_backend());
+    assert!(again.get_claim("t1").is_ok());
+    let v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(v["format"], json!(crate::claim::RECORD_FORMAT));
+    assert_ne!(record_inode(&f, "t1"), t1);
+    assert_eq!(record_inode(&f, "e1"), e1);
+}
