@@ -8,9 +8,16 @@ use std::time::{Duration, Instant};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::{ErrorBody, Method, Request, Response, MAX_REQUEST_BYTES, PROTOCOL_VERSION};
+use crate::{
+    ClaimInfo, ClaimPage, ErrorBody, ErrorCode, ListClaimsParams, Method, Request, Response,
+    VersionInfo, MAX_REQUEST_BYTES, OLDEST_PROTOCOL_VERSION,
+};
 
-/// Largest response line the client accepts (a `list_claims` of thousands of claims fits).
+/// Protocol version of a paged `list_claims`.
+const PAGES_VERSION: u32 = 2;
+
+/// Largest response line the client accepts (a whole `list_claims` of a version-1 daemon with
+/// thousands of claims fits; a page is far smaller).
 const MAX_RESPONSE_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Why a call failed.
@@ -185,7 +192,9 @@ impl Client {
         })
     }
 
-    /// Sends one request and waits for its response.
+    /// Sends one request and waits for its response. It goes as protocol version 1, which
+    /// every method but a paged `list_claims` ([`Client::list_claims_page`]) means the same in,
+    /// so it reaches daemons of every version.
     ///
     /// # Errors
     /// [`ClientError::Remote`] when the daemon refused; the other variants when the exchange
@@ -209,6 +218,76 @@ impl Client {
         method: Method,
         params: Option<&P>,
     ) -> Result<serde_json::Value, ClientError> {
+        self.call_value_as(OLDEST_PROTOCOL_VERSION, method, params)
+    }
+
+    /// One page of claims, in UID order (`list_claims` of protocol version 2): at most
+    /// `limit` (the daemon's maximum, [`crate::MAX_CLAIMS_PAGE`], when `None` or larger), from
+    /// `continue_from`, the previous page's [`ClaimPage::next`] (`None`: the first page).
+    ///
+    /// # Errors
+    /// As [`Client::call`]; a daemon that speaks only version 1 refuses with `InvalidRequest`
+    /// ([`Client::list_claims`] then falls back to the whole list).
+    pub fn list_claims_page(
+        &mut self,
+        limit: Option<u32>,
+        continue_from: Option<&str>,
+    ) -> Result<ClaimPage, ClientError> {
+        let params = ListClaimsParams {
+            limit,
+            continue_from: continue_from.map(str::to_string),
+        };
+        let value = self.call_value_as(PAGES_VERSION, Method::ListClaims, Some(&params))?;
+        serde_json::from_value(value)
+            .map_err(|e| ClientError::Protocol(format!("list_claims page: {e}")))
+    }
+
+    /// Every claim, in UID order, read page by page ([`Client::list_claims_page`]), so that
+    /// no answer line is large; from a daemon that speaks only protocol version 1, its whole
+    /// list in one answer. A claim prepared or released while the pages are read may be
+    /// missing or present; every other claim is listed once.
+    ///
+    /// # Errors
+    /// As [`Client::call`]; [`ClientError::Protocol`] when the daemon's pages do not advance.
+    pub fn list_claims(&mut self) -> Result<Vec<ClaimInfo>, ClientError> {
+        let mut claims = Vec::new();
+        let mut next: Option<String> = None;
+        loop {
+            let page = match self.list_claims_page(None, next.as_deref()) {
+                Ok(page) => page,
+                Err(ClientError::Remote(e))
+                    if next.is_none() && e.code == ErrorCode::InvalidRequest =>
+                {
+                    // An older daemon refuses version 2. Ask it which it speaks, rather than
+                    // read its message: messages are for people.
+                    let version: VersionInfo = self.call(Method::Version, None::<&()>)?;
+                    if version.protocol >= PAGES_VERSION {
+                        return Err(ClientError::Remote(e));
+                    }
+                    return self.call(Method::ListClaims, None::<&()>);
+                }
+                Err(e) => return Err(e),
+            };
+            claims.extend(page.claims);
+            match page.next {
+                None => return Ok(claims),
+                Some(token) if next.as_deref() == Some(token.as_str()) => {
+                    return Err(ClientError::Protocol(format!(
+                        "list_claims: the page after {token:?} starts at {token:?} again"
+                    )))
+                }
+                Some(token) => next = Some(token),
+            }
+        }
+    }
+
+    /// Sends one request of protocol `version` and waits for its response.
+    fn call_value_as<P: Serialize>(
+        &mut self,
+        version: u32,
+        method: Method,
+        params: Option<&P>,
+    ) -> Result<serde_json::Value, ClientError> {
         let id = self.next_id;
         self.next_id += 1;
         let params = params
@@ -216,7 +295,7 @@ impl Client {
             .transpose()
             .map_err(|e| ClientError::Protocol(format!("encoding params: {e}")))?;
         let request = Request {
-            version: PROTOCOL_VERSION,
+            version,
             id,
             method: method.as_str().to_string(),
             params,

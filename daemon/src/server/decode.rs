@@ -1,7 +1,9 @@
 //! Request lines: their JSON nesting, bounded before any parsing, and their decoding into a
 //! request and its method (pure: the protocol fuzz target drives it).
 
-use gpushare_proto::{ErrorBody, ErrorCode, Method, Request, Response, PROTOCOL_VERSION};
+use gpushare_proto::{
+    ErrorBody, ErrorCode, Method, Request, Response, OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION,
+};
 use serde_json::Value;
 
 use super::{shape, MAX_JSON_DEPTH};
@@ -35,9 +37,12 @@ pub fn nesting_exceeds(line: &[u8], max: usize) -> bool {
     false
 }
 
+/// An error response to a request whose version is not known (yet): it carries the oldest
+/// version, which every client reads (an error has the same shape in all of them); a request's
+/// own answer is then given its version.
 pub(super) fn error_response(id: u64, code: ErrorCode, message: String) -> Response {
     Response {
-        version: PROTOCOL_VERSION,
+        version: OLDEST_PROTOCOL_VERSION,
         id,
         result: None,
         error: Some(ErrorBody { code, message }),
@@ -85,12 +90,12 @@ pub fn decode_request(line: &[u8]) -> Result<(Request, Method), Response> {
         }
     };
     let id = request.id;
-    if request.version != PROTOCOL_VERSION {
+    if !(OLDEST_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&request.version) {
         return Err(error_response(
             id,
             ErrorCode::InvalidRequest,
             format!(
-                "protocol version {} is not supported; this daemon speaks {PROTOCOL_VERSION}",
+                "protocol version {} is not supported; this daemon speaks {OLDEST_PROTOCOL_VERSION} to {PROTOCOL_VERSION}",
                 request.version
             ),
         ));
