@@ -446,3 +446,76 @@ async fn arrays_are_refused_as_the_envelope_and_as_params() {
     let r = call(&mut s, r#"{"version":1,"id":9,"method":"version"}"#).await;
     assert!(r.result.is_some(), "{r:?}");
 }
+
+/// A time-sliced claim `uid` on the g5.xlarge's only GPU.
+fn time_sliced(uid: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"uid": uid, "name": uid, "namespace": "ns"},
+        "status": {"allocation": {"devices": {
+            "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "n", "device": "gpu-0"}],
+            "config": [{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com",
+                "parameters": {"sharingMode": "time-slicing", "timeSlice": "default"}}}]}}}
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_claims_answers_in_the_requests_version_whole_or_in_pages() {
+    let (_dir, socket) = start(8, IDLE_TIMEOUT).await;
+    let mut s = UnixStream::connect(&socket).await.unwrap();
+    let uids: Vec<String> = (0..5).map(|i| format!("claim-{i}")).collect();
+    for (i, uid) in uids.iter().enumerate() {
+        let line = serde_json::json!({"version": 1, "id": i, "method": "prepare",
+            "params": {"claim": time_sliced(uid)}});
+        let r = call(&mut s, &line.to_string()).await;
+        assert!(r.error.is_none(), "{r:?}");
+        assert_eq!(r.version, 1, "a version-1 request is answered in version 1");
+    }
+    // Version 1: the whole list, as before.
+    let r = call(&mut s, r#"{"version":1,"id":7,"method":"list_claims"}"#).await;
+    assert_eq!((r.version, r.id), (1, 7));
+    let listed: Vec<gpushare_proto::ClaimInfo> = serde_json::from_value(r.result.unwrap()).unwrap();
+    assert_eq!(listed.iter().map(|c| &c.uid).collect::<Vec<_>>(), uids.iter().collect::<Vec<_>>());
+    // Version 2: pages, each naming where the next starts.
+    let mut pages = vec![];
+    let mut next = serde_json::Value::Null;
+    loop {
+        let line = serde_json::json!({"version": 2, "id": 8, "method": "list_claims",
+            "params": {"limit": 2, "continue": next}});
+        let r = call(&mut s, &line.to_string()).await;
+        assert_eq!((r.version, r.id), (2, 8), "{r:?}");
+        let page: gpushare_proto::ClaimPage = serde_json::from_value(r.result.unwrap()).unwrap();
+        pages.push(page.claims.iter().map(|c| c.uid.clone()).collect::<Vec<_>>());
+        match page.next {
+            Some(n) => next = n.into(),
+            None => break,
+        }
+    }
+    assert_eq!(pages, [&uids[0..2], &uids[2..4], &uids[4..5]]);
+    // Every other method means the same in version 2 and answers in it.
+    let r = call(&mut s, r#"{"version":2,"id":9,"method":"version"}"#).await;
+    assert_eq!(r.version, 2);
+    assert_eq!(r.result.unwrap()["protocol"], gpushare_proto::PROTOCOL_VERSION);
+    // Bad params are refused and the connection kept; an unknown version is refused.
+    for (line, says) in [
+        (r#"{"version":2,"id":10,"method":"list_claims","params":{"limit":0}}"#, "limit must be 1 or more"),
+        (r#"{"version":1,"id":11,"method":"list_claims","params":{"limit":2}}"#, "takes no params"),
+        (r#"{"version":3,"id":12,"method":"list_claims"}"#, "this daemon speaks 1 to 2"),
+    ] {
+        let r = call(&mut s, line).await;
+        let e = r.error.unwrap();
+        assert_eq!(e.code, ErrorCode::InvalidRequest, "{line}");
+        assert!(e.message.contains(says), "{line}: {}", e.message);
+    }
+    // The Rust client reads every page.
+    let path = socket.clone();
+    let all = tokio::task::spawn_blocking(move || {
+        gpushare_proto::Client::connect(&path, Duration::from_secs(10))
+            .unwrap()
+            .list_claims()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(all, listed);
+}

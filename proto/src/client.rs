@@ -625,4 +625,115 @@ mod tests {
         assert!(matches!(err, ClientError::Connect { .. }), "{err:?}");
         assert!(listener.accept().is_err(), "nothing may have connected");
     }
+
+    /// A one-connection server that answers each request line with `answer(request)`, and
+    /// returns the requests it read.
+    fn scripted_server(
+        dir: &Path,
+        answer: impl Fn(&Request) -> serde_json::Value + Send + 'static,
+    ) -> (PathBuf, std::thread::JoinHandle<Vec<Request>>) {
+        let path = dir.join("s.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let server = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut reader = BufReader::new(stream);
+            let mut seen = vec![];
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap() > 0 {
+                let request: Request = serde_json::from_str(&line).unwrap();
+                let mut out = serde_json::to_vec(&answer(&request)).unwrap();
+                out.push(b'\n');
+                reader.get_mut().write_all(&out).unwrap();
+                seen.push(request);
+                line.clear();
+            }
+            seen
+        });
+        (path, server)
+    }
+
+    fn claim(uid: &str) -> serde_json::Value {
+        serde_json::json!({"uid": uid, "namespace": "ns", "name": uid, "state": "Prepared",
+            "groups": [], "requests": [], "cdi_spec": "/c", "attach_limit": null, "attached": []})
+    }
+
+    fn ok(r: &Request, result: serde_json::Value) -> serde_json::Value {
+        serde_json::json!({"version": r.version, "id": r.id, "result": result})
+    }
+
+    #[test]
+    fn list_claims_reads_every_page() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, server) = scripted_server(dir.path(), |r| {
+            let from = r.params.as_ref().and_then(|p| p.get("continue")).cloned();
+            match from.as_ref().and_then(|v| v.as_str()) {
+                None => ok(r, serde_json::json!({"claims": [claim("a"), claim("b")], "continue": "b"})),
+                Some("b") => ok(r, serde_json::json!({"claims": [claim("c")], "continue": null})),
+                Some(other) => panic!("continue {other}"),
+            }
+        });
+        let mut client = Client::connect(&path, Duration::from_secs(10)).unwrap();
+        let claims = client.list_claims().unwrap();
+        drop(client);
+        let uids: Vec<&str> = claims.iter().map(|c| c.uid.as_str()).collect();
+        assert_eq!(uids, ["a", "b", "c"]);
+        let seen = server.join().unwrap();
+        assert_eq!(seen.len(), 2);
+        assert!(seen.iter().all(|r| r.version == 2 && r.method == "list_claims"));
+        assert_eq!(seen[0].params, Some(serde_json::json!({})));
+        assert_eq!(seen[1].params, Some(serde_json::json!({"continue": "b"})));
+    }
+
+    #[test]
+    fn list_claims_of_a_version_1_daemon_is_its_whole_list() {
+        let dir = tempfile::tempdir().unwrap();
+        // As a daemon of protocol version 1 answers.
+        let (path, server) = scripted_server(dir.path(), |r| match (r.version, r.method.as_str()) {
+            (2, _) => serde_json::json!({"version": 1, "id": r.id, "error": {"code": "InvalidRequest",
+                "message": "protocol version 2 is not supported; this daemon speaks 1"}}),
+            (1, "version") => ok(r, serde_json::json!({"daemon": "0.1.0", "protocol": 1})),
+            (1, "list_claims") if r.params.is_none() => ok(r, serde_json::json!([claim("a"), claim("b")])),
+            other => panic!("{other:?}"),
+        });
+        let mut client = Client::connect(&path, Duration::from_secs(10)).unwrap();
+        let claims = client.list_claims().unwrap();
+        drop(client);
+        assert_eq!(claims.len(), 2);
+        let asked: Vec<(u32, String)> = server
+            .join()
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.version, r.method))
+            .collect();
+        assert_eq!(
+            asked,
+            [(2, "list_claims".into()), (1, "version".into()), (1, "list_claims".into())]
+        );
+    }
+
+    #[test]
+    fn a_refused_first_page_of_a_version_2_daemon_stays_an_error_and_pages_must_advance() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, server) = scripted_server(dir.path(), |r| match r.method.as_str() {
+            "version" => ok(r, serde_json::json!({"daemon": "0.2.0", "protocol": 2})),
+            _ => serde_json::json!({"version": 2, "id": r.id, "error": {"code": "InvalidRequest",
+                "message": "params of list_claims: limit must be 1 or more"}}),
+        });
+        let mut client = Client::connect(&path, Duration::from_secs(10)).unwrap();
+        let err = client.list_claims().unwrap_err();
+        assert!(err.to_string().contains("limit must be 1 or more"), "{err}");
+        drop(client);
+        server.join().unwrap();
+
+        let dir = tempfile::tempdir().unwrap();
+        let (path, server) = scripted_server(dir.path(), |r| {
+            ok(r, serde_json::json!({"claims": [claim("a")], "continue": "a"}))
+        });
+        let mut client = Client::connect(&path, Duration::from_secs(10)).unwrap();
+        let err = client.list_claims().unwrap_err();
+        assert!(matches!(err, ClientError::Protocol(_)), "{err}");
+        assert!(err.to_string().contains("starts at \"a\" again"), "{err}");
+        drop(client);
+        assert_eq!(server.join().unwrap().len(), 2);
+    }
 }

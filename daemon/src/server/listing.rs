@@ -85,7 +85,11 @@ impl Listing {
                 page: None,
             });
         }
-        let p: ListClaimsParams = super::dispatch::params(method, params)?;
+        // Both are optional: no params (or null) is the first page of the longest.
+        let p: ListClaimsParams = match params {
+            None | Some(Value::Null) => ListClaimsParams::default(),
+            given => super::dispatch::params(method, given)?,
+        };
         let invalid = |why: String| {
             Err(ServiceError::new(
                 ErrorCode::InvalidRequest,
