@@ -10,6 +10,7 @@
 mod daemon;
 mod dra;
 mod measure;
+mod readers;
 mod report;
 mod stats;
 
@@ -35,10 +36,11 @@ pub struct Cli {
     /// The command line to print as "reproduce" in the report.
     #[arg(long, value_name = "CMD", default_value = "bench/run.sh")]
     pub command: String,
-    /// Run only one group of measurements: `dra` (the DRA kubelet plugin), `hook`, `shim`, or
-    /// `scale` (prepare per strategy, then scaling, footprint and recovery). The report then
-    /// holds only those sections and targets; for iterating on one figure, not for BENCHMARKS.md.
-    #[arg(long, value_name = "SECTION", value_parser = ["dra", "hook", "shim", "scale"])]
+    /// Run only one group of measurements: `dra` (the DRA kubelet plugin), `hook`, `shim`,
+    /// `scale` (prepare per strategy, then scaling, footprint and recovery), or `readers`
+    /// (gpushared's memory with unread `list_claims` answers). The report then holds only those
+    /// sections and targets; for iterating on one figure, not for BENCHMARKS.md.
+    #[arg(long, value_name = "SECTION", value_parser = ["dra", "hook", "shim", "scale", "readers"])]
     pub only: Option<String>,
     /// Markdown file appended to the report as its notes.
     #[arg(long, value_name = "FILE")]

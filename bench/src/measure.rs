@@ -212,6 +212,21 @@ impl Ctx {
         progress("scaling, footprint and recovery");
         self.scale_footprint_recovery(&mut d, idle_rss)?;
         drop(d);
+        self.readers()?;
+        Ok(())
+    }
+
+    /// 10. Unread answers (`crate::readers`), on a daemon of their own.
+    fn readers(&mut self) -> Result<()> {
+        progress("unread answers");
+        let (section, targets) = crate::readers::measure(
+            &self.bin_dir,
+            &self.work,
+            &mut self.uids,
+            self.report.smoke,
+        )?;
+        self.report.sections.push(section);
+        self.report.targets.extend(targets);
         Ok(())
     }
 
@@ -227,6 +242,9 @@ impl Ctx {
 
     /// One group of measurements (`--only SECTION`), against a daemon of its own.
     fn only(&mut self, section: &str) -> Result<()> {
+        if section == "readers" {
+            return self.readers();
+        }
         let emulator = self.bin("gpushare-mps-control");
         let mut d = Daemon::start(&self.bin_dir, &self.work.join("e"), &emulator)?;
         let idle_rss = settle_rss(d.pid()?)?;
