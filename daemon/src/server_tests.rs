@@ -519,3 +519,46 @@ async fn list_claims_answers_in_the_requests_version_whole_or_in_pages() {
     .unwrap();
     assert_eq!(all, listed);
 }
+
+#[test]
+fn long_messages_keep_their_start_and_their_reason() {
+    use super::decode::{cut_message, MAX_MESSAGE_BYTES};
+    assert_eq!(cut_message("short".into()), "short");
+    let exact = "x".repeat(MAX_MESSAGE_BYTES);
+    assert_eq!(cut_message(exact.clone()), exact);
+    // Multi-byte characters on both cuts: the result is still UTF-8, whatever the offsets.
+    for pad in 0..4 {
+        let long = format!("{}{}: the reason", "a".repeat(pad), "é".repeat(MAX_MESSAGE_BYTES));
+        let cut = cut_message(long.clone());
+        assert!(cut.len() <= MAX_MESSAGE_BYTES + 64, "{}", cut.len());
+        assert!(cut.starts_with(&long[..pad]));
+        assert!(cut.ends_with(": the reason"), "{pad}");
+        let (head, rest) = cut.split_once("… (").unwrap();
+        let (n, tail) = rest.split_once(" bytes cut) …").unwrap();
+        // Nothing but the counted middle is left out.
+        let n: usize = n.parse().unwrap();
+        assert_eq!(head.len() + n + tail.len(), long.len());
+        assert!(long.starts_with(head) && long.ends_with(tail));
+    }
+}
+
+#[tokio::test]
+async fn an_answer_naming_a_huge_value_is_not_as_huge() {
+    let (_dir, socket) = start(8, IDLE_TIMEOUT).await;
+    let mut s = UnixStream::connect(&socket).await.unwrap();
+    let uid = "u".repeat(1 << 20);
+    let line = format!(r#"{{"version":1,"id":4,"method":"get_claim","params":{{"uid":"{uid}"}}}}"#);
+    let r = call(&mut s, &line).await;
+    let e = r.error.unwrap();
+    assert_eq!((r.id, e.code), (4, ErrorCode::InvalidRequest));
+    assert!(e.message.len() < 4200, "a message of {} bytes", e.message.len());
+    assert!(e.message.starts_with("params of get_claim: uid: \"uuu"), "{}", &e.message[..60]);
+    assert!(
+        e.message.ends_with("is not a valid claim UID: it is 1048576 bytes long (at most 128)"),
+        "{}",
+        &e.message[e.message.len() - 100..]
+    );
+    // The connection still serves.
+    let r = call(&mut s, r#"{"version":1,"id":5,"method":"version"}"#).await;
+    assert!(r.result.is_some());
+}

@@ -1089,4 +1089,18 @@ fn unread_list_claims_answers_do_not_grow_the_daemon() {
         released,
         "gpushared kept {after} KiB after the readers closed ({baseline} KiB before)"
     );
+    // The CLI lists them in pages (protocol version 2, 500 claims a page at most).
+    let out = Command::new(bin("gpushare"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["-o", "json", "claims"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed.len(), claims);
 }

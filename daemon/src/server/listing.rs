@@ -158,7 +158,8 @@ impl<'a, S: ClaimSource + ?Sized> Pieces<'a, S> {
             pending: VecDeque::new(),
             after: listing.page.as_ref().and_then(|p| p.after.clone()),
             listed: 0,
-            buf: Vec::new(),
+            // Room for a piece and the claim that crosses its end, most of the time.
+            buf: Vec::with_capacity(PIECE_BYTES + 16 * 1024),
         }
     }
 
