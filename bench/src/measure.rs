@@ -219,12 +219,8 @@ impl Ctx {
     /// 10. Unread answers (`crate::readers`), on a daemon of their own.
     fn readers(&mut self) -> Result<()> {
         progress("unread answers");
-        let (section, targets) = crate::readers::measure(
-            &self.bin_dir,
-            &self.work,
-            &mut self.uids,
-            self.report.smoke,
-        )?;
+        let (section, targets) =
+            crate::readers::measure(&self.bin_dir, &self.work, &mut self.uids, self.report.smoke)?;
         self.report.sections.push(section);
         self.report.targets.extend(targets);
         Ok(())

@@ -76,7 +76,11 @@ pub fn measure(
             listings: 5,
         }
     };
-    let d = Daemon::start(bin_dir, &work.join("r"), &bin_dir.join("gpushare-mps-control"))?;
+    let d = Daemon::start(
+        bin_dir,
+        &work.join("r"),
+        &bin_dir.join("gpushare-mps-control"),
+    )?;
     let pid = d.pid()?;
     let mut c = d.client()?;
     for i in 0..sizes.claims {
@@ -136,7 +140,11 @@ pub fn measure(
     let rows = vec![
         Row {
             figure: format!("RSS with {READERS} unread `list_claims` answers, {claims} claims"),
-            value: format!("{} MiB (peak {} MiB)", num(mib(with_readers)), num(mib(peak))),
+            value: format!(
+                "{} MiB (peak {} MiB)",
+                num(mib(with_readers)),
+                num(mib(peak))
+            ),
             baseline: format!("{claims} claims, no reader"),
             baseline_value: format!("{} MiB", num(mib(baseline))),
             ratio: ratio(with_readers as f64, baseline as f64),
@@ -149,7 +157,9 @@ pub fn measure(
             ratio: ratio(after as f64, baseline as f64),
         },
         Row {
-            figure: format!("every claim in pages (the CLI's listing) while the {READERS} wait, p50"),
+            figure: format!(
+                "every claim in pages (the CLI's listing) while the {READERS} wait, p50"
+            ),
             value: ms(w.p50_ms),
             baseline: "the same before they asked".into(),
             baseline_value: ms(b.p50_ms),

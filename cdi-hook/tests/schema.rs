@@ -12,13 +12,13 @@ use std::fs;
 use std::path::PathBuf;
 
 use gpushare_proto::{
-    AttachParams, Attachment, ClaimDevice, ClaimInfo, ClaimPage, ClaimState, ComputeMode, DetachParams,
-    DetachResult, ErrorBody, ErrorCode, GpuInfo, GpuSharing, GroupInfo, HealthInfo,
-    ListClaimsParams, Method,
-    MigApplyParams, MigApplyResult, MigCapacity, MigDeviceInfo, MigGpuPlan, MigInstanceInfo,
-    MigOrigin, MigPartitions, MigSlot, MpsInfo, PrepareParams, PrepareResult, PreparedDevice,
-    Request, RequestDevices, Response, StrategyInfo, TimeSliceInterval, UidParams, UnprepareResult,
-    VersionInfo, OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION,
+    AttachParams, Attachment, ClaimDevice, ClaimInfo, ClaimPage, ClaimState, ComputeMode,
+    DetachParams, DetachResult, ErrorBody, ErrorCode, GpuInfo, GpuSharing, GroupInfo, HealthInfo,
+    ListClaimsParams, Method, MigApplyParams, MigApplyResult, MigCapacity, MigDeviceInfo,
+    MigGpuPlan, MigInstanceInfo, MigOrigin, MigPartitions, MigSlot, MpsInfo, PrepareParams,
+    PrepareResult, PreparedDevice, Request, RequestDevices, Response, StrategyInfo,
+    TimeSliceInterval, UidParams, UnprepareResult, VersionInfo, OLDEST_PROTOCOL_VERSION,
+    PROTOCOL_VERSION,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;

@@ -288,7 +288,10 @@ async fn connection(
                     Ok(written) => written?,
                     // A client that never reads must not hold its slot forever either.
                     Err(_) => {
-                        tracing::debug!(id = listing.id, "list_claims answer not taken within the idle timeout; closing");
+                        tracing::debug!(
+                            id = listing.id,
+                            "list_claims answer not taken within the idle timeout; closing"
+                        );
                         return Ok(());
                     }
                 }

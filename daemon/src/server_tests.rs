@@ -475,7 +475,10 @@ async fn list_claims_answers_in_the_requests_version_whole_or_in_pages() {
     let r = call(&mut s, r#"{"version":1,"id":7,"method":"list_claims"}"#).await;
     assert_eq!((r.version, r.id), (1, 7));
     let listed: Vec<gpushare_proto::ClaimInfo> = serde_json::from_value(r.result.unwrap()).unwrap();
-    assert_eq!(listed.iter().map(|c| &c.uid).collect::<Vec<_>>(), uids.iter().collect::<Vec<_>>());
+    assert_eq!(
+        listed.iter().map(|c| &c.uid).collect::<Vec<_>>(),
+        uids.iter().collect::<Vec<_>>()
+    );
     // Version 2: pages, each naming where the next starts.
     let mut pages = vec![];
     let mut next = serde_json::Value::Null;
@@ -485,7 +488,12 @@ async fn list_claims_answers_in_the_requests_version_whole_or_in_pages() {
         let r = call(&mut s, &line.to_string()).await;
         assert_eq!((r.version, r.id), (2, 8), "{r:?}");
         let page: gpushare_proto::ClaimPage = serde_json::from_value(r.result.unwrap()).unwrap();
-        pages.push(page.claims.iter().map(|c| c.uid.clone()).collect::<Vec<_>>());
+        pages.push(
+            page.claims
+                .iter()
+                .map(|c| c.uid.clone())
+                .collect::<Vec<_>>(),
+        );
         match page.next {
             Some(n) => next = n.into(),
             None => break,
@@ -495,12 +503,24 @@ async fn list_claims_answers_in_the_requests_version_whole_or_in_pages() {
     // Every other method means the same in version 2 and answers in it.
     let r = call(&mut s, r#"{"version":2,"id":9,"method":"version"}"#).await;
     assert_eq!(r.version, 2);
-    assert_eq!(r.result.unwrap()["protocol"], gpushare_proto::PROTOCOL_VERSION);
+    assert_eq!(
+        r.result.unwrap()["protocol"],
+        gpushare_proto::PROTOCOL_VERSION
+    );
     // Bad params are refused and the connection kept; an unknown version is refused.
     for (line, says) in [
-        (r#"{"version":2,"id":10,"method":"list_claims","params":{"limit":0}}"#, "limit must be 1 or more"),
-        (r#"{"version":1,"id":11,"method":"list_claims","params":{"limit":2}}"#, "takes no params"),
-        (r#"{"version":3,"id":12,"method":"list_claims"}"#, "this daemon speaks 1 to 2"),
+        (
+            r#"{"version":2,"id":10,"method":"list_claims","params":{"limit":0}}"#,
+            "limit must be 1 or more",
+        ),
+        (
+            r#"{"version":1,"id":11,"method":"list_claims","params":{"limit":2}}"#,
+            "takes no params",
+        ),
+        (
+            r#"{"version":3,"id":12,"method":"list_claims"}"#,
+            "this daemon speaks 1 to 2",
+        ),
     ] {
         let r = call(&mut s, line).await;
         let e = r.error.unwrap();
@@ -528,7 +548,11 @@ fn long_messages_keep_their_start_and_their_reason() {
     assert_eq!(cut_message(exact.clone()), exact);
     // Multi-byte characters on both cuts: the result is still UTF-8, whatever the offsets.
     for pad in 0..4 {
-        let long = format!("{}{}: the reason", "a".repeat(pad), "é".repeat(MAX_MESSAGE_BYTES));
+        let long = format!(
+            "{}{}: the reason",
+            "a".repeat(pad),
+            "é".repeat(MAX_MESSAGE_BYTES)
+        );
         let cut = cut_message(long.clone());
         assert!(cut.len() <= MAX_MESSAGE_BYTES + 64, "{}", cut.len());
         assert!(cut.starts_with(&long[..pad]));
@@ -551,10 +575,19 @@ async fn an_answer_naming_a_huge_value_is_not_as_huge() {
     let r = call(&mut s, &line).await;
     let e = r.error.unwrap();
     assert_eq!((r.id, e.code), (4, ErrorCode::InvalidRequest));
-    assert!(e.message.len() < 4200, "a message of {} bytes", e.message.len());
-    assert!(e.message.starts_with("params of get_claim: uid: \"uuu"), "{}", &e.message[..60]);
     assert!(
-        e.message.ends_with("is not a valid claim UID: it is 1048576 bytes long (at most 128)"),
+        e.message.len() < 4200,
+        "a message of {} bytes",
+        e.message.len()
+    );
+    assert!(
+        e.message.starts_with("params of get_claim: uid: \"uuu"),
+        "{}",
+        &e.message[..60]
+    );
+    assert!(
+        e.message
+            .ends_with("is not a valid claim UID: it is 1048576 bytes long (at most 128)"),
         "{}",
         &e.message[e.message.len() - 100..]
     );

@@ -667,8 +667,14 @@ mod tests {
         let (path, server) = scripted_server(dir.path(), |r| {
             let from = r.params.as_ref().and_then(|p| p.get("continue")).cloned();
             match from.as_ref().and_then(|v| v.as_str()) {
-                None => ok(r, serde_json::json!({"claims": [claim("a"), claim("b")], "continue": "b"})),
-                Some("b") => ok(r, serde_json::json!({"claims": [claim("c")], "continue": null})),
+                None => ok(
+                    r,
+                    serde_json::json!({"claims": [claim("a"), claim("b")], "continue": "b"}),
+                ),
+                Some("b") => ok(
+                    r,
+                    serde_json::json!({"claims": [claim("c")], "continue": null}),
+                ),
                 Some(other) => panic!("continue {other}"),
             }
         });
@@ -679,7 +685,9 @@ mod tests {
         assert_eq!(uids, ["a", "b", "c"]);
         let seen = server.join().unwrap();
         assert_eq!(seen.len(), 2);
-        assert!(seen.iter().all(|r| r.version == 2 && r.method == "list_claims"));
+        assert!(seen
+            .iter()
+            .all(|r| r.version == 2 && r.method == "list_claims"));
         assert_eq!(seen[0].params, Some(serde_json::json!({})));
         assert_eq!(seen[1].params, Some(serde_json::json!({"continue": "b"})));
     }
@@ -688,13 +696,18 @@ mod tests {
     fn list_claims_of_a_version_1_daemon_is_its_whole_list() {
         let dir = tempfile::tempdir().unwrap();
         // As a daemon of protocol version 1 answers.
-        let (path, server) = scripted_server(dir.path(), |r| match (r.version, r.method.as_str()) {
-            (2, _) => serde_json::json!({"version": 1, "id": r.id, "error": {"code": "InvalidRequest",
-                "message": "protocol version 2 is not supported; this daemon speaks 1"}}),
-            (1, "version") => ok(r, serde_json::json!({"daemon": "0.1.0", "protocol": 1})),
-            (1, "list_claims") if r.params.is_none() => ok(r, serde_json::json!([claim("a"), claim("b")])),
-            other => panic!("{other:?}"),
-        });
+        let (path, server) =
+            scripted_server(dir.path(), |r| match (r.version, r.method.as_str()) {
+                (2, _) => {
+                    serde_json::json!({"version": 1, "id": r.id, "error": {"code": "InvalidRequest",
+                "message": "protocol version 2 is not supported; this daemon speaks 1"}})
+                }
+                (1, "version") => ok(r, serde_json::json!({"daemon": "0.1.0", "protocol": 1})),
+                (1, "list_claims") if r.params.is_none() => {
+                    ok(r, serde_json::json!([claim("a"), claim("b")]))
+                }
+                other => panic!("{other:?}"),
+            });
         let mut client = Client::connect(&path, Duration::from_secs(10)).unwrap();
         let claims = client.list_claims().unwrap();
         drop(client);
@@ -707,7 +720,11 @@ mod tests {
             .collect();
         assert_eq!(
             asked,
-            [(2, "list_claims".into()), (1, "version".into()), (1, "list_claims".into())]
+            [
+                (2, "list_claims".into()),
+                (1, "version".into()),
+                (1, "list_claims".into())
+            ]
         );
     }
 
@@ -727,7 +744,10 @@ mod tests {
 
         let dir = tempfile::tempdir().unwrap();
         let (path, server) = scripted_server(dir.path(), |r| {
-            ok(r, serde_json::json!({"claims": [claim("a")], "continue": "a"}))
+            ok(
+                r,
+                serde_json::json!({"claims": [claim("a")], "continue": "a"}),
+            )
         });
         let mut client = Client::connect(&path, Duration::from_secs(10)).unwrap();
         let err = client.list_claims().unwrap_err();

@@ -225,11 +225,7 @@ pub struct ListClaimsParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u32>,
     /// The `continue` of the previous page; absent for the first page.
-    #[serde(
-        default,
-        rename = "continue",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, rename = "continue", skip_serializing_if = "Option::is_none")]
     pub continue_from: Option<String>,
 }
 

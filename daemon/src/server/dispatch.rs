@@ -21,7 +21,10 @@ use crate::error::ServiceError;
 use crate::service::Service;
 
 /// Decodes `params` of `method`, an object (never serde's array form of a struct).
-pub(super) fn params<T: DeserializeOwned>(method: Method, p: Option<Value>) -> Result<T, ServiceError> {
+pub(super) fn params<T: DeserializeOwned>(
+    method: Method,
+    p: Option<Value>,
+) -> Result<T, ServiceError> {
     if let Some(why) = shape::params_problem(p.as_ref()) {
         return Err(ServiceError::new(
             ErrorCode::InvalidRequest,
@@ -82,6 +85,8 @@ pub async fn handle(
     answer
 }
 
+/// [`handle`] once the line is a request: its answer, in version 1 when whole ([`handle`]
+/// gives it the request's version).
 async fn respond(
     service: &Arc<Service>,
     cfg: &ServerConfig,

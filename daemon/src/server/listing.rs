@@ -97,7 +97,11 @@ impl Listing {
             ))
         };
         let limit = match p.limit {
-            Some(0) => return invalid(format!("limit must be 1 or more (at most {MAX_CLAIMS_PAGE} are given)")),
+            Some(0) => {
+                return invalid(format!(
+                    "limit must be 1 or more (at most {MAX_CLAIMS_PAGE} are given)"
+                ))
+            }
             Some(n) => n.min(MAX_CLAIMS_PAGE),
             None => MAX_CLAIMS_PAGE,
         };
@@ -190,7 +194,11 @@ impl<'a, S: ClaimSource + ?Sized> Pieces<'a, S> {
     fn head(&mut self) {
         let l = self.listing;
         // Infallible: writing to a Vec.
-        let _ = write!(self.buf, "{{\"version\":{},\"id\":{},\"result\":", l.version, l.id);
+        let _ = write!(
+            self.buf,
+            "{{\"version\":{},\"id\":{},\"result\":",
+            l.version, l.id
+        );
         self.buf.extend_from_slice(match l.page {
             Some(_) => b"{\"claims\":[",
             None => b"[",
@@ -204,10 +212,7 @@ impl<'a, S: ClaimSource + ?Sized> Pieces<'a, S> {
         if self.pending.is_empty() {
             // One more than the page holds tells whether another page follows.
             let want = limit.map_or(BATCH, |l| (l - self.listed + 1).min(BATCH));
-            self.pending = self
-                .source
-                .claims_after(self.after.as_deref(), want)
-                .into();
+            self.pending = self.source.claims_after(self.after.as_deref(), want).into();
             if self.pending.is_empty() {
                 return self.tail(false);
             }

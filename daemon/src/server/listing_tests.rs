@@ -120,7 +120,10 @@ fn a_whole_listing_is_the_list_in_pieces_of_bounded_size() {
     let biggest_claim = serde_json::to_vec(&expected[0]).unwrap().len() + 1;
     assert!(sizes.len() > 50, "{} pieces", sizes.len());
     for size in &sizes {
-        assert!(*size <= PIECE_BYTES + biggest_claim, "a piece of {size} bytes");
+        assert!(
+            *size <= PIECE_BYTES + biggest_claim,
+            "a piece of {size} bytes"
+        );
     }
 }
 
@@ -198,7 +201,10 @@ fn claims_that_change_while_the_answer_is_written_are_listed_as_the_view_then_ho
     let listing = whole(1, 1);
     let mut p = Pieces::new(&m, &listing);
     let mut line = p.next_piece().unwrap().unwrap().to_vec();
-    assert!(line.len() < 100 * 1000, "the first piece holds a few claims");
+    assert!(
+        line.len() < 100 * 1000,
+        "the first piece holds a few claims"
+    );
     // Between two pieces: a claim already written and one still to come are released, one
     // is prepared ahead of the answer and one behind it.
     for gone in ["c-00000", "c-00399"] {
@@ -232,7 +238,11 @@ fn list_claims_params_are_checked_by_version() {
     assert_eq!(Listing::of(1, 2, None).unwrap(), whole(1, 2));
     let e = Listing::of(1, 2, Some(serde_json::json!({"limit": 5}))).unwrap_err();
     assert_eq!(e.code, ErrorCode::InvalidRequest);
-    assert!(e.message.contains("list_claims takes no params"), "{}", e.message);
+    assert!(
+        e.message.contains("list_claims takes no params"),
+        "{}",
+        e.message
+    );
     // Version 2: a page, at most MAX_CLAIMS_PAGE long.
     for none in [None, Some(Value::Null), Some(serde_json::json!({}))] {
         assert_eq!(
@@ -243,8 +253,12 @@ fn list_claims_params_are_checked_by_version() {
             }
         );
     }
-    let l = Listing::of(2, 2, Some(serde_json::json!({"limit": 100000, "continue": "c-00010"})))
-        .unwrap();
+    let l = Listing::of(
+        2,
+        2,
+        Some(serde_json::json!({"limit": 100000, "continue": "c-00010"})),
+    )
+    .unwrap();
     assert_eq!(
         l.page,
         Some(Page {
@@ -263,7 +277,11 @@ fn list_claims_params_are_checked_by_version() {
     ] {
         let e = Listing::of(2, 2, Some(params.clone())).unwrap_err();
         assert_eq!(e.code, ErrorCode::InvalidRequest, "{params}");
-        assert!(e.message.starts_with("params of list_claims: "), "{}", e.message);
+        assert!(
+            e.message.starts_with("params of list_claims: "),
+            "{}",
+            e.message
+        );
         assert!(e.message.contains(says), "{params}: {}", e.message);
     }
 }
