@@ -11,6 +11,7 @@ mod daemon;
 mod dra;
 mod dra_memory;
 mod measure;
+mod readers;
 mod report;
 mod stats;
 
@@ -37,11 +38,11 @@ pub struct Cli {
     #[arg(long, value_name = "CMD", default_value = "bench/run.sh")]
     pub command: String,
     /// Run only one group of measurements: `dra` (the DRA kubelet plugin), `hook`, `shim`,
-    /// `scale` (prepare per strategy, then scaling, footprint and recovery), or `mps-scale`
-    /// (MPS prepare with NVIDIA's control program while 10,000 claims are held). The report
-    /// then holds only those sections and targets; for iterating on one figure, not for
-    /// BENCHMARKS.md.
-    #[arg(long, value_name = "SECTION", value_parser = ["dra", "hook", "shim", "scale", "mps-scale"])]
+    /// `scale` (prepare per strategy, then scaling, footprint and recovery), `mps-scale`
+    /// (MPS prepare with NVIDIA's control program while 10,000 claims are held), or `readers`
+    /// (gpushared's memory with unread `list_claims` answers). The report then holds only those
+    /// sections and targets; for iterating on one figure, not for BENCHMARKS.md.
+    #[arg(long, value_name = "SECTION", value_parser = ["dra", "hook", "shim", "scale", "mps-scale", "readers"])]
     pub only: Option<String>,
     /// Markdown file appended to the report as its notes.
     #[arg(long, value_name = "FILE")]

@@ -219,6 +219,17 @@ impl Ctx {
         self.scale_footprint_recovery(&mut d, idle_rss)?;
         drop(d);
         self.mps_scale_nvidia(false)?;
+        self.readers()?;
+        Ok(())
+    }
+
+    /// 10. Unread answers (`crate::readers`), on a daemon of their own.
+    fn readers(&mut self) -> Result<()> {
+        progress("unread answers");
+        let (section, targets) =
+            crate::readers::measure(&self.bin_dir, &self.work, &mut self.uids, self.report.smoke)?;
+        self.report.sections.push(section);
+        self.report.targets.extend(targets);
         Ok(())
     }
 
@@ -249,6 +260,9 @@ impl Ctx {
         if section == "mps-scale" {
             // Daemons of its own, with NVIDIA's program.
             return self.mps_scale_nvidia(true);
+        }
+        if section == "readers" {
+            return self.readers();
         }
         let emulator = self.bin("gpushare-mps-control");
         let mut d = Daemon::start(&self.bin_dir, &self.work.join("e"), &emulator)?;

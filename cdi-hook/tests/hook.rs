@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use gpushare_proto::{
     AttachParams, Attachment, DetachParams, DetachResult, ErrorBody, ErrorCode, Request, Response,
-    PROTOCOL_VERSION,
+    OLDEST_PROTOCOL_VERSION,
 };
 use serde_json::Value;
 use tempfile::TempDir;
@@ -136,7 +136,7 @@ fn serve(stream: UnixStream, reply: &Reply, seen: &mut Seen) -> Option<UnixStrea
         Reply::Silent => return Some(stream),
     };
     let response = Response {
-        version: PROTOCOL_VERSION,
+        version: request.version,
         id: request.id,
         result,
         error,
@@ -292,7 +292,8 @@ fn attach_sends_the_runtime_state_and_starts_the_container_when_the_daemon_agree
     assert!(run.status.success(), "{run:?}");
     assert_eq!(run.stderr, "", "a successful attach is silent");
     assert_eq!(run.stdout, "");
-    assert_eq!(request.version, PROTOCOL_VERSION);
+    // Version 1: attach means the same in every version, so the hook reaches any daemon.
+    assert_eq!(request.version, OLDEST_PROTOCOL_VERSION);
     assert_eq!(request.method, "attach");
     let params: AttachParams = serde_json::from_value(request.params.unwrap()).unwrap();
     assert_eq!(

@@ -12,12 +12,13 @@ use std::fs;
 use std::path::PathBuf;
 
 use gpushare_proto::{
-    AttachParams, Attachment, ClaimDevice, ClaimInfo, ClaimState, ComputeMode, DetachParams,
-    DetachResult, ErrorBody, ErrorCode, GpuInfo, GpuSharing, GroupInfo, HealthInfo, Method,
-    MigApplyParams, MigApplyResult, MigCapacity, MigDeviceInfo, MigGpuPlan, MigInstanceInfo,
-    MigOrigin, MigPartitions, MigSlot, MpsInfo, PrepareParams, PrepareResult, PreparedDevice,
-    Request, RequestDevices, Response, StrategyInfo, TimeSliceInterval, UidParams, UnprepareResult,
-    VersionInfo, PROTOCOL_VERSION,
+    AttachParams, Attachment, ClaimDevice, ClaimInfo, ClaimPage, ClaimState, ComputeMode,
+    DetachParams, DetachResult, ErrorBody, ErrorCode, GpuInfo, GpuSharing, GroupInfo, HealthInfo,
+    ListClaimsParams, Method, MigApplyParams, MigApplyResult, MigCapacity, MigDeviceInfo,
+    MigGpuPlan, MigInstanceInfo, MigOrigin, MigPartitions, MigSlot, MpsInfo, PrepareParams,
+    PrepareResult, PreparedDevice, Request, RequestDevices, Response, StrategyInfo,
+    TimeSliceInterval, UidParams, UnprepareResult, VersionInfo, OLDEST_PROTOCOL_VERSION,
+    PROTOCOL_VERSION,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -706,13 +707,17 @@ fn _exhaustive_others(
     }
 }
 
-/// The params and result `$defs` of each method. Exhaustive on purpose: a new method does not
-/// compile until it is placed here (and so in the schema).
-fn method_defs(method: Method) -> (Option<&'static str>, &'static str) {
+/// Every protocol version.
+const VERSIONS: std::ops::RangeInclusive<u32> = OLDEST_PROTOCOL_VERSION..=PROTOCOL_VERSION;
+
+/// The params and result `$defs` of each method in protocol `version`. Exhaustive on purpose: a
+/// new method does not compile until it is placed here (and so in the schema).
+fn method_defs(method: Method, version: u32) -> (Option<&'static str>, &'static str) {
     match method {
         Method::Prepare => (Some("PrepareParams"), "PrepareResult"),
         Method::Unprepare => (Some("UidParams"), "UnprepareResult"),
         Method::GetClaim => (Some("UidParams"), "ClaimInfo"),
+        Method::ListClaims if version >= 2 => (Some("ListClaimsParams"), "ClaimPage"),
         Method::ListClaims => (None, "ListClaimsResult"),
         Method::ListGpus => (None, "ListGpusResult"),
         Method::Attach => (Some("AttachParams"), "Attachment"),
@@ -723,9 +728,13 @@ fn method_defs(method: Method) -> (Option<&'static str>, &'static str) {
     }
 }
 
-/// Params as the Rust client would send them for each method.
-fn params_for(method: Method) -> Option<Value> {
+/// Params as the Rust client would send them for each method in protocol `version`.
+fn params_for(method: Method, version: u32) -> Option<Value> {
     match method {
+        Method::ListClaims if version >= 2 => Some(to_json(&ListClaimsParams {
+            limit: Some(100),
+            continue_from: Some(UID.into()),
+        })),
         Method::Prepare => Some(to_json(&PrepareParams {
             claim: claim_object(),
         })),
@@ -755,7 +764,7 @@ fn samples() -> Vec<(&'static str, Value)> {
             }),
         ),
         ("UidParams", to_json(&UidParams { uid: UID.into() })),
-        ("AttachParams", params_for(Method::Attach).expect("params")),
+        ("AttachParams", params_for(Method::Attach, 1).expect("params")),
         (
             "AttachParams",
             to_json(&AttachParams {
@@ -765,7 +774,7 @@ fn samples() -> Vec<(&'static str, Value)> {
                 bundle: None,
             }),
         ),
-        ("DetachParams", params_for(Method::Detach).expect("params")),
+        ("DetachParams", params_for(Method::Detach, 1).expect("params")),
         ("RequestDevices", to_json(&request_devices())),
         ("PreparedDevice", to_json(&request_devices().per_device[1])),
         (
@@ -794,6 +803,21 @@ fn samples() -> Vec<(&'static str, Value)> {
             to_json(&vec![claim_info(true), claim_info(false)]),
         ),
         ("ListClaimsResult", json!([])),
+        ("ListClaimsParams", params_for(Method::ListClaims, 2).expect("params")),
+        (
+            "ClaimPage",
+            to_json(&ClaimPage {
+                claims: vec![claim_info(true), claim_info(false)],
+                next: Some(UID.into()),
+            }),
+        ),
+        (
+            "ClaimPage",
+            to_json(&ClaimPage {
+                claims: vec![],
+                next: None,
+            }),
+        ),
         ("GpuInfo", to_json(&gpu_info())),
         ("MigDeviceInfo", to_json(&mig_device())),
         ("MigPartitions", to_json(&mig_partitions())),
@@ -956,15 +980,19 @@ fn schema_has_a_def_for_every_wire_type() {
         "DriverSpecHealth",
         "VersionInfo",
         "ListClaimsResult",
+        "ListClaimsParams",
+        "ClaimPage",
         "ListGpusResult",
     ];
     for name in wanted {
         assert!(defs.contains_key(name), "$defs lacks {name}");
     }
     for method in Method::ALL {
-        let (params, result) = method_defs(method);
-        for name in params.into_iter().chain([result]) {
-            assert!(defs.contains_key(name), "{method}: $defs lacks {name}");
+        for version in VERSIONS {
+            let (params, result) = method_defs(method, version);
+            for name in params.into_iter().chain([result]) {
+                assert!(defs.contains_key(name), "{method}: $defs lacks {name}");
+            }
         }
     }
     // And nothing stale: every def is a wire type with a sample below, or a named helper.
@@ -1024,28 +1052,30 @@ fn samples_of_every_type_validate_with_exactly_the_declared_fields() {
 fn requests_and_responses_as_the_rust_client_writes_them_validate() {
     let schema = load_schema();
     let v = Validator { root: &schema };
-    for (id, method) in (1u64..).zip(Method::ALL) {
-        let request = Request {
-            version: PROTOCOL_VERSION,
-            id,
-            method: method.as_str().into(),
-            params: params_for(method),
-        };
-        let line = to_json(&request);
-        assert_eq!(v.errors(&schema, &line), Vec::<String>::new(), "{line}");
-        assert!(v.is_valid(v.def("Request"), &line));
-        assert!(!v.is_valid(v.def("Response"), &line));
+    for version in VERSIONS {
+        for (id, method) in (1u64..).zip(Method::ALL) {
+            let request = Request {
+                version,
+                id,
+                method: method.as_str().into(),
+                params: params_for(method, version),
+            };
+            let line = to_json(&request);
+            assert_eq!(v.errors(&schema, &line), Vec::<String>::new(), "{line}");
+            assert!(v.is_valid(v.def("Request"), &line));
+            assert!(!v.is_valid(v.def("Response"), &line));
+        }
+        let ok = to_json(&Response {
+            version,
+            id: 3,
+            result: Some(json!({"detached": true})),
+            error: None,
+        });
+        assert_eq!(v.errors(v.def("Response"), &ok), Vec::<String>::new());
     }
-    let ok = to_json(&Response {
-        version: PROTOCOL_VERSION,
-        id: 3,
-        result: Some(json!({"detached": true})),
-        error: None,
-    });
-    assert_eq!(v.errors(v.def("Response"), &ok), Vec::<String>::new());
     for code in ERROR_CODES {
         let refused = to_json(&Response {
-            version: PROTOCOL_VERSION,
+            version: OLDEST_PROTOCOL_VERSION,
             id: 0,
             result: None,
             error: Some(ErrorBody {
@@ -1075,7 +1105,13 @@ fn schema_rejects_what_the_daemon_refuses() {
     };
     let bad_lines = [
         request(json!({"method": "reboot"})),
-        request(json!({"version": 2})),
+        request(json!({"version": 3})),
+        request(json!({"version": 0})),
+        json!({"version": 1, "id": 1, "method": "list_claims", "params": {"limit": 2}}),
+        json!({"version": 2, "id": 1, "method": "list_claims", "params": {"limit": 0}}),
+        json!({"version": 2, "id": 1, "method": "list_claims", "params": {"limit": 2, "from": "a"}}),
+        json!({"version": 2, "id": 1, "method": "list_claims", "params": {"continue": 7}}),
+        json!({"version": 3, "id": 1, "result": {}}),
         request(json!({"id": -1})),
         request(json!({"extra": true})),
         request(json!({"params": {"uid": UID, "force": true}})),
@@ -1155,8 +1191,9 @@ fn round_trips<T: Serialize + DeserializeOwned>(value: &Value) -> Result<(), Str
     }
 }
 
-fn params_round_trip(method: Method, params: &Value) -> Result<(), String> {
+fn params_round_trip(method: Method, version: u32, params: &Value) -> Result<(), String> {
     match method {
+        Method::ListClaims if version >= 2 => round_trips::<ListClaimsParams>(params),
         Method::Prepare => round_trips::<PrepareParams>(params),
         Method::Unprepare | Method::GetClaim => round_trips::<UidParams>(params),
         Method::Attach => round_trips::<AttachParams>(params),
@@ -1168,8 +1205,9 @@ fn params_round_trip(method: Method, params: &Value) -> Result<(), String> {
     }
 }
 
-fn result_round_trip(method: Method, result: &Value) -> Result<(), String> {
+fn result_round_trip(method: Method, version: u32, result: &Value) -> Result<(), String> {
     match method {
+        Method::ListClaims if version >= 2 => round_trips::<ClaimPage>(result),
         Method::Prepare => round_trips::<PrepareResult>(result),
         Method::Unprepare => round_trips::<UnprepareResult>(result),
         Method::GetClaim => round_trips::<ClaimInfo>(result),
@@ -1189,7 +1227,7 @@ fn every_example_line_is_valid_and_matches_the_rust_types() {
     let v = Validator { root: &schema };
     let lines = example_lines(&protocol_md());
     assert!(lines.len() >= 2 * Method::ALL.len(), "too few examples");
-    let mut pending: Option<(u64, Method)> = None;
+    let mut pending: Option<(u64, Method, u32)> = None;
     let mut answered = BTreeSet::new();
     for line in &lines {
         let value: Value =
@@ -1200,25 +1238,29 @@ fn every_example_line_is_valid_and_matches_the_rust_types() {
             let request: Request = serde_json::from_value(value).expect("a Request");
             let method = Method::parse(&request.method).expect("a known method");
             if let Some(params) = &request.params {
-                params_round_trip(method, params)
+                params_round_trip(method, request.version, params)
                     .unwrap_or_else(|e| panic!("{method} params: {e}: {line}"));
             }
-            pending = Some((request.id, method));
+            pending = Some((request.id, method, request.version));
             continue;
         }
         let response: Response = serde_json::from_value(value).expect("a Response");
         if response.id == 0 {
             continue; // an answer to an unreadable line: no request to pair with
         }
-        let (id, method) = pending
+        let (id, method, version) = pending
             .take()
             .unwrap_or_else(|| panic!("a response without a request before it: {line}"));
         assert_eq!(
             response.id, id,
             "response id does not echo the request: {line}"
         );
+        assert_eq!(
+            response.version, version,
+            "response version does not echo the request's: {line}"
+        );
         if let Some(result) = &response.result {
-            let (_, def) = method_defs(method);
+            let (_, def) = method_defs(method, version);
             let mut errors = v.errors(v.def(def), result);
             v.exact_fields(v.def(def), result, "$", &mut errors);
             assert!(
@@ -1226,18 +1268,22 @@ fn every_example_line_is_valid_and_matches_the_rust_types() {
                 "{method} result: {}\n{line}",
                 errors.join("\n")
             );
-            result_round_trip(method, result)
+            result_round_trip(method, version, result)
                 .unwrap_or_else(|e| panic!("{method} result: {e}: {line}"));
         }
-        answered.insert(method.as_str());
+        answered.insert(format!("{method} {version}"));
     }
     assert!(pending.is_none(), "a request example without its response");
     for method in Method::ALL {
         assert!(
-            answered.contains(method.as_str()),
+            answered.contains(&format!("{method} 1")),
             "no example exchange for {method}"
         );
     }
+    assert!(
+        answered.contains("list_claims 2"),
+        "no example of a list_claims page"
+    );
 }
 
 /// `StrategyInfo` is internally tagged, so serde buffers the object before decoding `MpsInfo`;

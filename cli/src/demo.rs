@@ -114,7 +114,7 @@ impl DemoDaemon {
 impl Drop for DemoDaemon {
     fn drop(&mut self) {
         if let Ok(mut c) = Client::connect(&self.socket, Duration::from_secs(5)) {
-            if let Ok(claims) = c.call::<(), Vec<ClaimInfo>>(Method::ListClaims, None) {
+            if let Ok(claims) = c.list_claims() {
                 for claim in claims {
                     let _ =
                         c.call::<_, Value>(Method::Unprepare, Some(&UidParams { uid: claim.uid }));
@@ -278,7 +278,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     step("MIG devices (gpushare mig list)");
     print!("{}", mig_table(&gpus));
     step("Claims (gpushare claims)");
-    let claims: Vec<ClaimInfo> = client.call(Method::ListClaims, None::<&()>)?;
+    let claims = client.list_claims()?;
     print!("{}", claims_table(&claims));
     let mps_pids: Vec<i32> = claims
         .iter()
@@ -314,7 +314,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
             client.call(Method::Unprepare, Some(&UidParams { uid: uid.clone() }))?;
         println!("  {uid} released: {}", r.released);
     }
-    let claims: Vec<ClaimInfo> = client.call(Method::ListClaims, None::<&()>)?;
+    let claims = client.list_claims()?;
     let gpus: Vec<GpuInfo> = client.call(Method::ListGpus, None::<&()>)?;
     let mig_left: Vec<String> = gpus
         .iter()

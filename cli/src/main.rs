@@ -189,7 +189,7 @@ fn unprepared_line(r: &UnprepareResult) -> String {
 /// line each, as it goes (a claim released meanwhile by kubelet reads "was not prepared").
 /// All are tried; each failure is a line on stderr, and the command then fails.
 fn unprepare_all(client: &mut Client, output: Output) -> Result<()> {
-    let claims: Vec<ClaimInfo> = client.call(Method::ListClaims, None::<&()>)?;
+    let claims = client.list_claims()?;
     if claims.is_empty() && output == Output::Table {
         println!("no claim is prepared; nothing to do");
         return Ok(());
@@ -455,7 +455,8 @@ fn run(args: Args) -> Result<()> {
             }
         }
         Command::Claims => {
-            let claims: Vec<ClaimInfo> = client.call(Method::ListClaims, none)?;
+            // Page by page: no answer line of gpushared's is large, whatever the claim count.
+            let claims = client.list_claims()?;
             print_structured_or(&claims, output, |c| cli::claims_table(c))?;
         }
         Command::Claim { uid } => {

@@ -8,10 +8,13 @@
 //! ([`MAX_REQUEST_BYTES`]), JSON nesting ([`MAX_JSON_DEPTH`]), connections (with slots kept
 //! for privileged peers and a share per unprivileged uid: [`slots`]), the time to the first
 //! request line, idle time and the time one request may take; a connection that breaks a
-//! bound is answered and closed, and nothing else is affected.
+//! bound is answered and closed, and nothing else is affected. Output is bounded too: an
+//! answer is held whole only when it is small, and `list_claims` is written as it is read
+//! ([`listing`]), so an unread answer holds one piece of it per connection.
 
 mod decode;
 mod dispatch;
+pub mod listing;
 mod peer;
 mod shape;
 pub mod slots;
@@ -23,14 +26,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpushare_proto::ErrorCode;
+use gpushare_proto::{ErrorCode, Method};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
 use crate::service::Service;
 
 pub use decode::{decode_request, nesting_exceeds};
-pub use dispatch::handle;
+pub use dispatch::{handle, Answer};
 pub use peer::{authorize, Peer};
 
 use decode::{error_response, MALFORMED};
@@ -62,6 +65,10 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default for [`ServerConfig::request_timeout`]: longer than any prepare should take (MPS
 /// start, limits and read-back are each bounded by `mps.timeout_seconds`).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Capacity of a connection's request line buffer kept between requests; a larger one (left
+/// by a large request) is freed.
+const KEPT_LINE_BYTES: usize = 64 * 1024;
 
 /// Deepest nesting of JSON arrays and objects accepted in a request line. A ResourceClaim
 /// nests about a dozen levels; serde_json stops at 128 on its own, but a deeply nested line
@@ -252,14 +259,44 @@ async fn connection(
             return Ok(());
         }
         let too_long = line.len() > MAX_REQUEST_BYTES;
-        let response = if too_long {
-            error_response(
+        let answer = if too_long {
+            Answer::Whole(error_response(
                 0,
                 ErrorCode::InvalidRequest,
                 format!("request line longer than {MAX_REQUEST_BYTES} bytes"),
-            )
+            ))
         } else {
             handle(&service, cfg, peer.as_ref(), &line).await
+        };
+        if line.capacity() > KEPT_LINE_BYTES {
+            // An idle connection keeps no buffer sized for its largest request (2 MiB).
+            line = Vec::new();
+        }
+        let response = match answer {
+            Answer::Whole(response) => response,
+            Answer::Claims(listing) => {
+                let mut work = Duration::ZERO;
+                let written = tokio::time::timeout(
+                    cfg.idle_timeout,
+                    listing::write(&mut write, &*service, &listing, &mut work),
+                )
+                .await;
+                if let Some(m) = &cfg.metrics {
+                    m.observe(Method::ListClaims, None, work);
+                }
+                match written {
+                    Ok(written) => written?,
+                    // A client that never reads must not hold its slot forever either.
+                    Err(_) => {
+                        tracing::debug!(
+                            id = listing.id,
+                            "list_claims answer not taken within the idle timeout; closing"
+                        );
+                        return Ok(());
+                    }
+                }
+                continue;
+            }
         };
         let error_code = response.error.as_ref().map(|e| e.code);
         if error_code == Some(ErrorCode::PermissionDenied) {
@@ -282,6 +319,8 @@ async fn connection(
                 .as_ref()
                 .is_some_and(|e| e.message.starts_with(MALFORMED));
         let mut out = serde_json::to_vec(&response).map_err(io::Error::other)?;
+        // Only the text waits for the peer, not the value it was made from as well.
+        drop(response);
         out.push(b'\n');
         // A client that never reads must not hold its slot forever either.
         match tokio::time::timeout(cfg.idle_timeout, write.write_all(&out)).await {

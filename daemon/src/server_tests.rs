@@ -446,3 +446,152 @@ async fn arrays_are_refused_as_the_envelope_and_as_params() {
     let r = call(&mut s, r#"{"version":1,"id":9,"method":"version"}"#).await;
     assert!(r.result.is_some(), "{r:?}");
 }
+
+/// A time-sliced claim `uid` on the g5.xlarge's only GPU.
+fn time_sliced(uid: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"uid": uid, "name": uid, "namespace": "ns"},
+        "status": {"allocation": {"devices": {
+            "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "n", "device": "gpu-0"}],
+            "config": [{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com",
+                "parameters": {"sharingMode": "time-slicing", "timeSlice": "default"}}}]}}}
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_claims_answers_in_the_requests_version_whole_or_in_pages() {
+    let (_dir, socket) = start(8, IDLE_TIMEOUT).await;
+    let mut s = UnixStream::connect(&socket).await.unwrap();
+    let uids: Vec<String> = (0..5).map(|i| format!("claim-{i}")).collect();
+    for (i, uid) in uids.iter().enumerate() {
+        let line = serde_json::json!({"version": 1, "id": i, "method": "prepare",
+            "params": {"claim": time_sliced(uid)}});
+        let r = call(&mut s, &line.to_string()).await;
+        assert!(r.error.is_none(), "{r:?}");
+        assert_eq!(r.version, 1, "a version-1 request is answered in version 1");
+    }
+    // Version 1: the whole list, as before.
+    let r = call(&mut s, r#"{"version":1,"id":7,"method":"list_claims"}"#).await;
+    assert_eq!((r.version, r.id), (1, 7));
+    let listed: Vec<gpushare_proto::ClaimInfo> = serde_json::from_value(r.result.unwrap()).unwrap();
+    assert_eq!(
+        listed.iter().map(|c| &c.uid).collect::<Vec<_>>(),
+        uids.iter().collect::<Vec<_>>()
+    );
+    // Version 2: pages, each naming where the next starts.
+    let mut pages = vec![];
+    let mut next = serde_json::Value::Null;
+    loop {
+        let line = serde_json::json!({"version": 2, "id": 8, "method": "list_claims",
+            "params": {"limit": 2, "continue": next}});
+        let r = call(&mut s, &line.to_string()).await;
+        assert_eq!((r.version, r.id), (2, 8), "{r:?}");
+        let page: gpushare_proto::ClaimPage = serde_json::from_value(r.result.unwrap()).unwrap();
+        pages.push(
+            page.claims
+                .iter()
+                .map(|c| c.uid.clone())
+                .collect::<Vec<_>>(),
+        );
+        match page.next {
+            Some(n) => next = n.into(),
+            None => break,
+        }
+    }
+    assert_eq!(pages, [&uids[0..2], &uids[2..4], &uids[4..5]]);
+    // Every other method means the same in version 2 and answers in it.
+    let r = call(&mut s, r#"{"version":2,"id":9,"method":"version"}"#).await;
+    assert_eq!(r.version, 2);
+    assert_eq!(
+        r.result.unwrap()["protocol"],
+        gpushare_proto::PROTOCOL_VERSION
+    );
+    // Bad params are refused and the connection kept; an unknown version is refused.
+    for (line, says) in [
+        (
+            r#"{"version":2,"id":10,"method":"list_claims","params":{"limit":0}}"#,
+            "limit must be 1 or more",
+        ),
+        (
+            r#"{"version":1,"id":11,"method":"list_claims","params":{"limit":2}}"#,
+            "takes no params",
+        ),
+        (
+            r#"{"version":3,"id":12,"method":"list_claims"}"#,
+            "this daemon speaks 1 to 2",
+        ),
+    ] {
+        let r = call(&mut s, line).await;
+        let e = r.error.unwrap();
+        assert_eq!(e.code, ErrorCode::InvalidRequest, "{line}");
+        assert!(e.message.contains(says), "{line}: {}", e.message);
+    }
+    // The Rust client reads every page.
+    let path = socket.clone();
+    let all = tokio::task::spawn_blocking(move || {
+        gpushare_proto::Client::connect(&path, Duration::from_secs(10))
+            .unwrap()
+            .list_claims()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(all, listed);
+}
+
+#[test]
+fn long_messages_keep_their_start_and_their_reason() {
+    use super::decode::{cut_message, MAX_MESSAGE_BYTES};
+    assert_eq!(cut_message("short".into()), "short");
+    let exact = "x".repeat(MAX_MESSAGE_BYTES);
+    assert_eq!(cut_message(exact.clone()), exact);
+    // Multi-byte characters on both cuts: the result is still UTF-8, whatever the offsets.
+    for pad in 0..4 {
+        let long = format!(
+            "{}{}: the reason",
+            "a".repeat(pad),
+            "é".repeat(MAX_MESSAGE_BYTES)
+        );
+        let cut = cut_message(long.clone());
+        assert!(cut.len() <= MAX_MESSAGE_BYTES + 64, "{}", cut.len());
+        assert!(cut.starts_with(&long[..pad]));
+        assert!(cut.ends_with(": the reason"), "{pad}");
+        let (head, rest) = cut.split_once("… (").unwrap();
+        let (n, tail) = rest.split_once(" bytes cut) …").unwrap();
+        // Nothing but the counted middle is left out.
+        let n: usize = n.parse().unwrap();
+        assert_eq!(head.len() + n + tail.len(), long.len());
+        assert!(long.starts_with(head) && long.ends_with(tail));
+    }
+}
+
+#[tokio::test]
+async fn an_answer_naming_a_huge_value_is_not_as_huge() {
+    let (_dir, socket) = start(8, IDLE_TIMEOUT).await;
+    let mut s = UnixStream::connect(&socket).await.unwrap();
+    let uid = "u".repeat(1 << 20);
+    let line = format!(r#"{{"version":1,"id":4,"method":"get_claim","params":{{"uid":"{uid}"}}}}"#);
+    let r = call(&mut s, &line).await;
+    let e = r.error.unwrap();
+    assert_eq!((r.id, e.code), (4, ErrorCode::InvalidRequest));
+    assert!(
+        e.message.len() < 4200,
+        "a message of {} bytes",
+        e.message.len()
+    );
+    assert!(
+        e.message.starts_with("params of get_claim: uid: \"uuu"),
+        "{}",
+        &e.message[..60]
+    );
+    assert!(
+        e.message
+            .ends_with("is not a valid claim UID: it is 1048576 bytes long (at most 128)"),
+        "{}",
+        &e.message[e.message.len() - 100..]
+    );
+    // The connection still serves.
+    let r = call(&mut s, r#"{"version":1,"id":5,"method":"version"}"#).await;
+    assert!(r.result.is_some());
+}

@@ -114,13 +114,18 @@ impl Gpushared {
         self.call::<(), Vec<GpuInfo>>(Method::ListGpus, None).await
     }
 
-    /// `list_claims`.
+    /// Every claim, by `list_claims` pages ([`Client::list_claims`]: no answer line is
+    /// large, whatever the claim count; the whole list from a gpushared of protocol version 1).
     ///
     /// # Errors
     /// As [`Gpushared::prepare`].
     pub async fn list_claims(&self) -> Result<Vec<ClaimInfo>, GpusharedError> {
-        self.call::<(), Vec<ClaimInfo>>(Method::ListClaims, None)
+        let socket = self.socket.clone();
+        let timeout = self.timeout;
+        tokio::task::spawn_blocking(move || Client::connect(&socket, timeout)?.list_claims())
             .await
+            .map_err(|e| GpusharedError::Unreachable(format!("the call's task failed: {e}")))?
+            .map_err(GpusharedError::from)
     }
 }
 

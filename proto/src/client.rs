@@ -8,9 +8,16 @@ use std::time::{Duration, Instant};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::{ErrorBody, Method, Request, Response, MAX_REQUEST_BYTES, PROTOCOL_VERSION};
+use crate::{
+    ClaimInfo, ClaimPage, ErrorBody, ErrorCode, ListClaimsParams, Method, Request, Response,
+    VersionInfo, MAX_REQUEST_BYTES, OLDEST_PROTOCOL_VERSION,
+};
 
-/// Largest response line the client accepts (a `list_claims` of thousands of claims fits).
+/// Protocol version of a paged `list_claims`.
+const PAGES_VERSION: u32 = 2;
+
+/// Largest response line the client accepts (a whole `list_claims` of a version-1 daemon with
+/// thousands of claims fits; a page is far smaller).
 const MAX_RESPONSE_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Why a call failed.
@@ -185,7 +192,9 @@ impl Client {
         })
     }
 
-    /// Sends one request and waits for its response.
+    /// Sends one request and waits for its response. It goes as protocol version 1, which
+    /// every method but a paged `list_claims` ([`Client::list_claims_page`]) means the same in,
+    /// so it reaches daemons of every version.
     ///
     /// # Errors
     /// [`ClientError::Remote`] when the daemon refused; the other variants when the exchange
@@ -209,6 +218,76 @@ impl Client {
         method: Method,
         params: Option<&P>,
     ) -> Result<serde_json::Value, ClientError> {
+        self.call_value_as(OLDEST_PROTOCOL_VERSION, method, params)
+    }
+
+    /// One page of claims, in UID order (`list_claims` of protocol version 2): at most
+    /// `limit` (the daemon's maximum, [`crate::MAX_CLAIMS_PAGE`], when `None` or larger), from
+    /// `continue_from`, the previous page's [`ClaimPage::next`] (`None`: the first page).
+    ///
+    /// # Errors
+    /// As [`Client::call`]; a daemon that speaks only version 1 refuses with `InvalidRequest`
+    /// ([`Client::list_claims`] then falls back to the whole list).
+    pub fn list_claims_page(
+        &mut self,
+        limit: Option<u32>,
+        continue_from: Option<&str>,
+    ) -> Result<ClaimPage, ClientError> {
+        let params = ListClaimsParams {
+            limit,
+            continue_from: continue_from.map(str::to_string),
+        };
+        let value = self.call_value_as(PAGES_VERSION, Method::ListClaims, Some(&params))?;
+        serde_json::from_value(value)
+            .map_err(|e| ClientError::Protocol(format!("list_claims page: {e}")))
+    }
+
+    /// Every claim, in UID order, read page by page ([`Client::list_claims_page`]), so that
+    /// no answer line is large; from a daemon that speaks only protocol version 1, its whole
+    /// list in one answer. A claim prepared or released while the pages are read may be
+    /// missing or present; every other claim is listed once.
+    ///
+    /// # Errors
+    /// As [`Client::call`]; [`ClientError::Protocol`] when the daemon's pages do not advance.
+    pub fn list_claims(&mut self) -> Result<Vec<ClaimInfo>, ClientError> {
+        let mut claims = Vec::new();
+        let mut next: Option<String> = None;
+        loop {
+            let page = match self.list_claims_page(None, next.as_deref()) {
+                Ok(page) => page,
+                Err(ClientError::Remote(e))
+                    if next.is_none() && e.code == ErrorCode::InvalidRequest =>
+                {
+                    // An older daemon refuses version 2. Ask it which it speaks, rather than
+                    // read its message: messages are for people.
+                    let version: VersionInfo = self.call(Method::Version, None::<&()>)?;
+                    if version.protocol >= PAGES_VERSION {
+                        return Err(ClientError::Remote(e));
+                    }
+                    return self.call(Method::ListClaims, None::<&()>);
+                }
+                Err(e) => return Err(e),
+            };
+            claims.extend(page.claims);
+            match page.next {
+                None => return Ok(claims),
+                Some(token) if next.as_deref() == Some(token.as_str()) => {
+                    return Err(ClientError::Protocol(format!(
+                        "list_claims: the page after {token:?} starts at {token:?} again"
+                    )))
+                }
+                Some(token) => next = Some(token),
+            }
+        }
+    }
+
+    /// Sends one request of protocol `version` and waits for its response.
+    fn call_value_as<P: Serialize>(
+        &mut self,
+        version: u32,
+        method: Method,
+        params: Option<&P>,
+    ) -> Result<serde_json::Value, ClientError> {
         let id = self.next_id;
         self.next_id += 1;
         let params = params
@@ -216,7 +295,7 @@ impl Client {
             .transpose()
             .map_err(|e| ClientError::Protocol(format!("encoding params: {e}")))?;
         let request = Request {
-            version: PROTOCOL_VERSION,
+            version,
             id,
             method: method.as_str().to_string(),
             params,
@@ -545,5 +624,136 @@ mod tests {
         let err = Client::connect_until(&path, Instant::now()).unwrap_err();
         assert!(matches!(err, ClientError::Connect { .. }), "{err:?}");
         assert!(listener.accept().is_err(), "nothing may have connected");
+    }
+
+    /// A one-connection server that answers each request line with `answer(request)`, and
+    /// returns the requests it read.
+    fn scripted_server(
+        dir: &Path,
+        answer: impl Fn(&Request) -> serde_json::Value + Send + 'static,
+    ) -> (PathBuf, std::thread::JoinHandle<Vec<Request>>) {
+        let path = dir.join("s.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let server = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut reader = BufReader::new(stream);
+            let mut seen = vec![];
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap() > 0 {
+                let request: Request = serde_json::from_str(&line).unwrap();
+                let mut out = serde_json::to_vec(&answer(&request)).unwrap();
+                out.push(b'\n');
+                reader.get_mut().write_all(&out).unwrap();
+                seen.push(request);
+                line.clear();
+            }
+            seen
+        });
+        (path, server)
+    }
+
+    fn claim(uid: &str) -> serde_json::Value {
+        serde_json::json!({"uid": uid, "namespace": "ns", "name": uid, "state": "Prepared",
+            "groups": [], "requests": [], "cdi_spec": "/c", "attach_limit": null, "attached": []})
+    }
+
+    fn ok(r: &Request, result: serde_json::Value) -> serde_json::Value {
+        serde_json::json!({"version": r.version, "id": r.id, "result": result})
+    }
+
+    #[test]
+    fn list_claims_reads_every_page() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, server) = scripted_server(dir.path(), |r| {
+            let from = r.params.as_ref().and_then(|p| p.get("continue")).cloned();
+            match from.as_ref().and_then(|v| v.as_str()) {
+                None => ok(
+                    r,
+                    serde_json::json!({"claims": [claim("a"), claim("b")], "continue": "b"}),
+                ),
+                Some("b") => ok(
+                    r,
+                    serde_json::json!({"claims": [claim("c")], "continue": null}),
+                ),
+                Some(other) => panic!("continue {other}"),
+            }
+        });
+        let mut client = Client::connect(&path, Duration::from_secs(10)).unwrap();
+        let claims = client.list_claims().unwrap();
+        drop(client);
+        let uids: Vec<&str> = claims.iter().map(|c| c.uid.as_str()).collect();
+        assert_eq!(uids, ["a", "b", "c"]);
+        let seen = server.join().unwrap();
+        assert_eq!(seen.len(), 2);
+        assert!(seen
+            .iter()
+            .all(|r| r.version == 2 && r.method == "list_claims"));
+        assert_eq!(seen[0].params, Some(serde_json::json!({})));
+        assert_eq!(seen[1].params, Some(serde_json::json!({"continue": "b"})));
+    }
+
+    #[test]
+    fn list_claims_of_a_version_1_daemon_is_its_whole_list() {
+        let dir = tempfile::tempdir().unwrap();
+        // As a daemon of protocol version 1 answers.
+        let (path, server) =
+            scripted_server(dir.path(), |r| match (r.version, r.method.as_str()) {
+                (2, _) => {
+                    serde_json::json!({"version": 1, "id": r.id, "error": {"code": "InvalidRequest",
+                "message": "protocol version 2 is not supported; this daemon speaks 1"}})
+                }
+                (1, "version") => ok(r, serde_json::json!({"daemon": "0.1.0", "protocol": 1})),
+                (1, "list_claims") if r.params.is_none() => {
+                    ok(r, serde_json::json!([claim("a"), claim("b")]))
+                }
+                other => panic!("{other:?}"),
+            });
+        let mut client = Client::connect(&path, Duration::from_secs(10)).unwrap();
+        let claims = client.list_claims().unwrap();
+        drop(client);
+        assert_eq!(claims.len(), 2);
+        let asked: Vec<(u32, String)> = server
+            .join()
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.version, r.method))
+            .collect();
+        assert_eq!(
+            asked,
+            [
+                (2, "list_claims".into()),
+                (1, "version".into()),
+                (1, "list_claims".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn a_refused_first_page_of_a_version_2_daemon_stays_an_error_and_pages_must_advance() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, server) = scripted_server(dir.path(), |r| match r.method.as_str() {
+            "version" => ok(r, serde_json::json!({"daemon": "0.2.0", "protocol": 2})),
+            _ => serde_json::json!({"version": 2, "id": r.id, "error": {"code": "InvalidRequest",
+                "message": "params of list_claims: limit must be 1 or more"}}),
+        });
+        let mut client = Client::connect(&path, Duration::from_secs(10)).unwrap();
+        let err = client.list_claims().unwrap_err();
+        assert!(err.to_string().contains("limit must be 1 or more"), "{err}");
+        drop(client);
+        server.join().unwrap();
+
+        let dir = tempfile::tempdir().unwrap();
+        let (path, server) = scripted_server(dir.path(), |r| {
+            ok(
+                r,
+                serde_json::json!({"claims": [claim("a")], "continue": "a"}),
+            )
+        });
+        let mut client = Client::connect(&path, Duration::from_secs(10)).unwrap();
+        let err = client.list_claims().unwrap_err();
+        assert!(matches!(err, ClientError::Protocol(_)), "{err}");
+        assert!(err.to_string().contains("starts at \"a\" again"), "{err}");
+        drop(client);
+        assert_eq!(server.join().unwrap().len(), 2);
     }
 }

@@ -15,9 +15,20 @@ mod types;
 pub use client::{Client, ClientError};
 pub use types::*;
 
-/// Version of the wire protocol spoken by this crate. A request carrying another version is
-/// refused with [`ErrorCode::InvalidRequest`].
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Newest version of the wire protocol spoken by this crate and the daemon (what `version`
+/// reports). Version 2 answers `list_claims` in pages ([`ListClaimsParams`], [`ClaimPage`]);
+/// every other method means the same in both. A request carrying a version outside
+/// [`OLDEST_PROTOCOL_VERSION`]`..=`[`PROTOCOL_VERSION`] is refused with
+/// [`ErrorCode::InvalidRequest`].
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// Oldest protocol version the daemon still accepts, and the one [`Client`] sends for every
+/// method that means the same in every version (all but a paged `list_claims`), so that it
+/// reaches daemons of any version.
+pub const OLDEST_PROTOCOL_VERSION: u32 = 1;
+
+/// Most claims in one `list_claims` page (protocol version 2).
+pub const MAX_CLAIMS_PAGE: u32 = 500;
 
 /// Longest request line the daemon accepts, in bytes (2 MiB): a ResourceClaim is at most
 /// 1.5 MiB (etcd's object limit), plus the envelope. [`Client`] refuses a longer request

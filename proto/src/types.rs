@@ -12,7 +12,8 @@ use serde_json::Value;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Request {
-    /// Protocol version; must equal [`crate::PROTOCOL_VERSION`].
+    /// Protocol version, from [`crate::OLDEST_PROTOCOL_VERSION`] to
+    /// [`crate::PROTOCOL_VERSION`]: what the method means (only `list_claims` differs).
     pub version: u32,
     /// Caller-chosen id, echoed in the response.
     pub id: u64,
@@ -26,7 +27,8 @@ pub struct Request {
 /// One response line: exactly one of `result` or `error` is present.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Response {
-    /// Protocol version of the daemon.
+    /// The request's protocol version ([`crate::OLDEST_PROTOCOL_VERSION`] when the request
+    /// could not be read far enough to find it).
     pub version: u32,
     /// The request's id (0 when the request could not be read far enough to find it).
     pub id: u64,
@@ -47,7 +49,8 @@ pub enum Method {
     Unprepare,
     /// One claim ([`UidParams`] → [`ClaimInfo`]).
     GetClaim,
-    /// All claims (no params → `Vec<ClaimInfo>`).
+    /// All claims: in protocol version 1 no params → `Vec<ClaimInfo>`; in version 2
+    /// [`ListClaimsParams`] → [`ClaimPage`].
     ListClaims,
     /// All GPUs of the node (no params → `Vec<GpuInfo>`).
     ListGpus,
@@ -211,6 +214,30 @@ pub struct PrepareParams {
 pub struct UidParams {
     /// The claim's `metadata.uid`.
     pub uid: String,
+}
+
+/// Parameters of `list_claims` in protocol version 2 (both optional; version 1 takes none).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListClaimsParams {
+    /// Most claims in the page, at least 1; the daemon gives at most
+    /// [`crate::MAX_CLAIMS_PAGE`] (a larger limit is lowered to it), and that many when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+    /// The `continue` of the previous page; absent for the first page.
+    #[serde(default, rename = "continue", skip_serializing_if = "Option::is_none")]
+    pub continue_from: Option<String>,
+}
+
+/// Result of `list_claims` in protocol version 2: one page of claims, by UID.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClaimPage {
+    /// The page's claims, in UID order.
+    pub claims: Vec<ClaimInfo>,
+    /// Where the next page starts (pass it back as the params' `continue`; its content is the
+    /// daemon's business); `None` on the last page.
+    #[serde(rename = "continue")]
+    pub next: Option<String>,
 }
 
 /// CDI devices prepared for one request of a claim.

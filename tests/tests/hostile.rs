@@ -949,3 +949,158 @@ fn an_oversized_claim_is_refused_with_its_size() {
     let uid = claim["metadata"]["uid"].as_str().unwrap();
     assert!(d.claim(uid).is_err(), "nothing was prepared");
 }
+
+/// A `resource.k8s.io/v1` ResourceClaim `uid`, time-sliced on `device` of [`NODE`].
+fn time_sliced_claim(uid: &str, device: &str) -> Value {
+    let config = json!({
+        "requests": ["gpu"],
+        "opaque": {"driver": "gpu.nvidia.com",
+                   "parameters": {"sharingMode": "time-slicing", "timeSlice": "default"}},
+    });
+    let mut from_claim = config.clone();
+    from_claim["source"] = json!("FromClaim");
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": format!("unread-{uid}"), "namespace": "bench", "uid": uid},
+        "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1}}],
+            "config": [config],
+        }},
+        "status": {"allocation": {"devices": {
+            "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": NODE, "device": device}],
+            "config": [from_claim],
+        }}},
+    })
+}
+
+/// `VmRSS` of `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+/// Bytes waiting to be read on `s` (a peek: nothing is taken).
+fn queued(s: &UnixStream, buf: &mut [u8]) -> usize {
+    use nix::sys::socket::{recv, MsgFlags};
+    use std::os::fd::AsRawFd;
+    recv(
+        s.as_raw_fd(),
+        buf,
+        MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+    )
+    .unwrap_or(0)
+}
+
+/// Claims held while readers leave their `list_claims` answers unread
+/// (`GPUSHARE_UNREAD_CLAIMS`): about 0.95 MB of answer each (the benchmark's row uses 10,000).
+const UNREAD_CLAIMS: usize = 1_000;
+
+/// A reading uid's share of connections (`socket.max_connections_per_uid`).
+const UNREAD_READERS: usize = 16;
+
+/// Issue 25, finding 3: each `list_claims` answer was built whole (the claims copied, their
+/// JSON tree, its text) and held until its reader took the last byte, so 16 connections that
+/// asked and never read took gpushared from 29 MB to 320 MB with 2,000 claims (1.5 GB with
+/// 10,000), and 88 MB stayed resident after they closed.
+#[test]
+fn unread_list_claims_answers_do_not_grow_the_daemon() {
+    if !need(is_root(), "root") {
+        return;
+    }
+    let claims = std::env::var("GPUSHARE_UNREAD_CLAIMS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(UNREAD_CLAIMS);
+    let d = Daemon::emulated();
+    let mut c = d.client();
+    for i in 0..claims {
+        let uid = format!("{:08x}-7e4d-4c1a-9b2f-{i:012x}", std::process::id());
+        let device = format!("gpu-{}", 1 + i % 7);
+        let _: Value = c
+            .call(
+                Method::Prepare,
+                Some(&json!({"claim": time_sliced_claim(&uid, &device)})),
+            )
+            .unwrap();
+    }
+    // The baseline: the daemon with its claims, after one whole answer was read (whatever a
+    // listing allocates for good is in it).
+    let whole: Vec<Value> = c.call(Method::ListClaims, None::<&()>).unwrap();
+    assert_eq!(whole.len(), claims);
+    let answer_kib = serde_json::to_vec(&whole).unwrap().len() as u64 / 1024;
+    drop((c, whole));
+    std::thread::sleep(Duration::from_millis(500));
+    let baseline = rss_kib(d.pid());
+
+    // A uid's share of connections, each asking for the whole list (protocol version 1, as
+    // any old client does) and reading nothing.
+    let request = b"{\"version\":1,\"id\":1,\"method\":\"list_claims\"}\n";
+    let readers: Vec<UnixStream> = (0..UNREAD_READERS)
+        .map(|_| {
+            let mut s = UnixStream::connect(&d.socket).unwrap();
+            s.write_all(request).unwrap();
+            s
+        })
+        .collect();
+    // The daemon has answered every one as far as it will while nobody reads: each socket
+    // holds the start of its answer, and none grows any more.
+    let mut buf = vec![0u8; 8 << 20];
+    let mut last = vec![usize::MAX; UNREAD_READERS];
+    let settled = wait_until(Duration::from_secs(60), || {
+        std::thread::sleep(Duration::from_millis(300));
+        let now: Vec<usize> = readers.iter().map(|s| queued(s, &mut buf)).collect();
+        let steady = now.iter().all(|&n| n > 0) && now == last;
+        last = now;
+        steady
+    });
+    assert!(settled, "the answers never settled: {last:?} bytes queued");
+    let with_readers = rss_kib(d.pid());
+    // Other callers are served meanwhile.
+    let health: Value = d.client().call(Method::Health, None::<&()>).unwrap();
+    assert_eq!(health["claims"], claims);
+    drop(readers);
+    let released = wait_until(Duration::from_secs(10), || {
+        rss_kib(d.pid()) < baseline + baseline / 4
+    });
+    let after = rss_kib(d.pid());
+    eprintln!(
+        "{claims} claims ({answer_kib} KiB listed): gpushared's RSS {baseline} KiB, with \
+         {UNREAD_READERS} unread answers {with_readers} KiB, after they closed {after} KiB"
+    );
+    assert!(
+        with_readers < 2 * baseline,
+        "{UNREAD_READERS} unread list_claims answers took gpushared from {baseline} KiB to \
+         {with_readers} KiB"
+    );
+    // Bounded per answer, not only smaller: each costs far less than its size.
+    let each = with_readers.saturating_sub(baseline) / UNREAD_READERS as u64;
+    assert!(
+        each < answer_kib / 4,
+        "each unread answer of {answer_kib} KiB costs gpushared {each} KiB"
+    );
+    assert!(
+        released,
+        "gpushared kept {after} KiB after the readers closed ({baseline} KiB before)"
+    );
+    // The CLI lists them in pages (protocol version 2, 500 claims a page at most).
+    let out = Command::new(bin("gpushare"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["-o", "json", "claims"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed.len(), claims);
+}

@@ -1,7 +1,9 @@
 //! Request lines: their JSON nesting, bounded before any parsing, and their decoding into a
 //! request and its method (pure: the protocol fuzz target drives it).
 
-use gpushare_proto::{ErrorBody, ErrorCode, Method, Request, Response, PROTOCOL_VERSION};
+use gpushare_proto::{
+    ErrorBody, ErrorCode, Method, Request, Response, OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION,
+};
 use serde_json::Value;
 
 use super::{shape, MAX_JSON_DEPTH};
@@ -35,13 +37,48 @@ pub fn nesting_exceeds(line: &[u8], max: usize) -> bool {
     false
 }
 
+/// An error response to a request whose version is not known (yet): it carries the oldest
+/// version, which every client reads (an error has the same shape in all of them); a request's
+/// own answer is then given its version. A message longer than [`MAX_MESSAGE_BYTES`] is cut
+/// ([`cut_message`]).
 pub(super) fn error_response(id: u64, code: ErrorCode, message: String) -> Response {
     Response {
-        version: PROTOCOL_VERSION,
+        version: OLDEST_PROTOCOL_VERSION,
         id,
         result: None,
-        error: Some(ErrorBody { code, message }),
+        error: Some(ErrorBody {
+            code,
+            message: cut_message(message),
+        }),
     }
+}
+
+/// Longest error message sent, in bytes. Messages name the value at fault, and a request's
+/// value may be up to 2 MiB long: echoed whole, it would make the answer as large as the
+/// request, held by the daemon until the peer reads it.
+pub const MAX_MESSAGE_BYTES: usize = 4096;
+
+/// `message`, or for one longer than [`MAX_MESSAGE_BYTES`] its start and its end (where the
+/// reason is) with the middle cut out and counted.
+pub fn cut_message(message: String) -> String {
+    if message.len() <= MAX_MESSAGE_BYTES {
+        return message;
+    }
+    let half = MAX_MESSAGE_BYTES / 2;
+    let mut head = half;
+    while !message.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = message.len() - half;
+    while !message.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!(
+        "{}… ({} bytes cut) …{}",
+        &message[..head],
+        tail - head,
+        &message[tail..]
+    )
 }
 
 /// Start of the message of a line that is not a request (the connection is then closed).
@@ -85,12 +122,12 @@ pub fn decode_request(line: &[u8]) -> Result<(Request, Method), Response> {
         }
     };
     let id = request.id;
-    if request.version != PROTOCOL_VERSION {
+    if !(OLDEST_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&request.version) {
         return Err(error_response(
             id,
             ErrorCode::InvalidRequest,
             format!(
-                "protocol version {} is not supported; this daemon speaks {PROTOCOL_VERSION}",
+                "protocol version {} is not supported; this daemon speaks {OLDEST_PROTOCOL_VERSION} to {PROTOCOL_VERSION}",
                 request.version
             ),
         ));

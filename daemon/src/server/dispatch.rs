@@ -1,25 +1,30 @@
 //! One request's answer: authorised by the peer's credentials, run on tokio's blocking pool
 //! within the request timeout, its params decoded (objects only), its outcome counted in the
-//! metrics and, for prepare and unprepare, logged in one line.
+//! metrics and, for prepare and unprepare, logged in one line. `list_claims` is only checked
+//! here: its answer is written as it is read ([`super::listing`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpushare_proto::{
     AttachParams, DetachParams, ErrorCode, Method, PrepareParams, Response, UidParams, VersionInfo,
-    PROTOCOL_VERSION,
+    OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
 use super::decode::{decode_request, error_response};
+use super::listing::Listing;
 use super::{authorize, shape, Peer, ServerConfig};
 use crate::error::ServiceError;
 use crate::service::Service;
 
 /// Decodes `params` of `method`, an object (never serde's array form of a struct).
-fn params<T: DeserializeOwned>(method: Method, p: Option<Value>) -> Result<T, ServiceError> {
+pub(super) fn params<T: DeserializeOwned>(
+    method: Method,
+    p: Option<Value>,
+) -> Result<T, ServiceError> {
     if let Some(why) = shape::params_problem(p.as_ref()) {
         return Err(ServiceError::new(
             ErrorCode::InvalidRequest,
@@ -35,7 +40,7 @@ fn params<T: DeserializeOwned>(method: Method, p: Option<Value>) -> Result<T, Se
 }
 
 /// Methods without parameters accept none, `null` or `{}`: anything else is likely a mistake.
-fn no_params(method: Method, p: &Option<Value>) -> Result<(), ServiceError> {
+pub(super) fn no_params(method: Method, p: &Option<Value>) -> Result<(), ServiceError> {
     match p {
         None | Some(Value::Null) => Ok(()),
         Some(Value::Object(o)) if o.is_empty() => Ok(()),
@@ -50,22 +55,61 @@ fn to_value<T: Serialize>(v: T) -> Result<Value, ServiceError> {
     serde_json::to_value(v).map_err(|e| ServiceError::internal(format!("encoding result: {e}")))
 }
 
-/// Answers one request line from `peer` (`None`: credentials unknown, so only refusals).
+/// What a connection sends back for one request line.
+#[derive(Debug)]
+pub enum Answer {
+    /// A whole response: every method but `list_claims`, and every refusal. Small: one claim,
+    /// the node's GPUs, or less.
+    Whole(Response),
+    /// `list_claims`, checked and allowed: written as it is read ([`super::listing::write`]).
+    Claims(Listing),
+}
+
+/// Answers one request line from `peer` (`None`: credentials unknown, so only refusals). The
+/// answer carries the request's protocol version.
 pub async fn handle(
     service: &Arc<Service>,
     cfg: &ServerConfig,
     peer: Option<&Peer>,
     line: &[u8],
-) -> Response {
+) -> Answer {
     let (request, method) = match decode_request(line) {
         Ok(r) => r,
-        Err(response) => return response,
+        Err(response) => return Answer::Whole(response),
     };
+    let version = request.version;
+    let mut answer = respond(service, cfg, peer, request, method).await;
+    if let Answer::Whole(response) = &mut answer {
+        response.version = version;
+    }
+    answer
+}
+
+/// [`handle`] once the line is a request: its answer, in version 1 when whole ([`handle`]
+/// gives it the request's version).
+async fn respond(
+    service: &Arc<Service>,
+    cfg: &ServerConfig,
+    peer: Option<&Peer>,
+    request: gpushare_proto::Request,
+    method: Method,
+) -> Answer {
     let id = request.id;
     if let Err(message) = authorize(cfg, peer, method) {
-        return error_response(id, ErrorCode::PermissionDenied, message);
+        return Answer::Whole(error_response(id, ErrorCode::PermissionDenied, message));
     }
     let started = Instant::now();
+    if method == Method::ListClaims {
+        return match Listing::of(request.version, id, request.params) {
+            Ok(listing) => Answer::Claims(listing),
+            Err(e) => {
+                if let Some(m) = &cfg.metrics {
+                    m.observe(method, Some(e.code), started.elapsed());
+                }
+                Answer::Whole(error_response(id, e.code, e.message))
+            }
+        };
+    }
     let claim_uid = claim_uid_of(method, request.params.as_ref());
     let service = Arc::clone(service);
     let p = request.params;
@@ -89,14 +133,14 @@ pub async fn handle(
             m.observe(method, Some(ErrorCode::Internal), started.elapsed());
         }
         tracing::warn!(%method, id, timeout_ms = cfg.request_timeout.as_millis() as u64, "request exceeded its time; it finishes in the background");
-        return error_response(
+        return Answer::Whole(error_response(
             id,
             ErrorCode::Internal,
             format!(
                 "{method} did not finish within {:?}; it goes on in the background (ask get_claim, or retry: prepare and unprepare are idempotent)",
                 cfg.request_timeout
             ),
-        );
+        ));
     };
     let took = started.elapsed();
     let (outcome, info) = match outcome {
@@ -115,16 +159,16 @@ pub async fn handle(
         let uid = claim_uid.as_deref().unwrap_or("?");
         log_claim_event(method, uid, info.as_ref(), error, took);
     }
-    match outcome {
+    Answer::Whole(match outcome {
         Ok(Ok(result)) => Response {
-            version: PROTOCOL_VERSION,
+            version: OLDEST_PROTOCOL_VERSION,
             id,
             result: Some(result),
             error: None,
         },
         Ok(Err(e)) => error_response(id, e.code, e.message),
         Err(join) => error_response(id, ErrorCode::Internal, format!("{method} failed: {join}")),
-    }
+    })
 }
 
 /// Checks a claim UID given as the request parameter `field`, naming that parameter (the
@@ -151,10 +195,10 @@ fn dispatch(service: &Service, method: Method, p: Option<Value>) -> Result<Value
             let p = params::<UidParams>(method, p)?;
             to_value(service.get_claim(claim_uid_param(method, "uid", &p.uid)?)?)
         }
-        Method::ListClaims => {
-            no_params(method, &p)?;
-            to_value(service.list_claims())
-        }
+        // Answered by `respond` as it is read, never as one value.
+        Method::ListClaims => Err(ServiceError::internal(
+            "list_claims is written as it is read, not dispatched",
+        )),
         Method::ListGpus => {
             no_params(method, &p)?;
             to_value(service.list_gpus())

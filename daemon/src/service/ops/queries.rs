@@ -30,6 +30,20 @@ impl Service {
             .collect()
     }
 
+    /// Up to `n` claims after the UID `after` (from the first when `None`), in UID order, as
+    /// the published view holds them (shared, not copied): how `list_claims` answers are read,
+    /// a few claims at a time, so that no answer holds the whole registry.
+    pub fn claims_after(&self, after: Option<&str>, n: usize) -> Vec<Arc<ClaimInfo>> {
+        use std::ops::Bound;
+        let view = self.view.load();
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        view.claims
+            .range::<_, str>((from, Bound::Unbounded))
+            .take(n)
+            .map(|(_, c)| Arc::clone(c))
+            .collect()
+    }
+
     /// All GPUs with their settings and holders.
     pub fn list_gpus(&self) -> Vec<GpuInfo> {
         let st = self.view.load();
