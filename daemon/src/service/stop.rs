@@ -79,9 +79,22 @@ impl Service {
         // one knows it for its own export and removes it).
         let mut st = self.state();
         st.stopping = true;
-        // Only what is queued is written: every record on disk is already in this build's
-        // format (the start wrote again those that were not). Writing all of them again took
-        // a flush per record, past systemd's stop timeout at 10,000 claims.
+        // What is queued is written, and the records missing from disk (an operator's `rm`,
+        // a lost volume: the next start after a reboot would have no host record to rebuild
+        // them from). The others are not written again: they are on disk in this build's
+        // format already (the start wrote again those that were not), and a flush each took a
+        // stop with 10,000 claims past systemd's stop timeout. A directory that cannot be
+        // listed gets every record.
+        let on_disk = self.store.claims_on_disk().unwrap_or_default();
+        let missing: Vec<String> = st
+            .claims
+            .keys()
+            .filter(|uid| !on_disk.contains(*uid))
+            .cloned()
+            .collect();
+        for uid in &missing {
+            st.claims.mark_durable(uid);
+        }
         let mut export = crate::checkpoint::Checkpoint {
             boot_id: st.boot_id.clone(),
             generation: st.claim_generation,

@@ -30,6 +30,28 @@ impl Store {
             .collect())
     }
 
+    /// UIDs whose claim record is on disk as a regular file (`records/<uid>.json`), from one
+    /// listing of the directory; nothing is removed (a write under way may have its
+    /// temporary there). A missing directory holds none.
+    ///
+    /// # Errors
+    /// The directory cannot be listed.
+    pub fn claims_on_disk(&self) -> io::Result<std::collections::BTreeSet<String>> {
+        let entries = match fs::read_dir(self.dir.join(CLAIMS_DIR)) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Default::default()),
+            Err(e) => return Err(e),
+        };
+        Ok(entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.strip_suffix(".json").map(str::to_string)
+            })
+            .collect())
+    }
+
     /// As [`Store::list`], each UID with whether the listing reported a regular file (read
     /// with [`fsutil::read_listed_file`]; any other entry is read with the look first).
     pub(super) fn list_typed(&self, sub: &str) -> io::Result<Vec<(String, bool)>> {
