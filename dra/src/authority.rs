@@ -149,8 +149,8 @@ impl Rewriter {
                 Stage::Preface(seen) => {
                     let n = data.len().min(PREFACE.len() - seen);
                     if data[..n] != PREFACE[seen..seen + n] {
-                        // Not HTTP/2 with prior knowledge: h2 answers it.
-                        out.extend_from_slice(&PREFACE[..seen]);
+                        // Not HTTP/2 with prior knowledge: h2 answers it. The `seen` bytes
+                        // that matched went on as they came.
                         self.stage = Stage::Passthrough;
                         continue;
                     }
@@ -236,7 +236,9 @@ impl Rewriter {
                 }
             }
         };
-        if matches!(self.stage, Stage::Frames) {
+        // An error ends the connection (`lost` may have emptied `input` already); only a
+        // connection still followed keeps the rest for the next read.
+        if result.is_ok() && matches!(self.stage, Stage::Frames) {
             self.input.drain(..at);
         }
         result
@@ -725,6 +727,36 @@ mod tests {
         let mut r = Rewriter::new();
         let e = feed_all(&mut r, &wire, 11).unwrap_err();
         assert!(e.to_string().contains("does not decode"), "{e}");
+    }
+
+    #[test]
+    fn a_frame_then_one_that_cannot_be_followed_in_one_read_after_a_rewrite_ends_without_a_panic(
+    ) {
+        // After a rewrite, one read holding a whole frame and then a frame inside a header
+        // block that is never ended (DATA amid HEADERS/CONTINUATION): an error, not a panic.
+        let mut wire = connection(&[block(Some(PATH), None)]);
+        let mut tail = data(3);
+        tail.extend(f(HEADERS, 0, 5, &block(Some(PATH), None)));
+        tail.extend(data(5));
+        let mut r = Rewriter::new();
+        let mut out = Vec::new();
+        r.feed(&wire, &mut out).unwrap();
+        let e = r.feed(&tail, &mut out).unwrap_err();
+        assert!(e.to_string().contains("inside a header block"), "{e}");
+        wire.extend(tail);
+        let mut r = Rewriter::new();
+        assert!(feed_all(&mut r, &wire, wire.len()).is_err());
+    }
+
+    #[test]
+    fn a_split_preface_that_turns_out_not_http2_passes_once_unchanged() {
+        // A client whose first bytes match the preface's start, in several reads, then
+        // differ: h2 must see exactly what the client sent, each byte once.
+        let junk = b"PRI * HTTP/1.1\r\n\r\n".to_vec();
+        for step in [1, 3, 5] {
+            let mut r = Rewriter::new();
+            assert_eq!(feed_all(&mut r, &junk, step).unwrap(), junk, "step {step}");
+        }
     }
 
     #[test]
