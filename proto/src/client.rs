@@ -248,7 +248,8 @@ impl Client {
     /// missing or present; every other claim is listed once.
     ///
     /// # Errors
-    /// As [`Client::call`]; [`ClientError::Protocol`] when the daemon's pages do not advance.
+    /// As [`Client::call`]; [`ClientError::Protocol`] when the daemon's pages do not advance
+    /// (a `continue` not past the one before, in UID order).
     pub fn list_claims(&mut self) -> Result<Vec<ClaimInfo>, ClientError> {
         let mut claims = Vec::new();
         let mut next: Option<String> = None;
@@ -271,9 +272,12 @@ impl Client {
             claims.extend(page.claims);
             match page.next {
                 None => return Ok(claims),
-                Some(token) if next.as_deref() == Some(token.as_str()) => {
+                // Pages are in UID order: each token is past the one before, or the daemon
+                // is not paging and the loop would never end.
+                Some(token) if next.as_deref().is_some_and(|last| token.as_str() <= last) => {
                     return Err(ClientError::Protocol(format!(
-                        "list_claims: the page after {token:?} starts at {token:?} again"
+                        "list_claims: the page after {:?} continues at {token:?}, which does not advance",
+                        next.unwrap_or_default()
                     )))
                 }
                 Some(token) => next = Some(token),
@@ -752,8 +756,32 @@ mod tests {
         let mut client = Client::connect(&path, Duration::from_secs(10)).unwrap();
         let err = client.list_claims().unwrap_err();
         assert!(matches!(err, ClientError::Protocol(_)), "{err}");
-        assert!(err.to_string().contains("starts at \"a\" again"), "{err}");
+        assert!(err.to_string().contains("does not advance"), "{err}");
         drop(client);
+        assert_eq!(server.join().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn pages_that_go_back_end_the_listing_instead_of_looping() {
+        let dir = tempfile::tempdir().unwrap();
+        // a -> b -> a -> b ...: each token differs from the one before, none advances past
+        // the last. (The script gives up after 10 requests, so a loop ends the test.)
+        let asked = std::sync::atomic::AtomicUsize::new(0);
+        let (path, server) = scripted_server(dir.path(), move |r| {
+            assert!(asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 10, "looping");
+            let from = r.params.as_ref().and_then(|p| p.get("continue")).cloned();
+            let next = match from.as_ref().and_then(|v| v.as_str()) {
+                Some("b") => "a",
+                _ => "b",
+            };
+            ok(r, serde_json::json!({"claims": [claim(next)], "continue": next}))
+        });
+        let mut client = Client::connect(&path, Duration::from_secs(10)).unwrap();
+        let err = client.list_claims().unwrap_err();
+        assert!(matches!(err, ClientError::Protocol(_)), "{err}");
+        assert!(err.to_string().contains("does not advance"), "{err}");
+        drop(client);
+        // The second page went back ("b", then "a"): no third request.
         assert_eq!(server.join().unwrap().len(), 2);
     }
 }
