@@ -730,8 +730,7 @@ mod tests {
     }
 
     #[test]
-    fn a_frame_then_one_that_cannot_be_followed_in_one_read_after_a_rewrite_ends_without_a_panic(
-    ) {
+    fn a_frame_then_one_that_cannot_be_followed_in_one_read_after_a_rewrite_ends_without_a_panic() {
         // After a rewrite, one read holding a whole frame and then a frame inside a header
         // block that is never ended (DATA amid HEADERS/CONTINUATION): an error, not a panic.
         let mut wire = connection(&[block(Some(PATH), None)]);

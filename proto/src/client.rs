@@ -768,13 +768,19 @@ mod tests {
         // the last. (The script gives up after 10 requests, so a loop ends the test.)
         let asked = std::sync::atomic::AtomicUsize::new(0);
         let (path, server) = scripted_server(dir.path(), move |r| {
-            assert!(asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 10, "looping");
+            assert!(
+                asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 10,
+                "looping"
+            );
             let from = r.params.as_ref().and_then(|p| p.get("continue")).cloned();
             let next = match from.as_ref().and_then(|v| v.as_str()) {
                 Some("b") => "a",
                 _ => "b",
             };
-            ok(r, serde_json::json!({"claims": [claim(next)], "continue": next}))
+            ok(
+                r,
+                serde_json::json!({"claims": [claim(next)], "continue": next}),
+            )
         });
         let mut client = Client::connect(&path, Duration::from_secs(10)).unwrap();
         let err = client.list_claims().unwrap_err();

@@ -1553,6 +1553,18 @@ fn a_sigstopped_mps_daemon_delays_the_start_by_at_most_about_one_timeout() {
     node.start();
     let took = started.elapsed();
     eprintln!("a SIGSTOPped MPS control daemon killed and replaced; ready in {took:?}");
+    // The mechanism: neither probed nor asked to quit, killed at once for being stopped.
+    let log = node.log();
+    assert!(
+        log.contains("is stopped (SIGSTOP or a tracer); sending SIGKILL without asking it to quit"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("did not answer its last control command"),
+        "it was not probed: {log}"
+    );
+    // And its effect: far less than the two timeouts it took before (a bound with the whole
+    // start's slack, not a measurement).
     assert!(
         took < TIMEOUT * 3 / 2,
         "ready after {took:?}, the MPS timeout is {TIMEOUT:?}; log:\n{}",
