@@ -14,6 +14,9 @@ pub const CRASH_POINTS: &[&str] = &[
     // a MIG slice's intent written, then its GPU instance made (before the record is on disk),
     // then its compute instance made (the record on disk names the GPU instance alone)
     "prepare.mig_intent_saved",
+    // MIG mode turned on for the slice (a Hopper GPU, where that needs no reset), nothing
+    // made yet
+    "prepare.mig_mode_enabled",
     "prepare.mig_gpu_instance_created",
     "prepare.mig_compute_created",
     "prepare.cdi_written",
@@ -27,6 +30,8 @@ pub const CRASH_POINTS: &[&str] = &[
     "unprepare.mig_compute_destroyed",
     "unprepare.cdi_removed",
     "unprepare.dirs_removed",
+    // the release on disk, the GPUs' settings and MIG mode not yet given back
+    "unprepare.released_saved",
     // the checkpoint writer itself, before the temporary file is renamed into place
     "checkpoint.before_write",
 ];

@@ -116,6 +116,7 @@ impl Service {
         if let Err(e) = self.commit(st) {
             note(&mut errors, e);
         }
+        crate::crash::point("unprepare.released_saved");
         self.modes.release(self.backend.as_ref(), &freed);
         if errors.is_empty() {
             // MIG mode gpushare turned on for this claim's slices goes off with the last one.

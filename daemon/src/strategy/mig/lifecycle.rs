@@ -48,6 +48,7 @@ pub fn create(
             ));
         }
         tracing::info!(gpu = %name, "MIG mode enabled");
+        crate::crash::point("prepare.mig_mode_enabled");
     }
     let enabled_now = !mode.current;
     let gi_id = backend
