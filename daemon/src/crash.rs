@@ -30,7 +30,10 @@ pub const CRASH_POINTS: &[&str] = &[
     "unprepare.mig_compute_destroyed",
     "unprepare.cdi_removed",
     "unprepare.dirs_removed",
-    // the release on disk, the GPUs' settings and MIG mode not yet given back
+    // MIG mode gpushare turned on for the claim's slices off again (where they were the last
+    // on the GPU), the release not yet on disk
+    "unprepare.mig_mode_left",
+    // the release on disk, the GPUs' settings (compute mode, time-slice) not yet restored
     "unprepare.released_saved",
     // the checkpoint writer itself, before the temporary file is renamed into place
     "checkpoint.before_write",
