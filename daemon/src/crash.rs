@@ -14,6 +14,9 @@ pub const CRASH_POINTS: &[&str] = &[
     // a MIG slice's intent written, then its GPU instance made (before the record is on disk),
     // then its compute instance made (the record on disk names the GPU instance alone)
     "prepare.mig_intent_saved",
+    // MIG mode turned on for the slice (a Hopper GPU, where that needs no reset), nothing
+    // made yet
+    "prepare.mig_mode_enabled",
     "prepare.mig_gpu_instance_created",
     "prepare.mig_compute_created",
     "prepare.cdi_written",
@@ -27,6 +30,11 @@ pub const CRASH_POINTS: &[&str] = &[
     "unprepare.mig_compute_destroyed",
     "unprepare.cdi_removed",
     "unprepare.dirs_removed",
+    // MIG mode gpushare turned on for the claim's slices off again (where they were the last
+    // on the GPU), the release not yet on disk
+    "unprepare.mig_mode_left",
+    // the release on disk, the GPUs' settings (compute mode, time-slice) not yet restored
+    "unprepare.released_saved",
     // the checkpoint writer itself, before the temporary file is renamed into place
     "checkpoint.before_write",
 ];

@@ -51,6 +51,9 @@ struct Settings {
 /// fails half-way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SimFault {
+    /// The next `create_gpu_instance` fails (`InsufficientResources`, as the driver answers
+    /// when it has no room left).
+    CreateGpuInstance,
     /// The next `create_compute_instance` fails (after its GPU instance was created).
     CreateComputeInstance,
     /// The next `destroy_gpu_instance` fails with `Busy` ("In use by another client").

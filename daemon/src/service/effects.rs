@@ -119,4 +119,8 @@ impl SliceIntents for ClaimGroup<'_> {
     fn made(&self, rec: &MigInstanceInfo) {
         self.service.mig_intents.made(self.uid, rec);
     }
+
+    fn entering_mig_mode(&self, target: &MigTarget) -> Result<(), ServiceError> {
+        self.service.mig_intents.entering_mig_mode(self.uid, target)
+    }
 }

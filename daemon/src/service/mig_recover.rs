@@ -285,7 +285,8 @@ impl Service {
         if let Err(e) = self.mig_intents.reserve(uid, &target) {
             return Slice::Lost(e.message);
         }
-        let created = strategy::create(backend, &target, |partial| {
+        let entering = || self.mig_intents.entering_mig_mode(uid, &target);
+        let created = strategy::create(backend, &target, entering, |partial| {
             self.mig_intents.made(uid, partial);
             // Half made, the record keeps the MIG UUID the claim's CDI IDs and its MPS
             // control daemon still name (a record naming a device it does not hold is refused

@@ -4,12 +4,12 @@
 //! alone, so that the other claims go on and nothing outside the run, state and CDI
 //! directories is ever touched because a file said so.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use gpushare_proto::{ClaimInfo, StrategyInfo};
+use gpushare_proto::{ClaimInfo, ClaimState, StrategyInfo};
 
 use super::now_secs;
 use crate::config;
@@ -34,17 +34,6 @@ const MAX_QUARANTINED: usize = 256;
 /// Longest device, request or UUID string taken from a record.
 const MAX_NAME_BYTES: usize = 256;
 
-/// Checks a claim record read back from disk, as it is keyed there (`key`: its checkpoint
-/// entry's key or its host record's directory name), against what a request would be allowed
-/// to make: the UID as `metadata.uid` is validated; request names as Kubernetes allows them;
-/// device names and UUIDs of safe characters; each MPS control daemon's directories exactly
-/// `<run-dir>/claims/<uid>/mps-<5 hex digits>/{pipe,log,shm}` and its visible devices among
-/// the group's; attachments of this claim with positive pids; CDI device IDs exactly the
-/// claim's own. The CDI spec path is derived from the UID, never taken from the record:
-/// [`normalize`] sets it.
-///
-/// # Errors
-/// What is wrong, in one line naming the field.
 /// Whether `id` is the driver's CDI device (from the toolkit's spec) of one of the claim's own
 /// GPUs or MIG devices: a valid qualified name of another kind than the claim's, whose device
 /// name is the UUID of a device the claim's groups hold. Those IDs reach containers too, so
@@ -64,6 +53,18 @@ fn is_driver_device_of(info: &ClaimInfo, id: &str) -> bool {
     })
 }
 
+/// Checks a claim record read back from disk, as it is keyed there (`key`: its checkpoint
+/// entry's key or its host record's directory name), against what a request would be allowed
+/// to make: the UID as `metadata.uid` is validated; request names as Kubernetes allows them;
+/// device names and UUIDs of safe characters; each MPS control daemon's directories exactly
+/// `<run-dir>/claims/<uid>/mps-<5 hex digits>/{pipe,log,shm}` and its visible devices among
+/// the group's; attachments of this claim with positive pids; CDI device IDs exactly the
+/// claim's own; a MIG slice marked as being destroyed only on a claim being released
+/// (`Unpreparing`). The CDI spec path is derived from the UID, never taken from the record:
+/// [`normalize`] sets it.
+///
+/// # Errors
+/// What is wrong, in one line naming the field.
 pub(super) fn check_record(info: &ClaimInfo, key: &str, run_dir: &Path) -> Result<(), String> {
     if info.uid != key {
         return Err(format!(
@@ -130,6 +131,16 @@ pub(super) fn check_record(info: &ClaimInfo, key: &str, run_dir: &Path) -> Resul
             }
             if !m.original_uuid.is_empty() {
                 safe_name("first MIG UUID", &m.original_uuid)?;
+            }
+            // Only a release marks a slice so, with the claim `Unpreparing` on disk first;
+            // the mark makes the record match a GPU instance without its compute instance,
+            // which another's may be (a bare instance an administrator made at the reused GI
+            // ID): on a record that is not a release's, it could have that one destroyed.
+            if m.destroying && info.state != ClaimState::Unpreparing {
+                return Err(format!(
+                    "MIG device {} is marked as being destroyed, which only a release does, but the claim is {:?}",
+                    m.device, info.state
+                ));
             }
         }
         if let StrategyInfo::Mps(m) = &g.sharing {
@@ -247,7 +258,6 @@ fn check_mps_dirs(claim_dir: &Path, m: &gpushare_proto::MpsInfo) -> Result<(), S
 pub(super) fn mig_collisions<'a>(
     claims: impl IntoIterator<Item = (&'a ClaimInfo, bool)>,
 ) -> Vec<(String, String)> {
-    use gpushare_proto::ClaimState;
     let mut order: Vec<(&ClaimInfo, bool)> = claims.into_iter().collect();
     order.sort_by_key(|(c, rebuilt)| {
         let settled = matches!(c.state, ClaimState::Prepared | ClaimState::Degraded);
@@ -333,6 +343,8 @@ pub(super) struct Quarantine {
     dir: PathBuf,
     /// One line per record refused through this quarantine: what `health` shows.
     refused: std::sync::Mutex<Vec<String>>,
+    /// The keys (claim UIDs, as filed) of the records refused through it.
+    refused_claims: std::sync::Mutex<BTreeSet<String>>,
 }
 
 /// Distinguishes quarantine files written within one second.
@@ -352,7 +364,17 @@ impl Quarantine {
                 .unwrap_or(Path::new("."))
                 .join(QUARANTINE_DIR),
             refused: std::sync::Mutex::new(Vec::new()),
+            refused_claims: std::sync::Mutex::new(BTreeSet::new()),
         }
+    }
+
+    /// The claims (as their records were filed) whose records were refused through this
+    /// quarantine so far. One of them may still be a claim, rebuilt from a good host record.
+    pub(super) fn refused_claims(&self) -> BTreeSet<String> {
+        self.refused_claims
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// What was refused through this quarantine so far, one line per record: the claim it
@@ -416,6 +438,10 @@ impl Quarantine {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(line);
+        self.refused_claims
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(filed_under.to_string());
         match kept {
             Ok(()) => {
                 tracing::error!(record = %origin.display(), filed_under, reason = %why, kept_at = %path.display(), "refused a claim record read back from disk and kept it in quarantine; the claim is not re-adopted from it");

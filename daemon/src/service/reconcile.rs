@@ -360,12 +360,13 @@ impl Service {
         // that no record owns and that holds no compute instance is what a crash between
         // making and recording it leaves, and is destroyed now, while the records that vouch
         // for it are still there (a start killed after the rollbacks below finds it gone).
-        let honoured = {
+        let left = {
             let left = self.mig_intents.left_for_sweep(rebooted);
             let st = self.state();
-            let honoured = mig::honoured_intents(left, st.claims.values());
-            mig::sweep_at_start(self.backend.as_ref(), &honoured, st.claims.values());
-            honoured
+            let left =
+                mig::honoured_intents(left, st.claims.values(), &quarantine.refused_claims());
+            mig::sweep_at_start(self.backend.as_ref(), &left, st.claims.values());
+            left
         };
         // Half-started MPS daemons of claims about to be rolled back (and of no claim at all)
         // go first: one still starting holds no lock yet and would keep writing into the
@@ -419,7 +420,7 @@ impl Service {
         // mode a crashed prepare turned on before its slice was recorded goes off again.
         {
             let st = self.state();
-            mig::leave_mig_mode_at_start(self.backend.as_ref(), &honoured, st.claims.values());
+            mig::leave_mig_mode_at_start(self.backend.as_ref(), &left.honoured, st.claims.values());
         }
         self.mig_intents.clear();
         // Then the MIG slices of prepared claims that vanished while gpushared was away (a GPU

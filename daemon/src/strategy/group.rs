@@ -150,6 +150,14 @@ pub trait SliceIntents {
     /// Marks the intent of the slice `rec` names with its GPU-instance ID, the moment the GPU
     /// instance exists (before its record is on disk).
     fn made(&self, rec: &MigInstanceInfo);
+
+    /// Records in `target`'s intent that its prepare turns the GPU's MIG mode on, before the
+    /// mode changes: a crash before the slice is recorded then still has the next start turn
+    /// the mode off again.
+    ///
+    /// # Errors
+    /// The intent cannot be written (then the mode must not be changed).
+    fn entering_mig_mode(&self, target: &MigTarget) -> Result<(), ServiceError>;
 }
 
 /// The effects the service lends a group's strategy, for one group of one claim.

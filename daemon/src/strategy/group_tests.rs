@@ -18,6 +18,8 @@ use crate::sys::fake::FakeHost;
 #[derive(Debug, Clone, PartialEq)]
 enum Seen {
     Reserved(String),
+    /// The intent marked as turning MIG mode on, before it is.
+    ModeOn(String),
     /// The intent marked with the GPU-instance ID.
     Marked(u32),
     Sharing(StrategyInfo),
@@ -63,6 +65,10 @@ impl SliceIntents for Recorder {
     }
     fn made(&self, rec: &MigInstanceInfo) {
         self.push(Seen::Marked(rec.gi_id));
+    }
+    fn entering_mig_mode(&self, target: &MigTarget) -> Result<(), ServiceError> {
+        self.push(Seen::ModeOn(target.device.clone()));
+        Ok(())
     }
 }
 
@@ -311,9 +317,12 @@ fn a_gpu_instance_whose_record_cannot_be_written_is_destroyed_before_its_compute
     // and the GPU instance goes.
     let node = Node::new();
     let target = node.mig_target("gpu-2-mig-3g20gb-9-4");
-    let e = mig::create(node.backend.as_ref(), &target, |_| {
-        Err(ServiceError::internal("No space left on device"))
-    })
+    let e = mig::create(
+        node.backend.as_ref(),
+        &target,
+        || Ok(()),
+        |_| Err(ServiceError::internal("No space left on device")),
+    )
     .unwrap_err();
     assert!(e.message.contains("No space left"), "{e}");
     assert!(node

@@ -158,6 +158,12 @@ impl GpuBackend for SimulatedBackend {
         profile: GiProfileId,
         start: u32,
     ) -> Result<u32, GpuError> {
+        if self.take_fault(SimFault::CreateGpuInstance) {
+            return Err(GpuError::InsufficientResources(format!(
+                "GPU {uuid}: no room for a GPU instance of profile {} at {start} (injected)",
+                profile.0
+            )));
+        }
         self.change_mig(uuid, |s| {
             let model = s.model.ok_or_else(|| not_mig(uuid))?;
             if !s.mig.current {

@@ -1,12 +1,18 @@
 //! How gpushared knows which MIG instances it made: before a GPU instance is created for a
 //! claim, an intent naming the claim, GPU, profile and placement is written to
-//! `<run_dir>/mig-intents.json`; it is struck once the claim's record naming the instance is
-//! on disk (the prepare's end), or the attempt is over; it is marked with the GPU-instance ID
-//! the moment the instance exists. A crash in between leaves the intent, and the next start
-//! destroys an instance no record owns only where such an intent of a claim not prepared now
-//! names exactly it (`service::mig::sweep_at_start`, [`MigIntents::left_for_sweep`]). Every other instance no claim owns was made by someone
-//! else (`gpushare mig apply`, mig-parted or `nvidia-smi` at node setup: static MIG) and is
-//! never destroyed.
+//! `<run_dir>/mig-intents.json`; it is marked with the GPU-instance ID the moment the instance
+//! exists, and as turning the GPU's MIG mode on before a prepare turns it on
+//! ([`MigIntents::entering_mig_mode`]); it is struck once the claim's record naming the
+//! instance is on disk (the prepare's end), or the attempt is over. A crash in between leaves
+//! the intent for the next start (`start.rs`), which honours it only where the claims' records
+//! vouch for it ([`super::honoured_intents`]: a claim the records know as interrupted that
+//! planned exactly that slice, or a prepared claim recording a slice exactly there), and
+//! before the rollbacks destroys only a bare GPU instance (no compute instance) that no
+//! record owns and an honoured intent names exactly ([`super::sweep_at_start`]); MIG mode an
+//! honoured intent says its prepare turned on goes off again once nothing is left on the GPU
+//! ([`super::leave_mig_mode_at_start`]). Every other instance no claim owns was made by
+//! someone else (`gpushare mig apply`, mig-parted or `nvidia-smi` at node setup: static MIG)
+//! or cannot be told from such, and is never destroyed.
 //!
 //! The file lives in the run directory, a tmpfs like the MIG instances themselves (both are
 //! gone after a reboot), and is written without an fsync: a crash of gpushared's own process
@@ -65,7 +71,11 @@ impl Intent {
             memory_slices: t.profile.memory_slices,
             existing: t.existing.is_some(),
             gi_id: None,
-            enabled_mig_mode: false,
+            // As the slice's record will: so that a crash before the instance is made or
+            // recorded still tells the start whose MIG mode this was (the claim whose slice
+            // carried the flag may be released meanwhile; its release does not turn the mode
+            // off while this slice is being made).
+            enabled_mig_mode: t.carries_mode_flag,
         }
     }
 
@@ -88,9 +98,21 @@ pub(in crate::service) struct MigIntents {
 pub(in crate::service) struct Quiet<'a>(MutexGuard<'a, Vec<Intent>>);
 
 impl Quiet<'_> {
-    /// Whether a slice on GPU `gpu_uuid` is being made now.
-    pub fn busy(&self, gpu_uuid: &str) -> bool {
-        self.0.iter().any(|i| i.gpu_uuid == gpu_uuid)
+    /// Whether a claim other than `claim` is making a slice on GPU `gpu_uuid` now.
+    pub fn busy_for_others(&self, gpu_uuid: &str, claim: &str) -> bool {
+        self.0
+            .iter()
+            .any(|i| i.gpu_uuid == gpu_uuid && i.claim != claim)
+    }
+
+    /// The GPUs where an intent of `claim` says its prepare turned MIG mode on (or carries
+    /// the flag of a claim that did).
+    pub fn mode_flagged(&self, claim: &str) -> Vec<String> {
+        self.0
+            .iter()
+            .filter(|i| i.claim == claim && i.enabled_mig_mode)
+            .map(|i| i.gpu_uuid.clone())
+            .collect()
     }
 }
 
@@ -256,15 +278,50 @@ impl MigIntents {
                 && i.gpu_uuid == rec.gpu_uuid
                 && i.placement_start == rec.placement_start
                 && i.gi_profile_id == rec.gi_profile_id
-                && (i.gi_id != Some(rec.gi_id) || i.enabled_mig_mode != rec.enabled_mig_mode)
+                && (i.gi_id != Some(rec.gi_id) || (rec.enabled_mig_mode && !i.enabled_mig_mode))
         }) else {
             return;
         };
         i.gi_id = Some(rec.gi_id);
-        i.enabled_mig_mode = rec.enabled_mig_mode;
+        i.enabled_mig_mode |= rec.enabled_mig_mode;
         if let Err(e) = self.write(&live) {
             tracing::warn!(path = %self.path.display(), error = %e, "marking a MIG intent made");
         }
+    }
+
+    /// Marks `claim`'s intent for `target` as turning the GPU's MIG mode on, on disk before
+    /// the mode changes: a crash before the slice is recorded (or even made) leaves the intent
+    /// to say so, and the next start turns the mode off again once nothing is left on the GPU.
+    ///
+    /// # Errors
+    /// `Internal` when the intent is not there or cannot be written: the mode must then not
+    /// be changed (nothing would say why it is on).
+    pub fn entering_mig_mode(&self, claim: &str, target: &MigTarget) -> Result<(), ServiceError> {
+        let mut live = self.lock();
+        let Some(at) = live.iter().position(|i| {
+            i.claim == claim
+                && i.gpu_uuid == target.gpu_uuid
+                && i.placement_start == target.start
+                && i.gi_profile_id == target.profile.id.0
+        }) else {
+            return Err(ServiceError::internal(format!(
+                "{}: no MIG intent of claim {claim} to record that MIG mode is turned on for it",
+                target.device
+            )));
+        };
+        if live[at].enabled_mig_mode {
+            return Ok(());
+        }
+        live[at].enabled_mig_mode = true;
+        if let Err(e) = self.write(&live) {
+            live[at].enabled_mig_mode = false;
+            return Err(ServiceError::internal(format!(
+                "{}: recording in {} that MIG mode is turned on for the slice: {e}",
+                target.device,
+                self.path.display()
+            )));
+        }
+        Ok(())
     }
 
     /// Strikes every intent of `claim`: its record now names what was made, or nothing was.

@@ -144,7 +144,13 @@ impl Service {
                     chosen: false,
                     carries_mode_flag: false,
                 };
-                let rec = strategy::create(self.backend.as_ref(), &target, |_| Ok(()))?;
+                let rec = strategy::create(
+                    self.backend.as_ref(),
+                    &target,
+                    // MIG mode is as the layout wants it already (above).
+                    || Ok(()),
+                    |_| Ok(()),
+                )?;
                 created.push(format!("{}={}", rec.device, rec.uuid));
             }
             if let Some(o) = slot {

@@ -108,21 +108,25 @@ impl Service {
         })
     }
 
-    /// After a claim's release destroyed its slices: on each GPU where one carried
-    /// `enabled_mig_mode` (gpushare turned MIG mode on for it), MIG mode is turned off again
-    /// when no other claim records a slice there, no slice is being made there, no instance is
-    /// left (one made by others keeps the mode as it is), and the GPU leaves MIG mode without a
-    /// reset (Hopper and later; where gpushare could turn it on, it can turn it off). A
-    /// failure is logged; the release stands.
+    /// After a claim's release destroyed its slices (before the release is on disk: a crash
+    /// in between finishes the release at the next start, which comes here again): on each
+    /// GPU where one carried `enabled_mig_mode` (gpushare turned MIG mode on for it), or where
+    /// the claim's own intent says its prepare turned it on (a prepare that failed after
+    /// turning the mode on, before its slice was recorded), MIG mode is turned off again when
+    /// no other claim records a slice there, no other claim's slice is being made there, no
+    /// instance is left (one made by others keeps the mode as it is), and the GPU leaves MIG
+    /// mode without a reset (Hopper and later; where gpushare could turn it on, it can turn it
+    /// off). A failure is logged; the release stands.
     pub(super) fn leave_mig_mode_after(&self, info: &ClaimInfo) {
-        let gpus: BTreeSet<&str> = info
+        let mut gpus: BTreeSet<String> = info
             .groups
             .iter()
             .flat_map(|g| &g.mig)
             .filter(|m| m.enabled_mig_mode)
-            .map(|m| m.gpu_uuid.as_str())
+            .map(|m| m.gpu_uuid.clone())
             .collect();
-        for gpu in gpus {
+        gpus.extend(self.mig_intents.quiet().mode_flagged(&info.uid));
+        for gpu in &gpus {
             let quiet = self.mig_intents.quiet();
             let view = self.view.load();
             let others = Claimed::of(
@@ -131,7 +135,7 @@ impl Service {
                     .map(|c| &**c)
                     .filter(|c| c.uid != info.uid),
             );
-            if quiet.busy(gpu) || others.any_on(gpu) {
+            if quiet.busy_for_others(gpu, &info.uid) || others.any_on(gpu) {
                 continue;
             }
             let Some(g) = self.backend.find(gpu) else {
@@ -139,6 +143,10 @@ impl Service {
             };
             let name = g.device_name();
             if !strategy::model_of(g).is_ok_and(|m| m.reset_free_mode_toggle()) {
+                continue;
+            }
+            // Off already (a start finishing a release that a kill cut short after this).
+            if self.backend.mig_mode(gpu).is_ok_and(|m| !m.current) {
                 continue;
             }
             match self.backend.mig_instances(gpu) {

@@ -12,7 +12,9 @@
 //! compute instance: gpushare records a GPU instance on disk the moment it exists, before it
 //! makes its compute instance, so what a crash leaves with only an intent naming it is bare,
 //! while every layout (`gpushare mig apply`, mig-parted, `nvidia-smi mig -cgi … -C`) makes
-//! whole instances.
+//! whole instances. An intent of a claim whose record was refused at this start is vouched for
+//! by nothing: a bare instance it names is kept, and reported with the command that removes
+//! it.
 
 use std::collections::BTreeSet;
 
@@ -23,63 +25,85 @@ use crate::gpu::{GpuBackend, MigInstance};
 use crate::mig::MigDeviceName;
 use crate::strategy::mig::{self as strategy, Claimed};
 
+/// The intents the last run left, as the start takes them.
+#[derive(Debug, Default)]
+pub(in crate::service) struct LeftIntents {
+    /// Those the claims' records vouch for: acted on.
+    pub honoured: Vec<Intent>,
+    /// Those of claims whose records were refused at this start: nothing vouches for them, so
+    /// nothing is destroyed for them, but a bare GPU instance one names is reported
+    /// ([`sweep_at_start`]), as its memory slices stay taken until an operator removes it.
+    pub of_refused: Vec<Intent>,
+}
+
 /// The intents of `left` that the claims' records (`claims`, as loaded, before any rollback)
-/// vouch for, as above; every other one is logged with why and left out. Intents of slices
-/// taken as they existed (static MIG) are left out silently: nothing was made for them.
+/// vouch for, as above; every other one is logged with why and left out, those of the claims
+/// whose records were refused at this start (`refused`) kept apart. Intents of slices taken
+/// as they existed (static MIG) are left out silently: nothing was made for them.
 pub(in crate::service) fn honoured_intents<'a>(
     left: Vec<Intent>,
     claims: impl IntoIterator<Item = &'a ClaimInfo> + Clone,
-) -> Vec<Intent> {
-    left.into_iter()
-        .filter(|x| !x.existing)
-        .filter(|x| match refusal(x, claims.clone()) {
-            None => true,
-            Some((why, quiet)) => {
-                if quiet {
-                    tracing::info!(claim = %x.claim, gpu = %x.gpu_uuid, profile = x.gi_profile_id, start = x.placement_start, reason = %why, "MIG intent not taken; nothing is destroyed for it");
-                } else {
-                    tracing::warn!(claim = %x.claim, gpu = %x.gpu_uuid, profile = x.gi_profile_id, start = x.placement_start, reason = %why, "MIG intent refused; nothing is destroyed for it");
-                }
-                false
+    refused: &BTreeSet<String>,
+) -> LeftIntents {
+    let mut out = LeftIntents::default();
+    for x in left.into_iter().filter(|x| !x.existing) {
+        match refusal(&x, claims.clone(), refused) {
+            Refusal::None => out.honoured.push(x),
+            Refusal::Quiet(why) => {
+                tracing::info!(claim = %x.claim, gpu = %x.gpu_uuid, profile = x.gi_profile_id, start = x.placement_start, reason = %why, "MIG intent not taken; nothing is destroyed for it");
             }
-        })
-        .collect()
+            Refusal::Loud(why) => {
+                tracing::warn!(claim = %x.claim, gpu = %x.gpu_uuid, profile = x.gi_profile_id, start = x.placement_start, reason = %why, "MIG intent refused; nothing is destroyed for it");
+            }
+            Refusal::RecordRefused => {
+                tracing::warn!(claim = %x.claim, gpu = %x.gpu_uuid, profile = x.gi_profile_id, start = x.placement_start, "MIG intent of a claim whose record was refused at this start (see the records refused at start); nothing vouches for it, so nothing is destroyed for it");
+                out.of_refused.push(x);
+            }
+        }
+    }
+    out
 }
 
-/// Why intent `x` is not taken (and whether that is ordinary enough to log quietly: a claim
-/// rolled back by a start that was killed before it removed the intents), or `None`.
+/// Whether, and why, an intent is not taken.
+enum Refusal {
+    /// Taken.
+    None,
+    /// Not taken, for a reason ordinary enough to log quietly: a claim rolled back by a start
+    /// that was killed before it removed the intents.
+    Quiet(String),
+    /// Refused: the intent is not what gpushare writes.
+    Loud(String),
+    /// Its claim's record was refused at this start.
+    RecordRefused,
+}
+
+/// Why intent `x` is not taken, if it is not.
 fn refusal<'a>(
     x: &Intent,
     claims: impl IntoIterator<Item = &'a ClaimInfo>,
-) -> Option<(String, bool)> {
+    refused: &BTreeSet<String>,
+) -> Refusal {
     if let Some(why) = crate::config::claim_uid_problem(&x.claim) {
-        return Some((
-            format!("its claim {:?} is no claim UID: it {why}", x.claim),
-            false,
-        ));
+        return Refusal::Loud(format!("its claim {:?} is no claim UID: it {why}", x.claim));
     }
     let Some(c) = claims.into_iter().find(|c| c.uid == x.claim) else {
-        return Some((
+        if refused.contains(&x.claim) {
+            return Refusal::RecordRefused;
+        }
+        return Refusal::Quiet(
             "no record of its claim (released or rolled back since, or never ours)".into(),
-            true,
-        ));
+        );
     };
     match c.state {
-        ClaimState::PrepareStarted | ClaimState::Unpreparing if planned(c, x) => None,
-        ClaimState::PrepareStarted | ClaimState::Unpreparing => Some((
-            format!(
-                "claim {} never planned a slice of GPU-instance profile {} at memory slice {} of that GPU",
-                c.uid, x.gi_profile_id, x.placement_start
-            ),
-            false,
+        ClaimState::PrepareStarted | ClaimState::Unpreparing if planned(c, x) => Refusal::None,
+        ClaimState::PrepareStarted | ClaimState::Unpreparing => Refusal::Loud(format!(
+            "claim {} never planned a slice of GPU-instance profile {} at memory slice {} of that GPU",
+            c.uid, x.gi_profile_id, x.placement_start
         )),
-        ClaimState::Prepared | ClaimState::Degraded if records_exactly(c, x) => None,
-        ClaimState::Prepared | ClaimState::Degraded => Some((
-            format!(
-                "claim {} is prepared and records no slice there",
-                c.uid
-            ),
-            false,
+        ClaimState::Prepared | ClaimState::Degraded if records_exactly(c, x) => Refusal::None,
+        ClaimState::Prepared | ClaimState::Degraded => Refusal::Loud(format!(
+            "claim {} is prepared and records no slice there",
+            c.uid
         )),
     }
 }
@@ -134,15 +158,20 @@ fn names(x: &Intent, gpu: &str, inst: &MigInstance) -> bool {
 
 /// At start-up, before the rollbacks (whose claims' records are what vouches for their
 /// intents; a start killed after them finds the instances gone already): destroys each GPU
-/// instance that no claim record owns, that an `honoured` intent names, and that holds no
+/// instance that no claim record owns, that an honoured intent names, and that holds no
 /// compute instance, which only a crash between making a GPU instance and recording it
 /// leaves. Every other instance no claim owns is kept and logged (static MIG), a whole one an
-/// intent names included.
+/// intent names included. A bare one that an intent of a claim whose record was refused
+/// names is kept too, and reported at warn level with the command that removes it once an
+/// operator has checked it: a refused record's word is not taken, and without it the intent
+/// alone cannot tell gpushare's bare instance from an administrator's `nvidia-smi mig -cgi`
+/// without `-C` at that place.
 pub(in crate::service) fn sweep_at_start<'a>(
     backend: &dyn GpuBackend,
-    honoured: &[Intent],
+    left: &LeftIntents,
     claims: impl IntoIterator<Item = &'a ClaimInfo>,
 ) {
+    let honoured = &left.honoured;
     let claimed = Claimed::of(claims);
     let made_by_us = |gpu: &str, inst: &MigInstance| {
         if !honoured.iter().any(|x| names(x, gpu, inst)) {
@@ -160,6 +189,29 @@ pub(in crate::service) fn sweep_at_start<'a>(
             count = swept.len(),
             "start-up: GPU instances gpushare made that no claim recorded were found"
         );
+    }
+    for x in &left.of_refused {
+        let Ok(live) = backend.mig_instances(&x.gpu_uuid) else {
+            continue;
+        };
+        let gpu = backend
+            .find(&x.gpu_uuid)
+            .map_or_else(|| x.gpu_uuid.clone(), |g| g.device_name());
+        for inst in live.iter().filter(|i| {
+            i.compute.is_none()
+                && names(x, &x.gpu_uuid, i)
+                && claimed.owner(&x.gpu_uuid, i).is_none()
+        }) {
+            tracing::warn!(
+                claim = %x.claim,
+                gpu = %gpu,
+                gi = inst.gi_id,
+                placement = %inst.placement,
+                "a GPU instance without a compute instance, named by a MIG intent of a claim whose record was refused at this start, is kept (its memory slices stay taken): nothing vouches that gpushare made it. Once you have checked that nobody else did (the refused record in the quarantine, `gpushare mig list`), remove it: nvidia-smi mig -dgi -gi {} -i {}",
+                inst.gi_id,
+                x.gpu_uuid
+            );
+        }
     }
 }
 

@@ -177,6 +177,56 @@ fn a_release_that_stops_between_compute_and_gpu_instance_finishes_at_the_next_st
 }
 
 #[test]
+fn a_prepared_record_marked_as_being_destroyed_is_refused_and_destroys_no_bare_instance() {
+    // Only a release marks a slice `destroying` (the claim `Unpreparing` on disk first), and
+    // a record so marked matches a GPU instance without a compute instance. A `Prepared`
+    // record carrying the mark (forged, corrupt) made the start take an administrator's bare
+    // GPU instance at its GI ID and placement for its own slice half made, destroy it and
+    // make the slice again.
+    let f = fixture("p4d.24xlarge", &[3]);
+    f.service
+        .prepare(&claim("forged", &["gpu-3-mig-1g5gb-19-4"], None))
+        .unwrap();
+    let made = f.service.get_claim("forged").unwrap().groups[0].mig[0].clone();
+    let uuid = uuid_of(&f, "gpu-3");
+    // The slice vanishes while gpushared is away, and an administrator makes a bare GPU
+    // instance at its placement (`nvidia-smi mig -cgi` without `-C`): the driver hands out the
+    // same GI ID.
+    f.backend
+        .destroy_compute_instance(&uuid, made.gi_id, made.ci_id.unwrap())
+        .unwrap();
+    f.backend.destroy_gpu_instance(&uuid, made.gi_id).unwrap();
+    let bare = make_bare(&f, "gpu-3", 19, 4);
+    assert_eq!(bare, made.gi_id, "the precondition: the GI ID reused");
+    let file = RecordsOnDisk::new(f.cfg.checkpoint.clone());
+    let mut cp = file.load().unwrap().checkpoint;
+    let r = cp.claims.get_mut("forged").unwrap();
+    assert_eq!(r.state, ClaimState::Prepared);
+    r.groups[0].mig[0].destroying = true;
+    file.save(&cp).unwrap();
+    // Its host record says the same (else the claim is rebuilt from that one).
+    let host = f.cfg.run_dir.join("claims/forged/claim.json");
+    let mut v: Value = serde_json::from_slice(&std::fs::read(&host).unwrap()).unwrap();
+    v["groups"][0]["mig"][0]["destroying"] = json!(true);
+    std::fs::write(&host, serde_json::to_vec(&v).unwrap()).unwrap();
+
+    let s = start(&f.cfg, &f.host, &f.backend);
+    let live = instances(&f, "gpu-3");
+    assert!(
+        live.len() == 1 && live[0].gi_id == bare && live[0].compute.is_none(),
+        "the bare instance is kept as it is: {live:?}"
+    );
+    assert!(s.get_claim("forged").is_err(), "refused");
+    let shown = s.health().quarantined_records;
+    assert!(
+        shown
+            .iter()
+            .any(|l| l.contains("\"forged\"") && l.contains("destroy")),
+        "refused and shown with why: {shown:#?}"
+    );
+}
+
+#[test]
 fn a_slice_recreation_cut_short_is_found_half_made_and_made_again() {
     // What a kill between the recreated slice's GPU and compute instance leaves: the record,
     // Prepared, naming the new GPU instance without a compute instance, and still the MIG

@@ -123,3 +123,25 @@ fn mig_mode_a_crashed_prepare_turned_on_goes_off_at_the_next_start() {
     assert!(instances(&f, "gpu-7").is_empty());
     assert!(!mode_on(&f, "gpu-7"), "turned off again");
 }
+
+#[test]
+fn mig_mode_turned_on_for_a_slice_that_could_not_be_made_goes_off_with_the_failed_prepare() {
+    // MIG mode was turned on, then the GPU instance could not be made: nothing recorded a
+    // slice carrying the flag, so the rollback left the mode on for good.
+    let f = fixture("p5.48xlarge", &[]);
+    f.backend.inject(SimFault::CreateGpuInstance);
+    let e = f
+        .service
+        .prepare(&claim("x", &["gpu-3-mig-3g40gb-9-0"], None))
+        .unwrap_err();
+    assert!(e.message.contains("injected"), "{e}");
+    assert!(!mode_on(&f, "gpu-3"), "as the failed prepare found it");
+    assert_clean(&f, "x");
+    // The retry turns it on again, the release off.
+    f.service
+        .prepare(&claim("x", &["gpu-3-mig-3g40gb-9-0"], None))
+        .unwrap();
+    assert!(mode_on(&f, "gpu-3"));
+    f.service.unprepare("x").unwrap();
+    assert!(!mode_on(&f, "gpu-3"));
+}

@@ -91,6 +91,14 @@ impl Service {
             );
         }
         crate::crash::point("unprepare.dirs_removed");
+        if errors.is_empty() {
+            // MIG mode gpushare turned on for this claim's slices goes off with the last one,
+            // before the release is on disk: until then the record (`Unpreparing`, its slices
+            // carrying the flag) says whose the mode is, and a kill in between has the next
+            // start finish the release and come here again.
+            self.leave_mig_mode_after(&info);
+        }
+        crate::crash::point("unprepare.mig_mode_left");
         let mut st = self.state();
         st.restarts.remove(uid);
         // Only a complete release frees the GPUs: while a daemon or mount may still be there,
@@ -116,11 +124,8 @@ impl Service {
         if let Err(e) = self.commit(st) {
             note(&mut errors, e);
         }
+        crate::crash::point("unprepare.released_saved");
         self.modes.release(self.backend.as_ref(), &freed);
-        if errors.is_empty() {
-            // MIG mode gpushare turned on for this claim's slices goes off with the last one.
-            self.leave_mig_mode_after(&info);
-        }
         errors.into_iter().next()
     }
 

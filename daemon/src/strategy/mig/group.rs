@@ -72,11 +72,16 @@ fn make_slices(
             .iter()
             .any(|d| d.gpu_uuid == t.gpu_uuid && d.enabled_mig_mode);
         crate::crash::point("prepare.mig_intent_saved");
-        let rec = create(fx.backend, &t, |partial| {
-            fx.intents.made(partial);
-            crate::crash::point("prepare.mig_gpu_instance_created");
-            fx.record.mig_made(partial)
-        })?;
+        let rec = create(
+            fx.backend,
+            &t,
+            || fx.intents.entering_mig_mode(&t),
+            |partial| {
+                fx.intents.made(partial);
+                crate::crash::point("prepare.mig_gpu_instance_created");
+                fx.record.mig_made(partial)
+            },
+        )?;
         fx.record.mig(&rec);
         crate::crash::point("prepare.mig_compute_created");
         done.push(rec);

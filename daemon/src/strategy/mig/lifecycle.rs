@@ -16,12 +16,19 @@ use crate::gpu::{GpuBackend, GpuError, MigInstance};
 /// that takes an existing instance ([`MigTarget::existing`]) makes nothing: its record is the
 /// instance as it is, checked to be still there.
 ///
+/// `entering_mig_mode` is called just before MIG mode is turned on, only where this create
+/// turns it on: it records that it does (the slice's intent), so that a crash from then on,
+/// before anything on the GPU records it, still tells the next start to turn the mode off
+/// again. Where it fails, nothing is changed.
+///
 /// # Errors
-/// As [`gpu_err`], or `created`'s error; when even the rollback fails, the error says so and
-/// the record passed to `created` still names the GPU instance, for the release to retry.
+/// As [`gpu_err`], or `entering_mig_mode`'s or `created`'s error; when even the rollback
+/// fails, the error says so and the record passed to `created` still names the GPU instance,
+/// for the release to retry.
 pub fn create(
     backend: &dyn GpuBackend,
     target: &MigTarget,
+    entering_mig_mode: impl FnOnce() -> Result<(), ServiceError>,
     mut created: impl FnMut(&MigInstanceInfo) -> Result<(), ServiceError>,
 ) -> Result<MigInstanceInfo, ServiceError> {
     if let Some(inst) = &target.existing {
@@ -38,6 +45,7 @@ pub fn create(
                 format!("{name}: MIG mode is disabled and enabling it needs a GPU reset"),
             ));
         }
+        entering_mig_mode()?;
         let after = backend
             .set_mig_mode(&target.gpu_uuid, true)
             .map_err(|e| gpu_err(&format!("{name}: enabling MIG mode"), e))?;
@@ -48,6 +56,7 @@ pub fn create(
             ));
         }
         tracing::info!(gpu = %name, "MIG mode enabled");
+        crate::crash::point("prepare.mig_mode_enabled");
     }
     let enabled_now = !mode.current;
     let gi_id = backend
