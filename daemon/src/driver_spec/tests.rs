@@ -135,7 +135,13 @@ fn a_generated_spec_is_cleaned_validated_and_installed_atomically() {
         "the host's MPS pipe never reaches a claim: {on_disk:?}"
     );
     assert_eq!(on_disk.container_edits.mounts.len(), 1);
-    assert!(!dir.path().join("run/driver-spec/generated.json").exists());
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("run/driver-spec"))
+            .unwrap()
+            .count(),
+        0,
+        "the generator's output is removed once read"
+    );
     assert_eq!(
         d.device_ids(&[
             ("gpu-0".into(), "GPU-1".into()),
@@ -553,4 +559,43 @@ fn while_failing_a_prepare_takes_the_outcome_of_the_retry_under_way() {
     assert!(e.contains(mismatch), "{e}");
     assert_eq!(gated.started.load(Ordering::SeqCst), 2);
     assert_eq!(d.status().failures, 2);
+}
+
+/// What a MIG prepare checks before making its slice, and what the start checks after making
+/// slices again, never run the generator (those uses generate once elsewhere): only a
+/// toolkit that was not installed is looked for again.
+#[test]
+fn usable_and_installed_ids_do_not_generate() {
+    let dir = tempfile::tempdir().unwrap();
+    let canned = Canned::new(Ok(gpu_spec(DEFAULT_KIND, &["GPU-1", "MIG-a"])));
+    let clock = ManualClock::new();
+    let d = specs(dir.path(), canned.clone()).with_retry(RetryPolicy::default(), clock.clone());
+    let runs = || canned.runs.load(Ordering::SeqCst);
+    assert!(d.installed_ids(&[("m".into(), "MIG-a".into())]).is_err());
+    assert_eq!(runs(), 0);
+    d.refresh().unwrap();
+    std::fs::remove_file(d.spec_path()).unwrap();
+    d.usable().unwrap();
+    assert_eq!(
+        d.installed_ids(&[("m".into(), "MIG-a".into())]).unwrap(),
+        vec!["gpushare.io/gpu=MIG-a"]
+    );
+    let e = d
+        .installed_ids(&[("m".into(), "MIG-b".into())])
+        .unwrap_err();
+    assert!(matches!(e, DriverSpecError::Missing { .. }), "{e}");
+    assert_eq!(runs(), 1);
+    // A failing generator: its failure at once, even once a new run is due (the retry
+    // thread's to run).
+    let mismatch = "Driver/library version mismatch";
+    *canned.text.lock().unwrap() = Err(GenerateError::Failed(mismatch.into()));
+    assert!(d.refresh().is_err());
+    clock.advance(Duration::from_secs(10));
+    assert!(d.usable().unwrap_err().to_string().contains(mismatch));
+    assert_eq!(runs(), 2);
+    // A toolkit that is not installed is looked for again.
+    *canned.text.lock().unwrap() = Err(GenerateError::NotInstalled("none".into()));
+    assert!(d.retry_now().unwrap().is_err());
+    assert!(matches!(d.usable(), Err(DriverSpecError::NotInstalled(_))));
+    assert_eq!(runs(), 4);
 }

@@ -568,10 +568,8 @@ fn a_start_recreating_several_claims_slices_generates_the_driver_spec_once() {
         "one generation at start, whatever the number of claims whose slices were made again"
     );
     assert_eq!(live(&b2, "gpu-2").len(), uids.len());
-    let spec = gpushare_cdi::load_spec_file(
-        &s2.cfg.driver_spec.as_ref().unwrap().spec_path(),
-    )
-    .unwrap();
+    let spec =
+        gpushare_cdi::load_spec_file(&s2.cfg.driver_spec.as_ref().unwrap().spec_path()).unwrap();
     for (uid, old) in uids.iter().zip(&before) {
         let c = s2.get_claim(uid).unwrap();
         assert_eq!(c.state, ClaimState::Prepared, "{uid}: {:?}", c.last_error);
@@ -588,6 +586,34 @@ fn a_start_recreating_several_claims_slices_generates_the_driver_spec_once() {
         s2.unprepare(uid).unwrap();
     }
     assert!(live(&b2, "gpu-2").is_empty());
+}
+
+/// A MIG prepare runs one generation of the driver's spec, for its new slice: also when the
+/// spec's file was deleted (its check before making the slice generated it first, and a
+/// prepare then waited on two generations).
+#[test]
+fn a_mig_prepare_runs_one_generation_even_when_the_spec_file_is_gone() {
+    let Some(node) = Node::new(&p4d_mig2()) else {
+        return;
+    };
+    let (b, s, generator) = start_counting_generations(&node);
+    let runs = || generator.runs.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(runs(), 1, "at start");
+    s.prepare(&claim("a", &["gpu-2-mig-1g5gb-19-0"], None))
+        .unwrap();
+    assert_eq!(runs(), 2, "for the new slice");
+    let path = s.cfg.driver_spec.as_ref().unwrap().spec_path();
+    std::fs::remove_file(&path).unwrap();
+    s.prepare(&claim("b", &["gpu-2-mig-1g5gb-19-1"], None))
+        .unwrap();
+    assert_eq!(runs(), 3, "one generation for the prepare");
+    let spec = gpushare_cdi::load_spec_file(&path).unwrap();
+    let uuid = slice(&s, "b").uuid;
+    assert!(spec.devices.iter().any(|d| d.name == uuid));
+    for uid in ["a", "b"] {
+        s.unprepare(uid).unwrap();
+    }
+    assert!(live(&b, "gpu-2").is_empty());
 }
 
 /// A reboot: the GPUs' MIG instances are gone (MIG mode stays, as on hardware), so are every
