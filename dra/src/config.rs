@@ -245,9 +245,9 @@ impl Config {
 
 /// Checks the plugin's claim timeout against gpushared's bound on one generation of the
 /// driver's CDI spec (`[cdi] generate_timeout_seconds`, in its `health` answer; absent from
-/// gpushared before the field and for the simulated generator): a prepare may wait on a
-/// generation, so the claim timeout must be longer, or the plugin gives up on a prepare that
-/// is still generating and kubelet retries it meanwhile.
+/// gpushared before the field and for the simulated generator): a prepare waits on one
+/// generation at most, so the claim timeout must be longer, or the plugin gives up on a
+/// prepare that is still generating and kubelet retries it meanwhile.
 ///
 /// # Errors
 /// One line naming both keys.

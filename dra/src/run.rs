@@ -77,9 +77,10 @@ fn bind(path: &Path) -> anyhow::Result<UnixListener> {
 }
 
 /// Watches gpushared: `health` every 2 s while it answers, with backoff (250 ms doubling to
-/// 10 s) while it does not. The first answer's node and driver are checked against ours, and
-/// our claim timeout against its bound on a generation of the driver's CDI spec; a mismatch
-/// ends the plugin with one line. Whether it can generate that spec is kept for `/healthz`.
+/// 10 s) while it does not. Every answer's node and driver are checked against ours, and our
+/// claim timeout against its bound on a generation of the driver's CDI spec (so a gpushared
+/// restarted with another configuration is caught too); a mismatch ends the plugin with one
+/// line. Whether it can generate that spec is kept for `/healthz`.
 async fn watch_gpushared(
     g: Gpushared,
     cfg: Arc<Config>,

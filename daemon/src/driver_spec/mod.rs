@@ -29,7 +29,7 @@ pub mod sim;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 pub use retry::{Clock, DriverSpecStatus, RetryPolicy, SystemClock};
@@ -151,6 +151,16 @@ pub fn strip_host_mps(spec: &mut Spec) -> usize {
 /// `<cdi_dir>/<vendor>-<class>.json`, with the names recreated MIG slices keep ([`alias`]);
 /// the last good one kept in memory. A generator that fails is not run again for every use
 /// ([`retry`]).
+///
+/// **Waits.** A use that needs a spec generated after it began (a prepare whose MIG slice was
+/// just made) runs a generation of its own, even while another one is under way: that one may
+/// have started before the slice existed, and waiting for it and then running another took a
+/// prepare to twice the generator's bound (`generate_timeout_seconds`) against the plugin's
+/// claim timeout. So no use waits on more than one generation. Generations that overlap are
+/// installed in the order they started: one that ends after a later one leaves the later
+/// one's spec (which saw the node as it is now) in place and answers with it. While the
+/// generator fails, a use that finds a generation under way takes its outcome instead of
+/// running one more.
 #[derive(Debug)]
 pub struct DriverSpecs {
     generator: Arc<dyn SpecGenerator>,
@@ -160,8 +170,10 @@ pub struct DriverSpecs {
     staging: PathBuf,
     policy: RetryPolicy,
     clock: Arc<dyn Clock>,
-    /// Held across a generation and an install, so they never overlap.
+    /// Held for installs and bookkeeping, never across a generation.
     inner: Mutex<Inner>,
+    /// Told when a generation ends (to uses that take its outcome).
+    ended: Condvar,
     /// What `health` shows; never held across a generation, so `health` answers at once.
     status: Mutex<Snapshot>,
 }
@@ -178,6 +190,12 @@ struct Inner {
     left_out: BTreeMap<String, String>,
     /// The last generation failed.
     failure: Option<retry::Failure>,
+    /// The number of the last generation started (the first is 1).
+    started: u64,
+    /// The generations under way, by number.
+    running: BTreeSet<u64>,
+    /// The number of the generation whose outcome the fields above hold (0: none yet).
+    applied: u64,
 }
 
 /// [`DriverSpecStatus`] as of the last attempt.
@@ -213,6 +231,7 @@ impl DriverSpecs {
             policy: RetryPolicy::default(),
             clock: Arc::new(SystemClock),
             inner: Mutex::new(Inner::default()),
+            ended: Condvar::new(),
             status: Mutex::new(Snapshot::default()),
         })
     }
@@ -246,16 +265,15 @@ impl DriverSpecs {
     }
 
     /// Generates the spec now and installs it: what gpushared does at start and after every
-    /// MIG change. Bounded by the generator's timeout; one generation at a time. After a
-    /// failure the generator runs again only when [`retry`] says so; until then this answers
-    /// the last failure at once.
+    /// MIG change. Bounded by the generator's timeout, and waits on no other generation
+    /// (see the type's doc). After a failure the generator runs again only when [`retry`]
+    /// says so; until then this answers the last failure at once.
     ///
     /// # Errors
     /// Not installed, the generator failed, its spec is invalid or of another kind, or it
     /// cannot be written. The previously installed spec stays in place then.
     pub fn refresh(&self) -> Result<Spec, DriverSpecError> {
-        let mut inner = self.lock();
-        self.attempt_if_due(&mut inner)
+        self.fresh(self.lock())
     }
 
     /// The installed spec, generated first when there is none yet (the toolkit installed
@@ -264,30 +282,89 @@ impl DriverSpecs {
     /// # Errors
     /// As [`DriverSpecs::refresh`].
     pub fn current(&self) -> Result<Spec, DriverSpecError> {
-        let mut inner = self.lock();
-        if let Some(spec) = inner.installed.as_ref() {
-            if self.spec_path().is_file() {
-                return Ok(spec.clone());
-            }
-            tracing::warn!(path = %self.spec_path().display(), "the driver's CDI spec is gone; generating it again");
+        let inner = self.lock();
+        if let Some(spec) = self.on_disk(&inner) {
+            return Ok(spec);
         }
-        self.attempt_if_due(&mut inner)
+        self.fresh(inner)
+    }
+
+    /// Whether a prepare that generates the spec later anyway (a MIG claim's, once its slice
+    /// exists) can count on it, without running the generator for it: a spec was installed
+    /// and the last generation did not fail (a deleted file is written again by that later
+    /// generation). After a failure, the last one at once, even when a new run is due (the
+    /// retry thread runs it within [`retry::POLL`]); only a toolkit that was not installed is
+    /// looked for again (a few `stat`s). So such a prepare waits on one generation at most.
+    ///
+    /// # Errors
+    /// As [`DriverSpecs::refresh`].
+    pub fn usable(&self) -> Result<(), DriverSpecError> {
+        let inner = self.lock();
+        match &inner.failure {
+            Some(f) if !matches!(f.error, DriverSpecError::NotInstalled(_)) => {
+                Err(f.answer(self.clock.now()))
+            }
+            None if inner.installed.is_some() => Ok(()),
+            _ => self.fresh(inner).map(|_| ()),
+        }
     }
 
     /// The qualified CDI device IDs of `devices` (`(label, name)`: a GPU's `gpu-3` and its
     /// `GPU-…` UUID, or a MIG device's name and its `MIG-…` UUID, or the UUID it had when
-    /// its claim was prepared), in order. A device the installed spec lacks makes it generate
-    /// once more (the spec may predate the device).
+    /// its claim was prepared), in order. When the installed spec lacks a device (it may
+    /// predate the device) or its file is gone, one generation gives the answer
+    /// ([`DriverSpecs::refresh`]): the call waits on no more than that one.
     ///
     /// # Errors
     /// [`DriverSpecError::Missing`] naming every device still missing, or as
-    /// [`DriverSpecs::current`].
+    /// [`DriverSpecs::refresh`].
     pub fn device_ids(&self, devices: &[(String, String)]) -> Result<Vec<String>, DriverSpecError> {
-        let mut spec = self.current()?;
-        if !missing(&spec, devices).is_empty() {
-            spec = self.refresh()?;
+        let inner = self.lock();
+        let spec = match self.on_disk(&inner) {
+            Some(spec) if missing(&spec, devices).is_empty() => spec,
+            _ => self.fresh(inner)?,
+        };
+        self.ids_in(&spec, devices)
+    }
+
+    /// The same against the installed spec alone, never running the generator: for a caller
+    /// that has just generated it with every device it can have (gpushared's start, after
+    /// making MIG slices again).
+    ///
+    /// # Errors
+    /// As [`DriverSpecs::device_ids`]; [`DriverSpecError::Failed`] when no spec is installed.
+    pub fn installed_ids(
+        &self,
+        devices: &[(String, String)],
+    ) -> Result<Vec<String>, DriverSpecError> {
+        let inner = self.lock();
+        match (inner.installed.clone(), &inner.failure) {
+            (Some(spec), _) => self.ids_in(&spec, devices),
+            (None, Some(f)) => Err(f.answer(self.clock.now())),
+            (None, None) => Err(DriverSpecError::Failed(format!(
+                "the NVIDIA driver's CDI spec {} is not generated yet",
+                self.spec_path().display()
+            ))),
         }
-        let absent = missing(&spec, devices);
+    }
+
+    /// The installed spec when its file is there (else, after saying so, `None`).
+    fn on_disk(&self, inner: &Inner) -> Option<Spec> {
+        let spec = inner.installed.as_ref()?;
+        if self.spec_path().is_file() {
+            return Some(spec.clone());
+        }
+        tracing::warn!(path = %self.spec_path().display(), "the driver's CDI spec is gone; generating it again");
+        None
+    }
+
+    /// The IDs of `devices` in `spec`, or the error naming those it lacks.
+    fn ids_in(
+        &self,
+        spec: &Spec,
+        devices: &[(String, String)],
+    ) -> Result<Vec<String>, DriverSpecError> {
+        let absent = missing(spec, devices);
         if !absent.is_empty() {
             let mut known: Vec<&str> = spec.devices.iter().map(|d| d.name.as_str()).collect();
             known.sort_unstable();
@@ -310,7 +387,8 @@ impl DriverSpecs {
 
     /// Sets the names recreated MIG slices keep (old MIG device name → the name of the
     /// slice's device now, see [`alias`]) and installs the spec again with them when they
-    /// changed, from the last generation: the generator is not run.
+    /// changed, from the last generation: the generator is not run, nor waited on (one under
+    /// way installs with these when it ends).
     ///
     /// # Errors
     /// The spec cannot be written (the aliases are kept for the next install).
@@ -328,21 +406,18 @@ impl DriverSpecs {
     }
 
     /// Runs the generator when its last generation failed and a new one is due (the
-    /// back-off passed, its inputs changed, or it was not installed); what the retry thread
-    /// calls ([`retry::spawn_retries`]). Never waits for a generation under way. Returns
-    /// whether it ran.
+    /// back-off passed, its inputs changed, or it was not installed) and none is under way;
+    /// what the retry thread calls ([`retry::spawn_retries`]). Never waits for a generation
+    /// under way. Returns whether it ran.
     pub fn retry_if_due(&self) -> bool {
-        let mut inner = match self.inner.try_lock() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return false,
-        };
-        let due = inner
-            .failure
-            .as_ref()
-            .is_some_and(|f| f.due(self.clock.now(), &self.generator.inputs()));
+        let inner = self.lock();
+        let due = inner.running.is_empty()
+            && inner
+                .failure
+                .as_ref()
+                .is_some_and(|f| f.due(self.clock.now(), &self.generator.inputs()));
         if due {
-            let _ = self.attempt(&mut inner);
+            let _ = self.attempt(inner);
         }
         due
     }
@@ -350,9 +425,9 @@ impl DriverSpecs {
     /// Runs the generator now when its last generation failed, whatever the back-off: an
     /// operator's reload (SIGHUP) after fixing the node. `None` when it did not fail.
     pub fn retry_now(&self) -> Option<Result<(), DriverSpecError>> {
-        let mut inner = self.lock();
+        let inner = self.lock();
         inner.failure.as_ref()?;
-        Some(self.attempt(&mut inner).map(|_| ()))
+        Some(self.attempt(inner).map(|_| ()))
     }
 
     /// The state `health` shows; answers at once, even during a generation.
@@ -378,25 +453,83 @@ impl DriverSpecs {
         }
     }
 
-    /// [`DriverSpecs::attempt`] unless the last generation failed and a new one is not due:
-    /// then that failure, at once.
-    fn attempt_if_due(&self, inner: &mut Inner) -> Result<Spec, DriverSpecError> {
+    /// A spec generated after this call began: [`DriverSpecs::attempt`], unless the last
+    /// generation failed and a new one is not due (then that failure, at once) or is due and
+    /// one is under way (then that one's outcome, once it ends).
+    fn fresh(&self, inner: MutexGuard<'_, Inner>) -> Result<Spec, DriverSpecError> {
         if let Some(f) = &inner.failure {
             let now = self.clock.now();
             if !f.due(now, &self.generator.inputs()) {
                 return Err(f.answer(now));
             }
+            // The retry thread's, or another prepare's: a failing generator is not run once
+            // more for every prepare that comes while it runs.
+            if let Some(&n) = inner.running.last() {
+                return self.outcome_of(inner, n);
+            }
         }
         self.attempt(inner)
     }
 
-    /// Generates and installs the spec, recording how it went for the retries and `health`.
-    fn attempt(&self, inner: &mut Inner) -> Result<Spec, DriverSpecError> {
+    /// Waits for generation `n` to end (bounded by the generator's own bound), then answers
+    /// what is installed or the failure now.
+    fn outcome_of(
+        &self,
+        mut inner: MutexGuard<'_, Inner>,
+        n: u64,
+    ) -> Result<Spec, DriverSpecError> {
+        while inner.running.contains(&n) {
+            inner = self.ended.wait(inner).unwrap_or_else(|p| p.into_inner());
+        }
+        self.outcome(&inner)
+    }
+
+    /// What a use is answered now without running the generator: the last failure, else the
+    /// installed spec.
+    fn outcome(&self, inner: &Inner) -> Result<Spec, DriverSpecError> {
+        match (&inner.failure, &inner.installed) {
+            (Some(f), _) => Err(f.answer(self.clock.now())),
+            (None, Some(spec)) => Ok(spec.clone()),
+            (None, None) => Err(DriverSpecError::Failed(format!(
+                "the NVIDIA driver's CDI spec {} is not generated yet",
+                self.spec_path().display()
+            ))),
+        }
+    }
+
+    /// Runs a generation (outside the lock: other uses, `set_aliases` and `health` go on
+    /// meanwhile) and installs it, recording how it went for the retries and `health`; one
+    /// that ends after a later-started one has been applied changes nothing and answers
+    /// [`DriverSpecs::outcome`].
+    fn attempt(&self, mut inner: MutexGuard<'_, Inner>) -> Result<Spec, DriverSpecError> {
+        inner.started += 1;
+        let n = inner.started;
+        inner.running.insert(n);
+        if n == 1 {
+            // A killed gpushared's outputs: only this process's generations write there.
+            self.sweep_staging();
+        }
+        drop(inner);
+        let running = Running {
+            specs: self,
+            n,
+            ended: false,
+        };
         // Read before the run: a change during it is one the next check sees.
         let inputs = self.generator.inputs();
-        let result = self
-            .generate()
-            .and_then(|generated| self.install(inner, generated));
+        let generated = self.generate(n);
+        let mut inner = self.lock();
+        if n < inner.applied {
+            tracing::debug!(
+                generation = n,
+                newer = inner.applied,
+                "a generation ended after a later one; the later one's spec stays"
+            );
+            running.end(&mut inner);
+            return self.outcome(&inner);
+        }
+        inner.applied = n;
+        let result = generated.and_then(|generated| self.install(&mut inner, generated));
         let generator = self.generator.describe();
         match &result {
             Ok(_) => {
@@ -441,7 +574,22 @@ impl DriverSpecs {
                 .map(|f| f.next),
         };
         *self.status.lock().unwrap_or_else(|p| p.into_inner()) = snap;
+        running.end(&mut inner);
         result
+    }
+
+    /// Removes what generations of an earlier process left in the staging directory.
+    fn sweep_staging(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.staging) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with("generated") && name.ends_with(".json") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
     }
 
     /// Installs `generated` with the aliases: validated, written atomically; kept in memory.
@@ -474,12 +622,13 @@ impl DriverSpecs {
         self.lock().left_out.get(name).cloned()
     }
 
-    /// Runs the generator and reads, checks and cleans what it wrote.
-    fn generate(&self) -> Result<Spec, DriverSpecError> {
+    /// Runs the generator (generation `n`, into a file of its own) and reads, checks and
+    /// cleans what it wrote.
+    fn generate(&self, n: u64) -> Result<Spec, DriverSpecError> {
         crate::fsutil::create_dir_if_missing(&self.staging, 0o700).map_err(|e| {
             DriverSpecError::Failed(format!("creating {}: {e}", self.staging.display()))
         })?;
-        let out = self.staging.join("generated.json");
+        let out = self.staging.join(format!("generated-{n}.json"));
         crate::fsutil::remove_file_if_exists(&out)
             .map_err(|e| DriverSpecError::Failed(format!("removing {}: {e}", out.display())))?;
         let generated = self.generator.generate(&self.vendor, &self.class, &out);
@@ -517,6 +666,31 @@ impl DriverSpecs {
             DriverSpecError::Failed(format!("the driver's CDI spec is not valid: {e}"))
         })?;
         Ok(spec)
+    }
+}
+
+/// A generation under way ([`Inner::running`]): ended when its outcome is applied, or when it
+/// unwinds, so that no use waits on it for ever.
+struct Running<'a> {
+    specs: &'a DriverSpecs,
+    n: u64,
+    ended: bool,
+}
+
+impl Running<'_> {
+    fn end(mut self, inner: &mut Inner) {
+        inner.running.remove(&self.n);
+        self.specs.ended.notify_all();
+        self.ended = true;
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.specs.lock().running.remove(&self.n);
+            self.specs.ended.notify_all();
+        }
     }
 }
 

@@ -76,7 +76,12 @@ impl SimulatedToolkit {
             )?;
             let soname = libs.join(format!("{lib}.1"));
             if fs::symlink_metadata(&soname).is_err() {
-                std::os::unix::fs::symlink(&real, &soname)?;
+                // Generations may run at once (`super::DriverSpecs`): another one's link is
+                // the same link.
+                match std::os::unix::fs::symlink(&real, &soname) {
+                    Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+                    _ => {}
+                }
             }
             files.push(format!("{LIB_DIR}/{real}"));
         }

@@ -135,7 +135,13 @@ fn a_generated_spec_is_cleaned_validated_and_installed_atomically() {
         "the host's MPS pipe never reaches a claim: {on_disk:?}"
     );
     assert_eq!(on_disk.container_edits.mounts.len(), 1);
-    assert!(!dir.path().join("run/driver-spec/generated.json").exists());
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("run/driver-spec"))
+            .unwrap()
+            .count(),
+        0,
+        "the generator's output is removed once read"
+    );
     assert_eq!(
         d.device_ids(&[
             ("gpu-0".into(), "GPU-1".into()),
@@ -406,4 +412,190 @@ fn aliases_are_installed_without_running_the_generator_and_follow_each_generatio
     assert_eq!(names(), ["GPU-1", "MIG-new", "MIG-old"]);
     d.set_aliases(BTreeMap::new()).unwrap();
     assert_eq!(names(), ["GPU-1", "MIG-new"]);
+}
+
+/// A generator that writes `text` as it is when a run starts, one run (`gated`) waiting until
+/// the test lets it end: a slow `nvidia-ctk`. Counts runs started and ended.
+#[derive(Debug)]
+struct Gated {
+    text: Mutex<Result<String, GenerateError>>,
+    gated: usize,
+    started: AtomicUsize,
+    ended: AtomicUsize,
+    /// Told when the gated run starts.
+    running: Mutex<std::sync::mpsc::Sender<()>>,
+    /// What the gated run waits on.
+    release: Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl Gated {
+    /// The generator, what tells that its gated run started, and what ends that run.
+    fn new(
+        text: Result<String, GenerateError>,
+        gated: usize,
+    ) -> (
+        Arc<Gated>,
+        std::sync::mpsc::Receiver<()>,
+        std::sync::mpsc::Sender<()>,
+    ) {
+        let (running_tx, running_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel();
+        let g = Arc::new(Gated {
+            text: Mutex::new(text),
+            gated,
+            started: AtomicUsize::new(0),
+            ended: AtomicUsize::new(0),
+            running: Mutex::new(running_tx),
+            release: Mutex::new(release_rx),
+        });
+        (g, running_rx, release_tx)
+    }
+}
+
+impl SpecGenerator for Gated {
+    fn describe(&self) -> String {
+        "gated".into()
+    }
+    fn generate(&self, _vendor: &str, _class: &str, output: &Path) -> Result<(), GenerateError> {
+        let n = self.started.fetch_add(1, Ordering::SeqCst) + 1;
+        let text = self.text.lock().unwrap().clone();
+        if n == self.gated {
+            self.running.lock().unwrap().send(()).unwrap();
+            // Bounded: a test that fails never lets it go.
+            let _ = self
+                .release
+                .lock()
+                .unwrap()
+                .recv_timeout(Duration::from_secs(60));
+        }
+        let r = text.map(|t| std::fs::write(output, t).unwrap());
+        self.ended.fetch_add(1, Ordering::SeqCst);
+        r
+    }
+}
+
+/// A prepare whose device (a MIG slice just made) is not in the installed spec, while a
+/// generation that started before the slice existed is under way (another prepare's, a MIG
+/// change's), runs one generation of its own: it never waits for that one and then runs
+/// another, which took it to twice `generate_timeout_seconds` against the plugin's claim
+/// timeout. The older generation ending last does not replace the newer spec.
+#[test]
+fn a_prepare_waits_on_one_generation_not_on_one_under_way_and_then_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gated, running, release) = Gated::new(Ok(gpu_spec(DEFAULT_KIND, &["GPU-1"])), 2);
+    let d = Arc::new(specs(dir.path(), gated.clone()));
+    d.refresh().unwrap();
+    // The slow generation starts; the node has no slice yet.
+    let slow = {
+        let d = Arc::clone(&d);
+        std::thread::spawn(move || d.refresh())
+    };
+    running.recv_timeout(Duration::from_secs(60)).unwrap();
+    // The slice is made, and its prepare asks for it.
+    *gated.text.lock().unwrap() = Ok(gpu_spec(DEFAULT_KIND, &["GPU-1", "MIG-new"]));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let prepare = {
+        let d = Arc::clone(&d);
+        let gated = gated.clone();
+        std::thread::spawn(move || {
+            let before = gated.ended.load(Ordering::SeqCst);
+            let ids = d.device_ids(&[("gpu-2-mig-1g5gb-19-0".into(), "MIG-new".into())]);
+            let waited_on = gated.ended.load(Ordering::SeqCst) - before;
+            tx.send((ids, waited_on)).unwrap();
+        })
+    };
+    // Only ever let go of the slow one when the prepare is stuck behind it.
+    let (ids, waited_on) = match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(r) => r,
+        Err(_) => {
+            release.send(()).unwrap();
+            rx.recv_timeout(Duration::from_secs(60)).unwrap()
+        }
+    };
+    assert_eq!(ids.unwrap(), vec!["gpushare.io/gpu=MIG-new"]);
+    assert_eq!(
+        waited_on, 1,
+        "the prepare waited on its own generation only"
+    );
+    let _ = release.send(());
+    prepare.join().unwrap();
+    // The slow one answers with the newer spec and leaves it installed.
+    let spec = slow.join().unwrap().unwrap();
+    assert!(spec.devices.iter().any(|x| x.name == "MIG-new"));
+    let on_disk = gpushare_cdi::load_spec_file(&d.spec_path()).unwrap();
+    assert_eq!(on_disk, spec);
+    assert_eq!(gated.started.load(Ordering::SeqCst), 3);
+    assert!(d.status().ok);
+}
+
+/// While the generator fails, a prepare that finds the due retry's generation under way
+/// takes its outcome: a failing generator is not run once more for every prepare.
+#[test]
+fn while_failing_a_prepare_takes_the_outcome_of_the_retry_under_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let mismatch = "Failed to initialize NVML: Driver/library version mismatch";
+    let (gated, running, release) = Gated::new(Err(GenerateError::Failed(mismatch.into())), 2);
+    let clock = ManualClock::new();
+    let d = Arc::new(
+        specs(dir.path(), gated.clone()).with_retry(RetryPolicy::default(), clock.clone()),
+    );
+    assert!(d.refresh().is_err());
+    clock.advance(Duration::from_secs(10));
+    let retry = {
+        let d = Arc::clone(&d);
+        std::thread::spawn(move || d.retry_if_due())
+    };
+    running.recv_timeout(Duration::from_secs(60)).unwrap();
+    let prepare = {
+        let d = Arc::clone(&d);
+        std::thread::spawn(move || d.device_ids(&[("gpu-0".into(), "GPU-1".into())]))
+    };
+    // Time for the prepare to find the retry under way (had it not, it gets the failure the
+    // retry leaves at once: the same outcome).
+    std::thread::sleep(Duration::from_millis(200));
+    release.send(()).unwrap();
+    assert!(retry.join().unwrap());
+    let e = prepare.join().unwrap().unwrap_err().to_string();
+    assert!(e.contains(mismatch), "{e}");
+    assert_eq!(gated.started.load(Ordering::SeqCst), 2);
+    assert_eq!(d.status().failures, 2);
+}
+
+/// What a MIG prepare checks before making its slice, and what the start checks after making
+/// slices again, never run the generator (those uses generate once elsewhere): only a
+/// toolkit that was not installed is looked for again.
+#[test]
+fn usable_and_installed_ids_do_not_generate() {
+    let dir = tempfile::tempdir().unwrap();
+    let canned = Canned::new(Ok(gpu_spec(DEFAULT_KIND, &["GPU-1", "MIG-a"])));
+    let clock = ManualClock::new();
+    let d = specs(dir.path(), canned.clone()).with_retry(RetryPolicy::default(), clock.clone());
+    let runs = || canned.runs.load(Ordering::SeqCst);
+    assert!(d.installed_ids(&[("m".into(), "MIG-a".into())]).is_err());
+    assert_eq!(runs(), 0);
+    d.refresh().unwrap();
+    std::fs::remove_file(d.spec_path()).unwrap();
+    d.usable().unwrap();
+    assert_eq!(
+        d.installed_ids(&[("m".into(), "MIG-a".into())]).unwrap(),
+        vec!["gpushare.io/gpu=MIG-a"]
+    );
+    let e = d
+        .installed_ids(&[("m".into(), "MIG-b".into())])
+        .unwrap_err();
+    assert!(matches!(e, DriverSpecError::Missing { .. }), "{e}");
+    assert_eq!(runs(), 1);
+    // A failing generator: its failure at once, even once a new run is due (the retry
+    // thread's to run).
+    let mismatch = "Driver/library version mismatch";
+    *canned.text.lock().unwrap() = Err(GenerateError::Failed(mismatch.into()));
+    assert!(d.refresh().is_err());
+    clock.advance(Duration::from_secs(10));
+    assert!(d.usable().unwrap_err().to_string().contains(mismatch));
+    assert_eq!(runs(), 2);
+    // A toolkit that is not installed is looked for again.
+    *canned.text.lock().unwrap() = Err(GenerateError::NotInstalled("none".into()));
+    assert!(d.retry_now().unwrap().is_err());
+    assert!(matches!(d.usable(), Err(DriverSpecError::NotInstalled(_))));
+    assert_eq!(runs(), 4);
 }

@@ -115,6 +115,18 @@ impl Service {
         groups: &[GroupInfo],
         requests: &[RequestDevices],
     ) -> Result<Vec<RequestDevices>, crate::driver_spec::DriverSpecError> {
+        self.prepared_requests_with(uid, groups, requests, DriverLookup::MayGenerate)
+    }
+
+    /// [`Service::prepared_requests`], with the driver spec's devices looked up as `lookup`
+    /// says.
+    pub(super) fn prepared_requests_with(
+        &self,
+        uid: &str,
+        groups: &[GroupInfo],
+        requests: &[RequestDevices],
+        lookup: DriverLookup,
+    ) -> Result<Vec<RequestDevices>, crate::driver_spec::DriverSpecError> {
         let single = requests.len() == 1;
         let mut out = requests.to_vec();
         for x in &mut out {
@@ -165,7 +177,10 @@ impl Service {
                     slots.push((ri, di));
                 }
             }
-            let ids = driver.device_ids(&wanted)?;
+            let ids = match lookup {
+                DriverLookup::MayGenerate => driver.device_ids(&wanted)?,
+                DriverLookup::InstalledOnly => driver.installed_ids(&wanted)?,
+            };
             for ((ri, di), id) in slots.into_iter().zip(ids) {
                 out[ri].per_device[di].cdi_device_ids.push(id);
             }
@@ -208,8 +223,10 @@ impl Service {
             }
         }
         if wanted.is_empty() {
-            // A MIG-only claim still needs the toolkit.
-            driver.current().map(|_| ())
+            // A MIG-only claim still needs the toolkit; its slice's device is looked up, with
+            // a generation, once the slice exists: this check runs none (a prepare waits on
+            // one generation at most).
+            driver.usable()
         } else {
             driver.device_ids(&wanted).map(|_| ())
         }
@@ -254,6 +271,17 @@ impl Service {
         }
         self.commit(st)
     }
+}
+
+/// How [`Service::prepared_requests_with`] looks up the driver spec's devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum DriverLookup {
+    /// A device the installed spec lacks makes it generate once
+    /// ([`crate::driver_spec::DriverSpecs::device_ids`]): a prepare's.
+    MayGenerate,
+    /// In the installed spec only ([`crate::driver_spec::DriverSpecs::installed_ids`]): the
+    /// start's, which generated it once after making every slice again.
+    InstalledOnly,
 }
 
 /// The driver spec's device name a claim's IDs use for slice `m`: its first MIG UUID when it

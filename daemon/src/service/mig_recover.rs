@@ -39,13 +39,28 @@ pub(super) fn slice_lost(c: &ClaimInfo) -> bool {
             .is_some_and(|e| e.contains(SLICE_LOST))
 }
 
+/// What the first pass of the start-up reconcile did to one claim's slices, for the second
+/// pass (after the driver's spec is generated).
+pub(super) struct MigRecovery {
+    uid: String,
+    /// The claim as recorded before the reconcile.
+    before: ClaimInfo,
+    /// Why the claim is `Degraded`, so far.
+    lost: Vec<String>,
+    /// A slice was made again: its CDI IDs are checked in the second pass.
+    recreated: bool,
+}
+
 impl Service {
     /// Checks every prepared (or degraded) claim's MIG slices against the GPUs, at start and
     /// after the sweep of instances no claim owns (so a stray left at a claim's placement is
     /// gone first): each slice whose instance no longer exists with its recorded identity
-    /// (GI and CI IDs, placement, MIG UUID) is recreated at its placement, else its claim
-    /// becomes `Degraded` naming the slice and why. Claims are done in UID order.
-    pub(super) fn reconcile_mig_claims(&self) {
+    /// (GI and CI IDs, placement, MIG UUID) is recreated at its placement, with the claim's
+    /// spec and MPS control daemon following it, else its claim is to become `Degraded`
+    /// naming the slice and why. Claims are done in UID order. The claims' CDI IDs are
+    /// checked by [`Service::settle_mig_claims`], once the driver's spec is generated with
+    /// every recreated slice in it.
+    pub(super) fn recreate_mig_slices(&self) -> Vec<MigRecovery> {
         let uids: Vec<String> = self
             .state()
             .claims
@@ -56,15 +71,24 @@ impl Service {
             .collect();
         // Nothing is served yet (the start-up reconcile runs before the socket exists): no
         // claim lock is needed, and none may be taken on the runtime's thread.
-        for uid in uids {
-            self.reconcile_mig_claim(&uid);
+        uids.iter()
+            .filter_map(|uid| self.recreate_claim_slices(uid))
+            .collect()
+    }
+
+    /// The second pass, after the driver's spec was generated (once, with the alias of every
+    /// slice made again: `driver_spec::alias`): each claim whose slices were made again gets
+    /// its CDI IDs checked against that spec, without running the generator again; each
+    /// claim becomes `Degraded` with what was lost, or `Prepared` again when a lost slice of
+    /// it is back.
+    pub(super) fn settle_mig_claims(&self, recovered: Vec<MigRecovery>) {
+        for r in recovered {
+            self.settle_mig_claim(r);
         }
     }
 
-    fn reconcile_mig_claim(&self, uid: &str) {
-        let Some(info) = self.state().claims.get(uid).cloned() else {
-            return;
-        };
+    fn recreate_claim_slices(&self, uid: &str) -> Option<MigRecovery> {
+        let info = self.state().claims.get(uid).cloned()?;
         let mut lost: Vec<String> = Vec::new();
         let mut changed_groups: Vec<usize> = Vec::new();
         for (gi, g) in info.groups.iter().enumerate() {
@@ -99,45 +123,58 @@ impl Service {
                 lost.push(why);
             }
         }
-        let Some(after) = self.state().claims.get(uid).cloned() else {
-            return;
-        };
         if !changed_groups.is_empty() {
+            let after = self.state().claims.get(uid).cloned()?;
             // Containers started from now on get the new instances' capability device nodes.
             if let Err(e) = self.write_cdi(uid, &after.groups, &after) {
                 tracing::error!(claim = %uid, error = %e, "rewriting the CDI spec for recreated MIG slices");
                 lost.push(format!("rewriting the CDI spec: {}", e.message));
             }
+        }
+        Some(MigRecovery {
+            uid: uid.to_string(),
+            before: info,
+            lost,
+            recreated: !changed_groups.is_empty(),
+        })
+    }
+
+    fn settle_mig_claim(&self, r: MigRecovery) {
+        let MigRecovery {
+            uid,
+            before: info,
+            mut lost,
+            recreated,
+        } = r;
+        let uid = uid.as_str();
+        let Some(after) = self.state().claims.get(uid).cloned() else {
+            return;
+        };
+        if recreated {
             // The driver spec names a MIG slice's device by its MIG UUID, which the new
             // instance does not share, and kubelet keeps the IDs it was handed for the claim's
             // whole life: the spec keeps the slice's first name as an alias of its new device
-            // (`driver_spec::alias`), so the same IDs give the recreated slice. They are
-            // checked as a prepare checks them before the claim is ready.
-            self.sync_driver_aliases();
+            // (`driver_spec::alias`), so the same IDs give the recreated slice. The spec was
+            // generated after every slice was made again: a name it left out stays out until
+            // the node changes, so it is not generated again here (that took one run of the
+            // generator per claim). The IDs are checked as a prepare checks them before the
+            // claim is ready.
             if let Some(d) = &self.cfg.driver_spec {
-                let left_out = || -> Vec<(String, String, String)> {
-                    after
-                        .groups
-                        .iter()
-                        .flat_map(|g| &g.mig)
-                        .filter_map(|m| {
-                            let why = d.alias_left_out(&m.original_uuid)?;
-                            Some((m.original_uuid.clone(), m.device.clone(), why))
-                        })
-                        .collect()
-                };
-                // Installed on a spec generated before the slice was made again (which may
-                // still name the vanished device by the old name): generated afresh once.
-                if d.current().is_ok() && !left_out().is_empty() {
-                    let _ = d.refresh();
-                }
-                for (name, device, why) in left_out() {
-                    lost.push(format!(
-                        "the driver's CDI spec cannot keep the name {name} the claim's CDI device IDs give MIG device {device}: {why}"
-                    ));
+                for m in after.groups.iter().flat_map(|g| &g.mig) {
+                    if let Some(why) = d.alias_left_out(&m.original_uuid) {
+                        lost.push(format!(
+                            "the driver's CDI spec cannot keep the name {} the claim's CDI device IDs give MIG device {}: {why}",
+                            m.original_uuid, m.device
+                        ));
+                    }
                 }
             }
-            match self.prepared_requests(uid, &after.groups, &after.requests) {
+            match self.prepared_requests_with(
+                uid,
+                &after.groups,
+                &after.requests,
+                super::cdi_spec::DriverLookup::InstalledOnly,
+            ) {
                 Ok(requests) => {
                     if let Err(why) = self.verify_cdi(uid, &requests) {
                         tracing::error!(claim = %uid, error = %why, "the CDI device IDs of recreated MIG slices do not resolve");

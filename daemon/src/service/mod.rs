@@ -184,7 +184,9 @@ impl Service {
     /// made and no remaining claim owns (a crash between making and recording them) are
     /// destroyed, those made by others kept, and last each
     /// prepared claim's MIG slice that vanished meanwhile is recreated at its placement (or
-    /// the claim is `Degraded`). Only then is it ready.
+    /// the claim is `Degraded`); then the NVIDIA driver's CDI spec is generated, once, and
+    /// the CDI IDs of claims whose slices were made again are checked against it. Only then
+    /// is it ready.
     ///
     /// # Errors
     /// The checkpoint exists but cannot be read or moved aside.
@@ -231,10 +233,8 @@ impl Service {
             host_record_writes: Mutex::new(()),
             mig_intents: mig::MigIntents::new(&cfg_run_dir),
         };
+        // Generates the driver's spec too, once, after the MIG devices it destroys or makes again.
         service.reconcile(loaded, boot_id);
-        // The driver's spec of this node as it is now: after the reconcile, which may have
-        // destroyed or recreated MIG devices.
-        service.regenerate_driver_spec("at start");
         Ok(service)
     }
 

@@ -426,7 +426,14 @@ impl Service {
         // Then the MIG slices of prepared claims that vanished while gpushared was away (a GPU
         // reset, a destroy by hand): recreated at their placements, or the claim is Degraded
         // (service/mig_recover.rs).
-        self.reconcile_mig_claims();
+        let recovered = self.recreate_mig_slices();
+        // The driver's spec of the node as it is now, generated once: after the rollbacks and
+        // the sweep (which destroyed MIG devices) and after every slice was made again, so it
+        // has the alias each one keeps. Then the claims whose slices were made again get their
+        // CDI IDs checked against it (one generation per such claim took a start with N of
+        // them N+1 runs of the generator, each up to its timeout, before the socket existed).
+        self.regenerate_driver_spec("at start");
+        self.settle_mig_claims(recovered);
         let mut st = self.state();
         st.ready = true;
         tracing::info!(

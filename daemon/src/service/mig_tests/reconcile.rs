@@ -429,20 +429,49 @@ fn a_slice_whose_placement_was_taken_while_away_leaves_the_claim_degraded() {
     s2.unprepare("other").unwrap();
 }
 
+/// The simulated toolkit, counting its generations.
+#[derive(Debug)]
+struct Counted {
+    inner: crate::driver_spec::sim::SimulatedToolkit,
+    runs: std::sync::atomic::AtomicUsize,
+}
+
+impl crate::driver_spec::SpecGenerator for Counted {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn generate(
+        &self,
+        vendor: &str,
+        class: &str,
+        output: &Path,
+    ) -> Result<(), crate::driver_spec::GenerateError> {
+        self.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.generate(vendor, class, output)
+    }
+}
+
 /// gpushared starts on `node` with the driver's CDI spec made by the simulated toolkit over
 /// the GPUs of that start.
 fn start_with_driver_spec(node: &Node) -> (Arc<SimulatedBackend>, Service) {
+    let (backend, service, _) = start_counting_generations(node);
+    (backend, service)
+}
+
+/// The same, with the generator's count of runs.
+fn start_counting_generations(node: &Node) -> (Arc<SimulatedBackend>, Service, Arc<Counted>) {
     use crate::driver_spec::{sim::SimulatedToolkit, DriverSpecs, DEFAULT_KIND};
     let backend = node.gpus();
     let driver_root = node.dir.path().join("driver");
     std::fs::create_dir_all(driver_root.join("tmp/nvidia-mps")).unwrap();
+    let generator = Arc::new(Counted {
+        inner: SimulatedToolkit::new(Arc::clone(&backend) as Arc<dyn GpuBackend>, &driver_root),
+        runs: Default::default(),
+    });
     let mut cfg = node.cfg.clone();
     cfg.driver_spec = Some(Arc::new(
         DriverSpecs::new(
-            Arc::new(SimulatedToolkit::new(
-                Arc::clone(&backend) as Arc<dyn GpuBackend>,
-                &driver_root,
-            )),
+            Arc::clone(&generator) as Arc<dyn crate::driver_spec::SpecGenerator>,
             DEFAULT_KIND,
             &cfg.cdi_dir,
             &cfg.run_dir.join("driver-spec"),
@@ -450,7 +479,7 @@ fn start_with_driver_spec(node: &Node) -> (Arc<SimulatedBackend>, Service) {
         .unwrap(),
     ));
     let service = start(&cfg, &node.host, &backend);
-    (backend, service)
+    (backend, service, generator)
 }
 
 /// Every CDI device ID a claim hands out, in the flat list and per device.
@@ -511,6 +540,80 @@ fn a_recreated_slice_keeps_the_driver_cdi_ids_handed_out_across_restarts() {
     assert_eq!(live(&b3, "gpu-2").len(), 1, "the slice is kept");
     s3.unprepare("m").unwrap();
     assert!(live(&b3, "gpu-2").is_empty());
+}
+
+/// A start that makes the slices of several claims again generates the driver's spec once,
+/// with every claim's alias: not once per claim (each run of `nvidia-ctk` may take its whole
+/// `generate_timeout_seconds`, and the socket exists only after the start).
+#[test]
+fn a_start_recreating_several_claims_slices_generates_the_driver_spec_once() {
+    let Some(node) = Node::new(&p4d_mig2()) else {
+        return;
+    };
+    let uids = ["m0", "m1", "m2", "m3"];
+    let (_b1, s1) = start_with_driver_spec(&node);
+    let mut before = Vec::new();
+    for (i, uid) in uids.iter().enumerate() {
+        let device = format!("gpu-2-mig-1g5gb-19-{i}");
+        s1.prepare(&claim(uid, &[device.as_str()], None)).unwrap();
+        before.push(s1.get_claim(uid).unwrap());
+    }
+    drop(s1);
+
+    node.reset_before_next_start("gpu-2\n");
+    let (b2, s2, generator) = start_counting_generations(&node);
+    assert_eq!(
+        generator.runs.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one generation at start, whatever the number of claims whose slices were made again"
+    );
+    assert_eq!(live(&b2, "gpu-2").len(), uids.len());
+    let spec =
+        gpushare_cdi::load_spec_file(&s2.cfg.driver_spec.as_ref().unwrap().spec_path()).unwrap();
+    for (uid, old) in uids.iter().zip(&before) {
+        let c = s2.get_claim(uid).unwrap();
+        assert_eq!(c.state, ClaimState::Prepared, "{uid}: {:?}", c.last_error);
+        assert_eq!(c.requests, old.requests, "{uid}: the IDs handed out stay");
+        let new = slice(&s2, uid);
+        assert_ne!(new.uuid, old.groups[0].mig[0].uuid, "{uid}");
+        assert!(
+            spec.devices.iter().any(|d| d.name == new.original_uuid),
+            "{uid}: the alias {} is in the spec",
+            new.original_uuid
+        );
+    }
+    for uid in uids {
+        s2.unprepare(uid).unwrap();
+    }
+    assert!(live(&b2, "gpu-2").is_empty());
+}
+
+/// A MIG prepare runs one generation of the driver's spec, for its new slice: also when the
+/// spec's file was deleted (its check before making the slice generated it first, and a
+/// prepare then waited on two generations).
+#[test]
+fn a_mig_prepare_runs_one_generation_even_when_the_spec_file_is_gone() {
+    let Some(node) = Node::new(&p4d_mig2()) else {
+        return;
+    };
+    let (b, s, generator) = start_counting_generations(&node);
+    let runs = || generator.runs.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(runs(), 1, "at start");
+    s.prepare(&claim("a", &["gpu-2-mig-1g5gb-19-0"], None))
+        .unwrap();
+    assert_eq!(runs(), 2, "for the new slice");
+    let path = s.cfg.driver_spec.as_ref().unwrap().spec_path();
+    std::fs::remove_file(&path).unwrap();
+    s.prepare(&claim("b", &["gpu-2-mig-1g5gb-19-1"], None))
+        .unwrap();
+    assert_eq!(runs(), 3, "one generation for the prepare");
+    let spec = gpushare_cdi::load_spec_file(&path).unwrap();
+    let uuid = slice(&s, "b").uuid;
+    assert!(spec.devices.iter().any(|d| d.name == uuid));
+    for uid in ["a", "b"] {
+        s.unprepare(uid).unwrap();
+    }
+    assert!(live(&b, "gpu-2").is_empty());
 }
 
 /// A reboot: the GPUs' MIG instances are gone (MIG mode stays, as on hardware), so are every
