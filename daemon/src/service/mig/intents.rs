@@ -245,7 +245,8 @@ impl MigIntents {
 
     /// Chooses a slice on GPU `gpu_uuid` with `choose`, given the slices being made there now
     /// by any claim, and records its intent, all under the intents' lock (so a concurrent
-    /// prepare's choice sees this one).
+    /// prepare's choice sees this one). The slice carries the MIG-mode flag where another
+    /// claim's intent on the GPU does.
     ///
     /// # Errors
     /// `choose`'s error; as [`MigIntents::reserve`].
@@ -264,7 +265,13 @@ impl MigIntents {
                 placement: i.placement(),
             })
             .collect();
-        let target = choose(&busy)?;
+        let mut target = choose(&busy)?;
+        // A prepare beside this one that turned MIG mode on (or carries the flag of one that
+        // did) marked its intent before the mode changed: this slice, planned while the mode
+        // looked on already, carries the flag too, so that the last release turns it off.
+        target.carries_mode_flag |= live
+            .iter()
+            .any(|i| i.gpu_uuid == gpu_uuid && i.claim != claim && i.enabled_mig_mode);
         self.push(&mut live, Intent::of(claim, &target), &target)?;
         Ok(target)
     }

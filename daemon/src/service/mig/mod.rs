@@ -74,7 +74,10 @@ impl Service {
 
     /// Writes `t`'s intent. A placement chosen here (`chosen`) is chosen again under the
     /// intents' lock, from the live instances, the claims' records and the slices other
-    /// prepares are making now, so concurrent prepares never pick the same one.
+    /// prepares are making now, so concurrent prepares never pick the same one. The MIG-mode
+    /// flag is decided again there too: a prepare that planned while another was turning MIG
+    /// mode on saw the mode on already, and must still carry the flag (the other's intent or
+    /// record says it, and both are read under that lock).
     pub(super) fn reserve_slice(
         &self,
         uid: &str,
@@ -90,7 +93,11 @@ impl Service {
                     Claimed::of(view.claims.values().map(|c| &**c).filter(|c| c.uid != uid));
                 let holders = others.holders(&t.gpu_uuid, &t.occupied().placement);
                 if holders.is_empty() {
-                    return Ok(t.clone());
+                    return Ok(MigTarget {
+                        carries_mode_flag: t.carries_mode_flag
+                            || others.mode_enabled_by_gpushare(&t.gpu_uuid),
+                        ..t.clone()
+                    });
                 }
                 Err(ServiceError::new(
                     ErrorCode::Conflict,
@@ -104,7 +111,9 @@ impl Service {
         }
         self.mig_intents.reserve_with(uid, &t.gpu_uuid, |busy| {
             let claimed = Claimed::of(self.view.load().claims.values().map(|c| &**c));
-            strategy::repick(self.backend.as_ref(), t, &claimed, busy)
+            let mut again = strategy::repick(self.backend.as_ref(), t, &claimed, busy)?;
+            again.carries_mode_flag |= claimed.mode_enabled_by_gpushare(&t.gpu_uuid);
+            Ok(again)
         })
     }
 
