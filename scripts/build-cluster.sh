@@ -2,7 +2,8 @@
 # Builds the real Kubernetes node's components for gpushare's cluster tests from their own Go
 # modules, pinned in tests/cluster/components/ (kube: Kubernetes' commands; etcd; containerd 2):
 # kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl, etcd,
-# containerd, containerd-shim-runc-v2 and ctr.
+# containerd, containerd-shim-runc-v2 and ctr. runc is Debian's (1.1.5 runs containerd 2.4's
+# containers here once oom_score_adj is restricted: see tests/cluster/node.sh).
 #
 # They go into a per-machine cache outside the repository, keyed by a hash of the pins, this
 # script and the Go version, and are built only when that key changes:
@@ -46,12 +47,19 @@ if [ -f "$out/complete" ]; then
 fi
 
 mkdir -p "$cache"
+# One build at a time per machine (a second waits, then finds the first's result).
+exec 9>"$cache/.lock"
+flock 9
+if [ -f "$out/complete" ]; then
+  echo "$out/bin"
+  exit 0
+fi
 work=$(mktemp -d "$cache/.building-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 mkdir "$work/bin"
-# A build cache of its own (3.8 GB), gone with the build: these pins are rebuilt only when one
-# changes, and the machine's own Go build cache is left as it was.
-export GOCACHE=$work/gocache
+# A Go build cache of its own beside the builds (3.8 GB; Go trims what goes unused for days):
+# a change of one pin or of this script recompiles only what it changes.
+export GOCACHE=$cache/go-build
 
 minor=${kube_version#v1.}
 minor=${minor%%.*}
@@ -88,13 +96,12 @@ for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-prox
     exit 1
   fi
 done
-rm -rf "$work/gocache"
 touch "$work/complete"
 rm -rf "$out"
 mv "$work" "$out"
 trap - EXIT
 # Older pins' builds are of no further use.
-for old in "$cache"/components-*; do
+for old in "$cache"/components-* "$cache"/.building-*; do
   [ "$old" = "$out" ] || rm -rf "$old"
 done
 echo "build-cluster: done in $(($(date +%s) - start)) s" >&2
