@@ -16,6 +16,7 @@ use gpushare_proto::{
 };
 use serde_json::Value;
 
+pub mod cluster;
 pub mod driver_view;
 
 /// Node name of the cases in `shared/cases` (the `pool` of their allocations).

@@ -1,0 +1,369 @@
+//! A real one-node Kubernetes cluster for the end-to-end tests (`tests/cluster/node.sh`, on the
+//! components `scripts/build-cluster.sh` builds from their Go modules), with gpushared on the
+//! host as its unit starts it and gpushare-dra installed from `deployments/` as a user installs
+//! it. [`Node::up`] brings it up; dropping the [`Node`] takes everything down again.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use gpushare_proto::{ClaimInfo, Client};
+use serde_json::Value;
+
+use crate::{bin, bin_dir, wait_until};
+
+/// Where gpushared's socket and run files are: the DaemonSet of `deployments/` mounts it.
+const HOST_RUN: &str = "/run/gpushare";
+/// The CDI directory containerd reads and the packaged config names.
+const CDI_DIR: &str = "/var/run/cdi";
+/// The plugin's image as `deployments/daemonset.yaml` names it.
+const PLUGIN_IMAGE: &str = "localhost/gpushare-dra:0.1.0";
+
+/// The repository's root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A running one-node cluster; taken down on drop (pods deleted through the API first, so
+/// kubelet unprepares their claims while gpushared still answers).
+#[derive(Debug)]
+pub struct Node {
+    /// The components' directory (kubectl, ctr, ...).
+    pub bin: PathBuf,
+    /// The node's name (EKS-like, from its address).
+    pub name: String,
+    /// The cluster administrator's kubeconfig.
+    pub kubeconfig: PathBuf,
+    containerd: String,
+    gpushared: Option<Child>,
+    /// gpushared's state directory (a temporary one: the host's /var/lib/gpushare is left be).
+    state: tempfile::TempDir,
+}
+
+impl Node {
+    /// Brings the node up (a leftover of a killed run is taken down first).
+    ///
+    /// # Panics
+    /// When a component does not come up; the output of `node.sh` says which, with its log.
+    pub fn up() -> Node {
+        let script = repo().join("tests/cluster/node.sh");
+        if Path::new("/run/gpushare-cluster").exists() {
+            let _ = Command::new(&script).arg("down").status();
+        }
+        let out = Command::new(&script)
+            .arg("up")
+            .output()
+            .expect("node.sh up");
+        assert!(
+            out.status.success(),
+            "node.sh up failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let env = Command::new(&script)
+            .arg("env")
+            .output()
+            .expect("node.sh env");
+        let env = String::from_utf8_lossy(&env.stdout).into_owned();
+        let var = |k: &str| {
+            env.lines()
+                .find_map(|l| l.strip_prefix(&format!("{k}=")))
+                .unwrap_or_else(|| panic!("node.sh env lacks {k}:\n{env}"))
+                .to_string()
+        };
+        Node {
+            bin: PathBuf::from(var("BIN")),
+            name: var("NODE"),
+            kubeconfig: PathBuf::from(var("KUBECONFIG")),
+            containerd: var("CONTAINERD_ADDRESS"),
+            gpushared: None,
+            state: tempfile::Builder::new()
+                .prefix("gs-cluster-")
+                .tempdir()
+                .expect("tempdir"),
+        }
+    }
+
+    /// `kubectl ARGS` as the cluster administrator.
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        Command::new(self.bin.join("kubectl"))
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .output()
+            .expect("running kubectl")
+    }
+
+    /// `kubectl ARGS`, which must succeed; its standard output.
+    ///
+    /// # Panics
+    /// When kubectl fails, with what it printed.
+    pub fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(
+            out.status.success(),
+            "kubectl {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `kubectl get ARGS -o json`, parsed.
+    pub fn get_json(&self, args: &[&str]) -> Value {
+        let mut a = vec!["get"];
+        a.extend_from_slice(args);
+        a.extend_from_slice(&["-o", "json"]);
+        serde_json::from_str(&self.kubectl_ok(&a)).expect("kubectl's JSON")
+    }
+
+    /// Starts gpushared on the host as its unit does (the packaged config and the unit's
+    /// environment file's arguments), on simulated `profile` with NVIDIA's MPS control program,
+    /// named as the node, its state in a temporary directory; waits until it answers.
+    ///
+    /// # Panics
+    /// When it does not answer within 20 s, with its log.
+    pub fn start_gpushared(&mut self, profile: &str) {
+        let env = fs::read_to_string(repo().join("systemd/gpushared.env")).expect("unit env");
+        let unit_args: Vec<String> = env
+            .lines()
+            .find_map(|l| l.strip_prefix("GPUSHARED_ARGS="))
+            .unwrap_or("")
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        let log = fs::File::create(self.state.path().join("gpushared.log")).expect("log");
+        let child = Command::new(bin("gpushared"))
+            .args(&unit_args)
+            .arg("--config")
+            .arg(repo().join("packaging/config.toml"))
+            .args(["--simulate", profile, "--node-name", &self.name])
+            .arg("--state-dir")
+            .arg(self.state.path().join("state"))
+            .arg("--mps-control")
+            .arg("/usr/bin/nvidia-cuda-mps-control")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawning gpushared");
+        self.gpushared = Some(child);
+        let socket = Path::new(HOST_RUN).join("gpushared.sock");
+        assert!(
+            wait_until(Duration::from_secs(20), || Client::connect(
+                &socket,
+                Duration::from_secs(2)
+            )
+            .is_ok()),
+            "gpushared did not start:\n{}",
+            self.gpushared_log()
+        );
+    }
+
+    /// gpushared's log so far.
+    pub fn gpushared_log(&self) -> String {
+        fs::read_to_string(self.state.path().join("gpushared.log")).unwrap_or_default()
+    }
+
+    /// The claims gpushared holds.
+    pub fn claims(&self) -> Vec<ClaimInfo> {
+        Client::connect(
+            Path::new(HOST_RUN).join("gpushared.sock"),
+            Duration::from_secs(5),
+        )
+        .expect("gpushared's socket")
+        .list_claims()
+        .expect("list_claims")
+    }
+
+    /// Installs gpushare-dra as a user does: its image (built by `deployments/build-image.sh`
+    /// from this build's binary, imported into containerd as a registry would hand it over),
+    /// then `deployments/` applied and the node labelled; waits until the plugin's pod is
+    /// ready and its ResourceSlices list `gpus` GPUs.
+    ///
+    /// # Panics
+    /// When a step fails or the plugin is not ready in 120 s.
+    pub fn install_plugin(&self, gpus: usize) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let archive = dir.path().join("gpushare-dra.tar");
+        run(Command::new(repo().join("deployments/build-image.sh"))
+            .arg(bin_dir().join("gpushare-dra"))
+            .arg(PLUGIN_IMAGE));
+        run(Command::new("podman")
+            .args(["save", "--quiet", "--format", "oci-archive", "-o"])
+            .arg(&archive)
+            .arg(PLUGIN_IMAGE));
+        let _ = Command::new("podman")
+            .args(["rmi", "--force", PLUGIN_IMAGE])
+            .output();
+        run(Command::new(self.bin.join("ctr"))
+            .args([
+                "--address",
+                &self.containerd,
+                "-n",
+                "k8s.io",
+                "images",
+                "import",
+            ])
+            .arg(&archive));
+        for f in [
+            "rbac.yaml",
+            "deviceclasses.yaml",
+            "validatingadmissionpolicy.yaml",
+            "daemonset.yaml",
+        ] {
+            let path = repo().join("deployments").join(f);
+            self.kubectl_ok(&["apply", "-f", path.to_str().expect("utf-8 path")]);
+        }
+        self.kubectl_ok(&["label", "node", &self.name, "gpushare.io/gpushared=true"]);
+        let ready = wait_until(Duration::from_secs(120), || {
+            self.kubectl(&[
+                "-n",
+                "gpushare",
+                "rollout",
+                "status",
+                "daemonset/gpushare-dra",
+                "--timeout=5s",
+            ])
+            .status
+            .success()
+                && self.gpus_published() == gpus
+        });
+        assert!(
+            ready,
+            "gpushare-dra not ready with {gpus} GPUs published ({} now):\n{}\n{}",
+            self.gpus_published(),
+            String::from_utf8_lossy(
+                &self
+                    .kubectl(&[
+                        "-n",
+                        "gpushare",
+                        "logs",
+                        "daemonset/gpushare-dra",
+                        "--tail=30"
+                    ])
+                    .stdout
+            ),
+            self.gpushared_log()
+        );
+    }
+
+    /// The whole GPUs (`type: gpu`) this node's ResourceSlices publish.
+    pub fn gpus_published(&self) -> usize {
+        let slices = self.get_json(&[
+            "resourceslices",
+            "--field-selector",
+            &format!("spec.nodeName={}", self.name),
+        ]);
+        slices["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten())
+            .filter(|d| d["attributes"]["type"]["string"] == "gpu")
+            .count()
+    }
+
+    /// Waits until pod `ns/name` is Running; its JSON.
+    ///
+    /// # Panics
+    /// When it is not Running in `timeout`, with its events.
+    pub fn wait_running(&self, ns: &str, name: &str, timeout: Duration) -> Value {
+        let ok = wait_until(timeout, || {
+            self.kubectl(&[
+                "-n",
+                ns,
+                "get",
+                "pod",
+                name,
+                "-o",
+                "jsonpath={.status.phase}",
+            ])
+            .stdout
+                == b"Running"
+        });
+        assert!(
+            ok,
+            "pod {ns}/{name} not Running after {timeout:?}:\n{}\ngpushared:\n{}",
+            String::from_utf8_lossy(&self.kubectl(&["-n", ns, "describe", "pod", name]).stdout),
+            self.gpushared_log()
+        );
+        self.get_json(&["-n", ns, "pod", name])
+    }
+
+    /// The events of object `name` in `ns`, one message per line.
+    pub fn events(&self, ns: &str, name: &str) -> String {
+        let v = self.get_json(&[
+            "-n",
+            ns,
+            "events",
+            "--field-selector",
+            &format!("involvedObject.name={name}"),
+        ]);
+        v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                format!(
+                    "{}: {}",
+                    e["reason"].as_str().unwrap_or(""),
+                    e["message"].as_str().unwrap_or("")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// `sh -c SCRIPT` in pod `ns/name`'s first container; its standard output.
+    pub fn exec(&self, ns: &str, name: &str, script: &str) -> String {
+        self.kubectl_ok(&["-n", ns, "exec", name, "--", "sh", "-c", script])
+    }
+}
+
+fn run(cmd: &mut Command) {
+    let out = cmd.output().expect("spawning");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = Command::new(repo().join("tests/cluster/node.sh"))
+            .arg("down")
+            .status();
+        if let Some(mut child) = self.gpushared.take() {
+            // Our own child, not reaped yet: the pid is still its.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline {
+                if matches!(child.try_wait(), Ok(Some(_))) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // What gpushared leaves on purpose when it stops (its driver spec, its run directory),
+        // which nothing on a test machine would remove.
+        let _ = fs::remove_dir_all(HOST_RUN);
+        if let Ok(dir) = fs::read_dir(CDI_DIR) {
+            for e in dir.flatten() {
+                if e.file_name().to_string_lossy().starts_with("gpushare.io-") {
+                    let _ = fs::remove_file(e.path());
+                }
+            }
+        }
+    }
+}
