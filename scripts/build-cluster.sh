@@ -17,6 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 src=tests/cluster/components
+command -v go >/dev/null || { echo "build-cluster: go missing (Go 1.26 builds the real node's components)" >&2; exit 1; }
 cache=${GPUSHARE_CLUSTER_CACHE:-/var/cache/gpushare-test}
 export GOWORK=off GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=readonly
 

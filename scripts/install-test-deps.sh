@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the test suite runs for real: runc, crun, podman (reads CDI specs with the
-# reference library), containerd 1.6 with ctr (runs gpushare-runtime as its runc binary),
+# reference library), containerd 1.6 with ctr (runs gpushare-runtime as its runc binary), what
+# the real Kubernetes node needs from Debian (tini, the CNI plugins, iptables, openssl, curl),
 # busybox-static (container rootfs), NVIDIA's MPS control program (Debian package
 # nvidia-cuda-mps, in the non-free component), the packaging checks' tools (rpm, binutils,
 # systemd, python3-prometheus-client, cargo-generate-rpm) and cargo-fuzz (from crates.io).
@@ -15,6 +16,16 @@ command -v containerd >/dev/null || need+=(containerd)
 [ -x /bin/busybox ] || need+=(busybox-static)
 command -v nvidia-cuda-mps-control >/dev/null || need+=(nvidia-cuda-mps)
 command -v python3 >/dev/null || need+=(python3)
+# The real Kubernetes node of tests/cluster/: tini reaps for its components (PID 1 here reaps
+# nothing), the bridge and host-local CNI plugins network its pods, kube-proxy writes iptables
+# rules, openssl makes each run's certificates, curl asks etcd whether it is up. Its
+# components themselves are built from Go modules by scripts/build-cluster.sh.
+command -v tini >/dev/null || need+=(tini)
+[ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] || need+=(containernetworking-plugins)
+command -v iptables >/dev/null || need+=(iptables)
+command -v openssl >/dev/null || need+=(openssl)
+command -v curl >/dev/null || need+=(curl)
+command -v ip >/dev/null || need+=(iproute2)
 # Packaging checks: rpm (rpm -qlp, rpm -i --root), objdump (glibc symbol versions),
 # systemd-analyze (unit verification), Prometheus' own parser for /metrics.
 command -v rpm >/dev/null || need+=(rpm)

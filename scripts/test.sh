@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpushare's whole test suite: installs what the tests run for real (as root, when missing),
 # checks formatting and lints, builds the workspace once, and runs every test, end-to-end ones
-# included (they need root: mounts, device nodes, containers), the stress test
+# included (they need root: mounts, device nodes, containers, a real one-node Kubernetes
+# cluster built from its Go modules: scripts/build-cluster.sh), the stress test
 # (tests/tests/stress.rs) and the loom models of gpushare-core (scripts/loom.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +17,8 @@ echo "== minimum Rust version (Cargo.toml's rust-version is what the locked depe
 ./scripts/check-msrv.sh
 echo "== cargo build"
 cargo build --workspace --locked
+echo "== the real Kubernetes node's components (built from their Go modules once per pin; tests/tests/cluster.rs runs them)"
+./scripts/build-cluster.sh >/dev/null
 echo "== RPM (packages the debug build just made; tests/tests/packaging.rs checks it)"
 ./packaging/build-rpm.sh --profile dev
 echo "== loom models (gpushare-core)"
