@@ -111,6 +111,39 @@ impl Node {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// `kubectl ARGS` with `text` on its standard input (`apply -f -`, `delete -f -`), which
+    /// must succeed; its standard output.
+    ///
+    /// # Panics
+    /// When kubectl fails, with what it printed.
+    pub fn kubectl_stdin(&self, args: &[&str], text: &str) -> String {
+        use std::io::Write;
+        let mut child = Command::new(self.bin.join("kubectl"))
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("running kubectl");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(text.as_bytes())
+            .expect("writing to kubectl");
+        let out = child.wait_with_output().expect("kubectl");
+        assert!(
+            out.status.success(),
+            "kubectl {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// `kubectl get ARGS -o json`, parsed.
     pub fn get_json(&self, args: &[&str]) -> Value {
         let mut a = vec!["get"];

@@ -215,3 +215,73 @@ fn the_guides_workflow_runs_on_a_real_node_and_its_clean_up_leaves_nothing() {
     let gone = wait_until(Duration::from_secs(10), || mps_left().is_empty());
     assert!(gone, "MPS processes left: {}", mps_left());
 }
+
+#[test]
+fn two_pods_on_one_mps_claim_run_under_one_control_daemon() {
+    if setup().is_none() {
+        return;
+    }
+    let _serial = global_lock();
+    let mut node = Node::up();
+    node.start_gpushared("p5.48xlarge");
+    node.install_plugin(8);
+
+    // deployments/examples/mps-shared-claim.yaml as a user applies it, on the local image.
+    let example =
+        std::fs::read_to_string(repo().join("deployments/examples/mps-shared-claim.yaml")).unwrap();
+    assert_eq!(example.matches("image: ubuntu:24.04").count(), 2);
+    let example = example.replace(
+        "image: ubuntu:24.04",
+        "image: gpushare.test/busybox:local\n    imagePullPolicy: Never",
+    );
+    node.kubectl_stdin(&["apply", "-f", "-"], &example);
+    let a = node.wait_running("gpushare-example", "mps-client-a", RUNNING);
+    let b = node.wait_running("gpushare-example", "mps-client-b", RUNNING);
+    assert_eq!(a["spec"]["nodeName"], b["spec"]["nodeName"]);
+
+    // One claim, one MPS control daemon, both pods' containers attached to it.
+    let held = node.claims();
+    assert_eq!(held.len(), 1, "{held:?}");
+    let claim = &held[0];
+    assert_eq!(claim.name, "shared-mps");
+    let StrategyInfo::Mps(mps) = &claim.groups[0].sharing else {
+        panic!("{claim:?}");
+    };
+    assert!(
+        wait_until(RUNNING, || node.claims()[0].attached.len() == 2),
+        "{:?}",
+        node.claims()
+    );
+    let controls = Command::new("pgrep")
+        .args(["-x", "nvidia-cuda-mps"]) // the process name of both NVIDIA programs
+        .output()
+        .unwrap();
+    let pids: Vec<&str> = std::str::from_utf8(&controls.stdout)
+        .unwrap()
+        .lines()
+        .collect();
+    assert!(
+        pids.contains(&mps.control_daemon_pid.to_string().as_str()),
+        "{pids:?} vs {mps:?}"
+    );
+    // Both pods see the same one GPU, the claim's, and the same pipe directory.
+    let minor = claim.groups[0].devices[0].minor;
+    for pod in ["mps-client-a", "mps-client-b"] {
+        assert_eq!(
+            gpu_nodes(&node, "gpushare-example", pod),
+            vec![format!("nvidia{minor}")]
+        );
+        let env = node.exec("gpushare-example", pod, "env");
+        assert!(env.contains("CUDA_MPS_PIPE_DIRECTORY="), "{env}");
+    }
+
+    node.kubectl_stdin(
+        &["delete", "-f", "-", "--wait=true", "--timeout=120s"],
+        &example,
+    );
+    assert!(
+        wait_until(Duration::from_secs(60), || node.claims().is_empty()),
+        "claims left: {:?}",
+        node.claims()
+    );
+}
