@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use gpushare_proto::{ClaimInfo, Client};
 use serde_json::Value;
 
-use crate::{bin, bin_dir, wait_until};
+use crate::{bin, bin_dir, output_with_input, wait_until};
 
 /// Where gpushared's socket and run files are: the DaemonSet of `deployments/` mounts it.
 const HOST_RUN: &str = "/run/gpushare";
@@ -85,12 +85,16 @@ impl Node {
         }
     }
 
+    /// `kubectl ARGS` as the cluster administrator, not run yet.
+    fn kubectl_command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(self.bin.join("kubectl"));
+        cmd.arg("--kubeconfig").arg(&self.kubeconfig).args(args);
+        cmd
+    }
+
     /// `kubectl ARGS` as the cluster administrator.
     pub fn kubectl(&self, args: &[&str]) -> Output {
-        Command::new(self.bin.join("kubectl"))
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args)
+        self.kubectl_command(args)
             .output()
             .expect("running kubectl")
     }
@@ -100,15 +104,7 @@ impl Node {
     /// # Panics
     /// When kubectl fails, with what it printed.
     pub fn kubectl_ok(&self, args: &[&str]) -> String {
-        let out = self.kubectl(args);
-        assert!(
-            out.status.success(),
-            "kubectl {}: {}{}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        succeeded(&format!("kubectl {}", args.join(" ")), self.kubectl(args))
     }
 
     /// `kubectl ARGS` with `text` on its standard input (`apply -f -`, `delete -f -`), which
@@ -117,31 +113,8 @@ impl Node {
     /// # Panics
     /// When kubectl fails, with what it printed.
     pub fn kubectl_stdin(&self, args: &[&str], text: &str) -> String {
-        use std::io::Write;
-        let mut child = Command::new(self.bin.join("kubectl"))
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("running kubectl");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(text.as_bytes())
-            .expect("writing to kubectl");
-        let out = child.wait_with_output().expect("kubectl");
-        assert!(
-            out.status.success(),
-            "kubectl {}: {}{}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        let out = output_with_input(&mut self.kubectl_command(args), text);
+        succeeded(&format!("kubectl {}", args.join(" ")), out)
     }
 
     /// `kubectl get ARGS -o json`, parsed.
@@ -359,12 +332,21 @@ impl Node {
 
 fn run(cmd: &mut Command) {
     let out = cmd.output().expect("spawning");
+    succeeded(&format!("{cmd:?}"), out);
+}
+
+/// `out`'s standard output, after checking that `what` succeeded.
+///
+/// # Panics
+/// When it failed, with what it printed.
+fn succeeded(what: &str, out: Output) -> String {
     assert!(
         out.status.success(),
-        "{cmd:?}: {}{}",
+        "{what}: {}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 impl Drop for Node {

@@ -344,23 +344,40 @@ impl Daemon {
 
     /// Runs one UI session of the MPS control program against a pipe directory.
     pub fn mps_ui(&self, pipe_dir: &str, command: &str) -> Output {
-        use std::io::Write;
-        let mut child = Command::new(&self.mps_control)
-            .env_clear()
-            .env("CUDA_MPS_PIPE_DIRECTORY", pipe_dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("MPS control UI");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(format!("{command}\n").as_bytes())
-            .expect("write");
-        child.wait_with_output().expect("UI output")
+        mps_ui(&self.mps_control, pipe_dir, command)
     }
+}
+
+/// Runs one UI session of MPS control program `program` against a pipe directory: `command`
+/// on its standard input; what it answered.
+pub fn mps_ui(program: &Path, pipe_dir: &str, command: &str) -> Output {
+    output_with_input(
+        Command::new(program)
+            .env_clear()
+            .env("CUDA_MPS_PIPE_DIRECTORY", pipe_dir),
+        &format!("{command}\n"),
+    )
+}
+
+/// Runs `cmd` with `input` on its standard input; its output (both streams captured).
+///
+/// # Panics
+/// When it cannot be started or written to.
+pub fn output_with_input(cmd: &mut Command, input: &str) -> Output {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input.as_bytes())
+        .unwrap_or_else(|e| panic!("writing to {cmd:?}: {e}"));
+    child.wait_with_output().expect("output")
 }
 
 impl Drop for Daemon {

@@ -131,20 +131,11 @@ fn the_guides_workflow_runs_on_a_real_node_and_its_clean_up_leaves_nothing() {
     let listing = node.exec("ml-workloads", "mps-workload", &format!("ls {pipe}"));
     assert!(listing.lines().any(|l| l == "control"), "{listing}");
     let host_pipe = &mps_info.pipe_dir;
-    let read_back = Command::new("/usr/bin/nvidia-cuda-mps-control")
-        .env("CUDA_MPS_PIPE_DIRECTORY", host_pipe)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            use std::io::Write;
-            c.stdin
-                .take()
-                .unwrap()
-                .write_all(b"get_default_active_thread_percentage\n")?;
-            c.wait_with_output()
-        })
-        .unwrap();
+    let read_back = mps_ui(
+        std::path::Path::new("/usr/bin/nvidia-cuda-mps-control"),
+        host_pipe,
+        "get_default_active_thread_percentage",
+    );
     assert_eq!(String::from_utf8_lossy(&read_back.stdout).trim(), "50.0");
 
     // The guide's clean-up order: pods, templates, claims, namespaces.
