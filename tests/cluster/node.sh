@@ -355,8 +355,9 @@ down() {
   if [ -f "$run/admin.kubeconfig" ] && "$BIN/kubectl" --kubeconfig="$run/admin.kubeconfig" get --raw=/readyz >/dev/null 2>&1; then
     local k="$BIN/kubectl --kubeconfig=$run/admin.kubeconfig"
     # Workloads before the DRA plugin's own pods: their claims are unprepared through it.
-    $k delete pods --all -A --field-selector=metadata.namespace!=gpushare --wait=true --timeout=60s >/dev/null 2>&1 ||
-      say "pods not all deleted in 60 s; killing what is left"
+    local err
+    err=$($k delete pods --all -A --field-selector=metadata.namespace!=gpushare --wait=true --timeout=60s 2>&1 >/dev/null) ||
+      say "pods not all deleted in 60 s ($err); killing what is left"
     $k delete daemonsets --all -A --wait=true --timeout=30s >/dev/null 2>&1 || true
     $k delete pods --all -A --wait=true --timeout=30s >/dev/null 2>&1 || say "pods not all deleted in 30 s; killing what is left"
   fi

@@ -17,6 +17,8 @@ use crate::{bin, bin_dir, output_with_input, wait_until};
 const HOST_RUN: &str = "/run/gpushare";
 /// The CDI directory containerd reads and the packaged config names.
 const CDI_DIR: &str = "/var/run/cdi";
+/// The node's run directory (`tests/cluster/node.sh`): its PKI and kubeconfigs.
+const RUN: &str = "/run/gpushare-cluster";
 /// The plugin's image as `deployments/daemonset.yaml` names it.
 const PLUGIN_IMAGE: &str = "localhost/gpushare-dra:0.1.0";
 
@@ -35,6 +37,8 @@ pub struct Node {
     pub name: String,
     /// The cluster administrator's kubeconfig.
     pub kubeconfig: PathBuf,
+    /// The node's address: the API server listens on it (port 6443).
+    pub ip: String,
     containerd: String,
     gpushared: Option<Child>,
     /// gpushared's state directory (a temporary one: the host's /var/lib/gpushare is left be).
@@ -48,7 +52,7 @@ impl Node {
     /// When a component does not come up; the output of `node.sh` says which, with its log.
     pub fn up() -> Node {
         let script = repo().join("tests/cluster/node.sh");
-        if Path::new("/run/gpushare-cluster").exists() {
+        if Path::new(RUN).exists() {
             let _ = Command::new(&script).arg("down").status();
         }
         let out = Command::new(&script)
@@ -76,6 +80,7 @@ impl Node {
             bin: PathBuf::from(var("BIN")),
             name: var("NODE"),
             kubeconfig: PathBuf::from(var("KUBECONFIG")),
+            ip: var("IP"),
             containerd: var("CONTAINERD_ADDRESS"),
             gpushared: None,
             state: tempfile::Builder::new()
@@ -115,6 +120,29 @@ impl Node {
     pub fn kubectl_stdin(&self, args: &[&str], text: &str) -> String {
         let out = output_with_input(&mut self.kubectl_command(args), text);
         succeeded(&format!("kubectl {}", args.join(" ")), out)
+    }
+
+    /// `kubectl ARGS` authenticated by bearer `token` alone (a service account's), not by the
+    /// administrator's certificate; `text` on its standard input.
+    pub fn kubectl_with_token(&self, token: &str, args: &[&str], text: &str) -> Output {
+        let ca = Path::new(RUN).join("pki/ca.crt");
+        let mut cmd = Command::new(self.bin.join("kubectl"));
+        cmd.args(["--kubeconfig", "/dev/null"])
+            .arg(format!("--server=https://{}:6443", self.ip))
+            .arg(format!("--certificate-authority={}", ca.display()))
+            .arg(format!("--token={token}"))
+            .args(args);
+        output_with_input(&mut cmd, text)
+    }
+
+    /// `kubectl ARGS` as kubelet (`system:node:<name>`, its own credential), `text` on its
+    /// standard input.
+    pub fn kubectl_as_kubelet(&self, args: &[&str], text: &str) -> Output {
+        let mut cmd = Command::new(self.bin.join("kubectl"));
+        cmd.arg("--kubeconfig")
+            .arg(Path::new(RUN).join("kubelet.kubeconfig"))
+            .args(args);
+        output_with_input(&mut cmd, text)
     }
 
     /// `kubectl get ARGS -o json`, parsed.

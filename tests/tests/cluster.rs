@@ -276,3 +276,285 @@ fn two_pods_on_one_mps_claim_run_under_one_control_daemon() {
         node.claims()
     );
 }
+
+/// A ResourceClaimTemplate `name` in `ns` for one MIG slice of `profile`, selected as the
+/// corrected guide template does (`mig.nvidia.com`, the `profile` attribute).
+fn mig_template(ns: &str, name: &str, profile: &str) -> String {
+    format!(
+        r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{ name: {name}, namespace: {ns} }}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: mig.nvidia.com
+          selectors:
+          - cel:
+              expression: device.attributes["gpu.nvidia.com"].profile == "{profile}"
+"#
+    )
+}
+
+/// A pod `name` in `ns` that sleeps holding a claim made from `template`.
+fn pod_with_template(ns: &str, name: &str, template: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{ name: {name}, namespace: {ns} }}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: gpushare.test/busybox:local
+    imagePullPolicy: Never
+    command: ["sleep", "3600"]
+    resources: {{ claims: [{{ name: gpu }}] }}
+  resourceClaims:
+  - name: gpu
+    resourceClaimTemplateName: {template}
+"#
+    )
+}
+
+fn phase(node: &Node, ns: &str, pod: &str) -> String {
+    let out = node.kubectl(&[
+        "-n",
+        ns,
+        "get",
+        "pod",
+        pod,
+        "-o",
+        "jsonpath={.status.phase}",
+    ]);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn the_scheduler_fills_a_mig_gpu_without_overlap_and_the_real_authorizers_hold() {
+    if setup().is_none() {
+        return;
+    }
+    let _serial = global_lock();
+    let mut node = Node::up();
+    node.start_gpushared(&p4d_mig_profile());
+    node.install_plugin(7);
+    let ns = "mig-fill";
+    node.kubectl_ok(&["create", "namespace", ns]);
+    node.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &(mig_template(ns, "mig-3g", "3g.20gb") + "---\n" + &mig_template(ns, "mig-1g", "1g.5gb")),
+    );
+
+    // One 3g.20gb slice, then 1g.5gb slices until the scheduler finds no room: an A100 40GB
+    // has 8 memory slices, a 3g.20gb takes 4 (placed at 0 or 4), a 1g.5gb one of 0..=6.
+    node.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &pod_with_template(ns, "big", "mig-3g"),
+    );
+    node.wait_running(ns, "big", RUNNING);
+    let mut small = 0;
+    let pending = loop {
+        let name = format!("small-{small}");
+        node.kubectl_stdin(
+            &["apply", "-f", "-"],
+            &pod_with_template(ns, &name, "mig-1g"),
+        );
+        let settled = wait_until(RUNNING, || {
+            phase(&node, ns, &name) == "Running"
+                || node.events(ns, &name).contains("FailedScheduling")
+        });
+        assert!(settled, "{name}: {}", node.events(ns, &name));
+        if phase(&node, ns, &name) != "Running" {
+            break name;
+        }
+        small += 1;
+        assert!(small <= 7, "more 1g.5gb slices than a GPU has");
+    };
+    // The scheduler's own reason, and the pod stays Pending.
+    let events = node.events(ns, &pending);
+    assert!(events.contains("cannot allocate all claims"), "{events}");
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(phase(&node, ns, &pending), "Pending");
+
+    // What gpushared made: one slice per Running pod, on gpu-2, none overlapping another,
+    // and as many 1g.5gb as fit beside the 3g.20gb where it was placed.
+    let held = node.claims();
+    assert_eq!(held.len(), small + 1, "{held:?}");
+    let slices: Vec<_> = held
+        .iter()
+        .flat_map(|c| c.groups.iter().flat_map(|g| g.mig.iter()))
+        .collect();
+    assert_eq!(slices.len(), small + 1, "{held:?}");
+    let mut used = [false; 8];
+    for s in &slices {
+        for m in s.placement_start..s.placement_start + s.memory_slices {
+            assert!(
+                !used[m as usize],
+                "memory slice {m} granted twice: {slices:?}"
+            );
+            used[m as usize] = true;
+        }
+    }
+    let big = slices.iter().find(|s| s.profile == "3g.20gb").unwrap();
+    let fit = if big.placement_start == 4 { 4 } else { 3 };
+    assert_eq!(small, fit, "{slices:?}");
+    assert!(slices.iter().all(|s| s.gpu_minor == big.gpu_minor));
+
+    // Releasing one pod's slice lets the Pending pod be scheduled into it.
+    node.kubectl_ok(&["-n", ns, "delete", "pod", "small-0", "--wait=true"]);
+    node.wait_running(ns, &pending, RUNNING);
+
+    // Real authorization. The plugin's service account, with a token bound to its pod (as
+    // kubelet mounts it), may do what deployments/rbac.yaml grants and nothing else.
+    let plugin_pod = node.kubectl_ok(&[
+        "-n",
+        "gpushare",
+        "get",
+        "pods",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ]);
+    let token = node
+        .kubectl_ok(&[
+            "-n",
+            "gpushare",
+            "create",
+            "token",
+            "gpushare-dra",
+            "--bound-object-kind=Pod",
+            &format!("--bound-object-name={plugin_pod}"),
+        ])
+        .trim()
+        .to_string();
+    let denied = node.kubectl_with_token(&token, &["-n", "gpushare", "get", "secrets"], "");
+    let err = String::from_utf8_lossy(&denied.stderr);
+    assert!(
+        !denied.status.success()
+            && err.contains("system:serviceaccount:gpushare:gpushare-dra")
+            && err.contains("cannot list resource \"secrets\""),
+        "{err}"
+    );
+    let claim = node.kubectl_ok(&[
+        "-n",
+        ns,
+        "get",
+        "resourceclaims",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ]);
+    let denied =
+        node.kubectl_with_token(&token, &["-n", ns, "delete", "resourceclaim", &claim], "");
+    let err = String::from_utf8_lossy(&denied.stderr);
+    assert!(
+        !denied.status.success() && err.contains("cannot delete resource \"resourceclaims\""),
+        "{err}"
+    );
+    assert!(node
+        .kubectl_with_token(&token, &["-n", ns, "get", "resourceclaim", &claim], "")
+        .status
+        .success());
+
+    // The admission policy: RBAC lets the plugin write ResourceSlices, the policy only its own
+    // node's. Its own node's is admitted; another node's refused, by the policy, by name.
+    let slice = |name: &str, node_name: &str| {
+        format!(
+            r#"apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {{ name: {name} }}
+spec:
+  driver: gpu.nvidia.com
+  nodeName: {node_name}
+  pool: {{ name: {name}, generation: 1, resourceSliceCount: 1 }}
+  devices: [{{ name: probe }}]
+"#
+        )
+    };
+    let apply_as =
+        |token: &str, yaml: &str| node.kubectl_with_token(token, &["create", "-f", "-"], yaml);
+    let own = apply_as(&token, &slice("probe-own", &node.name));
+    assert!(own.status.success(), "{own:?}");
+    // (The plugin owns its node's slices of its driver: it removes one it did not publish.)
+    assert!(
+        wait_until(Duration::from_secs(30), || !node
+            .kubectl(&["get", "resourceslice", "probe-own"])
+            .status
+            .success()),
+        "a stray slice on the plugin's node stays"
+    );
+    let other = "ip-10-0-0-1.ec2.internal";
+    let refused = apply_as(&token, &slice("probe-other", other));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success()
+            && err.contains("gpushare-dra-own-node-slices")
+            && err.contains(&format!(
+                "gpushare-dra on node {} may only change its own node's ResourceSlices, not those of {other}",
+                node.name
+            )),
+        "{err}"
+    );
+    // A token bound to no pod names no node: refused too.
+    let unbound = node
+        .kubectl_ok(&["-n", "gpushare", "create", "token", "gpushare-dra"])
+        .trim()
+        .to_string();
+    let refused = apply_as(&unbound, &slice("probe-unbound", &node.name));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && err.contains("the service-account token names no node"),
+        "{err}"
+    );
+
+    // kubelet's credential: the Node authorizer lets it read the claims of its own pods, not
+    // one no pod of it uses; NodeRestriction keeps its ResourceSlice writes to its own node.
+    node.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &format!(
+            r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{ name: unused, namespace: {ns} }}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {{ deviceClassName: gpu.nvidia.com }}
+"#
+        ),
+    );
+    let own_claim = node.kubectl_as_kubelet(&["-n", ns, "get", "resourceclaim", &claim], "");
+    assert!(own_claim.status.success(), "{own_claim:?}");
+    let other_claim = node.kubectl_as_kubelet(&["-n", ns, "get", "resourceclaim", "unused"], "");
+    let err = String::from_utf8_lossy(&other_claim.stderr);
+    assert!(
+        !other_claim.status.success()
+            && err.contains(&format!("system:node:{}", node.name))
+            && err.contains("forbidden"),
+        "{err}"
+    );
+    let refused = node.kubectl_as_kubelet(&["create", "-f", "-"], &slice("probe-kubelet", other));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && err.contains("forbidden"),
+        "{err}"
+    );
+    assert!(!node
+        .kubectl(&[
+            "get",
+            "resourceslice",
+            "probe-other",
+            "probe-unbound",
+            "probe-kubelet"
+        ])
+        .status
+        .success());
+
+    node.kubectl_ok(&["delete", "namespace", ns, "--wait=true", "--timeout=120s"]);
+    assert!(
+        wait_until(Duration::from_secs(60), || node.claims().is_empty()),
+        "claims left: {:?}",
+        node.claims()
+    );
+}
