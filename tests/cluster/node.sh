@@ -9,6 +9,11 @@
 #                                mounts, kubepods cgroups, iptables rules, the CNI bridge,
 #                                its directories
 #   tests/cluster/node.sh env    prints the variables a test reads (KUBECONFIG, BIN, NODE, ...)
+#   tests/cluster/node.sh restart-kubelet
+#                                kubelet stopped and started again, its pods left running
+#   tests/cluster/node.sh power-off | power-on
+#                                what a reboot does to the node (its control plane stays up):
+#                                see power_off below
 #
 # Layout (everything under these, removed by `down`):
 #   /run/gpushare-cluster        run state: pki/, kubeconfigs, logs/, pids/, containerd's socket
@@ -186,19 +191,12 @@ EOF
 
   cni_config >"$run/cni/net.d/10-gpushare.conflist"
   containerd_config >"$run/containerd.toml"
-  # The shim is found on PATH: containerd 2's own, never Debian's containerd 1.6 one.
-  PATH="$BIN:$PATH" start containerd "$BIN/containerd" --config "$run/containerd.toml"
-  wait_for containerd 30 "$BIN/ctr" --address "$containerd_sock" version
+  kubelet_config >"$run/kubelet.yaml"
+  start_containerd
   images
   say "containerd ready"
-
-  kubelet_config >"$run/kubelet.yaml"
-  start kubelet "$BIN/kubelet" --config="$run/kubelet.yaml" \
-    --kubeconfig="$run/kubelet.kubeconfig" --root-dir="$kubelet_root" \
-    --hostname-override="$NODE" --node-ip="$IP" --v=2
-  start kube-proxy "$BIN/kube-proxy" --kubeconfig="$run/kube-proxy.kubeconfig" \
-    --hostname-override="$NODE" --cluster-cidr="$pod_cidr" --proxy-mode=iptables \
-    --conntrack-max-per-core=0 --metrics-bind-address=127.0.0.1:10249
+  start_kubelet
+  start_kube_proxy
   wait_for kubelet 90 node_ready
   # Pods are refused until the controller-manager made the namespace's service account.
   wait_for kube-controller-manager 60 "$BIN/kubectl" --kubeconfig="$run/admin.kubeconfig" get serviceaccount default
@@ -206,7 +204,74 @@ EOF
   echo "KUBECONFIG=$run/admin.kubeconfig"
 }
 
+start_containerd() {
+  mkdir -p "$run/containerd" "$run/cni/ipam"
+  # The shim is found on PATH: containerd 2's own, never Debian's containerd 1.6 one.
+  PATH="$BIN:$PATH" start containerd "$BIN/containerd" --config "$run/containerd.toml"
+  wait_for containerd 30 "$BIN/ctr" --address "$containerd_sock" version
+}
+
+start_kubelet() {
+  start kubelet "$BIN/kubelet" --config="$run/kubelet.yaml" \
+    --kubeconfig="$run/kubelet.kubeconfig" --root-dir="$kubelet_root" \
+    --hostname-override="$NODE" --node-ip="$IP" --v=2
+}
+
+start_kube_proxy() {
+  start kube-proxy "$BIN/kube-proxy" --kubeconfig="$run/kube-proxy.kubeconfig" \
+    --hostname-override="$NODE" --cluster-cidr="$pod_cidr" --proxy-mode=iptables \
+    --conntrack-max-per-core=0 --metrics-bind-address=127.0.0.1:10249
+}
+
+# The variables of the node that is up.
+load_env() {
+  [ -f "$run/env" ] || die "no node is up ($run/env missing)"
+  BIN=$(sed -n 's/^BIN=//p' "$run/env")
+  IP=$(sed -n 's/^IP=//p' "$run/env")
+  NODE=$(sed -n 's/^NODE=//p' "$run/env")
+}
+
+# kubelet stopped (SIGTERM) and started again, pods left running; waits until the node is Ready.
+restart_kubelet() {
+  load_env
+  stop kubelet
+  start_kubelet
+  wait_for kubelet 90 node_ready
+  say "kubelet restarted"
+}
+
+# What a reboot does to the node while its control plane (elsewhere, as on EKS) stays: every
+# node process gone (kubelet, kube-proxy, containerd and its shims, the containers), then
+# what lived in memory or under /run — containers' mounts and cgroups, containerd's state,
+# pods' network namespaces and addresses, the bridge and the iptables rules — and kubelet's pod
+# directories. What is on disk stays: images, etcd, kubelet's checkpoints (its DRA manager's
+# dra_manager_state among them).
+power_off() {
+  load_env
+  stop kube-proxy
+  stop kubelet
+  kill_pods
+  stop containerd
+  kill_shims
+  clean_network
+  unmount_under "$run/containerd" "$kubelet_root/pods"
+  remove_kubepods_cgroups
+  rm -rf "$run/containerd" "$run/cni/ipam" "$kubelet_root/pods"
+  say "node powered off"
+}
+
+# The node's own processes started again after power_off; waits until the node is Ready.
+power_on() {
+  load_env
+  start_containerd
+  start_kubelet
+  start_kube_proxy
+  wait_for kubelet 90 node_ready
+  say "node powered on"
+}
+
 node_ready() {
+  [ "$("$BIN/kubectl" --kubeconfig="$run/admin.kubeconfig" get --raw=/readyz 2>/dev/null)" = ok ] &&
   [ "$("$BIN/kubectl" --kubeconfig="$run/admin.kubeconfig" get node "$NODE" \
     -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]
 }
@@ -326,7 +391,8 @@ stop() {
 kill_pods() {
   local round procs
   for round in $(seq 1 50); do
-    procs=$(find /sys/fs/cgroup/*/kubepods -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u)
+    # (find fails for a hierarchy without kubepods: not every one has it.)
+    procs=$({ find /sys/fs/cgroup/*/kubepods -name cgroup.procs -exec cat {} + 2>/dev/null || true; } | sort -u)
     [ -z "$procs" ] && return 0
     # shellcheck disable=SC2086
     kill -KILL $procs 2>/dev/null || true
@@ -345,32 +411,9 @@ kill_components() {
   done
 }
 
-down() {
-  [ "$(id -u)" -eq 0 ] || die "needs root"
-  local BIN
-  BIN=$(sed -n 's/^BIN=//p' "$run/env" 2>/dev/null || true)
-  [ -n "$BIN" ] || BIN=$(bin_dir)
-  # Pods deleted through the API first: kubelet stops their containers, unprepares their
-  # claims and runs CNI's DEL (which removes the bridge plugin's iptables rules).
-  if [ -f "$run/admin.kubeconfig" ] && "$BIN/kubectl" --kubeconfig="$run/admin.kubeconfig" get --raw=/readyz >/dev/null 2>&1; then
-    local k="$BIN/kubectl --kubeconfig=$run/admin.kubeconfig"
-    # Workloads before the DRA plugin's own pods: their claims are unprepared through it.
-    local err
-    err=$($k delete pods --all -A --field-selector=metadata.namespace!=gpushare --wait=true --timeout=60s 2>&1 >/dev/null) ||
-      say "pods not all deleted in 60 s ($err); killing what is left"
-    $k delete daemonsets --all -A --wait=true --timeout=30s >/dev/null 2>&1 || true
-    $k delete pods --all -A --wait=true --timeout=30s >/dev/null 2>&1 || say "pods not all deleted in 30 s; killing what is left"
-  fi
-  stop kube-proxy
-  stop kubelet
-  kill_pods
-  stop containerd
-  kill_components "$BIN"
-  stop kube-scheduler
-  stop kube-controller-manager
-  stop kube-apiserver
-  stop etcd
-  kill_components "$BIN"
+# The iptables rules and chains of kube-proxy, kubelet and the test network's CNI plugins,
+# and the bridge.
+clean_network() {
   # kube-proxy's own clean-up of its rules, then what kubelet and the CNI plugins left.
   "$BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true
   local ipt table chain
@@ -389,16 +432,64 @@ down() {
     done
   done
   ip link del "$bridge" 2>/dev/null || true
-  # Mounts under the node's directories, deepest first.
+}
+
+# unmount_under DIR...: every mount under the DIRs, deepest first.
+unmount_under() {
   local m
-  for m in $(findmnt -rn -o TARGET | grep -E "^($run|$var|$kubelet_root)(/|$)" | sort -r); do
+  for m in $(findmnt -rn -o TARGET | grep -E "^($(IFS="|"; echo "$*"))(/|$)" | sort -r); do
     umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || say "cannot unmount $m"
   done
-  # kubepods cgroups, deepest first, under every hierarchy.
+}
+
+# Every kubepods cgroup, deepest first, under every hierarchy.
+remove_kubepods_cgroups() {
   local d
   for d in $(find /sys/fs/cgroup/*/kubepods -depth -type d 2>/dev/null); do
     rmdir "$d" 2>/dev/null || say "cannot remove cgroup $d"
   done
+}
+
+# containerd 2's shims (they leave their tini's process group).
+kill_shims() {
+  local p
+  for p in /proc/[0-9]*; do
+    [ "$(readlink "$p/exe" 2>/dev/null)" = "$BIN/containerd-shim-runc-v2" ] && kill -KILL "${p#/proc/}" 2>/dev/null
+  done
+  return 0
+}
+
+down() {
+  [ "$(id -u)" -eq 0 ] || die "needs root"
+  local BIN NODE
+  BIN=$(sed -n 's/^BIN=//p' "$run/env" 2>/dev/null || true)
+  NODE=$(sed -n 's/^NODE=//p' "$run/env" 2>/dev/null || true)
+  [ -n "$BIN" ] || BIN=$(bin_dir)
+  # Pods deleted through the API first, while kubelet runs: it stops their containers,
+  # unprepares their claims and runs CNI's DEL (which removes the bridge plugin's iptables
+  # rules).
+  if [ -f "$run/admin.kubeconfig" ] && [ -f "$pids/kubelet" ] && node_ready; then
+    local k="$BIN/kubectl --kubeconfig=$run/admin.kubeconfig"
+    # Workloads before the DRA plugin's own pods: their claims are unprepared through it.
+    local err
+    err=$($k delete pods -A --field-selector=metadata.namespace!=gpushare --wait=true --timeout=60s 2>&1 >/dev/null) ||
+      say "pods not all deleted in 60 s ($err); killing what is left"
+    $k delete daemonsets --all -A --wait=true --timeout=30s >/dev/null 2>&1 || true
+    $k delete pods --all -A --wait=true --timeout=30s >/dev/null 2>&1 || say "pods not all deleted in 30 s; killing what is left"
+  fi
+  stop kube-proxy
+  stop kubelet
+  kill_pods
+  stop containerd
+  kill_components "$BIN"
+  stop kube-scheduler
+  stop kube-controller-manager
+  stop kube-apiserver
+  stop etcd
+  kill_components "$BIN"
+  clean_network
+  unmount_under "$run" "$var" "$kubelet_root"
+  remove_kubepods_cgroups
   rm -f /var/lib/cni/results/gpushare-test-* 2>/dev/null || true
   for l in /var/log/containers/*; do
     case "$(readlink "$l" 2>/dev/null)" in "$var"/*) rm -f "$l" ;; esac
@@ -411,5 +502,8 @@ case "${1:-}" in
   up) up ;;
   down) down ;;
   env) cat "$run/env" ;;
-  *) die "usage: $0 up|down|env" ;;
+  restart-kubelet) restart_kubelet ;;
+  power-off) power_off ;;
+  power-on) power_on ;;
+  *) die "usage: $0 up|down|env|restart-kubelet|power-off|power-on" ;;
 esac

@@ -41,6 +41,8 @@ pub struct Node {
     pub ip: String,
     containerd: String,
     gpushared: Option<Child>,
+    /// The simulated node's profile gpushared runs on (set by [`Node::start_gpushared`]).
+    profile: String,
     /// gpushared's state directory (a temporary one: the host's /var/lib/gpushare is left be).
     state: tempfile::TempDir,
 }
@@ -55,6 +57,7 @@ impl Node {
         if Path::new(RUN).exists() {
             let _ = Command::new(&script).arg("down").status();
         }
+        remove_gpushared_run_files();
         let out = Command::new(&script)
             .arg("up")
             .output()
@@ -83,6 +86,7 @@ impl Node {
             ip: var("IP"),
             containerd: var("CONTAINERD_ADDRESS"),
             gpushared: None,
+            profile: String::new(),
             state: tempfile::Builder::new()
                 .prefix("gs-cluster-")
                 .tempdir()
@@ -160,25 +164,52 @@ impl Node {
     /// # Panics
     /// When it does not answer within 20 s, with its log.
     pub fn start_gpushared(&mut self, profile: &str) {
-        let env = fs::read_to_string(repo().join("systemd/gpushared.env")).expect("unit env");
-        let unit_args: Vec<String> = env
+        self.profile = profile.to_string();
+        let boot = self.state.path().join("boot_id");
+        if !boot.exists() {
+            fs::write(&boot, "boot-1\n").expect("boot ID file");
+        }
+        self.spawn_gpushared(&[]);
+    }
+
+    /// gpushared started again as [`Node::start_gpushared`] did, with `env` added (a crash
+    /// point: `GPUSHARE_CRASH_AT`).
+    ///
+    /// # Panics
+    /// When it is running, or does not answer within 20 s.
+    pub fn spawn_gpushared(&mut self, env: &[(&str, &str)]) {
+        assert!(self.gpushared.is_none(), "gpushared runs");
+        let unit = fs::read_to_string(repo().join("systemd/gpushared.env")).expect("unit env");
+        let unit_args: Vec<String> = unit
             .lines()
             .find_map(|l| l.strip_prefix("GPUSHARED_ARGS="))
             .unwrap_or("")
             .split_whitespace()
             .map(str::to_string)
             .collect();
-        let log = fs::File::create(self.state.path().join("gpushared.log")).expect("log");
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.state.path().join("gpushared.log"))
+            .expect("log");
         let child = Command::new(bin("gpushared"))
             .args(&unit_args)
             .arg("--config")
             .arg(repo().join("packaging/config.toml"))
-            .args(["--simulate", profile, "--node-name", &self.name])
+            .args(["--simulate", &self.profile, "--node-name", &self.name])
             .arg("--state-dir")
             .arg(self.state.path().join("state"))
+            // The simulated GPUs keep their state (MIG mode, instances) on disk, as hardware
+            // keeps its own across a reboot that empties /run; the boot ID is a file a test
+            // can change as a reboot does.
+            .arg("--sim-dev-root")
+            .arg(self.state.path().join("gpus"))
+            .arg("--boot-id-file")
+            .arg(self.state.path().join("boot_id"))
             .arg("--mps-control")
             .arg("/usr/bin/nvidia-cuda-mps-control")
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
@@ -195,6 +226,74 @@ impl Node {
             "gpushared did not start:\n{}",
             self.gpushared_log()
         );
+    }
+
+    /// Stops gpushared with `signal` (SIGTERM as systemd does; SIGKILL) and reaps it; its MPS
+    /// control daemons and MIG slices stay, as they do on a node.
+    pub fn stop_gpushared(&mut self, signal: nix::sys::signal::Signal) {
+        let Some(mut child) = self.gpushared.take() else {
+            return;
+        };
+        // Our own child, not reaped yet: the pid is still its.
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Waits until gpushared has exited by itself (a crash point); its status.
+    ///
+    /// # Panics
+    /// When it still runs after `timeout`.
+    pub fn wait_gpushared_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let child = self.gpushared.as_mut().expect("gpushared was started");
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = child.try_wait().expect("waiting for gpushared") {
+                self.gpushared = None;
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "gpushared still runs:\n{}",
+                self.gpushared_log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `tests/cluster/node.sh COMMAND` (`restart-kubelet`, `power-off`, `power-on`).
+    ///
+    /// # Panics
+    /// When it fails, with what it printed.
+    pub fn node_sh(&self, command: &str) {
+        run(Command::new("bash")
+            .arg("-x")
+            .arg(repo().join("tests/cluster/node.sh"))
+            .arg(command));
+    }
+
+    /// A reboot of the node (its control plane stays up, as EKS's does): kubelet, containerd,
+    /// the containers and gpushared stopped, MPS daemons gone, a new boot ID, every simulated
+    /// MIG instance gone (MIG mode stays), /run's gpushare and CDI files gone, containerd's
+    /// state and kubelet's pod directories wiped (kubelet's checkpoints kept); then gpushared
+    /// started (its unit runs before kubelet's) and the node's own processes.
+    pub fn reboot(&mut self) {
+        self.node_sh("power-off");
+        self.stop_gpushared(nix::sys::signal::Signal::SIGTERM);
+        let boot = self.state.path().join("boot_id");
+        let old = fs::read_to_string(&boot).expect("boot ID file");
+        fs::write(&boot, format!("{}-next\n", old.trim())).expect("boot ID file");
+        fs::write(self.state.path().join("gpus/reset-gpus"), "all\n").expect("reset-gpus");
+        remove_gpushared_run_files();
+        self.spawn_gpushared(&[]);
+        self.node_sh("power-on");
     }
 
     /// gpushared's log so far.
@@ -370,7 +469,8 @@ fn run(cmd: &mut Command) {
 fn succeeded(what: &str, out: Output) -> String {
     assert!(
         out.status.success(),
-        "{what}: {}{}",
+        "{what}: {}\n{}{}",
+        out.status,
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
@@ -382,31 +482,63 @@ impl Drop for Node {
         let _ = Command::new(repo().join("tests/cluster/node.sh"))
             .arg("down")
             .status();
-        if let Some(mut child) = self.gpushared.take() {
-            // Our own child, not reaped yet: the pid is still its.
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(child.id() as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while Instant::now() < deadline {
-                if matches!(child.try_wait(), Ok(Some(_))) {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        // What gpushared leaves on purpose when it stops (its driver spec, its run directory),
-        // which nothing on a test machine would remove.
-        let _ = fs::remove_dir_all(HOST_RUN);
-        if let Ok(dir) = fs::read_dir(CDI_DIR) {
-            for e in dir.flatten() {
-                if e.file_name().to_string_lossy().starts_with("gpushare.io-") {
-                    let _ = fs::remove_file(e.path());
-                }
+        self.stop_gpushared(nix::sys::signal::Signal::SIGTERM);
+        remove_gpushared_run_files();
+    }
+}
+
+/// What gpushared leaves on purpose when it stops (MPS control daemons, the claims' run
+/// directories and their mounts, its driver spec), which nothing on a test machine would
+/// remove; a reboot removes them all (they live in memory and under /run).
+fn remove_gpushared_run_files() {
+    for pid in mps_processes() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    assert!(
+        wait_until(Duration::from_secs(10), || mps_processes().is_empty()),
+        "MPS processes survive SIGKILL: {:?}",
+        mps_processes()
+    );
+    let mut mounts: Vec<String> = fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(&format!("{HOST_RUN}/")))
+        .map(str::to_string)
+        .collect();
+    mounts.sort_by(|a, b| b.cmp(a)); // deepest first
+    for m in mounts {
+        let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
+    }
+    let _ = fs::remove_dir_all(HOST_RUN);
+    if let Ok(dir) = fs::read_dir(CDI_DIR) {
+        for e in dir.flatten() {
+            if e.file_name().to_string_lossy().starts_with("gpushare.io-") {
+                let _ = fs::remove_file(e.path());
             }
         }
     }
+}
+
+/// The pids of NVIDIA's MPS processes (control daemons and servers) serving gpushared's
+/// claims: their pipe directory is under its run directory.
+pub fn mps_processes() -> Vec<i32> {
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.starts_with("nvidia-cuda-mps"))
+                && fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
+                    env.split(|b| *b == 0).any(|v| {
+                        v.starts_with(format!("CUDA_MPS_PIPE_DIRECTORY={HOST_RUN}/").as_bytes())
+                    })
+                })
+        })
+        .collect()
 }

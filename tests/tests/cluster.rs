@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use gpushare_e2e::cluster::{repo, Node};
 use gpushare_e2e::*;
-use gpushare_proto::StrategyInfo;
+use gpushare_proto::{StrategyInfo, TimeSliceInterval};
 
 const RUNNING: Duration = Duration::from_secs(120);
 
@@ -208,7 +208,7 @@ fn the_guides_workflow_runs_on_a_real_node_and_its_clean_up_leaves_nothing() {
 }
 
 #[test]
-fn two_pods_on_one_mps_claim_run_under_one_control_daemon() {
+fn two_pods_on_one_claim_share_its_gpu_under_mps_and_under_time_slicing() {
     if setup().is_none() {
         return;
     }
@@ -266,6 +266,83 @@ fn two_pods_on_one_mps_claim_run_under_one_control_daemon() {
         assert!(env.contains("CUDA_MPS_PIPE_DIRECTORY="), "{env}");
     }
 
+    // The same with time-slicing: one claim with NVIDIA's TimeSlicing config, two pods on it,
+    // one GPU, the interval applied once.
+    let ts = r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: { name: shared-ts, namespace: gpushare-example }
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: { deviceClassName: gpu.nvidia.com }
+    config:
+    - requests: ["gpu"]
+      opaque:
+        driver: gpu.nvidia.com
+        parameters:
+          apiVersion: resource.nvidia.com/v1beta1
+          kind: GpuConfig
+          sharing: { strategy: TimeSlicing, timeSlicingConfig: { interval: Long } }
+"#;
+    let ts_pod = |name: &str| {
+        pod_with_template("gpushare-example", name, "-").replace(
+            "resourceClaimTemplateName: -",
+            "resourceClaimName: shared-ts",
+        )
+    };
+    node.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &[ts.to_string(), ts_pod("ts-a"), ts_pod("ts-b")].join("---\n"),
+    );
+    node.wait_running("gpushare-example", "ts-a", RUNNING);
+    node.wait_running("gpushare-example", "ts-b", RUNNING);
+    let shared = || {
+        node.claims()
+            .into_iter()
+            .find(|c| c.name == "shared-ts")
+            .unwrap_or_else(|| panic!("{:?}", node.claims()))
+    };
+    assert!(
+        wait_until(RUNNING, || shared().attached.len() == 2),
+        "{:?}",
+        shared()
+    );
+    let claim = shared();
+    assert!(
+        matches!(
+            claim.groups[0].sharing,
+            StrategyInfo::TimeSlicing {
+                interval: TimeSliceInterval::Long
+            }
+        ),
+        "{claim:?}"
+    );
+    assert_eq!(claim.groups[0].devices.len(), 1);
+    let minor = claim.groups[0].devices[0].minor;
+    for pod in ["ts-a", "ts-b"] {
+        assert_eq!(
+            gpu_nodes(&node, "gpushare-example", pod),
+            vec![format!("nvidia{minor}")]
+        );
+    }
+
+    node.kubectl_ok(&[
+        "-n",
+        "gpushare-example",
+        "delete",
+        "pod",
+        "ts-a",
+        "ts-b",
+        "--wait=true",
+    ]);
+    node.kubectl_ok(&[
+        "-n",
+        "gpushare-example",
+        "delete",
+        "resourceclaim",
+        "shared-ts",
+    ]);
     node.kubectl_stdin(
         &["delete", "-f", "-", "--wait=true", "--timeout=120s"],
         &example,
@@ -556,5 +633,275 @@ spec:
         wait_until(Duration::from_secs(60), || node.claims().is_empty()),
         "claims left: {:?}",
         node.claims()
+    );
+}
+
+/// A ResourceClaimTemplate `name` in `ns` for one whole GPU shared with `parameters` (the
+/// guides' opaque configuration, JSON).
+fn shared_template(ns: &str, name: &str, parameters: &str) -> String {
+    format!(
+        r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{ name: {name}, namespace: {ns} }}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly: {{ deviceClassName: gpu.nvidia.com }}
+      config:
+      - requests: ["gpu"]
+        opaque: {{ driver: gpu.nvidia.com, parameters: {parameters} }}
+"#
+    )
+}
+
+/// kubelet's own count of NodePrepareResources calls to the plugins (its
+/// `dra_grpc_operations_duration_seconds` histogram, read through the API server; it starts
+/// from zero when kubelet does).
+fn kubelet_prepare_calls(node: &Node) -> u64 {
+    let metrics = node.kubectl_ok(&[
+        "get",
+        "--raw",
+        &format!("/api/v1/nodes/{}/proxy/metrics", node.name),
+    ]);
+    metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("dra_grpc_operations_duration_seconds_count{")
+                && l.contains("NodePrepareResources")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// The CDI device IDs kubelet's DRA manager has in its checkpoint
+/// (`/var/lib/kubelet/dra_manager_state`: JSON with the entries as an escaped JSON string).
+fn kubelet_cdi_ids() -> std::collections::BTreeSet<String> {
+    let text = std::fs::read_to_string("/var/lib/kubelet/dra_manager_state").unwrap();
+    text.split('"')
+        .filter(|s| s.starts_with("gpushare.io/"))
+        .map(|s| s.trim_end_matches('\\').to_string())
+        .collect()
+}
+
+/// The first container's ID and restart count of pod `ns/name`.
+fn container(node: &Node, ns: &str, name: &str) -> (String, u64) {
+    let pod = node.get_json(&["-n", ns, "pod", name]);
+    let c = &pod["status"]["containerStatuses"][0];
+    (
+        c["containerID"].as_str().unwrap_or("").to_string(),
+        c["restartCount"].as_u64().unwrap_or(0),
+    )
+}
+
+/// The pids of NVIDIA's MPS control daemons serving pipe directory `pipe`.
+fn control_daemons(pipe: &str) -> Vec<i32> {
+    gpushare_e2e::cluster::mps_processes()
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/exe"))
+                .is_ok_and(|e| e.ends_with("nvidia-cuda-mps-control"))
+                && std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
+                    env.split(|b| *b == 0)
+                        .any(|v| v == format!("CUDA_MPS_PIPE_DIRECTORY={pipe}").as_bytes())
+                })
+        })
+        .collect()
+}
+
+fn mps_of(claim: &gpushare_proto::ClaimInfo) -> gpushare_proto::MpsInfo {
+    match &claim.groups[0].sharing {
+        StrategyInfo::Mps(m) => m.clone(),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn pods_keep_their_gpus_across_kubelet_plugin_and_gpushared_restarts_a_crash_and_a_reboot() {
+    if setup().is_none() {
+        return;
+    }
+    let _serial = global_lock();
+    let mut node = Node::up();
+    node.start_gpushared(&p4d_mig_profile());
+    node.install_plugin(7);
+    let ns = "faults";
+    node.kubectl_ok(&["create", "namespace", ns]);
+    let templates = [
+        shared_template(
+            ns,
+            "mps",
+            r#"{ sharingMode: mps, mpsActiveThreadPercentage: 50 }"#,
+        ),
+        shared_template(
+            ns,
+            "timeslice",
+            r#"{ sharingMode: time-slicing, timeSlice: default }"#,
+        ),
+        mig_template(ns, "mig", "1g.5gb"),
+    ];
+    node.kubectl_stdin(&["apply", "-f", "-"], &templates.join("---\n"));
+    let start = |node: &Node, name: &str, template: &str| {
+        node.kubectl_stdin(
+            &["apply", "-f", "-"],
+            &pod_with_template(ns, name, template),
+        );
+    };
+    start(&node, "mps", "mps");
+    start(&node, "mig", "mig");
+    node.wait_running(ns, "mps", RUNNING);
+    node.wait_running(ns, "mig", RUNNING);
+    let claim_of = |node: &Node, pod: &str| {
+        node.claims()
+            .into_iter()
+            .find(|c| c.name.starts_with(&format!("{pod}-gpu-")))
+            .unwrap_or_else(|| panic!("no claim of {pod}: {:?}", node.claims()))
+    };
+    let mps_before = mps_of(&claim_of(&node, "mps"));
+    let mig_before = claim_of(&node, "mig").groups[0].mig[0].clone();
+    let containers = |node: &Node, pods: &[&str]| -> Vec<(String, u64)> {
+        pods.iter().map(|p| container(node, ns, p)).collect()
+    };
+    let before = containers(&node, &["mps", "mig"]);
+    assert!(kubelet_prepare_calls(&node) >= 2);
+
+    // kubelet restarted with the pods running: it reads its checkpoint and prepares nothing
+    // again; the containers keep running.
+    node.node_sh("restart-kubelet");
+    std::thread::sleep(Duration::from_secs(10));
+    assert_eq!(containers(&node, &["mps", "mig"]), before);
+    assert_eq!(kubelet_prepare_calls(&node), 0);
+    assert_eq!(
+        mps_of(&claim_of(&node, "mps")).control_daemon_pid,
+        mps_before.control_daemon_pid
+    );
+
+    // The plugin's pod deleted: its DaemonSet makes another, which registers with kubelet;
+    // a new pod's claim is then prepared through it.
+    let plugin_pod = || {
+        node.kubectl_ok(&[
+            "-n",
+            "gpushare",
+            "get",
+            "pods",
+            "-l",
+            "app.kubernetes.io/name=gpushare-dra",
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ])
+    };
+    let old_plugin = plugin_pod();
+    node.kubectl_ok(&[
+        "-n",
+        "gpushare",
+        "delete",
+        "pod",
+        &old_plugin,
+        "--wait=true",
+    ]);
+    node.kubectl_ok(&[
+        "-n",
+        "gpushare",
+        "rollout",
+        "status",
+        "daemonset/gpushare-dra",
+        "--timeout=120s",
+    ]);
+    assert_ne!(plugin_pod(), old_plugin);
+    start(&node, "after-plugin", "timeslice");
+    node.wait_running(ns, "after-plugin", RUNNING);
+    assert_eq!(kubelet_prepare_calls(&node), 1);
+
+    // gpushared restarted (SIGTERM, as systemd restarts it): the pods and their claims stay,
+    // the same MPS control daemon serves the claim.
+    node.stop_gpushared(nix::sys::signal::Signal::SIGTERM);
+    node.spawn_gpushared(&[]);
+    assert_eq!(containers(&node, &["mps", "mig"]), before);
+    assert_eq!(node.claims().len(), 3);
+    assert_eq!(
+        mps_of(&claim_of(&node, "mps")).control_daemon_pid,
+        mps_before.control_daemon_pid
+    );
+
+    // gpushared killed in the middle of a pod's prepare, right after it started the claim's MPS
+    // control daemon (a crash point: abort, as kill -9 leaves it); started again, kubelet's
+    // retry prepares the claim, and one control daemon serves it.
+    node.stop_gpushared(nix::sys::signal::Signal::SIGTERM);
+    node.spawn_gpushared(&[("GPUSHARE_CRASH_AT", "prepare.mps_started")]);
+    start(&node, "crashed", "mps");
+    let status = node.wait_gpushared_exit(RUNNING);
+    assert!(!status.success(), "{status:?}");
+    assert!(node
+        .gpushared_log()
+        .contains("crash point prepare.mps_started reached"));
+    node.spawn_gpushared(&[]);
+    node.wait_running(ns, "crashed", RUNNING);
+    let crashed = mps_of(&claim_of(&node, "crashed"));
+    assert_eq!(
+        control_daemons(&crashed.pipe_dir),
+        vec![crashed.control_daemon_pid],
+        "{crashed:?}"
+    );
+    assert_eq!(control_daemons(&mps_before.pipe_dir).len(), 1);
+
+    // A reboot. gpushared, started before kubelet, makes the MIG slice and the MPS daemons
+    // again and writes the CDI specs again, under the IDs kubelet cached in its checkpoint.
+    // kubelet 1.36 reads its checkpoint back with every claim marked not prepared
+    // (pkg/kubelet/cm/dra/claiminfo.go, newClaimInfoFromState), so each pod's new sandbox
+    // prepares its claim once more: gpushared answers from its records, with the same IDs.
+    let pods = ["mps", "mig", "after-plugin", "crashed"];
+    let before = containers(&node, &pods);
+    let cached = kubelet_cdi_ids();
+    assert!(
+        cached
+            .iter()
+            .any(|id| id.starts_with("gpushare.io/gpu=MIG-")),
+        "{cached:?}"
+    );
+    node.reboot();
+    for pod in pods {
+        node.wait_running(ns, pod, RUNNING);
+    }
+    let ready = wait_until(RUNNING, || {
+        containers(&node, &pods)
+            .iter()
+            .zip(&before)
+            .all(|((id, _), (old, _))| !id.is_empty() && id != old)
+    });
+    assert!(ready, "{:?} vs {before:?}", containers(&node, &pods));
+    assert_eq!(kubelet_prepare_calls(&node), 4);
+    assert_eq!(kubelet_cdi_ids(), cached);
+    assert_eq!(node.claims().len(), 4);
+    let mig_after = claim_of(&node, "mig").groups[0].mig[0].clone();
+    assert_eq!(
+        (mig_after.placement_start, mig_after.profile.as_str()),
+        (mig_before.placement_start, mig_before.profile.as_str())
+    );
+    assert_ne!(mig_after.uuid, mig_before.uuid);
+    assert_eq!(mig_after.original_uuid, mig_before.uuid);
+    let mps_after = mps_of(&claim_of(&node, "mps"));
+    assert_ne!(mps_after.control_daemon_pid, mps_before.control_daemon_pid);
+    assert_eq!(
+        control_daemons(&mps_after.pipe_dir),
+        vec![mps_after.control_daemon_pid]
+    );
+    let listing = node.exec(ns, "mps", "ls $CUDA_MPS_PIPE_DIRECTORY");
+    assert!(listing.lines().any(|l| l == "control"), "{listing}");
+    let minor = claim_of(&node, "mps").groups[0].devices[0].minor;
+    assert_eq!(gpu_nodes(&node, ns, "mps"), vec![format!("nvidia{minor}")]);
+
+    node.kubectl_ok(&["delete", "namespace", ns, "--wait=true", "--timeout=120s"]);
+    assert!(
+        wait_until(Duration::from_secs(60), || node.claims().is_empty()),
+        "claims left: {:?}",
+        node.claims()
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            gpushare_e2e::cluster::mps_processes().is_empty()
+        }),
+        "MPS processes left: {:?}",
+        gpushare_e2e::cluster::mps_processes()
     );
 }
