@@ -39,10 +39,11 @@ pub struct Cli {
     pub command: String,
     /// Run only one group of measurements: `dra` (the DRA kubelet plugin), `hook`, `shim`,
     /// `scale` (prepare per strategy, then scaling, footprint and recovery), `mps-scale`
-    /// (MPS prepare with NVIDIA's control program while 10,000 claims are held), or `readers`
-    /// (gpushared's memory with unread `list_claims` answers). The report then holds only those
+    /// (MPS prepare with NVIDIA's control program while 10,000 claims are held), `readers`
+    /// (gpushared's memory with unread `list_claims` answers), or `cluster` (pods with claims on
+    /// the tests' real one-node Kubernetes cluster). The report then holds only those
     /// sections and targets; for iterating on one figure, not for BENCHMARKS.md.
-    #[arg(long, value_name = "SECTION", value_parser = ["dra", "hook", "shim", "scale", "mps-scale", "readers"])]
+    #[arg(long, value_name = "SECTION", value_parser = ["dra", "hook", "shim", "scale", "mps-scale", "readers", "cluster"])]
     pub only: Option<String>,
     /// Markdown file appended to the report as its notes.
     #[arg(long, value_name = "FILE")]

@@ -23,6 +23,7 @@ use crate::report::{ms, num, Report, Row, Section, Target};
 use crate::stats::{ratio, summarize, Summary};
 use crate::Cli;
 
+mod cluster;
 mod mps_scale;
 
 /// How much of everything to do.
@@ -46,6 +47,10 @@ struct Sizes {
     baseline_rounds: usize,
     /// Time-sliced claims held during section 4c's MPS cycles (NVIDIA's program).
     mps_scale_held: usize,
+    /// Section 11: pods a side, with an MPS claim and without.
+    cluster_pairs: usize,
+    /// Section 11: pods with claims created and deleted in a row.
+    cluster_pods: usize,
 }
 
 impl Sizes {
@@ -65,6 +70,8 @@ impl Sizes {
             dra: 60,
             baseline_rounds: 10,
             mps_scale_held: 10_000,
+            cluster_pairs: 20,
+            cluster_pods: 50,
         }
     }
 
@@ -84,6 +91,8 @@ impl Sizes {
             dra: 3,
             baseline_rounds: 2,
             mps_scale_held: 20,
+            cluster_pairs: 2,
+            cluster_pods: 4,
         }
     }
 }
@@ -220,6 +229,7 @@ impl Ctx {
         drop(d);
         self.mps_scale_nvidia(false)?;
         self.readers()?;
+        self.cluster()?;
         Ok(())
     }
 
@@ -263,6 +273,9 @@ impl Ctx {
         }
         if section == "readers" {
             return self.readers();
+        }
+        if section == "cluster" {
+            return self.cluster();
         }
         let emulator = self.bin("gpushare-mps-control");
         let mut d = Daemon::start(&self.bin_dir, &self.work.join("e"), &emulator)?;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use gpushare_proto::{ClaimInfo, Client};
 use serde_json::Value;
 
-use crate::{bin, bin_dir, output_with_input, wait_until};
+use crate::{bin_dir, output_with_input, wait_until};
 
 /// Where gpushared's socket and run files are: the DaemonSet of `deployments/` mounts it.
 const HOST_RUN: &str = "/run/gpushare";
@@ -41,6 +41,8 @@ pub struct Node {
     pub ip: String,
     containerd: String,
     gpushared: Option<Child>,
+    /// Where gpushared and gpushare-dra are taken from (this build's by default).
+    bins: PathBuf,
     /// The simulated node's profile gpushared runs on (set by [`Node::start_gpushared`]).
     profile: String,
     /// gpushared's state directory (a temporary one: the host's /var/lib/gpushare is left be).
@@ -87,11 +89,18 @@ impl Node {
             containerd: var("CONTAINERD_ADDRESS"),
             gpushared: None,
             profile: String::new(),
+            bins: bin_dir(),
             state: tempfile::Builder::new()
                 .prefix("gs-cluster-")
                 .tempdir()
                 .expect("tempdir"),
         }
+    }
+
+    /// Takes gpushared and gpushare-dra from `dir` (a benchmark's release build) rather than
+    /// from the tests' build.
+    pub fn use_binaries(&mut self, dir: &Path) {
+        self.bins = dir.to_path_buf();
     }
 
     /// `kubectl ARGS` as the cluster administrator, not run yet.
@@ -192,7 +201,7 @@ impl Node {
             .append(true)
             .open(self.state.path().join("gpushared.log"))
             .expect("log");
-        let child = Command::new(bin("gpushared"))
+        let child = Command::new(self.bins.join("gpushared"))
             .args(&unit_args)
             .arg("--config")
             .arg(repo().join("packaging/config.toml"))
@@ -323,7 +332,7 @@ impl Node {
         let dir = tempfile::tempdir().expect("tempdir");
         let archive = dir.path().join("gpushare-dra.tar");
         run(Command::new(repo().join("deployments/build-image.sh"))
-            .arg(bin_dir().join("gpushare-dra"))
+            .arg(self.bins.join("gpushare-dra"))
             .arg(PLUGIN_IMAGE));
         run(Command::new("podman")
             .args(["save", "--quiet", "--format", "oci-archive", "-o"])

@@ -1,0 +1,258 @@
+//! Section 11: gpushare on the real one-node Kubernetes cluster of the tests
+//! (`tests/cluster/`, `gpushare_e2e::cluster`): what a pod's claim costs it from `kubectl create` to Running,
+//! kubelet's own NodePrepareResources timing, and pods with claims created and deleted in a
+//! row with nothing left behind.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use gpushare_e2e::cluster::{mps_processes, Node};
+
+use super::{progress, row_p, sum, Ctx};
+use crate::report::{ms, Row, Section, Target};
+use crate::stats::ratio;
+
+/// Pod to Running with an MPS claim against without a claim, p50.
+const START_LIMIT: f64 = 1.3;
+/// The last pods' cost against the first ones'.
+const FLAT_LIMIT: f64 = 1.2;
+/// How many pods at each end of the row are compared.
+const ENDS: usize = 10;
+const NS: &str = "bench";
+/// Longest a pod may take to be Running, or to be gone once deleted.
+const WAIT: &str = "--timeout=120s";
+
+/// A pod `name` that sleeps; with `template`, holding a claim made from it.
+fn pod(name: &str, template: Option<&str>) -> String {
+    let claim = template.map_or(String::new(), |t| {
+        format!(
+            "    resources: {{ claims: [{{ name: gpu }}] }}\n  resourceClaims:\n  - name: gpu\n    resourceClaimTemplateName: {t}\n"
+        )
+    });
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{ name: {name}, namespace: {NS} }}\nspec:\n  \
+         terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    \
+         image: gpushare.test/busybox:local\n    imagePullPolicy: Never\n    \
+         command: [\"sleep\", \"3600\"]\n{claim}"
+    )
+}
+
+/// The guide's MPS template (`mpsActiveThreadPercentage: 50`).
+const MPS_TEMPLATE: &str = "apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: { name: mps, namespace: bench }
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly: { deviceClassName: gpu.nvidia.com }
+      config:
+      - requests: [\"gpu\"]
+        opaque:
+          driver: gpu.nvidia.com
+          parameters: { sharingMode: mps, mpsActiveThreadPercentage: 50 }
+";
+
+/// `kubectl create` of `yaml` until pod `name` is Running (kubectl's watch).
+fn to_running(node: &Node, name: &str, yaml: &str) -> Duration {
+    let t = Instant::now();
+    node.kubectl_stdin(&["create", "-f", "-"], yaml);
+    node.kubectl_ok(&[
+        "-n",
+        NS,
+        "wait",
+        "--for=jsonpath={.status.phase}=Running",
+        &format!("pod/{name}"),
+        WAIT,
+    ]);
+    t.elapsed()
+}
+
+/// Deletes pod `name` until it is gone from the API server and gpushared holds no claim.
+fn delete(node: &Node, name: &str) -> Result<Duration> {
+    let t = Instant::now();
+    node.kubectl_ok(&["-n", NS, "delete", "pod", name, "--wait=true", WAIT]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !node.claims().is_empty() {
+        ensure!(
+            Instant::now() < deadline,
+            "pod {name} deleted, its claim still held after 60 s: {:?}",
+            node.claims()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(t.elapsed())
+}
+
+/// `name{...}` samples of Prometheus text `text` with every label of `labels`, summed.
+fn metric(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|x| l.contains(x)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The mean of histogram `name` (its `_sum` over its `_count`) among samples with every label
+/// of `labels`, in milliseconds, and its count.
+fn histogram_mean_ms(text: &str, name: &str, labels: &[&str]) -> Result<(f64, f64)> {
+    let count = metric(text, &format!("{name}_count"), labels);
+    ensure!(count > 0.0, "no {name} samples with {labels:?}");
+    Ok((
+        metric(text, &format!("{name}_sum"), labels) / count * 1e3,
+        count,
+    ))
+}
+
+impl Ctx {
+    /// Section 11 and its two targets.
+    pub(super) fn cluster(&mut self) -> Result<()> {
+        let pairs = self.sizes.cluster_pairs;
+        let row_len = self.sizes.cluster_pods;
+        let ends = ENDS.min(row_len / 2);
+        progress("the real cluster: bringing the node up");
+        let mut node = Node::up();
+        node.use_binaries(&self.bin_dir);
+        node.start_gpushared("p5.48xlarge");
+        node.install_plugin(8);
+        node.kubectl_ok(&["create", "namespace", NS]);
+        node.kubectl_stdin(&["apply", "-f", "-"], MPS_TEMPLATE);
+        // One pod of each first, not counted: images and caches warm on both sides.
+        for (name, template) in [("warm-plain", None), ("warm-mps", Some("mps"))] {
+            to_running(&node, name, &pod(name, template));
+            delete(&node, name)?;
+        }
+
+        progress(&format!(
+            "the real cluster: {pairs} pods a side, alternating"
+        ));
+        let (mut plain, mut mps) = (vec![], vec![]);
+        for i in 0..pairs {
+            let name = format!("plain-{i}");
+            plain.push(to_running(&node, &name, &pod(&name, None)));
+            delete(&node, &name)?;
+            let name = format!("mps-{i}");
+            mps.push(to_running(&node, &name, &pod(&name, Some("mps"))));
+            delete(&node, &name)?;
+        }
+        let (p, p0) = (sum(&mps)?, sum(&plain)?);
+
+        progress(&format!(
+            "the real cluster: {row_len} pods with MPS claims in a row"
+        ));
+        let mut costs = vec![];
+        for i in 0..row_len {
+            let name = format!("row-{i}");
+            let up = to_running(&node, &name, &pod(&name, Some("mps")));
+            costs.push(up + delete(&node, &name)?);
+        }
+        // Nothing left: no claim in the API server or in gpushared, no claim CDI spec, no MPS
+        // daemon.
+        let claims = node.get_json(&["resourceclaims", "-A"]);
+        let left = claims["items"].as_array().map_or(0, Vec::len);
+        ensure!(left == 0, "ResourceClaims left after the row: {claims}");
+        ensure!(node.claims().is_empty(), "claims held: {:?}", node.claims());
+        let specs: Vec<String> = std::fs::read_dir("/var/run/cdi")?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("gpushare.io-claim"))
+            .collect();
+        ensure!(specs.is_empty(), "claim CDI specs left: {specs:?}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !mps_processes().is_empty() {
+            if Instant::now() > deadline {
+                bail!("MPS processes left: {:?}", mps_processes());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let (first, last) = (sum(&costs[..ends])?, sum(&costs[row_len - ends..])?);
+
+        // kubelet's own figures for every prepare above, through the API server's node proxy,
+        // against gpushared's prepare histogram (its metrics endpoint of packaging/config.toml).
+        let kubelet = node.kubectl_ok(&[
+            "get",
+            "--raw",
+            &format!("/api/v1/nodes/{}/proxy/metrics", node.name),
+        ]);
+        let (grpc_ms, grpc_n) = histogram_mean_ms(
+            &kubelet,
+            "dra_grpc_operations_duration_seconds",
+            &["NodePrepareResources"],
+        )?;
+        let daemon = std::process::Command::new("curl")
+            .args(["-sf", "http://127.0.0.1:9471/metrics"])
+            .output()
+            .context("curl")?;
+        ensure!(daemon.status.success(), "gpushared's metrics endpoint");
+        let daemon = String::from_utf8_lossy(&daemon.stdout);
+        let (own_ms, own_n) = histogram_mean_ms(
+            &daemon,
+            "gpushare_prepare_duration_seconds",
+            &["outcome=\"ok\""],
+        )?;
+        drop(node);
+
+        self.report.targets.push(Target {
+            name: format!(
+                "pod to Running with an MPS claim ≤ {START_LIMIT:.1} × without a claim (p50, real cluster, interleaved)"
+            ),
+            measured: p.p50_ms / p0.p50_ms,
+            limit: START_LIMIT,
+            unit: "×".into(),
+        });
+        self.report.targets.push(Target {
+            name: format!(
+                "{row_len} pods with MPS claims in a row: the last {ends} ≤ {FLAT_LIMIT:.1} × the first {ends} (median per-pod cost, real cluster)"
+            ),
+            measured: last.p50_ms / first.p50_ms,
+            limit: FLAT_LIMIT,
+            unit: "×".into(),
+        });
+        let mut rows: Vec<Row> = row_p(
+            "pod to Running, MPS claim",
+            &p,
+            "pod to Running, no claim",
+            &p0,
+        )
+        .into();
+        rows.push(Row {
+            figure: format!("per-pod cost, last {ends} of {row_len} (median)"),
+            value: ms(last.p50_ms),
+            baseline: format!("the first {ends}"),
+            baseline_value: ms(first.p50_ms),
+            ratio: ratio(last.p50_ms, first.p50_ms),
+        });
+        rows.push(Row {
+            figure: format!("kubelet: NodePrepareResources to gpushare-dra, mean of {grpc_n:.0}"),
+            value: ms(grpc_ms),
+            baseline: format!("gpushared's prepare, mean of {own_n:.0}"),
+            baseline_value: ms(own_ms),
+            ratio: ratio(grpc_ms, own_ms),
+        });
+        self.report.sections.push(Section {
+            title: "11. The real cluster: pods with claims".into(),
+            method: format!(
+                "The tests' one-node cluster (`tests/cluster/node.sh`: Kubernetes 1.36.3's \
+                 kube-apiserver, scheduler, controller-manager, kubelet and kube-proxy, \
+                 containerd 2.4, Debian's runc), gpushared on a simulated p5.48xlarge with \
+                 NVIDIA's MPS control program, gpushare-dra installed from `deployments/`, both \
+                 from the build under test. A pod is timed from `kubectl create` to kubectl's \
+                 watch seeing it Running, then deleted until the API server and gpushared hold \
+                 nothing of it. {pairs} pods with a claim from the guide's MPS template \
+                 (the controller-manager makes the claim, the scheduler allocates a GPU, kubelet \
+                 prepares it through gpushare-dra, which gpushared serves with a control daemon \
+                 of its own) alternate with {pairs} pods without a claim, after one of each \
+                 uncounted. Then {row_len} MPS pods in a row, each created and deleted: its \
+                 cost is both, and after the row no ResourceClaim, claim, claim CDI spec or MPS \
+                 process is left. kubelet's own histogram of its NodePrepareResources calls \
+                 (`dra_grpc_operations_duration_seconds`: the gRPC call to gpushare-dra, which \
+                 calls gpushared) is read through the API server's node proxy at the end, \
+                 against `gpushare_prepare_duration_seconds` from gpushared's metrics endpoint; \
+                 both cover every prepare of the section (its `dra_operations_duration_seconds` \
+                 is left out: it times pods without claims too)."
+            ),
+            rows,
+        });
+        Ok(())
+    }
+}
