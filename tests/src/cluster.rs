@@ -506,11 +506,10 @@ fn remove_gpushared_run_files() {
             nix::sys::signal::Signal::SIGKILL,
         );
     }
-    assert!(
-        wait_until(Duration::from_secs(10), || mps_processes().is_empty()),
-        "MPS processes survive SIGKILL: {:?}",
-        mps_processes()
-    );
+    // (No panic: this runs in Drop too, maybe while a failed test unwinds.)
+    if !wait_until(Duration::from_secs(10), || mps_processes().is_empty()) {
+        eprintln!("MPS processes survive SIGKILL: {:?}", mps_processes());
+    }
     let mut mounts: Vec<String> = fs::read_to_string("/proc/self/mountinfo")
         .unwrap_or_default()
         .lines()

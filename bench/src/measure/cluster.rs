@@ -126,25 +126,26 @@ impl Ctx {
         progress(&format!(
             "the real cluster: {pairs} pods a side, alternating"
         ));
-        let (mut plain, mut mps) = (vec![], vec![]);
+        let (mut plain, mut mps, mut plain_down, mut mps_down) = (vec![], vec![], vec![], vec![]);
         for i in 0..pairs {
             let name = format!("plain-{i}");
             plain.push(to_running(&node, &name, &pod(&name, None)));
-            delete(&node, &name)?;
+            plain_down.push(delete(&node, &name)?);
             let name = format!("mps-{i}");
             mps.push(to_running(&node, &name, &pod(&name, Some("mps"))));
-            delete(&node, &name)?;
+            mps_down.push(delete(&node, &name)?);
         }
         let (p, p0) = (sum(&mps)?, sum(&plain)?);
+        let (d, d0) = (sum(&mps_down)?, sum(&plain_down)?);
 
         progress(&format!(
             "the real cluster: {row_len} pods with MPS claims in a row"
         ));
-        let mut costs = vec![];
+        let mut ups = vec![];
         for i in 0..row_len {
             let name = format!("row-{i}");
-            let up = to_running(&node, &name, &pod(&name, Some("mps")));
-            costs.push(up + delete(&node, &name)?);
+            ups.push(to_running(&node, &name, &pod(&name, Some("mps"))));
+            delete(&node, &name)?;
         }
         // Nothing left: no claim in the API server or in gpushared, no claim CDI spec, no MPS
         // daemon.
@@ -165,7 +166,7 @@ impl Ctx {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let (first, last) = (sum(&costs[..ends])?, sum(&costs[row_len - ends..])?);
+        let (first, last) = (sum(&ups[..ends])?, sum(&ups[row_len - ends..])?);
 
         // kubelet's own figures for every prepare above, through the API server's node proxy,
         // against gpushared's prepare histogram (its metrics endpoint of packaging/config.toml).
@@ -179,6 +180,11 @@ impl Ctx {
             "dra_grpc_operations_duration_seconds",
             &["NodePrepareResources"],
         )?;
+        let (ungrpc_ms, ungrpc_n) = histogram_mean_ms(
+            &kubelet,
+            "dra_grpc_operations_duration_seconds",
+            &["NodeUnprepareResources"],
+        )?;
         let daemon = std::process::Command::new("curl")
             .args(["-sf", "http://127.0.0.1:9471/metrics"])
             .output()
@@ -188,6 +194,11 @@ impl Ctx {
         let (own_ms, own_n) = histogram_mean_ms(
             &daemon,
             "gpushare_prepare_duration_seconds",
+            &["outcome=\"ok\""],
+        )?;
+        let (unown_ms, unown_n) = histogram_mean_ms(
+            &daemon,
+            "gpushare_unprepare_duration_seconds",
             &["outcome=\"ok\""],
         )?;
         drop(node);
@@ -202,7 +213,7 @@ impl Ctx {
         });
         self.report.targets.push(Target {
             name: format!(
-                "{row_len} pods with MPS claims in a row: the last {ends} ≤ {FLAT_LIMIT:.1} × the first {ends} (median per-pod cost, real cluster)"
+                "{row_len} pods with MPS claims in a row: the last {ends} ≤ {FLAT_LIMIT:.1} × the first {ends} (median pod to Running, real cluster; nothing left after)"
             ),
             measured: last.p50_ms / first.p50_ms,
             limit: FLAT_LIMIT,
@@ -216,11 +227,18 @@ impl Ctx {
         )
         .into();
         rows.push(Row {
-            figure: format!("per-pod cost, last {ends} of {row_len} (median)"),
+            figure: format!("MPS pod to Running, last {ends} of {row_len} in a row (median)"),
             value: ms(last.p50_ms),
             baseline: format!("the first {ends}"),
             baseline_value: ms(first.p50_ms),
             ratio: ratio(last.p50_ms, first.p50_ms),
+        });
+        rows.push(Row {
+            figure: "pod deleted until nothing of it is left, MPS claim, p50".into(),
+            value: ms(d.p50_ms),
+            baseline: "the same, no claim".into(),
+            baseline_value: ms(d0.p50_ms),
+            ratio: ratio(d.p50_ms, d0.p50_ms),
         });
         rows.push(Row {
             figure: format!("kubelet: NodePrepareResources to gpushare-dra, mean of {grpc_n:.0}"),
@@ -228,6 +246,15 @@ impl Ctx {
             baseline: format!("gpushared's prepare, mean of {own_n:.0}"),
             baseline_value: ms(own_ms),
             ratio: ratio(grpc_ms, own_ms),
+        });
+        rows.push(Row {
+            figure: format!(
+                "kubelet: NodeUnprepareResources to gpushare-dra, mean of {ungrpc_n:.0}"
+            ),
+            value: ms(ungrpc_ms),
+            baseline: format!("gpushared's unprepare, mean of {unown_n:.0}"),
+            baseline_value: ms(unown_ms),
+            ratio: ratio(ungrpc_ms, unown_ms),
         });
         self.report.sections.push(Section {
             title: "11. The real cluster: pods with claims".into(),
@@ -242,8 +269,9 @@ impl Ctx {
                  (the controller-manager makes the claim, the scheduler allocates a GPU, kubelet \
                  prepares it through gpushare-dra, which gpushared serves with a control daemon \
                  of its own) alternate with {pairs} pods without a claim, after one of each \
-                 uncounted. Then {row_len} MPS pods in a row, each created and deleted: its \
-                 cost is both, and after the row no ResourceClaim, claim, claim CDI spec or MPS \
+                 uncounted. Each pod's deletion is timed too, until the API \
+                 server and gpushared hold nothing of it. Then {row_len} MPS pods in a row, each \
+                 created (timed to Running: the target) and deleted, and after the row no ResourceClaim, claim, claim CDI spec or MPS \
                  process is left. kubelet's own histogram of its NodePrepareResources calls \
                  (`dra_grpc_operations_duration_seconds`: the gRPC call to gpushare-dra, which \
                  calls gpushared) is read through the API server's node proxy at the end, \
