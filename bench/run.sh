@@ -2,7 +2,8 @@
 # Builds gpushare in release mode once, runs every benchmark beside its baseline, and writes
 # BENCHMARKS.md at the repository root (see bench/README.md).
 #
-#   bench/run.sh            full run (about 12 minutes on 2 cores, build included), as root
+#   bench/run.sh            full run (about 8 minutes of measurements on 2 cores after the
+#                           release build; section 11 brings the tests' cluster up), as root
 #   bench/run.sh --smoke    a minute or two on the debug build: checks that every measurement
 #                           works (scripts/test.sh runs it), writes target/bench-smoke.md
 set -euo pipefail
