@@ -98,7 +98,8 @@ make_pki() {
 start() {
   local name=$1
   shift
-  setsid /usr/bin/tini -s -- "$@" >"$logs/$name.log" 2>&1 </dev/null &
+  # Appended: a component started again (kubelet's restart, a reboot) keeps its earlier log.
+  setsid /usr/bin/tini -s -- "$@" >>"$logs/$name.log" 2>&1 </dev/null &
   echo $! >"$pids/$name"
 }
 
@@ -135,6 +136,9 @@ KUBECONFIG=$run/admin.kubeconfig
 CONTAINERD_ADDRESS=$containerd_sock
 EOF
   make_pki
+  # The shims' sockets go to /run/containerd/s whatever containerd's state directory (a
+  # path containerd 2 fixes), beside Debian containerd's: those there before are not ours.
+  ls /run/containerd/s >"$run/shim-sockets-before" 2>/dev/null || true
   kubeconfig admin admin
   kubeconfig controller-manager controller-manager
   kubeconfig scheduler scheduler
@@ -231,32 +235,54 @@ load_env() {
   NODE=$(sed -n 's/^NODE=//p' "$run/env")
 }
 
-# kubelet stopped (SIGTERM) and started again, pods left running; waits until the node is Ready.
+# kubelet stopped (SIGTERM) and started again, pods left running; waits until it is back.
 restart_kubelet() {
   load_env
   stop kubelet
   start_kubelet
-  wait_for kubelet 90 node_ready
+  wait_kubelet_back
   say "kubelet restarted"
+}
+
+# Until the kubelet just started answers its health check and has reported the node Ready
+# since: the Ready condition the API server holds outlives a stopped kubelet by the node
+# monitor's grace period, so it alone says nothing.
+wait_kubelet_back() {
+  local since
+  since=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  wait_for kubelet 90 curl -sf http://127.0.0.1:10248/healthz
+  wait_for kubelet 90 ready_since "$since"
+}
+
+# ready_since TIME: the node is Ready with a heartbeat at TIME or later (RFC 3339, UTC).
+ready_since() {
+  local beat
+  node_ready || return 1
+  beat=$("$BIN/kubectl" --kubeconfig="$run/admin.kubeconfig" get node "$NODE" \
+    -o jsonpath='{.status.conditions[?(@.type=="Ready")].lastHeartbeatTime}')
+  [[ ! "$beat" < "$1" ]]
 }
 
 # What a reboot does to the node while its control plane (elsewhere, as on EKS) stays: every
 # node process gone (kubelet, kube-proxy, containerd and its shims, the containers), then
 # what lived in memory or under /run — containers' mounts and cgroups, containerd's state,
-# pods' network namespaces and addresses, the bridge and the iptables rules — and kubelet's pod
-# directories. What is on disk stays: images, etcd, kubelet's checkpoints (its DRA manager's
-# dra_manager_state among them).
+# pods' network namespaces and addresses, the bridge and the iptables rules. kubelet's pod
+# directories are removed too, although a disk keeps them: the harder case (issue 27's
+# reboot), where kubelet has only its checkpoints to go on. What stays: images, etcd,
+# kubelet's checkpoints (its DRA manager's dra_manager_state among them).
 power_off() {
   load_env
   stop kube-proxy
   stop kubelet
   kill_pods
   stop containerd
-  kill_shims
+  # containerd 2's shims: they leave their tini's process group.
+  kill_exe "$BIN/containerd-shim-runc-v2"
+  remove_shim_sockets
   clean_network
   unmount_under "$run/containerd" "$kubelet_root/pods"
   remove_kubepods_cgroups
-  rm -rf "$run/containerd" "$run/cni/ipam" "$kubelet_root/pods"
+  rm -rf "$run/containerd" "$run/runc" "$run/cni/ipam" "$kubelet_root/pods"
   say "node powered off"
 }
 
@@ -266,7 +292,7 @@ power_on() {
   start_containerd
   start_kubelet
   start_kube_proxy
-  wait_for kubelet 90 node_ready
+  wait_kubelet_back
   say "node powered on"
 }
 
@@ -326,6 +352,8 @@ state = '$run/containerd/state'
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
   SystemdCgroup = false
   BinaryName = '/usr/sbin/runc'
+  # runc's state beside containerd's, not in /run/containerd/runc with Debian containerd's.
+  Root = '$run/runc'
 [plugins.'io.containerd.cri.v1.runtime'.cni]
   bin_dirs = ['/usr/lib/cni']
   conf_dir = '$run/cni/net.d'
@@ -401,13 +429,15 @@ kill_pods() {
   say "processes left in kubepods cgroups: $procs"
 }
 
-# Every process whose executable is one of the cache's binaries (shims above all: they leave
-# their tini's process group).
-kill_components() {
-  local p exe
+# kill_exe PATH...: SIGKILL to every process whose executable is one of PATHs or under one of
+# them (a directory ending in /).
+kill_exe() {
+  local p exe prefix
   for p in /proc/[0-9]*; do
     exe=$(readlink "$p/exe" 2>/dev/null) || continue
-    case "$exe" in "$1"/*) kill -KILL "${p#/proc/}" 2>/dev/null || true ;; esac
+    for prefix in "$@"; do
+      case "$exe" in "$prefix"*) kill -KILL "${p#/proc/}" 2>/dev/null || true ;; esac
+    done
   done
 }
 
@@ -442,21 +472,23 @@ unmount_under() {
   done
 }
 
+# The sockets our shims left in /run/containerd/s (all of them are killed by now): those not
+# there before up.
+remove_shim_sockets() {
+  local f
+  [ -f "$run/shim-sockets-before" ] || return 0
+  for f in /run/containerd/s/*; do
+    [ -S "$f" ] || continue
+    grep -qxF "${f##*/}" "$run/shim-sockets-before" || rm -f "$f"
+  done
+}
+
 # Every kubepods cgroup, deepest first, under every hierarchy.
 remove_kubepods_cgroups() {
   local d
   for d in $(find /sys/fs/cgroup/*/kubepods -depth -type d 2>/dev/null); do
     rmdir "$d" 2>/dev/null || say "cannot remove cgroup $d"
   done
-}
-
-# containerd 2's shims (they leave their tini's process group).
-kill_shims() {
-  local p
-  for p in /proc/[0-9]*; do
-    [ "$(readlink "$p/exe" 2>/dev/null)" = "$BIN/containerd-shim-runc-v2" ] && kill -KILL "${p#/proc/}" 2>/dev/null
-  done
-  return 0
 }
 
 down() {
@@ -468,7 +500,8 @@ down() {
   # Pods deleted through the API first, while kubelet runs: it stops their containers,
   # unprepares their claims and runs CNI's DEL (which removes the bridge plugin's iptables
   # rules).
-  if [ -f "$run/admin.kubeconfig" ] && [ -f "$pids/kubelet" ] && node_ready; then
+  if [ -f "$run/admin.kubeconfig" ] && [ -f "$pids/kubelet" ] && kill -0 "$(cat "$pids/kubelet")" 2>/dev/null &&
+    curl -sf http://127.0.0.1:10248/healthz >/dev/null 2>&1 && node_ready; then
     local k="$BIN/kubectl --kubeconfig=$run/admin.kubeconfig"
     # Workloads before the DRA plugin's own pods: their claims are unprepared through it.
     local err
@@ -481,12 +514,13 @@ down() {
   stop kubelet
   kill_pods
   stop containerd
-  kill_components "$BIN"
+  kill_exe "$BIN/"
   stop kube-scheduler
   stop kube-controller-manager
   stop kube-apiserver
   stop etcd
-  kill_components "$BIN"
+  kill_exe "$BIN/"
+  remove_shim_sockets
   clean_network
   unmount_under "$run" "$var" "$kubelet_root"
   remove_kubepods_cgroups

@@ -436,6 +436,42 @@ impl Node {
         self.get_json(&["-n", ns, "pod", name])
     }
 
+    /// kubelet's metrics (Prometheus text), through the API server's node proxy.
+    pub fn kubelet_metrics(&self) -> String {
+        self.kubectl_ok(&[
+            "get",
+            "--raw",
+            &format!("/api/v1/nodes/{}/proxy/metrics", self.name),
+        ])
+    }
+
+    /// Waits until gpushared holds no claim and nothing of one is left on the host: no claim
+    /// CDI spec, no MPS process.
+    ///
+    /// # Panics
+    /// When something is left after 60 s, naming it.
+    pub fn assert_nothing_left(&self) {
+        assert!(
+            wait_until(Duration::from_secs(60), || self.claims().is_empty()),
+            "claims left: {:?}",
+            self.claims()
+        );
+        let specs: Vec<String> = fs::read_dir(CDI_DIR)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with("gpushare.io-claim"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(specs.is_empty(), "claim CDI specs left: {specs:?}");
+        assert!(
+            wait_until(Duration::from_secs(10), || mps_processes().is_empty()),
+            "MPS processes left: {:?}",
+            mps_processes()
+        );
+    }
+
     /// The events of object `name` in `ns`, one message per line.
     pub fn events(&self, ns: &str, name: &str) -> String {
         let v = self.get_json(&[
@@ -529,6 +565,15 @@ fn remove_gpushared_run_files() {
             }
         }
     }
+}
+
+/// The sum of the samples of metric `name` whose labels contain every one of `labels`, in
+/// Prometheus text `text` (a histogram's `_count` or `_sum` summed over its other labels).
+pub fn prometheus_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|x| l.contains(x)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// The pids of NVIDIA's MPS processes (control daemons and servers) serving gpushared's

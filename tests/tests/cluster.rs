@@ -6,10 +6,9 @@
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
-use gpushare_e2e::cluster::{repo, Node};
+use gpushare_e2e::cluster::{mps_processes, prometheus_sum, repo, Node};
 use gpushare_e2e::*;
 use gpushare_proto::{StrategyInfo, TimeSliceInterval};
 
@@ -183,28 +182,8 @@ fn the_guides_workflow_runs_on_a_real_node_and_its_clean_up_leaves_nothing() {
         "gpu-test1",
         "--wait=true",
     ]);
-    assert!(
-        wait_until(Duration::from_secs(60), || node.claims().is_empty()),
-        "claims left: {:?}",
-        node.claims()
-    );
-    let left: Vec<String> = std::fs::read_dir("/var/run/cdi")
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("gpushare.io-claim"))
-        .collect();
-    assert!(left.is_empty(), "claim CDI specs left: {left:?}");
-    // The claim's MPS control daemon (and its server) gone with the release.
-    let mps_left = || {
-        let out = Command::new("pgrep")
-            .args(["-a", "nvidia-cuda-mps"]) // the process name: both programs
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let gone = wait_until(Duration::from_secs(10), || mps_left().is_empty());
-    assert!(gone, "MPS processes left: {}", mps_left());
+    // No claim, claim CDI spec or MPS process (the claims' control daemons gone with them).
+    node.assert_nothing_left();
 }
 
 #[test]
@@ -243,18 +222,7 @@ fn two_pods_on_one_claim_share_its_gpu_under_mps_and_under_time_slicing() {
         "{:?}",
         node.claims()
     );
-    let controls = Command::new("pgrep")
-        .args(["-x", "nvidia-cuda-mps"]) // the process name of both NVIDIA programs
-        .output()
-        .unwrap();
-    let pids: Vec<&str> = std::str::from_utf8(&controls.stdout)
-        .unwrap()
-        .lines()
-        .collect();
-    assert!(
-        pids.contains(&mps.control_daemon_pid.to_string().as_str()),
-        "{pids:?} vs {mps:?}"
-    );
+    assert_eq!(control_daemons(&mps.pipe_dir), vec![mps.control_daemon_pid]);
     // Both pods see the same one GPU, the claim's, and the same pipe directory.
     let minor = claim.groups[0].devices[0].minor;
     for pod in ["mps-client-a", "mps-client-b"] {
@@ -267,7 +235,7 @@ fn two_pods_on_one_claim_share_its_gpu_under_mps_and_under_time_slicing() {
     }
 
     // The same with time-slicing: one claim with NVIDIA's TimeSlicing config, two pods on it,
-    // one GPU, the interval applied once.
+    // one GPU, its interval the claim's.
     let ts = r#"apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
 metadata: { name: shared-ts, namespace: gpushare-example }
@@ -347,11 +315,7 @@ spec:
         &["delete", "-f", "-", "--wait=true", "--timeout=120s"],
         &example,
     );
-    assert!(
-        wait_until(Duration::from_secs(60), || node.claims().is_empty()),
-        "claims left: {:?}",
-        node.claims()
-    );
+    node.assert_nothing_left();
 }
 
 /// A ResourceClaimTemplate `name` in `ns` for one MIG slice of `profile`, selected as the
@@ -441,7 +405,9 @@ fn the_scheduler_fills_a_mig_gpu_without_overlap_and_the_real_authorizers_hold()
         );
         let settled = wait_until(RUNNING, || {
             phase(&node, ns, &name) == "Running"
-                || node.events(ns, &name).contains("FailedScheduling")
+                || node
+                    .events(ns, &name)
+                    .contains("cannot allocate all claims")
         });
         assert!(settled, "{name}: {}", node.events(ns, &name));
         if phase(&node, ns, &name) != "Running" {
@@ -617,23 +583,16 @@ spec:
         !refused.status.success() && err.contains("forbidden"),
         "{err}"
     );
-    assert!(!node
-        .kubectl(&[
-            "get",
-            "resourceslice",
-            "probe-other",
-            "probe-unbound",
-            "probe-kubelet"
-        ])
-        .status
-        .success());
+    for refused in ["probe-other", "probe-unbound", "probe-kubelet"] {
+        let out = node.kubectl(&["get", "resourceslice", refused]);
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("NotFound"),
+            "{refused}: {out:?}"
+        );
+    }
 
     node.kubectl_ok(&["delete", "namespace", ns, "--wait=true", "--timeout=120s"]);
-    assert!(
-        wait_until(Duration::from_secs(60), || node.claims().is_empty()),
-        "claims left: {:?}",
-        node.claims()
-    );
+    node.assert_nothing_left();
 }
 
 /// A ResourceClaimTemplate `name` in `ns` for one whole GPU shared with `parameters` (the
@@ -656,23 +615,14 @@ spec:
     )
 }
 
-/// kubelet's own count of NodePrepareResources calls to the plugins (its
-/// `dra_grpc_operations_duration_seconds` histogram, read through the API server; it starts
-/// from zero when kubelet does).
+/// kubelet's own count of NodePrepareResources calls to the plugins that succeeded (its
+/// `dra_grpc_operations_duration_seconds` histogram; it starts from zero when kubelet does).
 fn kubelet_prepare_calls(node: &Node) -> u64 {
-    let metrics = node.kubectl_ok(&[
-        "get",
-        "--raw",
-        &format!("/api/v1/nodes/{}/proxy/metrics", node.name),
-    ]);
-    metrics
-        .lines()
-        .filter(|l| {
-            l.starts_with("dra_grpc_operations_duration_seconds_count{")
-                && l.contains("NodePrepareResources")
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
+    prometheus_sum(
+        &node.kubelet_metrics(),
+        "dra_grpc_operations_duration_seconds_count",
+        &["NodePrepareResources", "grpc_status_code=\"OK\""],
+    ) as u64
 }
 
 /// The CDI device IDs kubelet's DRA manager has in its checkpoint
@@ -685,19 +635,21 @@ fn kubelet_cdi_ids() -> std::collections::BTreeSet<String> {
         .collect()
 }
 
-/// The first container's ID and restart count of pod `ns/name`.
-fn container(node: &Node, ns: &str, name: &str) -> (String, u64) {
+/// Pod `ns/name`'s first container: its ID and restart count, and whether it runs and is
+/// ready.
+fn container(node: &Node, ns: &str, name: &str) -> (String, u64, bool) {
     let pod = node.get_json(&["-n", ns, "pod", name]);
     let c = &pod["status"]["containerStatuses"][0];
     (
         c["containerID"].as_str().unwrap_or("").to_string(),
         c["restartCount"].as_u64().unwrap_or(0),
+        c["state"]["running"].is_object() && c["ready"] == true,
     )
 }
 
 /// The pids of NVIDIA's MPS control daemons serving pipe directory `pipe`.
 fn control_daemons(pipe: &str) -> Vec<i32> {
-    gpushare_e2e::cluster::mps_processes()
+    mps_processes()
         .into_iter()
         .filter(|pid| {
             std::fs::read_link(format!("/proc/{pid}/exe"))
@@ -760,7 +712,7 @@ fn pods_keep_their_gpus_across_kubelet_plugin_and_gpushared_restarts_a_crash_and
     };
     let mps_before = mps_of(&claim_of(&node, "mps"));
     let mig_before = claim_of(&node, "mig").groups[0].mig[0].clone();
-    let containers = |node: &Node, pods: &[&str]| -> Vec<(String, u64)> {
+    let containers = |node: &Node, pods: &[&str]| -> Vec<(String, u64, bool)> {
         pods.iter().map(|p| container(node, ns, p)).collect()
     };
     let before = containers(&node, &["mps", "mig"]);
@@ -769,7 +721,13 @@ fn pods_keep_their_gpus_across_kubelet_plugin_and_gpushared_restarts_a_crash_and
     // kubelet restarted with the pods running: it reads its checkpoint and prepares nothing
     // again; the containers keep running.
     node.node_sh("restart-kubelet");
-    std::thread::sleep(Duration::from_secs(10));
+    // kubelet back, and its pod workers through every pod (the plugin's and the two).
+    let synced = wait_until(RUNNING, || {
+        let m = node.kubelet_metrics();
+        prometheus_sum(&m, "kubelet_pod_worker_duration_seconds_count", &[]) >= 3.0
+            && prometheus_sum(&m, "kubelet_running_pods", &[]) >= 3.0
+    });
+    assert!(synced, "{}", node.kubelet_metrics());
     assert_eq!(containers(&node, &["mps", "mig"]), before);
     assert_eq!(kubelet_prepare_calls(&node), 0);
     assert_eq!(
@@ -863,11 +821,13 @@ fn pods_keep_their_gpus_across_kubelet_plugin_and_gpushared_restarts_a_crash_and
     for pod in pods {
         node.wait_running(ns, pod, RUNNING);
     }
+    // (The pods' phase says Running from before the reboot until kubelet reports again: the
+    // new containers' own state is what shows them back.)
     let ready = wait_until(RUNNING, || {
         containers(&node, &pods)
             .iter()
             .zip(&before)
-            .all(|((id, _), (old, _))| !id.is_empty() && id != old)
+            .all(|((id, _, up), (old, _, _))| *up && !id.is_empty() && id != old)
     });
     assert!(ready, "{:?} vs {before:?}", containers(&node, &pods));
     assert_eq!(kubelet_prepare_calls(&node), 4);
@@ -892,16 +852,5 @@ fn pods_keep_their_gpus_across_kubelet_plugin_and_gpushared_restarts_a_crash_and
     assert_eq!(gpu_nodes(&node, ns, "mps"), vec![format!("nvidia{minor}")]);
 
     node.kubectl_ok(&["delete", "namespace", ns, "--wait=true", "--timeout=120s"]);
-    assert!(
-        wait_until(Duration::from_secs(60), || node.claims().is_empty()),
-        "claims left: {:?}",
-        node.claims()
-    );
-    assert!(
-        wait_until(Duration::from_secs(10), || {
-            gpushare_e2e::cluster::mps_processes().is_empty()
-        }),
-        "MPS processes left: {:?}",
-        gpushare_e2e::cluster::mps_processes()
-    );
+    node.assert_nothing_left();
 }

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use gpushare_e2e::cluster::{mps_processes, Node};
+use gpushare_e2e::cluster::{mps_processes, prometheus_sum, Node};
 
 use super::{progress, row_p, sum, Ctx};
 use crate::report::{ms, Row, Section, Target};
@@ -69,37 +69,33 @@ fn to_running(node: &Node, name: &str, yaml: &str) -> Duration {
     t.elapsed()
 }
 
-/// Deletes pod `name` until it is gone from the API server and gpushared holds no claim.
+/// Deletes pod `name` until neither it nor a ResourceClaim is left in the API server and
+/// gpushared holds no claim.
 fn delete(node: &Node, name: &str) -> Result<Duration> {
     let t = Instant::now();
     node.kubectl_ok(&["-n", NS, "delete", "pod", name, "--wait=true", WAIT]);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !node.claims().is_empty() {
+    loop {
+        let held = node.claims();
+        let objects = node.kubectl_ok(&["-n", NS, "get", "resourceclaims", "-o", "name"]);
+        if held.is_empty() && objects.trim().is_empty() {
+            return Ok(t.elapsed());
+        }
         ensure!(
             Instant::now() < deadline,
-            "pod {name} deleted, its claim still held after 60 s: {:?}",
-            node.claims()
+            "pod {name} deleted, after 60 s still: ResourceClaims {objects:?}, held {held:?}"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    Ok(t.elapsed())
-}
-
-/// `name{...}` samples of Prometheus text `text` with every label of `labels`, summed.
-fn metric(text: &str, name: &str, labels: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|x| l.contains(x)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// The mean of histogram `name` (its `_sum` over its `_count`) among samples with every label
 /// of `labels`, in milliseconds, and its count.
 fn histogram_mean_ms(text: &str, name: &str, labels: &[&str]) -> Result<(f64, f64)> {
-    let count = metric(text, &format!("{name}_count"), labels);
+    let count = prometheus_sum(text, &format!("{name}_count"), labels);
     ensure!(count > 0.0, "no {name} samples with {labels:?}");
     Ok((
-        metric(text, &format!("{name}_sum"), labels) / count * 1e3,
+        prometheus_sum(text, &format!("{name}_sum"), labels) / count * 1e3,
         count,
     ))
 }
@@ -170,11 +166,7 @@ impl Ctx {
 
         // kubelet's own figures for every prepare above, through the API server's node proxy,
         // against gpushared's prepare histogram (its metrics endpoint of packaging/config.toml).
-        let kubelet = node.kubectl_ok(&[
-            "get",
-            "--raw",
-            &format!("/api/v1/nodes/{}/proxy/metrics", node.name),
-        ]);
+        let kubelet = node.kubelet_metrics();
         let (grpc_ms, grpc_n) = histogram_mean_ms(
             &kubelet,
             "dra_grpc_operations_duration_seconds",
@@ -264,8 +256,8 @@ impl Ctx {
                  containerd 2.4, Debian's runc), gpushared on a simulated p5.48xlarge with \
                  NVIDIA's MPS control program, gpushare-dra installed from `deployments/`, both \
                  from the build under test. A pod is timed from `kubectl create` to kubectl's \
-                 watch seeing it Running, then deleted until the API server and gpushared hold \
-                 nothing of it. {pairs} pods with a claim from the guide's MPS template \
+                 watch seeing it Running, then deleted until the API server holds neither it \
+                 nor a ResourceClaim and gpushared holds no claim. {pairs} pods with a claim from the guide's MPS template \
                  (the controller-manager makes the claim, the scheduler allocates a GPU, kubelet \
                  prepares it through gpushare-dra, which gpushared serves with a control daemon \
                  of its own) alternate with {pairs} pods without a claim, after one of each \
