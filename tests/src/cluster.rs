@@ -567,11 +567,16 @@ fn remove_gpushared_run_files() {
     }
 }
 
-/// The sum of the samples of metric `name` whose labels contain every one of `labels`, in
-/// Prometheus text `text` (a histogram's `_count` or `_sum` summed over its other labels).
+/// The sum of the samples of metric `name` (with labels or without) whose lines contain every
+/// one of `labels`, in Prometheus text `text` (a histogram's `_count` or `_sum` summed over its
+/// other labels).
 pub fn prometheus_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
     text.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|x| l.contains(x)))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+                && labels.iter().all(|x| l.contains(x))
+        })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
