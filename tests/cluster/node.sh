@@ -229,6 +229,7 @@ start_kube_proxy() {
 
 # The variables of the node that is up.
 load_env() {
+  [ "$(id -u)" -eq 0 ] || die "needs root"
   [ -f "$run/env" ] || die "no node is up ($run/env missing)"
   BIN=$(sed -n 's/^BIN=//p' "$run/env")
   IP=$(sed -n 's/^IP=//p' "$run/env")
@@ -289,6 +290,7 @@ power_off() {
 # The node's own processes started again after power_off; waits until the node is Ready.
 power_on() {
   load_env
+  [ -f "$pids/kubelet" ] && die "kubelet runs: power-off first"
   start_containerd
   start_kubelet
   start_kube_proxy
@@ -535,7 +537,7 @@ down() {
 case "${1:-}" in
   up) up ;;
   down) down ;;
-  env) cat "$run/env" ;;
+  env) [ -f "$run/env" ] || die "no node is up (tests/cluster/node.sh up)"; cat "$run/env" ;;
   restart-kubelet) restart_kubelet ;;
   power-off) power_off ;;
   power-on) power_on ;;

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use gpushare_e2e::cluster::{mps_processes, prometheus_sum, Node};
 
 use super::{progress, row_p, sum, Ctx};
@@ -69,24 +69,27 @@ fn to_running(node: &Node, name: &str, yaml: &str) -> Duration {
     t.elapsed()
 }
 
-/// Deletes pod `name` until neither it nor a ResourceClaim is left in the API server and
-/// gpushared holds no claim.
+/// Deletes pod `name` until it is gone from the API server and gpushared holds no claim.
 fn delete(node: &Node, name: &str) -> Result<Duration> {
     let t = Instant::now();
     node.kubectl_ok(&["-n", NS, "delete", "pod", name, "--wait=true", WAIT]);
+    wait_for(|| node.claims().is_empty()).with_context(|| {
+        format!(
+            "pod {name} deleted, gpushared still holds {:?}",
+            node.claims()
+        )
+    })?;
+    Ok(t.elapsed())
+}
+
+/// Polls `done` every 20 ms for up to 60 s.
+fn wait_for(mut done: impl FnMut() -> bool) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let held = node.claims();
-        let objects = node.kubectl_ok(&["-n", NS, "get", "resourceclaims", "-o", "name"]);
-        if held.is_empty() && objects.trim().is_empty() {
-            return Ok(t.elapsed());
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "pod {name} deleted, after 60 s still: ResourceClaims {objects:?}, held {held:?}"
-        );
+    while !done() {
+        ensure!(Instant::now() < deadline, "still not done after 60 s");
         std::thread::sleep(Duration::from_millis(20));
     }
+    Ok(())
 }
 
 /// The mean of histogram `name` (its `_sum` over its `_count`) among samples with every label
@@ -145,9 +148,10 @@ impl Ctx {
         }
         // Nothing left: no claim in the API server or in gpushared, no claim CDI spec, no MPS
         // daemon.
-        let claims = node.get_json(&["resourceclaims", "-A"]);
-        let left = claims["items"].as_array().map_or(0, Vec::len);
-        ensure!(left == 0, "ResourceClaims left after the row: {claims}");
+        // (The controller-manager deletes the last pod's ResourceClaim after the pod is gone.)
+        let claim_objects = || node.kubectl_ok(&["get", "resourceclaims", "-A", "-o", "name"]);
+        wait_for(|| claim_objects().trim().is_empty())
+            .with_context(|| format!("ResourceClaims left after the row: {}", claim_objects()))?;
         ensure!(node.claims().is_empty(), "claims held: {:?}", node.claims());
         let specs: Vec<String> = std::fs::read_dir("/var/run/cdi")?
             .flatten()
@@ -155,13 +159,8 @@ impl Ctx {
             .filter(|n| n.starts_with("gpushare.io-claim"))
             .collect();
         ensure!(specs.is_empty(), "claim CDI specs left: {specs:?}");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !mps_processes().is_empty() {
-            if Instant::now() > deadline {
-                bail!("MPS processes left: {:?}", mps_processes());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_for(|| mps_processes().is_empty())
+            .with_context(|| format!("MPS processes left: {:?}", mps_processes()))?;
         let (first, last) = (sum(&ups[..ends])?, sum(&ups[row_len - ends..])?);
 
         // kubelet's own figures for every prepare above, through the API server's node proxy,
@@ -170,12 +169,12 @@ impl Ctx {
         let (grpc_ms, grpc_n) = histogram_mean_ms(
             &kubelet,
             "dra_grpc_operations_duration_seconds",
-            &["NodePrepareResources"],
+            &["NodePrepareResources", "grpc_status_code=\"OK\""],
         )?;
         let (ungrpc_ms, ungrpc_n) = histogram_mean_ms(
             &kubelet,
             "dra_grpc_operations_duration_seconds",
-            &["NodeUnprepareResources"],
+            &["NodeUnprepareResources", "grpc_status_code=\"OK\""],
         )?;
         let daemon = std::process::Command::new("curl")
             .args(["-sf", "http://127.0.0.1:9471/metrics"])
@@ -256,16 +255,16 @@ impl Ctx {
                  containerd 2.4, Debian's runc), gpushared on a simulated p5.48xlarge with \
                  NVIDIA's MPS control program, gpushare-dra installed from `deployments/`, both \
                  from the build under test. A pod is timed from `kubectl create` to kubectl's \
-                 watch seeing it Running, then deleted until the API server holds neither it \
-                 nor a ResourceClaim and gpushared holds no claim. {pairs} pods with a claim from the guide's MPS template \
+                 watch seeing it Running, then deleted until the API server no longer has it and \
+                 gpushared holds no claim. {pairs} pods with a claim from the guide's MPS template \
                  (the controller-manager makes the claim, the scheduler allocates a GPU, kubelet \
                  prepares it through gpushare-dra, which gpushared serves with a control daemon \
                  of its own) alternate with {pairs} pods without a claim, after one of each \
-                 uncounted. Each pod's deletion is timed too, until the API \
-                 server and gpushared hold nothing of it. Then {row_len} MPS pods in a row, each \
-                 created (timed to Running: the target) and deleted, and after the row no ResourceClaim, claim, claim CDI spec or MPS \
-                 process is left. kubelet's own histogram of its NodePrepareResources calls \
-                 (`dra_grpc_operations_duration_seconds`: the gRPC call to gpushare-dra, which \
+                 uncounted. Each pod's deletion is timed too, the same way. Then {row_len} MPS \
+                 pods in a row, each created (timed to Running: the target) and deleted, and \
+                 after the row no ResourceClaim, claim, claim CDI spec or MPS process is left. \
+                 kubelet's own histogram of its successful NodePrepareResources \
+                 calls (`dra_grpc_operations_duration_seconds`: the gRPC call to gpushare-dra, which \
                  calls gpushared) is read through the API server's node proxy at the end, \
                  against `gpushare_prepare_duration_seconds` from gpushared's metrics endpoint; \
                  both cover every prepare of the section (its `dra_operations_duration_seconds` \
