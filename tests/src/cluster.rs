@@ -567,6 +567,86 @@ fn remove_gpushared_run_files() {
     }
 }
 
+// Manifests the tests and the bench apply.
+
+/// A ResourceClaimTemplate `name` in `ns` for one MIG slice of `profile`, selected as the
+/// corrected guide template does (`mig.nvidia.com`, the `profile` attribute).
+pub fn mig_template(ns: &str, name: &str, profile: &str) -> String {
+    format!(
+        r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{ name: {name}, namespace: {ns} }}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: mig.nvidia.com
+          selectors:
+          - cel:
+              expression: device.attributes["gpu.nvidia.com"].profile == "{profile}"
+"#
+    )
+}
+
+/// A ResourceClaimTemplate `name` in `ns` for one whole GPU shared with `parameters` (the
+/// guides' opaque configuration, JSON).
+pub fn shared_template(ns: &str, name: &str, parameters: &str) -> String {
+    format!(
+        r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{ name: {name}, namespace: {ns} }}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly: {{ deviceClassName: gpu.nvidia.com }}
+      config:
+      - requests: ["gpu"]
+        opaque: {{ driver: gpu.nvidia.com, parameters: {parameters} }}
+"#
+    )
+}
+
+/// Where a [`sleeping_pod`]'s claim comes from.
+#[derive(Debug, Clone, Copy)]
+pub enum PodClaim<'a> {
+    /// No claim.
+    None,
+    /// A claim of its own, made from this ResourceClaimTemplate.
+    Template(&'a str),
+    /// This ResourceClaim, shared with other pods.
+    Claim(&'a str),
+}
+
+/// A pod `name` in `ns` on the local busybox image that sleeps an hour, holding `claim` (as
+/// its `gpu`), deleted after `grace` seconds.
+pub fn sleeping_pod(ns: &str, name: &str, claim: PodClaim, grace: u32) -> String {
+    let source = match claim {
+        PodClaim::None => None,
+        PodClaim::Template(t) => Some(format!("resourceClaimTemplateName: {t}")),
+        PodClaim::Claim(c) => Some(format!("resourceClaimName: {c}")),
+    };
+    let claim = source.map_or(String::new(), |source| {
+        format!("    resources: {{ claims: [{{ name: gpu }}] }}\n  resourceClaims:\n  - name: gpu\n    {source}\n")
+    });
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{ name: {name}, namespace: {ns} }}
+spec:
+  terminationGracePeriodSeconds: {grace}
+  containers:
+  - name: main
+    image: gpushare.test/busybox:local
+    imagePullPolicy: Never
+    command: ["sleep", "3600"]
+{claim}"#
+    )
+}
+
 /// The sum of the samples of metric `name` (with labels or without) whose lines contain every
 /// one of `labels`, in Prometheus text `text` (a histogram's `_count` or `_sum` summed over its
 /// other labels).

@@ -8,7 +8,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use gpushare_e2e::cluster::{mps_processes, prometheus_sum, repo, Node};
+use gpushare_e2e::cluster::{
+    mig_template, mps_processes, prometheus_sum, repo, shared_template, sleeping_pod, Node,
+    PodClaim,
+};
 use gpushare_e2e::*;
 use gpushare_proto::{StrategyInfo, TimeSliceInterval};
 
@@ -253,12 +256,8 @@ spec:
           kind: GpuConfig
           sharing: { strategy: TimeSlicing, timeSlicingConfig: { interval: Long } }
 "#;
-    let ts_pod = |name: &str| {
-        pod_with_template("gpushare-example", name, "-").replace(
-            "resourceClaimTemplateName: -",
-            "resourceClaimName: shared-ts",
-        )
-    };
+    let ts_pod =
+        |name: &str| sleeping_pod("gpushare-example", name, PodClaim::Claim("shared-ts"), 1);
     node.kubectl_stdin(
         &["apply", "-f", "-"],
         &[ts.to_string(), ts_pod("ts-a"), ts_pod("ts-b")].join("---\n"),
@@ -318,48 +317,6 @@ spec:
     node.assert_nothing_left();
 }
 
-/// A ResourceClaimTemplate `name` in `ns` for one MIG slice of `profile`, selected as the
-/// corrected guide template does (`mig.nvidia.com`, the `profile` attribute).
-fn mig_template(ns: &str, name: &str, profile: &str) -> String {
-    format!(
-        r#"apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {{ name: {name}, namespace: {ns} }}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: mig.nvidia.com
-          selectors:
-          - cel:
-              expression: device.attributes["gpu.nvidia.com"].profile == "{profile}"
-"#
-    )
-}
-
-/// A pod `name` in `ns` that sleeps holding a claim made from `template`.
-fn pod_with_template(ns: &str, name: &str, template: &str) -> String {
-    format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata: {{ name: {name}, namespace: {ns} }}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: main
-    image: gpushare.test/busybox:local
-    imagePullPolicy: Never
-    command: ["sleep", "3600"]
-    resources: {{ claims: [{{ name: gpu }}] }}
-  resourceClaims:
-  - name: gpu
-    resourceClaimTemplateName: {template}
-"#
-    )
-}
-
 fn phase(node: &Node, ns: &str, pod: &str) -> String {
     let out = node.kubectl(&[
         "-n",
@@ -393,7 +350,7 @@ fn the_scheduler_fills_a_mig_gpu_without_overlap_and_the_real_authorizers_hold()
     // has 8 memory slices, a 3g.20gb takes 4 (placed at 0 or 4), a 1g.5gb one of 0..=6.
     node.kubectl_stdin(
         &["apply", "-f", "-"],
-        &pod_with_template(ns, "big", "mig-3g"),
+        &sleeping_pod(ns, "big", PodClaim::Template("mig-3g"), 1),
     );
     node.wait_running(ns, "big", RUNNING);
     let mut small = 0;
@@ -401,7 +358,7 @@ fn the_scheduler_fills_a_mig_gpu_without_overlap_and_the_real_authorizers_hold()
         let name = format!("small-{small}");
         node.kubectl_stdin(
             &["apply", "-f", "-"],
-            &pod_with_template(ns, &name, "mig-1g"),
+            &sleeping_pod(ns, &name, PodClaim::Template("mig-1g"), 1),
         );
         let settled = wait_until(RUNNING, || {
             phase(&node, ns, &name) == "Running"
@@ -595,26 +552,6 @@ spec:
     node.assert_nothing_left();
 }
 
-/// A ResourceClaimTemplate `name` in `ns` for one whole GPU shared with `parameters` (the
-/// guides' opaque configuration, JSON).
-fn shared_template(ns: &str, name: &str, parameters: &str) -> String {
-    format!(
-        r#"apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {{ name: {name}, namespace: {ns} }}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly: {{ deviceClassName: gpu.nvidia.com }}
-      config:
-      - requests: ["gpu"]
-        opaque: {{ driver: gpu.nvidia.com, parameters: {parameters} }}
-"#
-    )
-}
-
 /// kubelet's own count of NodePrepareResources calls to the plugins that succeeded (its
 /// `dra_grpc_operations_duration_seconds` histogram; it starts from zero when kubelet does).
 fn kubelet_prepare_calls(node: &Node) -> u64 {
@@ -697,7 +634,7 @@ fn pods_keep_their_gpus_across_kubelet_plugin_and_gpushared_restarts_a_crash_and
     let start = |node: &Node, name: &str, template: &str| {
         node.kubectl_stdin(
             &["apply", "-f", "-"],
-            &pod_with_template(ns, name, template),
+            &sleeping_pod(ns, name, PodClaim::Template(template), 1),
         );
     };
     start(&node, "mps", "mps");

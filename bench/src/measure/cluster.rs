@@ -6,7 +6,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use gpushare_e2e::cluster::{mps_processes, prometheus_sum, Node};
+use gpushare_e2e::cluster::{
+    mps_processes, prometheus_sum, shared_template, sleeping_pod, Node, PodClaim,
+};
 
 use super::{progress, row_p, sum, Ctx};
 use crate::report::{ms, Row, Section, Target};
@@ -22,37 +24,16 @@ const NS: &str = "bench";
 /// Longest a pod may take to be Running, or to be gone once deleted.
 const WAIT: &str = "--timeout=120s";
 
-/// A pod `name` that sleeps; with `template`, holding a claim made from it.
-fn pod(name: &str, template: Option<&str>) -> String {
-    let claim = template.map_or(String::new(), |t| {
-        format!(
-            "    resources: {{ claims: [{{ name: gpu }}] }}\n  resourceClaims:\n  - name: gpu\n    resourceClaimTemplateName: {t}\n"
-        )
-    });
-    format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{ name: {name}, namespace: {NS} }}\nspec:\n  \
-         terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    \
-         image: gpushare.test/busybox:local\n    imagePullPolicy: Never\n    \
-         command: [\"sleep\", \"3600\"]\n{claim}"
-    )
+/// A pod `name` of the section's namespace, with a claim from the MPS template or none;
+/// deleted at once (no grace period).
+fn pod(name: &str, mps: bool) -> String {
+    let claim = if mps {
+        PodClaim::Template("mps")
+    } else {
+        PodClaim::None
+    };
+    sleeping_pod(NS, name, claim, 0)
 }
-
-/// The guide's MPS template (`mpsActiveThreadPercentage: 50`).
-const MPS_TEMPLATE: &str = "apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: { name: mps, namespace: bench }
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly: { deviceClassName: gpu.nvidia.com }
-      config:
-      - requests: [\"gpu\"]
-        opaque:
-          driver: gpu.nvidia.com
-          parameters: { sharingMode: mps, mpsActiveThreadPercentage: 50 }
-";
 
 /// `kubectl create` of `yaml` until pod `name` is Running (kubectl's watch).
 fn to_running(node: &Node, name: &str, yaml: &str) -> Duration {
@@ -115,10 +96,18 @@ impl Ctx {
         node.start_gpushared("p5.48xlarge");
         node.install_plugin(8);
         node.kubectl_ok(&["create", "namespace", NS]);
-        node.kubectl_stdin(&["apply", "-f", "-"], MPS_TEMPLATE);
+        // The guide's MPS template.
+        node.kubectl_stdin(
+            &["apply", "-f", "-"],
+            &shared_template(
+                NS,
+                "mps",
+                "{ sharingMode: mps, mpsActiveThreadPercentage: 50 }",
+            ),
+        );
         // One pod of each first, not counted: images and caches warm on both sides.
-        for (name, template) in [("warm-plain", None), ("warm-mps", Some("mps"))] {
-            to_running(&node, name, &pod(name, template));
+        for (name, mps) in [("warm-plain", false), ("warm-mps", true)] {
+            to_running(&node, name, &pod(name, mps));
             delete(&node, name)?;
         }
 
@@ -128,10 +117,10 @@ impl Ctx {
         let (mut plain, mut mps, mut plain_down, mut mps_down) = (vec![], vec![], vec![], vec![]);
         for i in 0..pairs {
             let name = format!("plain-{i}");
-            plain.push(to_running(&node, &name, &pod(&name, None)));
+            plain.push(to_running(&node, &name, &pod(&name, false)));
             plain_down.push(delete(&node, &name)?);
             let name = format!("mps-{i}");
-            mps.push(to_running(&node, &name, &pod(&name, Some("mps"))));
+            mps.push(to_running(&node, &name, &pod(&name, true)));
             mps_down.push(delete(&node, &name)?);
         }
         let (p, p0) = (sum(&mps)?, sum(&plain)?);
@@ -143,7 +132,7 @@ impl Ctx {
         let mut ups = vec![];
         for i in 0..row_len {
             let name = format!("row-{i}");
-            ups.push(to_running(&node, &name, &pod(&name, Some("mps"))));
+            ups.push(to_running(&node, &name, &pod(&name, true)));
             delete(&node, &name)?;
         }
         // Nothing left: no claim in the API server or in gpushared, no claim CDI spec, no MPS
