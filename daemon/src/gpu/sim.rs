@@ -206,6 +206,22 @@ impl SimulatedBackend {
         Self::build(profile_name, node_name, dev_root, false)
     }
 
+    /// Like [`SimulatedBackend::without_device_nodes`], keeping MIG state in
+    /// `<dev_root>/mig-state.json` as [`SimulatedBackend::new`] does: for tests that restart
+    /// gpushared over GPUs whose MIG instances outlive it.
+    ///
+    /// # Errors
+    /// An unknown profile, an invalid state file.
+    #[cfg(test)]
+    pub(crate) fn without_device_nodes_keeping_mig_state(
+        profile_name: &str,
+        node_name: &str,
+        dev_root: &Path,
+    ) -> io::Result<Self> {
+        std::fs::create_dir_all(dev_root)?;
+        Self::build(profile_name, node_name, dev_root, false)?.keeping_mig_state()
+    }
+
     fn with_settings<T>(
         &self,
         uuid: &str,
