@@ -20,9 +20,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpushare_proto::{
-    ClaimInfo, ClaimState, ComputeMode, ErrorCode, GpuInfo, GpuSharing, HealthInfo, StrategyInfo,
-};
+use gpushare_proto::{ComputeMode, ErrorCode, GpuInfo, GpuSharing, HealthInfo};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -31,6 +29,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::claim::{Claim, Phase};
 use crate::service::Service;
 
 /// The content type of what [`render`] returns (OpenMetrics 1.0 text, which Prometheus
@@ -145,14 +144,6 @@ fn sharing_str(s: GpuSharing) -> &'static str {
     }
 }
 
-fn strategy_str(s: &StrategyInfo) -> &'static str {
-    match s {
-        StrategyInfo::Exclusive => "Exclusive",
-        StrategyInfo::TimeSlicing { .. } => "TimeSlicing",
-        StrategyInfo::Mps(_) => "MPS",
-    }
-}
-
 fn encode_family<M: EncodeMetric + prometheus_client::metrics::TypedMetric>(
     encoder: &mut DescriptorEncoder,
     name: &str,
@@ -181,22 +172,18 @@ pub struct MpsDaemonSeen {
 }
 
 /// Every MPS control daemon of `claims`, with its restart count from the claim record.
-pub fn mps_daemons(claims: &[ClaimInfo]) -> Vec<MpsDaemonSeen> {
+pub fn mps_daemons(claims: &[Arc<Claim>]) -> Vec<MpsDaemonSeen> {
     claims
         .iter()
         .flat_map(|c| {
-            c.groups
-                .iter()
-                .enumerate()
-                .filter_map(move |(i, g)| match &g.sharing {
-                    StrategyInfo::Mps(m) => Some(MpsDaemonSeen {
-                        claim: c.uid.clone(),
-                        group: i,
-                        pid: m.control_daemon_pid,
-                        restarts: u64::from(m.restarts),
-                    }),
-                    _ => None,
+            c.groups.iter().enumerate().filter_map(move |(i, g)| {
+                g.mps().map(|m| MpsDaemonSeen {
+                    claim: c.uid.clone(),
+                    group: i,
+                    pid: m.control_daemon_pid,
+                    restarts: u64::from(m.restarts),
                 })
+            })
         })
         .collect()
 }
@@ -267,7 +254,7 @@ impl ServiceCollector {
         &self,
         encoder: &mut DescriptorEncoder,
         gpus: &[GpuInfo],
-        claims: &[ClaimInfo],
+        claims: &[Arc<Claim>],
     ) -> Result<(), fmt::Error> {
         let sharing: Family<Labels, Gauge> = Family::default();
         let compute: Family<Labels, Gauge> = Family::default();
@@ -304,7 +291,7 @@ impl ServiceCollector {
                     ("claim", c.uid.clone()),
                     ("namespace", c.namespace.clone()),
                     ("name", c.name.clone()),
-                    ("strategy", strategy_str(&g.sharing).to_string()),
+                    ("strategy", g.sharing.name().to_string()),
                 ];
                 strategy.get_or_create(&l).set(1);
             }
@@ -313,7 +300,7 @@ impl ServiceCollector {
                 .set(c.attached.len() as i64);
             degraded
                 .get_or_create(&vec![("claim", c.uid.clone())])
-                .set(i64::from(c.state == ClaimState::Degraded));
+                .set(i64::from(c.phase == Phase::Degraded));
         }
         for d in mps_daemons(claims) {
             let l = vec![("claim", d.claim), ("group", d.group.to_string())];
@@ -324,7 +311,7 @@ impl ServiceCollector {
         encode_family(
             encoder,
             "gpushare_claim_strategy",
-            "Sharing strategy of each prepared claim's device groups (1 per claim and strategy).",
+            "Sharing strategy of each prepared claim's device groups: Exclusive, TimeSlicing, MPS or MIG (1 per claim and strategy).",
             &strategy,
         )?;
         encode_family(
@@ -358,7 +345,8 @@ impl ServiceCollector {
 impl Collector for ServiceCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
         let gpus = self.service.list_gpus();
-        let claims = self.service.list_claims();
+        // Shared with the published view, not copied.
+        let claims = self.service.claims();
         let health = self.service.health();
         let ready = ConstGauge::new(i64::from(health.ready));
         let m = encoder.encode_descriptor(

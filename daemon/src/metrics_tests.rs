@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use gpushare_proto::{ClaimState, GroupInfo, MpsInfo};
+use gpushare_proto::{ClaimInfo, ClaimState, GroupInfo, MpsInfo, StrategyInfo};
 
 fn claim(uid: &str, daemons: &[(i32, u32)]) -> ClaimInfo {
     ClaimInfo {
@@ -44,7 +44,13 @@ fn claim(uid: &str, daemons: &[(i32, u32)]) -> ClaimInfo {
 
 #[test]
 fn mps_restarts_come_from_the_claim_records() {
-    let seen = mps_daemons(&[claim("a", &[(10, 0), (20, 3)]), claim("b", &[(30, 1)])]);
+    let seen = mps_daemons(&[
+        Arc::new(crate::claim::wire::claim_of(claim(
+            "a",
+            &[(10, 0), (20, 3)],
+        ))),
+        Arc::new(crate::claim::wire::claim_of(claim("b", &[(30, 1)]))),
+    ]);
     let restarts: Vec<(String, usize, i32, u64)> = seen
         .into_iter()
         .map(|d| (d.claim, d.group, d.pid, d.restarts))

@@ -5,7 +5,7 @@
 //! | path | what |
 //! |---|---|
 //! | `store.json` | the store's own record: format, boot ID of the boot that last started on it, the last generation handed out, and the downgrade export it wrote at its last stop |
-//! | `records/<uid>.json` | one claim's [`ClaimRecord`](crate::claim::ClaimRecord), written atomically (temporary file, fsync, rename, directory fsync) whenever its durable state changes |
+//! | `records/<uid>.json` | one claim's [`ClaimRecord`], written atomically (temporary file, fsync, rename, directory fsync) whenever its durable state changes |
 //! | `tombstones/<uid>.json` | one released claim's [`TombstoneRecord`] |
 //! | `checkpoint.json` | only between a graceful stop and the next start: the whole node in the version 2 format, for a downgrade (see `docs/crash-safety.md`) |
 //!
@@ -25,6 +25,7 @@
 mod migrate;
 mod offline;
 mod read;
+pub mod record;
 mod types;
 
 use std::fs;
@@ -32,8 +33,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::checkpoint::{Checkpoint, CheckpointFile};
-use crate::claim::{TombstoneRecord, RECORD_FORMAT};
 use crate::fsutil;
+pub use record::{ClaimRecord, HostRecord, TombstoneRecord, RECORD_FORMAT};
 
 pub use offline::{replace_with, snapshot};
 pub use types::{Batch, FileStamp, Loaded, StoreMeta, Unreadable};

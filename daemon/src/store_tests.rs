@@ -1,8 +1,8 @@
 //! Unit tests of `store.rs`.
 
+use super::ClaimRecord;
 use super::*;
 use crate::checkpoint::Tombstone;
-use crate::claim::ClaimRecord;
 
 fn fixture(root: &Path) -> String {
     include_str!("../tests/fixtures/checkpoint-v2.json")
@@ -26,11 +26,8 @@ fn a_version_2_checkpoint_is_migrated_once_with_every_claim_and_tombstone() {
     let pids: Vec<i32> = loaded
         .claims
         .values()
-        .flat_map(|c| &c.groups)
-        .filter_map(|g| match &g.sharing {
-            gpushare_proto::StrategyInfo::Mps(m) => Some(m.control_daemon_pid),
-            _ => None,
-        })
+        .flat_map(|c| c.mps_daemons())
+        .map(|m| m.control_daemon_pid)
         .collect();
     assert_eq!(pids.len(), 3);
     // The records on disk hold the same, without the containers.
@@ -53,7 +50,11 @@ fn our_own_export_is_removed_and_a_rewritten_one_is_migrated() {
     let loaded = store.load().unwrap();
     let mut cp = Checkpoint {
         generation: loaded.generation,
-        claims: loaded.claims.clone(),
+        claims: loaded
+            .claims
+            .values()
+            .map(|c| (c.uid.clone(), crate::claim::wire::claim_info(c)))
+            .collect(),
         tombstones: loaded.tombstones.clone(),
         ..Checkpoint::default()
     };
@@ -103,8 +104,10 @@ fn a_batch_writes_and_removes_only_its_records() {
             .clone(),
     )
     .unwrap();
-    b.claims
-        .insert(info.uid.clone(), Some(ClaimRecord::of(&info)));
+    b.claims.insert(
+        info.uid.clone(),
+        Some(ClaimRecord::of(&crate::claim::wire::claim_of(info.clone()))),
+    );
     store.write(&b).unwrap();
     assert_eq!(store.load().unwrap().claims.len(), 1);
     let mut b = Batch::default();

@@ -17,7 +17,7 @@
 use std::fmt;
 
 /// Where a claim is in its life. The wire form is `gpushare_proto::ClaimState`
-/// (`claim::wire`).
+/// (`claim::wire`), the record's `PhaseRecord` (`store::record`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Phase {
     /// Host setup is being applied; nothing may attach. A crash here is rolled back at start.
@@ -112,19 +112,16 @@ pub fn transition(from: Phase, event: Event) -> Result<Next, IllegalTransition> 
     Ok(next)
 }
 
-/// Applies `event` to `info`'s phase: the one place a claim's phase is written (the
-/// registry's `Claims::transition` calls it for the claims it holds; a record read back is
-/// corrected through it too). `Gone` leaves `info` as it was: its holder drops it.
+/// Applies `event` to `claim`'s phase: the one place a claim's phase is written (the
+/// registry's `Claims::transition` calls it for the claims it holds). `Gone` leaves `claim`
+/// as it was: its holder drops it.
 ///
 /// # Errors
-/// [`IllegalTransition`]; `info` is unchanged.
-pub fn apply(
-    info: &mut gpushare_proto::ClaimInfo,
-    event: Event,
-) -> Result<Next, IllegalTransition> {
-    let next = transition(Phase::from(info.state), event)?;
+/// [`IllegalTransition`]; `claim` is unchanged.
+pub fn apply(claim: &mut super::Claim, event: Event) -> Result<Next, IllegalTransition> {
+    let next = transition(claim.phase, event)?;
     if let Next::Phase(p) = next {
-        info.state = p.into();
+        claim.phase = p;
     }
     Ok(next)
 }

@@ -1,14 +1,14 @@
-//! A claim: its lifecycle ([`lifecycle`]: the one transition function), its durable record
-//! ([`record`]: the versioned on-disk form) and its wire view ([`wire`]: the protocol's
-//! `ClaimState`), converted at the edges.
+//! A claim: the daemon's model of it ([`model`]: its phase and its device groups, each with
+//! its strategy), its lifecycle ([`lifecycle`]: the one transition function) and the
+//! protocol's view of it ([`wire`]: `ClaimInfo` and `ClaimState`, converted there alone).
+//! Its durable records are `crate::store::record`.
 //!
-//! In memory the registry still keeps a claim as the protocol's `ClaimInfo` (its nested
-//! device, MPS and MIG records are the facts the protocol reports); what may change its phase
-//! is only [`lifecycle::transition`], through the registry.
+//! The registry (`crate::registry`) holds [`Claim`]s; what may change a claim's phase is only
+//! [`lifecycle::transition`], through the registry.
 
 pub mod lifecycle;
-pub mod record;
+pub mod model;
 pub mod wire;
 
 pub use lifecycle::{transition, Event, IllegalTransition, Next, Phase};
-pub use record::{ClaimRecord, TombstoneRecord, RECORD_FORMAT};
+pub use model::{Claim, Group, MigSharing, Sharing};

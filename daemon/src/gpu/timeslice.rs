@@ -1,7 +1,8 @@
 //! Time-slice intervals on real GPUs through `nvidia-smi compute-policy -i <uuid>
-//! --set-timeslice <0..3>`: NVML has no public call for this policy (see
-//! `research/mps-mig-nvml.md` §2), so, like NVIDIA's DRA driver, we run NVIDIA's tool, through
-//! the same bounded process-spawn trait as the MPS control program.
+//! --set-timeslice <0..3>`: NVML has no public call for this policy (none in the NVML API
+//! reference or `nvml.h`), so, like NVIDIA's DRA driver (NVIDIA/k8s-dra-driver-gpu,
+//! `cmd/gpu-kubelet-plugin/nvlib.go`), we run NVIDIA's tool, through the same bounded
+//! process-spawn trait as the MPS control program.
 //!
 //! What the tool prints (strings of nvidia-smi 550; the failure as reported on a Tesla P4 in
 //! the DRA driver's issue #41, exit status 3):

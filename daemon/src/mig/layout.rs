@@ -2,13 +2,12 @@
 //! node's GPUs from what they hold to a named config: pure, so `gpushare mig plan` and
 //! `gpushare mig apply` show and do the same thing.
 //!
-//! Format (`api/spec/v1/spec.go` of NVIDIA/mig-parted; `shared/research/mps-mig-nvml.md`
-//! §3.6): `version: v1`; `mig-configs:` maps a name to a non-empty list of entries, each with
-//! `devices` (`all` or GPU indices), `mig-enabled`, `mig-devices` (profile → count; required
-//! when enabled, empty when not) and optional `device-filter` (PCI device IDs such as
-//! `0x20B010DE`). Unknown keys are refused, as mig-parted refuses them. Unlike mig-parted,
-//! which retries every ordering of placement-less creates, the plan gives every GPU instance
-//! an explicit placement.
+//! Format (`api/spec/v1/spec.go` of NVIDIA/mig-parted): `version: v1`; `mig-configs:` maps a
+//! name to a non-empty list of entries, each with `devices` (`all` or GPU indices),
+//! `mig-enabled`, `mig-devices` (profile → count; required when enabled, empty when not) and
+//! optional `device-filter` (PCI device IDs such as `0x20B010DE`). Unknown keys are refused, as
+//! mig-parted refuses them. Unlike mig-parted, which retries every ordering of placement-less
+//! creates, the plan gives every GPU instance an explicit placement.
 
 use std::collections::BTreeMap;
 

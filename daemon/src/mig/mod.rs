@@ -7,8 +7,9 @@
 //! *profile ID* that call returns, which `nvidia-smi mig -lgip`, `CreateGpuInstance*`, device
 //! names and mig-parted use (`3g.20gb` is ID 9). The two are distinct types here
 //! ([`GiProfileIndex`], [`GiProfileId`]) so one can never be passed where the other is meant.
-//! Tables: `shared/research/mps-mig-nvml.md` §3.2–3.4 (NVIDIA MIG user guide, real `-lgip`
-//! outputs).
+//! Tables: NVIDIA's MIG user guide (<https://docs.nvidia.com/datacenter/tesla/mig-user-guide/>,
+//! "Supported MIG Profiles"), NVIDIA/go-nvml's `pkg/nvml/mock` GPUs and real
+//! `nvidia-smi mig -lgip` outputs; the comment above each table says which figure is whose.
 
 pub mod layout;
 pub mod partitions;
@@ -186,9 +187,9 @@ type Row = (
     &'static [u32],
 );
 
-// Where the figures come from (`shared/research/mps-mig-nvml.md` §3.2). A100-40GB: memory is
-// NVML's `memorySizeMB` (go-nvml's tables, which match real `nvidia-smi mig -lgip` outputs:
-// 4864 MiB = 4.75 GiB), SMs and engines the MIG user guide's. Read, not inferred.
+// Where the figures come from, table by table (the sources are in the module docs). A100-40GB:
+// memory is NVML's `memorySizeMB` (go-nvml's tables, which match real `nvidia-smi mig -lgip`
+// outputs: 4864 MiB = 4.75 GiB), SMs and engines the MIG user guide's. Read, not inferred.
 #[rustfmt::skip]
 const A100_40: &[Row] = &[
     ("1g.5gb",     19, 0, 1, 1,  4864, 14, 1, 0, 0, 0, 0, 7, STARTS_1),

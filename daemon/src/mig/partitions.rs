@@ -1,9 +1,10 @@
 //! What a MIG-capable GPU can be cut into at a claim's prepare, pure: the (profile, placement)
 //! slices of its model, whether it can be granted whole, and the capacities its slices draw
 //! from. This is what a DRA driver publishes as partitionable devices (KEP-4815) with one
-//! counter set per GPU, as NVIDIA's DynamicMIG does (`shared/research/dra-driver.md` §4.2):
-//! every slice consumes its capacities and the memory slices of its placement, the whole GPU
-//! consumes everything, so the scheduler never hands out two allocations that overlap.
+//! counter set per GPU, as NVIDIA's DynamicMIG does (NVIDIA/k8s-dra-driver-gpu,
+//! `cmd/gpu-kubelet-plugin/partitions.go`): every slice consumes its capacities and the memory
+//! slices of its placement, the whole GPU consumes everything, so the scheduler never hands out
+//! two allocations that overlap.
 //!
 //! The counter set's capacities are, per dimension, the most that any valid layout of the
 //! GPU uses (at least the largest profile's): NVIDIA takes the largest profile's, which is

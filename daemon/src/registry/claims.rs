@@ -5,11 +5,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Deref;
 
-use gpushare_proto::{Attachment, ClaimInfo, StrategyInfo};
+use gpushare_proto::Attachment;
 
 use crate::checkpoint::Tombstone;
 use crate::claim::lifecycle::apply;
-use crate::claim::{Event, IllegalTransition, Next, Phase};
+use crate::claim::{Claim, Event, IllegalTransition, Next, Phase};
 
 /// Why [`Claims::transition`] changed nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -27,7 +27,7 @@ pub enum TransitionError {
 /// through a method here, which says which of the two it concerns.
 #[derive(Debug, Default)]
 pub struct Claims {
-    map: BTreeMap<String, ClaimInfo>,
+    map: BTreeMap<String, Claim>,
     shown: BTreeSet<String>,
     durable: BTreeSet<String>,
     /// UIDs of the claims that ran an MPS control daemon when [`Claims::take_shown`] last
@@ -39,7 +39,7 @@ pub struct Claims {
 }
 
 impl Deref for Claims {
-    type Target = BTreeMap<String, ClaimInfo>;
+    type Target = BTreeMap<String, Claim>;
     fn deref(&self) -> &Self::Target {
         &self.map
     }
@@ -53,7 +53,7 @@ impl Claims {
 
     /// A claim to change durably (its devices, MPS and MIG records, last error). Its phase is
     /// changed only by [`Claims::transition`].
-    pub fn get_mut(&mut self, uid: &str) -> Option<&mut ClaimInfo> {
+    pub fn get_mut(&mut self, uid: &str) -> Option<&mut Claim> {
         if self.map.contains_key(uid) {
             self.touch(uid);
         }
@@ -70,13 +70,13 @@ impl Claims {
     }
 
     /// Adds (or replaces) a claim.
-    pub fn insert(&mut self, uid: String, info: ClaimInfo) -> Option<ClaimInfo> {
+    pub fn insert(&mut self, uid: String, info: Claim) -> Option<Claim> {
         self.touch(&uid);
         self.map.insert(uid, info)
     }
 
     /// Adds a claim read back from the store as it is there: shown, not written again.
-    pub fn adopt(&mut self, uid: String, info: ClaimInfo) {
+    pub fn adopt(&mut self, uid: String, info: Claim) {
         self.shown.insert(uid.clone());
         self.map.insert(uid, info);
     }
@@ -91,7 +91,7 @@ impl Claims {
 
     /// Removes a claim without a lifecycle event: a rollback of its insertion, or a record
     /// refused at start.
-    pub fn remove(&mut self, uid: &str) -> Option<ClaimInfo> {
+    pub fn remove(&mut self, uid: &str) -> Option<Claim> {
         let gone = self.map.remove(uid);
         if gone.is_some() {
             self.touch(uid);
@@ -100,7 +100,7 @@ impl Claims {
     }
 
     /// Puts back what a transaction saved of `uid`: the record as it was, or its absence.
-    pub fn restore(&mut self, uid: &str, saved: Option<ClaimInfo>) {
+    pub fn restore(&mut self, uid: &str, saved: Option<Claim>) {
         self.touch(uid);
         match saved {
             Some(info) => {
@@ -134,14 +134,14 @@ impl Claims {
 
     /// The phase of `uid`, if it is held.
     pub fn phase(&self, uid: &str) -> Option<Phase> {
-        self.map.get(uid).map(|c| Phase::from(c.state))
+        self.map.get(uid).map(|c| c.phase)
     }
 
     /// UIDs changed since the last call, for the view.
     pub fn take_shown(&mut self) -> BTreeSet<String> {
         let shown = std::mem::take(&mut self.shown);
         for uid in &shown {
-            if self.map.get(uid).is_some_and(runs_mps) {
+            if self.map.get(uid).is_some_and(Claim::runs_mps) {
                 self.mps.insert(uid.clone());
             } else {
                 self.mps.remove(uid);
@@ -153,26 +153,18 @@ impl Claims {
     /// The claims with an MPS device group (each runs MPS control daemons), in UID order, in
     /// time that grows with them and with the claims changed since the view was last
     /// published, never with every claim held.
-    pub fn running_mps(&self) -> impl Iterator<Item = &ClaimInfo> {
+    pub fn running_mps(&self) -> impl Iterator<Item = &Claim> {
         // Both sets are sorted: their union yields each UID once.
         self.mps
             .union(&self.shown)
             .filter_map(|uid| self.map.get(uid))
-            .filter(|c| runs_mps(c))
+            .filter(|c| c.runs_mps())
     }
 
     /// UIDs whose durable record changed since the last call, for the store.
     pub fn take_durable(&mut self) -> BTreeSet<String> {
         std::mem::take(&mut self.durable)
     }
-}
-
-/// Whether `claim` has a device group shared through MPS, i.e. runs MPS control daemons.
-pub fn runs_mps(claim: &ClaimInfo) -> bool {
-    claim
-        .groups
-        .iter()
-        .any(|g| matches!(g.sharing, StrategyInfo::Mps(_)))
 }
 
 /// Tombstones by claim UID, with the UIDs changed since [`Tombstones::take_changed`].
@@ -252,14 +244,14 @@ impl Tombstones {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpushare_proto::ClaimState;
+    use crate::claim::{Group, Sharing};
 
-    fn claim(uid: &str, state: ClaimState) -> ClaimInfo {
-        ClaimInfo {
+    fn claim(uid: &str, phase: Phase) -> Claim {
+        Claim {
             uid: uid.into(),
             namespace: "ns".into(),
             name: "n".into(),
-            state,
+            phase,
             groups: vec![],
             requests: vec![],
             cdi_spec: String::new(),
@@ -275,7 +267,7 @@ mod tests {
     #[test]
     fn attachments_are_shown_but_not_written_and_phases_go_through_the_lifecycle() {
         let mut c = Claims::default();
-        c.insert("a".into(), claim("a", ClaimState::PrepareStarted));
+        c.insert("a".into(), claim("a", Phase::PrepareStarted));
         assert_eq!(c.take_durable(), BTreeSet::from(["a".to_string()]));
         c.take_shown();
         c.attachments_mut("a").unwrap().clear();
@@ -296,7 +288,7 @@ mod tests {
             c.transition("a", Event::Applied),
             Ok(Next::Phase(Phase::Prepared))
         );
-        assert_eq!(c["a"].state, ClaimState::Prepared);
+        assert_eq!(c["a"].phase, Phase::Prepared);
         assert_eq!(c.take_durable().len(), 1);
         c.transition("a", Event::ReleaseStarted).unwrap();
         assert_eq!(c.transition("a", Event::Released), Ok(Next::Gone));
@@ -308,12 +300,12 @@ mod tests {
     }
 
     /// A claim with one device group shared through MPS.
-    fn mps_claim(uid: &str) -> ClaimInfo {
-        let mut c = claim(uid, ClaimState::Prepared);
-        c.groups.push(gpushare_proto::GroupInfo {
+    fn mps_claim(uid: &str) -> Claim {
+        let mut c = claim(uid, Phase::Prepared);
+        c.groups.push(Group {
             requests: vec!["gpu".into()],
             devices: vec![],
-            sharing: StrategyInfo::Mps(gpushare_proto::MpsInfo {
+            sharing: Sharing::Mps(gpushare_proto::MpsInfo {
                 control_daemon_pid: 7,
                 pipe_dir: format!("/run/gpushare/claims/{uid}/mps-00000/pipe"),
                 log_dir: String::new(),
@@ -325,7 +317,6 @@ mod tests {
                 requested: Default::default(),
                 restarts: 0,
             }),
-            mig: vec![],
         });
         c
     }
@@ -343,7 +334,7 @@ mod tests {
         for i in 0..50 {
             c.insert(
                 format!("ts-{i:02}"),
-                claim(&format!("ts-{i:02}"), ClaimState::Prepared),
+                claim(&format!("ts-{i:02}"), Phase::Prepared),
             );
         }
         c.insert("m1".into(), mps_claim("m1"));

@@ -5,5 +5,5 @@
 pub mod claims;
 pub mod txn;
 
-pub use claims::{runs_mps, Claims, Tombstones, TransitionError};
+pub use claims::{Claims, Tombstones, TransitionError};
 pub(crate) use txn::{Registry, Txn};

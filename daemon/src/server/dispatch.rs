@@ -17,6 +17,7 @@ use serde_json::Value;
 use super::decode::{decode_request, error_response};
 use super::listing::Listing;
 use super::{authorize, shape, Peer, ServerConfig};
+use crate::claim::wire::claim_info;
 use crate::error::ServiceError;
 use crate::service::Service;
 
@@ -116,8 +117,7 @@ async fn respond(
     let uid = claim_uid.clone();
     let work = tokio::task::spawn_blocking(move || {
         // What the claim was (unprepare removes it) or became, for the log line.
-        let claim_info =
-            |uid: &Option<String>| uid.as_deref().and_then(|u| service.get_claim(u).ok());
+        let claim_info = |uid: &Option<String>| uid.as_deref().and_then(|u| service.claim(u).ok());
         let released = (method == Method::Unprepare)
             .then(|| claim_info(&uid))
             .flatten();
@@ -157,7 +157,7 @@ async fn respond(
     }
     if matches!(method, Method::Prepare | Method::Unprepare) {
         let uid = claim_uid.as_deref().unwrap_or("?");
-        log_claim_event(method, uid, info.as_ref(), error, took);
+        log_claim_event(method, uid, info.as_deref(), error, took);
     }
     Answer::Whole(match outcome {
         Ok(Ok(result)) => Response {
@@ -193,7 +193,9 @@ fn dispatch(service: &Service, method: Method, p: Option<Value>) -> Result<Value
         }
         Method::GetClaim => {
             let p = params::<UidParams>(method, p)?;
-            to_value(service.get_claim(claim_uid_param(method, "uid", &p.uid)?)?)
+            to_value(claim_info(
+                &*service.claim(claim_uid_param(method, "uid", &p.uid)?)?,
+            ))
         }
         // Answered by `respond` as it is read, never as one value.
         Method::ListClaims => Err(ServiceError::internal(
@@ -245,14 +247,11 @@ fn claim_uid_of(method: Method, params: Option<&Value>) -> Option<String> {
 pub(super) fn log_claim_event(
     method: Method,
     uid: &str,
-    info: Option<&gpushare_proto::ClaimInfo>,
+    info: Option<&crate::claim::Claim>,
     error: Option<(ErrorCode, &str)>,
     took: Duration,
 ) {
-    let strategy = info.map_or_else(
-        || "-".to_string(),
-        gpushare_proto::ClaimInfo::strategy_summary,
-    );
+    let strategy = info.map_or_else(|| "-".to_string(), |c| claim_info(c).strategy_summary());
     let devices = info.map_or_else(
         || "-".to_string(),
         |c| {

@@ -23,11 +23,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpushare_proto::{
-    ClaimInfo, ErrorCode, ListClaimsParams, Method, MAX_CLAIMS_PAGE, OLDEST_PROTOCOL_VERSION,
+    ErrorCode, ListClaimsParams, Method, MAX_CLAIMS_PAGE, OLDEST_PROTOCOL_VERSION,
 };
 use serde_json::Value;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
+use crate::claim::wire::claim_info;
+use crate::claim::Claim;
 use crate::error::ServiceError;
 use crate::service::Service;
 
@@ -40,11 +42,11 @@ pub const BATCH: usize = 64;
 /// Where a listing's claims come from: the service's published view, or a test's map.
 pub trait ClaimSource {
     /// Up to `n` claims after the UID `after` (from the first when `None`), in UID order.
-    fn claims_after(&self, after: Option<&str>, n: usize) -> Vec<Arc<ClaimInfo>>;
+    fn claims_after(&self, after: Option<&str>, n: usize) -> Vec<Arc<Claim>>;
 }
 
 impl ClaimSource for Service {
-    fn claims_after(&self, after: Option<&str>, n: usize) -> Vec<Arc<ClaimInfo>> {
+    fn claims_after(&self, after: Option<&str>, n: usize) -> Vec<Arc<Claim>> {
         Service::claims_after(self, after, n)
     }
 }
@@ -144,7 +146,7 @@ pub struct Pieces<'a, S: ?Sized> {
     listing: &'a Listing,
     stage: Stage,
     /// Read from the source, not encoded yet (at most [`BATCH`]).
-    pending: VecDeque<Arc<ClaimInfo>>,
+    pending: VecDeque<Arc<Claim>>,
     /// The last claim UID encoded.
     after: Option<String>,
     /// Claims encoded.
@@ -227,7 +229,8 @@ impl<'a, S: ClaimSource + ?Sized> Pieces<'a, S> {
         if self.listed > 0 {
             self.buf.push(b',');
         }
-        serde_json::to_writer(&mut self.buf, &*claim)?;
+        // The protocol's view of the claim, made here, one claim at a time.
+        serde_json::to_writer(&mut self.buf, &claim_info(&claim))?;
         self.after = Some(claim.uid.clone());
         self.listed += 1;
         Ok(())

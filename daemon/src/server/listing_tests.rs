@@ -4,19 +4,19 @@
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 
-use gpushare_proto::{ClaimPage, ClaimState, Response};
+use gpushare_proto::{ClaimInfo, ClaimPage, ClaimState, Response};
 
 use super::*;
 
 /// Claims by UID, counting how many were handed out.
 #[derive(Default)]
 struct Map {
-    claims: RefCell<BTreeMap<String, Arc<ClaimInfo>>>,
+    claims: RefCell<BTreeMap<String, Arc<Claim>>>,
     read: Cell<usize>,
 }
 
 impl ClaimSource for Map {
-    fn claims_after(&self, after: Option<&str>, n: usize) -> Vec<Arc<ClaimInfo>> {
+    fn claims_after(&self, after: Option<&str>, n: usize) -> Vec<Arc<Claim>> {
         use std::ops::Bound;
         let from = after.map_or(Bound::Unbounded, Bound::Excluded);
         let out: Vec<_> = self
@@ -54,9 +54,10 @@ fn map(n: usize, pad: usize) -> Map {
     let m = Map::default();
     for i in 0..n {
         let uid = format!("c-{i:05}");
-        m.claims
-            .borrow_mut()
-            .insert(uid.clone(), Arc::new(claim(&uid, pad)));
+        m.claims.borrow_mut().insert(
+            uid.clone(),
+            Arc::new(crate::claim::wire::claim_of(claim(&uid, pad))),
+        );
     }
     m
 }
@@ -104,12 +105,7 @@ fn a_whole_listing_is_the_list_in_pieces_of_bounded_size() {
     // About 1.2 KiB a claim: 3,000 claims make an answer of about 3.5 MiB.
     let m = map(3000, 1000);
     let (sizes, response) = pieces(&m, &whole(1, 8));
-    let expected: Vec<ClaimInfo> = m
-        .claims
-        .borrow()
-        .values()
-        .map(|c| ClaimInfo::clone(c))
-        .collect();
+    let expected: Vec<ClaimInfo> = m.claims.borrow().values().map(|c| claim_info(c)).collect();
     assert_eq!(response.version, 1);
     assert_eq!(response.id, 8);
     assert!(response.error.is_none());
@@ -211,9 +207,10 @@ fn claims_that_change_while_the_answer_is_written_are_listed_as_the_view_then_ho
         m.claims.borrow_mut().remove(gone);
     }
     for new in ["c-00000a", "c-99999"] {
-        m.claims
-            .borrow_mut()
-            .insert(new.into(), Arc::new(claim(new, 10)));
+        m.claims.borrow_mut().insert(
+            new.into(),
+            Arc::new(crate::claim::wire::claim_of(claim(new, 10))),
+        );
     }
     while let Some(piece) = p.next_piece().unwrap() {
         line.extend_from_slice(piece);

@@ -12,8 +12,8 @@ impl Service {
         &self,
         spec: &ClaimSpec,
         plans: &[GroupPlan],
-        info: &ClaimInfo,
-    ) -> Result<(Vec<GroupInfo>, Vec<RequestDevices>), ServiceError> {
+        info: &Claim,
+    ) -> Result<(Vec<Group>, Vec<RequestDevices>), ServiceError> {
         let mut groups = Vec::with_capacity(plans.len());
         for plan in plans {
             // Whole GPUs first leave MIG mode and get what their strategy needs of them (a MIG
@@ -34,7 +34,8 @@ impl Service {
             let mut info = plan.info(applied);
             // A placement chosen again when its intent was written (a concurrent prepare took
             // the first choice) names another MIG device: the group shows the one it got.
-            for (d, m) in info.devices.iter_mut().zip(&info.mig) {
+            let slices = info.slices().to_vec();
+            for (d, m) in info.devices.iter_mut().zip(&slices) {
                 if d.request == m.request && d.device != m.device {
                     d.device = m.device.clone();
                 }

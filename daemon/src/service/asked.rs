@@ -7,7 +7,9 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use gpushare_proto::{ClaimInfo, GroupInfo, StrategyInfo, TimeSliceInterval};
+use gpushare_proto::TimeSliceInterval;
+
+use crate::claim::{Claim, Group, Sharing as Held};
 
 use crate::config::{ClaimSpec, MpsSettings, Sharing};
 use crate::strategy::mps::{percentage_display, pinned_limit_display};
@@ -140,8 +142,8 @@ impl fmt::Display for Asked {
 
 /// The keys a group's per-device MPS limits are resolved against, as the prepare did: the
 /// MIG device names of a MIG group (in allocation order), else the GPU UUIDs (sorted).
-fn group_keys(g: &GroupInfo) -> Vec<String> {
-    if g.mig.is_empty() {
+fn group_keys(g: &Group) -> Vec<String> {
+    if !g.is_mig() {
         let mut uuids: Vec<String> = g.devices.iter().map(|d| d.uuid.clone()).collect();
         uuids.sort();
         uuids
@@ -173,17 +175,15 @@ fn sorted(mut a: Asked) -> Asked {
 
 impl Asked {
     /// What the prepared claim `info` was prepared with.
-    pub(super) fn of_record(info: &ClaimInfo) -> Asked {
+    pub(super) fn of_record(info: &Claim) -> Asked {
         let mut requests: BTreeMap<String, (Vec<String>, Vec<AskedSharing>)> = info
             .requests
             .iter()
             .map(|r| (r.request.clone(), (r.devices.clone(), Vec::new())))
             .collect();
         for g in &info.groups {
-            let sharing = match &g.sharing {
-                StrategyInfo::Exclusive => AskedSharing::Exclusive,
-                StrategyInfo::TimeSlicing { interval } => AskedSharing::TimeSlicing(*interval),
-                StrategyInfo::Mps(m) => {
+            let sharing = match (&g.sharing, g.mps()) {
+                (_, Some(m)) => {
                     // Version 1 records have no `requested` (its shm size is then 0).
                     let exact = (m.requested.shm_bytes != 0).then(|| {
                         let mut pinned = m.requested.pinned_limits_mib.clone();
@@ -208,6 +208,8 @@ impl Asked {
                         exact,
                     })
                 }
+                (Held::TimeSlicing { interval }, None) => AskedSharing::TimeSlicing(*interval),
+                (Held::Exclusive | Held::Mps(_) | Held::Mig(_), None) => AskedSharing::Exclusive,
             };
             push_sharing(&mut requests, &g.requests, &sharing);
         }
@@ -220,7 +222,7 @@ impl Asked {
     /// What `spec` asks of the claim prepared as `info`. Per-device MPS limits are resolved
     /// against the prepared group of the same requests (the devices themselves are compared
     /// apart), so that equal asks compare equal.
-    pub(super) fn of_spec(spec: &ClaimSpec, info: &ClaimInfo) -> Asked {
+    pub(super) fn of_spec(spec: &ClaimSpec, info: &Claim) -> Asked {
         let mut requests: BTreeMap<String, (Vec<String>, Vec<AskedSharing>)> = BTreeMap::new();
         for r in &spec.results {
             requests
@@ -300,7 +302,7 @@ impl Asked {
 /// `Conflict` naming what is prepared and what this prepare asks; nothing is changed.
 pub(super) fn refuse_changed(
     spec: &ClaimSpec,
-    existing: &ClaimInfo,
+    existing: &Claim,
 ) -> Result<(), crate::error::ServiceError> {
     let prepared = Asked::of_record(existing);
     let asked = Asked::of_spec(spec, existing);

@@ -7,8 +7,8 @@ impl Service {
     pub(super) fn write_cdi(
         &self,
         uid: &str,
-        groups: &[GroupInfo],
-        info: &ClaimInfo,
+        groups: &[Group],
+        info: &Claim,
     ) -> Result<(), ServiceError> {
         let mut devices = Vec::new();
         for req in &info.requests {
@@ -24,14 +24,14 @@ impl Service {
                         }
                     }
                 }
-                for m in g.mig.iter().filter(|m| m.request == req.request) {
+                for m in g.slices().iter().filter(|m| m.request == req.request) {
                     if let (Some(gpu), Some(ci)) = (self.backend.find(&m.gpu_uuid), m.ci_id) {
                         for node in self.backend.mig_device_nodes(gpu, m.gi_id, ci) {
                             cdi::merge(&mut edits, node_edit(&node));
                         }
                     }
                 }
-                if let StrategyInfo::Mps(m) = &g.sharing {
+                if let Some(m) = g.mps() {
                     if g.requests.contains(&req.request) {
                         cdi::merge(
                             &mut edits,
@@ -112,7 +112,7 @@ impl Service {
     pub(super) fn prepared_requests(
         &self,
         uid: &str,
-        groups: &[GroupInfo],
+        groups: &[Group],
         requests: &[RequestDevices],
     ) -> Result<Vec<RequestDevices>, crate::driver_spec::DriverSpecError> {
         self.prepared_requests_with(uid, groups, requests, DriverLookup::MayGenerate)
@@ -123,7 +123,7 @@ impl Service {
     pub(super) fn prepared_requests_with(
         &self,
         uid: &str,
-        groups: &[GroupInfo],
+        groups: &[Group],
         requests: &[RequestDevices],
         lookup: DriverLookup,
     ) -> Result<Vec<RequestDevices>, crate::driver_spec::DriverSpecError> {
@@ -152,7 +152,7 @@ impl Service {
             for (ri, x) in out.iter().enumerate() {
                 let migs: Vec<&gpushare_proto::MigInstanceInfo> = groups
                     .iter()
-                    .flat_map(|g| &g.mig)
+                    .flat_map(|g| g.slices())
                     .filter(|m| m.request == x.request)
                     .collect();
                 for (di, d) in x.per_device.iter().enumerate() {
@@ -299,12 +299,12 @@ pub(super) fn driver_name_of(m: &gpushare_proto::MigInstanceInfo) -> &str {
 /// The aliases (old name → device now) the driver's spec needs for `claims`: every slice of
 /// a prepared or degraded claim that was made again and exists now.
 pub(super) fn driver_aliases<'a>(
-    claims: impl IntoIterator<Item = &'a ClaimInfo>,
+    claims: impl IntoIterator<Item = &'a Claim>,
 ) -> std::collections::BTreeMap<String, String> {
     claims
         .into_iter()
-        .filter(|c| matches!(c.state, ClaimState::Prepared | ClaimState::Degraded))
-        .flat_map(|c| c.groups.iter().flat_map(|g| &g.mig))
+        .filter(|c| matches!(c.phase, Phase::Prepared | Phase::Degraded))
+        .flat_map(|c| c.groups.iter().flat_map(|g| g.slices()))
         .filter(|m| !m.original_uuid.is_empty() && !m.uuid.is_empty() && m.original_uuid != m.uuid)
         .map(|m| (m.original_uuid.clone(), m.uuid.clone()))
         .collect()

@@ -2,9 +2,10 @@
 //! release: the GPUs, MPS control, the group's record in its claim (in the registry: published
 //! at once, written with the claim's next change) and the MIG intents.
 
-use gpushare_proto::{ClaimDevice, MigInstanceInfo, StrategyInfo};
+use gpushare_proto::{ClaimDevice, MigInstanceInfo, MpsInfo};
 
 use super::Service;
+use crate::claim::Sharing;
 use crate::error::ServiceError;
 use crate::strategy::group::{GroupEffects, GroupRecorder, SliceIntents};
 use crate::strategy::mig::MigTarget;
@@ -40,10 +41,13 @@ impl<'s> ClaimGroup<'s> {
 }
 
 impl GroupRecorder for ClaimGroup<'_> {
-    fn sharing(&self, sharing: &StrategyInfo) {
+    fn mps(&self, mps: &MpsInfo) {
         if let Some(c) = self.service.state().claims.get_mut(self.uid) {
             if let Some(g) = c.groups.iter_mut().find(|g| g.devices == self.devices) {
-                g.sharing = sharing.clone();
+                match &mut g.sharing {
+                    Sharing::Mig(m) => m.mps = Some(mps.clone()),
+                    other => *other = Sharing::Mps(mps.clone()),
+                }
             }
         }
     }
@@ -62,13 +66,14 @@ impl GroupRecorder for ClaimGroup<'_> {
         let mut st = self.service.state();
         if let Some(c) = st.claims.get_mut(self.uid) {
             if let Some(g) = c.groups.iter_mut().find(|g| g.devices == self.devices) {
-                match g
-                    .mig
-                    .iter_mut()
-                    .find(|m| m.gpu_uuid == rec.gpu_uuid && m.gi_id == rec.gi_id)
-                {
-                    Some(m) => *m = rec.clone(),
-                    None => g.mig.push(rec.clone()),
+                if let Some(slices) = g.slices_mut() {
+                    match slices
+                        .iter_mut()
+                        .find(|m| m.gpu_uuid == rec.gpu_uuid && m.gi_id == rec.gi_id)
+                    {
+                        Some(m) => *m = rec.clone(),
+                        None => slices.push(rec.clone()),
+                    }
                 }
             }
         }
@@ -82,7 +87,7 @@ impl GroupRecorder for ClaimGroup<'_> {
             .get_mut(self.uid)
             .into_iter()
             .flat_map(|c| c.groups.iter_mut())
-            .flat_map(|g| g.mig.iter_mut())
+            .flat_map(|g| g.slices_mut().into_iter().flatten())
             .find(|m| *m == rec)
         else {
             // Nothing would say on disk that the destroy began: a crash half-way would leak

@@ -6,7 +6,7 @@
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-use gpushare_proto::{ClaimInfo, StrategyInfo};
+use crate::claim::Claim;
 
 use super::Service;
 use crate::sys::readable_now;
@@ -16,14 +16,12 @@ impl Service {
     /// process is another than the recorded one (its start time differs: the pid was reused)
     /// is gone too; one that cannot be watched at all (no pidfds on this kernel) is taken
     /// for running, as the lock-based check at prepare and start still guards it.
-    pub(super) fn daemon_gone(&self, claim: &ClaimInfo) -> Option<i32> {
-        claim.groups.iter().find_map(|g| match &g.sharing {
-            StrategyInfo::Mps(m) if m.control_daemon_pid > 0 => {
-                let gone = self.exited(m.control_daemon_pid, m.control_daemon_start_time);
-                gone.then_some(m.control_daemon_pid)
-            }
-            _ => None,
-        })
+    pub(super) fn daemon_gone(&self, claim: &Claim) -> Option<i32> {
+        claim
+            .mps_daemons()
+            .filter(|m| m.control_daemon_pid > 0)
+            .find(|m| self.exited(m.control_daemon_pid, m.control_daemon_start_time))
+            .map(|m| m.control_daemon_pid)
     }
 
     fn exited(&self, pid: i32, start_time: u64) -> bool {

@@ -8,7 +8,9 @@
 //! (`shared/research/mps-mig-nvml.md` §3.5); NVIDIA's DRA driver tracks the MIG UUID to tell
 //! a reused GI ID from its own instance (`shared/research/dra-driver.md` §4.2).
 
-use gpushare_proto::{ClaimInfo, ClaimState, MigInstanceInfo, MigOrigin, StrategyInfo};
+use gpushare_proto::{MigInstanceInfo, MigOrigin};
+
+use crate::claim::{Claim, Phase};
 
 use super::{now_secs, Service};
 use crate::gpu::GpuError;
@@ -32,8 +34,8 @@ enum Slice {
 
 /// Whether a `Degraded` claim is so because a MIG slice of it is lost (not because an MPS
 /// control daemon died, which is restarted with backoff).
-pub(super) fn slice_lost(c: &ClaimInfo) -> bool {
-    c.state == ClaimState::Degraded
+pub(super) fn slice_lost(c: &Claim) -> bool {
+    c.phase == Phase::Degraded
         && c.last_error
             .as_deref()
             .is_some_and(|e| e.contains(SLICE_LOST))
@@ -44,7 +46,7 @@ pub(super) fn slice_lost(c: &ClaimInfo) -> bool {
 pub(super) struct MigRecovery {
     uid: String,
     /// The claim as recorded before the reconcile.
-    before: ClaimInfo,
+    before: Claim,
     /// Why the claim is `Degraded`, so far.
     lost: Vec<String>,
     /// A slice was made again: its CDI IDs are checked in the second pass.
@@ -65,8 +67,8 @@ impl Service {
             .state()
             .claims
             .values()
-            .filter(|c| matches!(c.state, ClaimState::Prepared | ClaimState::Degraded))
-            .filter(|c| c.groups.iter().any(|g| !g.mig.is_empty()))
+            .filter(|c| matches!(c.phase, Phase::Prepared | Phase::Degraded))
+            .filter(|c| c.groups.iter().any(|g| !g.slices().is_empty()))
             .map(|c| c.uid.clone())
             .collect();
         // Nothing is served yet (the start-up reconcile runs before the socket exists): no
@@ -92,7 +94,7 @@ impl Service {
         let mut lost: Vec<String> = Vec::new();
         let mut changed_groups: Vec<usize> = Vec::new();
         for (gi, g) in info.groups.iter().enumerate() {
-            for (ri, rec) in g.mig.iter().enumerate() {
+            for (ri, rec) in g.slices().iter().enumerate() {
                 match self.check_slice(uid, gi, ri, rec) {
                     Slice::Intact => {}
                     Slice::Recreated(mut new) => {
@@ -160,7 +162,7 @@ impl Service {
             // generator per claim). The IDs are checked as a prepare checks them before the
             // claim is ready.
             if let Some(d) = &self.cfg.driver_spec {
-                for m in after.groups.iter().flat_map(|g| &g.mig) {
+                for m in after.groups.iter().flat_map(|g| g.slices()) {
                     if let Some(why) = d.alias_left_out(&m.original_uuid) {
                         lost.push(format!(
                             "the driver's CDI spec cannot keep the name {} the claim's CDI device IDs give MIG device {}: {why}",
@@ -347,7 +349,7 @@ impl Service {
                     .state()
                     .claims
                     .get(uid)
-                    .and_then(|c| c.groups.get(gi)?.mig.get(ri).cloned())
+                    .and_then(|c| c.groups.get(gi)?.slices().get(ri).cloned())
                     .filter(|partial| {
                         backend
                             .mig_instances(&rec.gpu_uuid)
@@ -369,7 +371,7 @@ impl Service {
             .claims
             .get_mut(uid)
             .and_then(|c| c.groups.get_mut(gi))
-            .and_then(|g| g.mig.get_mut(ri))
+            .and_then(|g| g.slices_mut()?.get_mut(ri))
         {
             *m = rec.clone();
         }
@@ -391,11 +393,11 @@ impl Service {
         else {
             return Ok(());
         };
-        let StrategyInfo::Mps(old) = &g.sharing else {
+        let Some(old) = g.mps() else {
             return Ok(());
         };
         let mut launch = launch_of(old);
-        launch.visible_devices = g.mig.iter().map(|m| m.uuid.clone()).collect();
+        launch.visible_devices = g.slices().iter().map(|m| m.uuid.clone()).collect();
         let result = self.mps.restart(&launch);
         let mut st = self.state();
         let Some(group) = st.claims.get_mut(uid).and_then(|c| c.groups.get_mut(gi)) else {
@@ -405,14 +407,16 @@ impl Service {
             Ok(mut new) => {
                 tracing::info!(claim = %uid, old_pid = old.control_daemon_pid, pid = new.control_daemon_pid, "MPS control daemon started again on the recreated MIG slice(s)");
                 new.restarts = old.restarts;
-                group.sharing = StrategyInfo::Mps(new);
+                if let Some(m) = group.mps_mut() {
+                    *m = new;
+                }
                 drop(st);
                 self.wake_supervisor();
                 Ok(())
             }
             Err(e) => {
                 // The record follows the new slices, so that the supervisor's restart uses them.
-                if let StrategyInfo::Mps(m) = &mut group.sharing {
+                if let Some(m) = group.mps_mut() {
                     m.visible_devices = launch.visible_devices;
                 }
                 Err(format!(
@@ -424,8 +428,8 @@ impl Service {
 
     /// Whether every MIG slice `c` records is there as recorded (what lets a restarted MPS
     /// control daemon make a `Degraded` claim `Prepared` again).
-    pub(super) fn mig_intact(&self, c: &ClaimInfo) -> bool {
-        c.groups.iter().flat_map(|g| &g.mig).all(|rec| {
+    pub(super) fn mig_intact(&self, c: &Claim) -> bool {
+        c.groups.iter().flat_map(|g| g.slices()).all(|rec| {
             self.backend
                 .mig_instances(&rec.gpu_uuid)
                 .unwrap_or_default()

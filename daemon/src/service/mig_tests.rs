@@ -913,5 +913,5 @@ mod intents;
 mod mode;
 mod reconcile;
 mod static_mig;
-mod upgrade_fixture;
+mod upgrade;
 mod views;

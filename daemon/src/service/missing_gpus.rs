@@ -5,7 +5,7 @@
 //! the CDI device IDs handed out for it resolve nowhere, so no container may start on it, and
 //! nothing heals it but a release (a restarted MPS control daemon does not).
 
-use gpushare_proto::ClaimInfo;
+use crate::claim::Claim;
 
 use super::{now_secs, wants_of, Service};
 
@@ -15,7 +15,7 @@ const NO_GPU: &str = "the node has no GPU";
 impl Service {
     /// The GPUs of `c` this node does not have, as `gpu-<minor> (GPU-<uuid>)`, by UUID (a
     /// device name alone may be another GPU's here).
-    pub(super) fn missing_gpus(&self, c: &ClaimInfo) -> Vec<String> {
+    pub(super) fn missing_gpus(&self, c: &Claim) -> Vec<String> {
         let gpus = self.backend.gpus();
         let mut missing: Vec<String> = wants_of(c)
             .into_iter()
@@ -54,7 +54,7 @@ impl Service {
 }
 
 /// Whether `c`'s `last_error` is the one [`missing_gpus_error`] wrote.
-pub(super) fn says_gpus_missing(c: &ClaimInfo) -> bool {
+pub(super) fn says_gpus_missing(c: &Claim) -> bool {
     c.last_error.as_deref().is_some_and(|e| e.contains(NO_GPU))
 }
 

@@ -14,16 +14,16 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use gpushare_proto::{
-    Attachment, ClaimDevice, ClaimInfo, ClaimState, ErrorCode, GpuInfo, GpuSharing, GroupInfo,
-    HealthInfo, PrepareResult, PreparedDevice, RequestDevices, StrategyInfo, UnprepareResult,
+    Attachment, ClaimDevice, ErrorCode, GpuInfo, GpuSharing, HealthInfo, PrepareResult,
+    PreparedDevice, RequestDevices, UnprepareResult,
 };
 use serde_json::Value;
 
 use crate::admission::GpuModes;
 use crate::cdi::{self, ContainerEdits, HookConfig};
 use crate::checkpoint::Tombstone;
-use crate::claim::Event;
-use crate::config::{self, ClaimSpec, ParseContext, Sharing};
+use crate::claim::{Claim, Event, Group, Phase, Sharing};
+use crate::config::{self, ClaimSpec, ParseContext};
 use crate::error::ServiceError;
 use crate::fsutil;
 use crate::gpu::{Gpu, GpuBackend};
@@ -95,7 +95,7 @@ pub(crate) struct State {
     ready: bool,
     /// Boot ID written into the checkpoint.
     boot_id: String,
-    /// Last claim generation handed out (see `ClaimInfo::generation` and tombstones).
+    /// Last claim generation handed out (see `Claim::generation` and tombstones).
     claim_generation: u64,
     tombstones: Tombstones,
     /// A corrupt checkpoint found at start: where it went and why.
@@ -338,7 +338,7 @@ impl Service {
     /// the last holder leaves (interval Default after the last time-sliced claim, compute mode
     /// DEFAULT after the last MPS one) without holding up other claims.
     #[must_use = "the GPUs stay held until released through self.modes"]
-    fn release_gpus(&self, st: &mut State, info: &ClaimInfo) -> Vec<(String, String, Want)> {
+    fn release_gpus(&self, st: &mut State, info: &Claim) -> Vec<(String, String, Want)> {
         for g in &info.groups {
             for d in &g.devices {
                 st.placement.release(&info.uid, &d.uuid);
@@ -350,20 +350,17 @@ impl Service {
     /// The pid of a claim's MPS control daemon known to be gone, if any. A daemon whose state
     /// cannot be read (say, `/proc` is out of reach for want of file descriptors) is not
     /// taken for gone: tearing down a healthy claim would be worse than waiting.
-    fn dead_mps_daemon(&self, claim: &ClaimInfo) -> Option<i32> {
-        claim.groups.iter().find_map(|g| match &g.sharing {
-            StrategyInfo::Mps(m) => {
-                let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
-                match self.mps.liveness(&dirs, m.control_daemon_pid) {
-                    Liveness::Gone => Some(m.control_daemon_pid),
-                    Liveness::Running => None,
-                    Liveness::Unknown(why) => {
-                        tracing::warn!(claim = %claim.uid, pid = m.control_daemon_pid, error = %why, "cannot tell whether the MPS control daemon runs");
-                        None
-                    }
+    fn dead_mps_daemon(&self, claim: &Claim) -> Option<i32> {
+        claim.mps_daemons().find_map(|m| {
+            let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
+            match self.mps.liveness(&dirs, m.control_daemon_pid) {
+                Liveness::Gone => Some(m.control_daemon_pid),
+                Liveness::Running => None,
+                Liveness::Unknown(why) => {
+                    tracing::warn!(claim = %claim.uid, pid = m.control_daemon_pid, error = %why, "cannot tell whether the MPS control daemon runs");
+                    None
                 }
             }
-            _ => None,
         })
     }
 }
@@ -416,24 +413,22 @@ fn reapply_gpu_settings(backend: &dyn GpuBackend, placement: &Placement) {
     }
 }
 
-/// What each GPU of a claim record wants, for (re)building placement.
-/// A MIG group's devices are MIG devices; whatever its sharing, it holds its GPUs as `Mig`,
-/// once per GPU.
-fn wants_of(info: &ClaimInfo) -> Vec<(String, String, Want)> {
+/// What each GPU of a claim wants, for (re)building placement. A MIG group holds its GPUs
+/// as `Mig`, once per GPU, whatever runs on its slices.
+fn wants_of(info: &Claim) -> Vec<(String, String, Want)> {
     let mut out: Vec<(String, String, Want)> = Vec::new();
     for g in &info.groups {
         for d in &g.devices {
-            let want = if crate::mig::MigDeviceName::parse(&d.device).is_some() {
-                if out.iter().any(|(u, _, w)| *u == d.uuid && *w == Want::Mig) {
-                    continue;
+            let want = match &g.sharing {
+                Sharing::Mig(_) => {
+                    if out.iter().any(|(u, _, w)| *u == d.uuid && *w == Want::Mig) {
+                        continue;
+                    }
+                    Want::Mig
                 }
-                Want::Mig
-            } else {
-                match &g.sharing {
-                    StrategyInfo::Exclusive => Want::Exclusive,
-                    StrategyInfo::TimeSlicing { interval } => Want::TimeSliced(interval.as_int()),
-                    StrategyInfo::Mps(_) => Want::Mps,
-                }
+                Sharing::Exclusive => Want::Exclusive,
+                Sharing::TimeSlicing { interval } => Want::TimeSliced(interval.as_int()),
+                Sharing::Mps(_) => Want::Mps,
             };
             let name = if want == Want::Mig {
                 format!("gpu-{}", d.minor)
@@ -447,7 +442,9 @@ fn wants_of(info: &ClaimInfo) -> Vec<(String, String, Want)> {
 }
 
 #[cfg(test)]
-use gpushare_proto::{AttachParams, ComputeMode, DetachParams, MpsInfo};
+use gpushare_proto::{
+    AttachParams, ClaimInfo, ClaimState, ComputeMode, DetachParams, MpsInfo, StrategyInfo,
+};
 
 #[cfg(test)]
 mod mig_tests;

@@ -8,8 +8,6 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gpushare_proto::StrategyInfo;
-
 use super::reconcile::*;
 use super::{persisted, Service};
 
@@ -31,10 +29,8 @@ impl Service {
                 .claims
                 .values()
                 .flat_map(|c| c.groups.iter())
-                .filter_map(|g| match &g.sharing {
-                    StrategyInfo::Mps(m) => Some(MpsDirs::from_pipe(Path::new(&m.pipe_dir)).root),
-                    _ => None,
-                })
+                .filter_map(|g| g.mps())
+                .map(|m| MpsDirs::from_pipe(Path::new(&m.pipe_dir)).root)
                 .collect();
             (st.claims.keys().cloned().collect(), groups)
         };

@@ -9,7 +9,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use gpushare_proto::{ClaimInfo, ClaimState, StrategyInfo};
+use crate::claim::{Claim, Phase};
+use crate::store::{HostRecord, RECORD_FORMAT};
 
 use super::now_secs;
 use crate::config;
@@ -38,7 +39,7 @@ const MAX_NAME_BYTES: usize = 256;
 /// GPUs or MIG devices: a valid qualified name of another kind than the claim's, whose device
 /// name is the UUID of a device the claim's groups hold. Those IDs reach containers too, so
 /// an ID naming any other device (`nvidia.com/gpu=all`) is refused.
-fn is_driver_device_of(info: &ClaimInfo, id: &str) -> bool {
+fn is_driver_device_of(info: &Claim, id: &str) -> bool {
     let Ok(q) = gpushare_cdi::QualifiedName::parse(id) else {
         return false;
     };
@@ -47,7 +48,7 @@ fn is_driver_device_of(info: &ClaimInfo, id: &str) -> bool {
     }
     info.groups.iter().any(|g| {
         g.devices.iter().any(|d| d.uuid == q.name)
-            || g.mig.iter().any(|m| {
+            || g.slices().iter().any(|m| {
                 m.uuid == q.name || (!m.original_uuid.is_empty() && m.original_uuid == q.name)
             })
     })
@@ -65,7 +66,7 @@ fn is_driver_device_of(info: &ClaimInfo, id: &str) -> bool {
 ///
 /// # Errors
 /// What is wrong, in one line naming the field.
-pub(super) fn check_record(info: &ClaimInfo, key: &str, run_dir: &Path) -> Result<(), String> {
+pub(super) fn check_record(info: &Claim, key: &str, run_dir: &Path) -> Result<(), String> {
     if info.uid != key {
         return Err(format!(
             "it is filed under {key:?} but names claim {:?}",
@@ -123,7 +124,7 @@ pub(super) fn check_record(info: &ClaimInfo, key: &str, run_dir: &Path) -> Resul
                 ));
             }
         }
-        for m in &g.mig {
+        for m in g.slices() {
             safe_name("MIG device name", &m.device)?;
             safe_name("GPU UUID", &m.gpu_uuid)?;
             if !m.uuid.is_empty() {
@@ -136,17 +137,17 @@ pub(super) fn check_record(info: &ClaimInfo, key: &str, run_dir: &Path) -> Resul
             // the mark makes the record match a GPU instance without its compute instance,
             // which another's may be (a bare instance an administrator made at the reused GI
             // ID): on a record that is not a release's, it could have that one destroyed.
-            if m.destroying && info.state != ClaimState::Unpreparing {
+            if m.destroying && info.phase != Phase::Unpreparing {
                 return Err(format!(
                     "MIG device {} is marked as being destroyed, which only a release does, but the claim is {:?}",
-                    m.device, info.state
+                    m.device, info.phase
                 ));
             }
         }
-        if let StrategyInfo::Mps(m) = &g.sharing {
+        if let Some(m) = g.mps() {
             check_mps_dirs(&claim_dir, m)?;
             let known = |v: &String| {
-                g.devices.iter().any(|d| &d.uuid == v) || g.mig.iter().any(|x| &x.uuid == v)
+                g.devices.iter().any(|d| &d.uuid == v) || g.slices().iter().any(|x| &x.uuid == v)
             };
             if let Some(v) = m.visible_devices.iter().find(|v| !known(v)) {
                 return Err(format!(
@@ -188,7 +189,7 @@ pub(super) fn check_record(info: &ClaimInfo, key: &str, run_dir: &Path) -> Resul
 /// Sets what a record holds that is derived from its UID and this daemon's configuration,
 /// rather than trusting it: the CDI spec path (`<cdi-dir>/gpushare.io-claim_<uid>.json`; a
 /// changed CDI directory moves it). Returns whether anything changed.
-pub(super) fn normalize(info: &mut ClaimInfo, cdi_dir: &Path) -> bool {
+pub(super) fn normalize(info: &mut Claim, cdi_dir: &Path) -> bool {
     let spec = crate::cdi::spec_path(cdi_dir, &info.uid)
         .display()
         .to_string();
@@ -256,18 +257,18 @@ fn check_mps_dirs(claim_dir: &Path, m: &gpushare_proto::MpsInfo) -> Result<(), S
 /// each refused one comes with why, naming the claim it collides with. Pure: nothing is
 /// released because of a refused record (its release would destroy the other's slice).
 pub(super) fn mig_collisions<'a>(
-    claims: impl IntoIterator<Item = (&'a ClaimInfo, bool)>,
+    claims: impl IntoIterator<Item = (&'a Claim, bool)>,
 ) -> Vec<(String, String)> {
-    let mut order: Vec<(&ClaimInfo, bool)> = claims.into_iter().collect();
+    let mut order: Vec<(&Claim, bool)> = claims.into_iter().collect();
     order.sort_by_key(|(c, rebuilt)| {
-        let settled = matches!(c.state, ClaimState::Prepared | ClaimState::Degraded);
+        let settled = matches!(c.phase, Phase::Prepared | Phase::Degraded);
         (!settled, *rebuilt, c.generation, c.uid.clone())
     });
     let mut held: Vec<(&str, &gpushare_proto::MigInstanceInfo)> = Vec::new();
     let mut refused = Vec::new();
     for (c, _) in order {
         let mine: Vec<&gpushare_proto::MigInstanceInfo> =
-            c.groups.iter().flat_map(|g| &g.mig).collect();
+            c.groups.iter().flat_map(|g| g.slices()).collect();
         let hit = mine.iter().find_map(|m| {
             held.iter()
                 .find(|(_, h)| {
@@ -478,22 +479,25 @@ impl Quarantine {
 
 /// The attached containers that claim `uid`'s host record keeps (what an attach wrote before
 /// its answer), when the record is there and passes [`check_record`] (none otherwise), and
-/// that record as read: the start then tells whether it must write the record again without
-/// reading it twice.
+/// the claim it records when it is in this build's format: the start then tells whether it
+/// must write the record again without reading it twice (one in an older format is written
+/// again).
 pub(super) fn host_record_read(
     run_dir: &Path,
     uid: &str,
-) -> (Vec<gpushare_proto::Attachment>, Option<ClaimInfo>) {
+) -> (Vec<gpushare_proto::Attachment>, Option<Claim>) {
     let path = run_dir.join("claims").join(uid).join(HOST_RECORD);
     let record = fsutil::read_own_file(&path, MAX_HOST_RECORD_BYTES)
         .ok()
-        .and_then(|b| serde_json::from_slice::<ClaimInfo>(&b).ok())
-        .filter(|info| check_record(info, uid, run_dir).is_ok());
+        .and_then(|b| serde_json::from_slice::<HostRecord>(&b).ok())
+        .map(|r| (r.record.format, r.into_claim()))
+        .filter(|(_, info)| check_record(info, uid, run_dir).is_ok());
     let attached = record
         .as_ref()
-        .map(|r| r.attached.clone())
+        .map(|(_, r)| r.attached.clone())
         .unwrap_or_default();
-    (attached, record)
+    let current = record.and_then(|(format, r)| (format == RECORD_FORMAT).then_some(r));
+    (attached, current)
 }
 
 /// Claims rebuilt from the host records in `<run-dir>/claims/`, except those `skip` says are
@@ -505,7 +509,7 @@ pub(super) fn host_records(
     cdi_dir: &Path,
     quarantine: &Quarantine,
     skip: impl Fn(&str) -> bool,
-) -> BTreeMap<String, ClaimInfo> {
+) -> BTreeMap<String, Claim> {
     let mut out = BTreeMap::new();
     let Ok(entries) = fs::read_dir(run_dir.join("claims")) else {
         return out;
@@ -531,13 +535,14 @@ pub(super) fn host_records(
                 continue;
             }
         };
-        let checked = serde_json::from_slice::<ClaimInfo>(&bytes)
+        let checked = serde_json::from_slice::<HostRecord>(&bytes)
+            .map(HostRecord::into_claim)
             .map_err(|e| format!("not a claim record: {e}"))
             .and_then(|info| check_record(&info, &name, run_dir).map(|()| info));
         match checked {
             Ok(mut info) => {
                 normalize(&mut info, cdi_dir);
-                tracing::warn!(claim = %info.uid, state = ?info.state, "rebuilt the claim from its host record");
+                tracing::warn!(claim = %info.uid, state = ?info.phase, "rebuilt the claim from its host record");
                 out.insert(info.uid.clone(), info);
             }
             Err(why) => quarantine.keep("host-record", &path, &name, Some(&bytes), &why),

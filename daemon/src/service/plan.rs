@@ -3,6 +3,7 @@
 //! and limits computed, MIG slices resolved).
 
 use super::*;
+use crate::config::Sharing;
 use crate::strategy::group::{Applied, GroupStrategy};
 use crate::strategy::mps::{self, MpsGroup};
 use crate::strategy::{Exclusive, TimeSlicing};
@@ -264,20 +265,18 @@ pub(super) struct GroupPlan {
 
 impl GroupPlan {
     /// The group as its claim records it before anything is made.
-    pub(super) fn planned(&self) -> GroupInfo {
+    pub(super) fn planned(&self) -> Group {
         self.info(Applied {
             sharing: self.strategy.planned(),
-            mig: Vec::new(),
         })
     }
 
     /// The group as its claim records it once `applied`.
-    pub(super) fn info(&self, applied: Applied) -> GroupInfo {
-        GroupInfo {
+    pub(super) fn info(&self, applied: Applied) -> Group {
+        Group {
             requests: self.requests.clone(),
             devices: self.devices.clone(),
             sharing: applied.sharing,
-            mig: applied.mig,
         }
     }
 }

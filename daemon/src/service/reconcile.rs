@@ -8,7 +8,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gpushare_proto::{ClaimInfo, ClaimState, ErrorCode, StrategyInfo};
+use gpushare_proto::ErrorCode;
+
+use crate::claim::{Claim, Phase};
+use crate::store::{ClaimRecord, HostRecord};
 
 use super::persisted::{self, Quarantine, HOST_RECORD, MAX_HOST_RECORD_BYTES};
 use super::{mig, reapply_gpu_settings, wants_of, Service};
@@ -99,7 +102,7 @@ impl Service {
     pub(super) fn write_host_record_over(
         &self,
         uid: &str,
-        on_disk: Option<&ClaimInfo>,
+        on_disk: Option<&Claim>,
     ) -> Result<(), ServiceError> {
         let _writes = self
             .host_record_writes
@@ -112,14 +115,14 @@ impl Service {
             let Some(info) = st
                 .claims
                 .get(uid)
-                .filter(|c| matches!(c.state, ClaimState::Prepared | ClaimState::Degraded))
+                .filter(|c| matches!(c.phase, Phase::Prepared | Phase::Degraded))
             else {
                 return Ok(());
             };
             if on_disk == Some(info) {
                 return Ok(());
             }
-            serde_json::to_vec(info)
+            serde_json::to_vec(&HostRecord::of(info))
         };
         let dir = self.claim_dir(uid);
         let result = fsutil::create_dir_if_missing(&dir, CLAIM_DIR_MODE).and_then(|()| {
@@ -186,7 +189,7 @@ impl Service {
             self.state().quarantined = Some(reports.join("; "));
         }
         let from_v2 = loaded.migrated.is_some();
-        let records: Vec<(String, ClaimInfo)> =
+        let records: Vec<(String, Claim)> =
             std::mem::take(&mut loaded.claims).into_iter().collect();
         // Each record's check and host-record read touch only its own files: on a few
         // threads at once (the results come back in order).
@@ -209,7 +212,7 @@ impl Service {
                     claims.insert(key, (info, false));
                 }
                 Err(why) => {
-                    let bytes = serde_json::to_vec(&info).ok();
+                    let bytes = serde_json::to_vec(&ClaimRecord::of(&info)).ok();
                     let path = self.store.claim_path(&key);
                     quarantine.keep("checkpoint-claim", &path, &key, bytes.as_deref(), &why);
                     if crate::config::validate_claim_uid(&key).is_ok() {
@@ -263,7 +266,7 @@ impl Service {
                 } else {
                     self.store.claim_path(&uid)
                 };
-                let bytes = serde_json::to_vec(&info).ok();
+                let bytes = serde_json::to_vec(&ClaimRecord::of(&info)).ok();
                 quarantine.keep("conflicting-claim", &path, &uid, bytes.as_deref(), &why);
             }
         }
@@ -302,7 +305,7 @@ impl Service {
             let mut st = self.state();
             // The store's records first: where one rebuilt from a host record alone collides
             // with one the store has, the store's is the claim and the other is refused.
-            let mut claims: Vec<(String, (ClaimInfo, bool))> = claims.into_iter().collect();
+            let mut claims: Vec<(String, (Claim, bool))> = claims.into_iter().collect();
             claims.sort_by_key(|(_, (_, rebuilt))| *rebuilt);
             for (uid, (mut info, write)) in claims {
                 // Admitted by the same rules as a prepare, so that the rollbacks below release
@@ -317,7 +320,7 @@ impl Service {
                     } else {
                         self.store.claim_path(&uid)
                     };
-                    let bytes = serde_json::to_vec(&info).ok();
+                    let bytes = serde_json::to_vec(&ClaimRecord::of(&info)).ok();
                     quarantine.keep(
                         "conflicting-claim",
                         &path,
@@ -346,10 +349,8 @@ impl Service {
         // The two sets go on side by side (below).
         let (mut waiting, mut local) = (Vec::new(), Vec::new());
         for c in self.state().claims.values() {
-            let item = (c.uid.clone(), c.state);
-            if !matches!(c.state, ClaimState::Prepared | ClaimState::Degraded)
-                || super::restarts::runs_mps(c)
-            {
+            let item = (c.uid.clone(), c.phase);
+            if !matches!(c.phase, Phase::Prepared | Phase::Degraded) || c.runs_mps() {
                 waiting.push(item);
             } else {
                 local.push(item);
@@ -375,12 +376,10 @@ impl Service {
             .state()
             .claims
             .values()
-            .filter(|c| matches!(c.state, ClaimState::Prepared | ClaimState::Degraded))
+            .filter(|c| matches!(c.phase, Phase::Prepared | Phase::Degraded))
             .flat_map(|c| c.groups.iter())
-            .filter_map(|g| match &g.sharing {
-                StrategyInfo::Mps(m) => Some(MpsDirs::from_pipe(Path::new(&m.pipe_dir)).root),
-                _ => None,
-            })
+            .filter_map(|g| g.mps())
+            .map(|m| MpsDirs::from_pipe(Path::new(&m.pipe_dir)).root)
             .collect();
         self.kill_stray_mps_processes(&self.cfg.run_dir.join("claims"), &live_groups);
         // All claims at once: each claim's rollback or re-adoption waits on its own MPS
@@ -388,14 +387,14 @@ impl Service {
         // kill), so one after another a start that cannot re-adopt them (say, after the MPS
         // control program changed) took that wait once per claim.
         let specs = super::revive::SpecListing::of(&self.cfg.cdi_dir);
-        let one = |(uid, state): &(String, ClaimState)| match state {
-            ClaimState::PrepareStarted | ClaimState::Unpreparing => {
+        let one = |(uid, state): &(String, Phase)| match state {
+            Phase::PrepareStarted | Phase::Unpreparing => {
                 tracing::warn!(claim = %uid, ?state, "rolling back a claim a crash left half-done");
                 if let Some(e) = self.teardown(uid, None) {
                     tracing::error!(claim = %uid, error = %e, "rolling back; the next unprepare or prepare of the claim retries");
                 }
             }
-            ClaimState::Prepared | ClaimState::Degraded => {
+            Phase::Prepared | Phase::Degraded => {
                 // A GPU the node does not have: kept, to be released, but nothing is started
                 // on it and it never passes for Prepared (service/missing_gpus.rs).
                 if !self.degrade_if_gpus_missing(uid) {
@@ -441,12 +440,12 @@ impl Service {
             degraded = st
                 .claims
                 .values()
-                .filter(|c| c.state == ClaimState::Degraded)
+                .filter(|c| c.phase == Phase::Degraded)
                 .count(),
             "reconciled the host with the checkpoint"
         );
         let meta = crate::store::StoreMeta {
-            format: crate::claim::RECORD_FORMAT,
+            format: crate::store::RECORD_FORMAT,
             boot_id: st.boot_id.clone(),
             generation: st.claim_generation,
             export: None,
@@ -467,11 +466,11 @@ impl Service {
 /// What the start-up reconcile works on (see [`Service::claims_to_reconcile`]).
 struct ToReconcile {
     /// The claims, each with whether its record must be written.
-    claims: BTreeMap<String, (ClaimInfo, bool)>,
+    claims: BTreeMap<String, (Claim, bool)>,
     /// Where refused records went.
     quarantine: Quarantine,
     /// The host records as read (those that parsed and passed), by claim UID.
-    host_records: BTreeMap<String, ClaimInfo>,
+    host_records: BTreeMap<String, Claim>,
 }
 
 #[cfg(test)]

@@ -5,9 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use gpushare_proto::{ClaimInfo, ClaimState, StrategyInfo};
-
-pub(super) use crate::registry::runs_mps;
+use crate::claim::{Claim, Phase};
 
 use super::reconcile::*;
 use super::{missing_gpus, now_secs, Service};
@@ -24,12 +22,11 @@ impl Service {
         pipe_dir: &str,
         counted: bool,
     ) -> Result<(), String> {
-        let old = self.state().claims.get(uid).and_then(|c| {
-            c.groups.iter().find_map(|g| match &g.sharing {
-                StrategyInfo::Mps(m) if m.pipe_dir == pipe_dir => Some(m.clone()),
-                _ => None,
-            })
-        });
+        let old = self
+            .state()
+            .claims
+            .get(uid)
+            .and_then(|c| c.mps_daemons().find(|m| m.pipe_dir == pipe_dir).cloned());
         let Some(old) = old else {
             return Ok(());
         };
@@ -44,15 +41,15 @@ impl Service {
                 new.restarts = old.restarts + u32::from(counted);
                 if counted {
                     c.restarts += 1;
-                    if c.state != ClaimState::Degraded {
+                    if c.phase != Phase::Degraded {
                         // Found dead at start, not by the supervisor: say so in the history.
                         c.last_error = Some(format!("{}; started again", not_running(&old)));
                     }
                 }
                 tracing::info!(claim = %uid, old_pid = old.control_daemon_pid, pid = new.control_daemon_pid, restarts = new.restarts, "MPS control daemon started again with its limits verified");
-                for g in &mut c.groups {
-                    if matches!(&g.sharing, StrategyInfo::Mps(m) if m.pipe_dir == pipe_dir) {
-                        g.sharing = StrategyInfo::Mps(new.clone());
+                for m in c.groups.iter_mut().filter_map(|g| g.mps_mut()) {
+                    if m.pipe_dir == pipe_dir {
+                        *m = new.clone();
                     }
                 }
                 let plan = st.restarts.entry(uid.to_string()).or_default();
@@ -68,7 +65,7 @@ impl Service {
                 // Keep why it was restarted in the first place (not the previous failure).
                 let cause = match (&c.last_error, counted) {
                     (_, false) => "the host was rebooted".to_string(),
-                    (Some(l), true) if c.state == ClaimState::Degraded => {
+                    (Some(l), true) if c.phase == Phase::Degraded => {
                         l.split(RESTART_FAILED).next().unwrap_or(l).to_string()
                     }
                     _ => not_running(&old),
@@ -101,7 +98,7 @@ impl Service {
                     }
                 }
             } else if outcome.is_ok()
-                && c.state == ClaimState::Degraded
+                && c.phase == Phase::Degraded
                 && self.all_daemons_run(&c)
                 && self.mig_intact(&c)
             {
@@ -123,7 +120,7 @@ impl Service {
             return false;
         };
         for g in &c.groups {
-            if let StrategyInfo::Mps(m) = &g.sharing {
+            if let Some(m) = g.mps() {
                 let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
                 if self.mps.liveness(&dirs, m.control_daemon_pid) == Liveness::Gone
                     && self.restart_group(uid, &m.pipe_dir, true).is_err()
@@ -135,18 +132,15 @@ impl Service {
         self.state()
             .claims
             .get(uid)
-            .is_some_and(|c| c.state == ClaimState::Prepared && self.all_daemons_run(c))
+            .is_some_and(|c| c.phase == Phase::Prepared && self.all_daemons_run(c))
     }
 
-    pub(super) fn all_daemons_run(&self, c: &ClaimInfo) -> bool {
-        c.groups.iter().all(|g| match &g.sharing {
-            StrategyInfo::Mps(m) => {
-                self.mps.liveness(
-                    &MpsDirs::from_pipe(Path::new(&m.pipe_dir)),
-                    m.control_daemon_pid,
-                ) != Liveness::Gone
-            }
-            _ => true,
+    pub(super) fn all_daemons_run(&self, c: &Claim) -> bool {
+        c.mps_daemons().all(|m| {
+            self.mps.liveness(
+                &MpsDirs::from_pipe(Path::new(&m.pipe_dir)),
+                m.control_daemon_pid,
+            ) != Liveness::Gone
         })
     }
 
@@ -157,16 +151,15 @@ impl Service {
         self.state()
             .claims
             .running_mps()
-            .filter(|c| matches!(c.state, ClaimState::Prepared | ClaimState::Degraded))
+            .filter(|c| matches!(c.phase, Phase::Prepared | Phase::Degraded))
             .flat_map(|c| {
-                c.groups.iter().filter_map(|g| match &g.sharing {
-                    StrategyInfo::Mps(m) if m.control_daemon_pid > 0 => Some(SupervisedDaemon {
+                c.mps_daemons()
+                    .filter(|m| m.control_daemon_pid > 0)
+                    .map(|m| SupervisedDaemon {
                         claim_uid: c.uid.clone(),
                         pid: m.control_daemon_pid,
                         start_time: m.control_daemon_start_time,
-                    }),
-                    _ => None,
-                })
+                    })
             })
             .collect()
     }
@@ -184,8 +177,8 @@ impl Service {
     /// watch changes only with such a claim, and every wake costs the supervisor a pass over
     /// the MPS claims and a look at each daemon, which a prepare of another strategy need
     /// not pay.
-    pub(super) fn wake_supervisor_for(&self, claim: &ClaimInfo) {
-        if runs_mps(claim) {
+    pub(super) fn wake_supervisor_for(&self, claim: &Claim) {
+        if claim.runs_mps() {
             self.wake_supervisor();
         }
     }
@@ -213,19 +206,18 @@ impl Service {
         let Some(c) = guard.claims.get(uid) else {
             return;
         };
-        if !matches!(c.state, ClaimState::Prepared | ClaimState::Degraded) {
+        if !matches!(c.phase, Phase::Prepared | Phase::Degraded) {
             return;
         }
         // Already known and scheduled: the restart deals with every dead daemon of the claim.
-        if c.state == ClaimState::Degraded
-            && guard.restarts.get(uid).is_some_and(|p| p.due.is_some())
-        {
+        if c.phase == Phase::Degraded && guard.restarts.get(uid).is_some_and(|p| p.due.is_some()) {
             return;
         }
-        let Some(m) = c.groups.iter().find_map(|g| match &g.sharing {
-            StrategyInfo::Mps(m) if m.control_daemon_pid == pid => Some(m.clone()),
-            _ => None,
-        }) else {
+        let Some(m) = c
+            .mps_daemons()
+            .find(|m| m.control_daemon_pid == pid)
+            .cloned()
+        else {
             return;
         };
         let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
@@ -286,14 +278,14 @@ impl Service {
                 self.state().restarts.remove(&uid);
                 continue;
             };
-            if c.state != ClaimState::Degraded {
+            if c.phase != Phase::Degraded {
                 if let Some(p) = self.state().restarts.get_mut(&uid) {
                     p.due = None;
                 }
                 continue;
             }
             for g in &c.groups {
-                if let StrategyInfo::Mps(m) = &g.sharing {
+                if let Some(m) = g.mps() {
                     let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
                     if self.mps.liveness(&dirs, m.control_daemon_pid) != Liveness::Running
                         && self.restart_group(&uid, &m.pipe_dir, true).is_err()

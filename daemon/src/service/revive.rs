@@ -7,7 +7,7 @@ use std::ffi::OsString;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use gpushare_proto::{ClaimInfo, StrategyInfo};
+use crate::claim::Claim;
 
 use super::reconcile::CLAIM_DIR_MODE;
 use super::Service;
@@ -20,21 +20,14 @@ impl Service {
         &self,
         uid: &str,
         rebooted: bool,
-        host_record: Option<&ClaimInfo>,
+        host_record: Option<&Claim>,
         specs: &SpecListing,
     ) {
         let mut restarted = false;
         // Only what is needed is copied out of the registry: most claims have no MPS group,
         // and this runs for every claim at every start.
         let Some((mps, cdi_spec)) = self.state().claims.get(uid).map(|c| {
-            let mps: Vec<_> = c
-                .groups
-                .iter()
-                .filter_map(|g| match &g.sharing {
-                    StrategyInfo::Mps(m) => Some(m.clone()),
-                    _ => None,
-                })
-                .collect();
+            let mps: Vec<_> = c.mps_daemons().cloned().collect();
             (mps, c.cdi_spec.clone())
         }) else {
             return;

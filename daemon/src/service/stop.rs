@@ -101,7 +101,7 @@ impl Service {
             claims: st
                 .claims
                 .iter()
-                .map(|(k, c)| (k.clone(), c.clone()))
+                .map(|(k, c)| (k.clone(), crate::claim::wire::claim_info(c)))
                 .collect(),
             tombstones: BTreeMap::clone(&st.tombstones),
             ..crate::checkpoint::Checkpoint::default()

@@ -76,3 +76,18 @@ impl RecordsOnDisk {
         crate::store::replace_with(self.0.parent().unwrap_or(Path::new(".")), cp)
     }
 }
+
+/// The protocol's view of the claims, as the socket answers them: what most service tests
+/// assert on.
+impl Service {
+    pub(crate) fn get_claim(&self, uid: &str) -> Result<ClaimInfo, ServiceError> {
+        self.claim(uid).map(|c| crate::claim::wire::claim_info(&c))
+    }
+
+    pub(crate) fn list_claims(&self) -> Vec<ClaimInfo> {
+        self.claims()
+            .iter()
+            .map(|c| crate::claim::wire::claim_info(c))
+            .collect()
+    }
+}

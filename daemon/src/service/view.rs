@@ -10,19 +10,18 @@ use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use gpushare_core::Published;
-use gpushare_proto::ClaimInfo;
 
 use super::State;
-use crate::claim::ClaimRecord;
+use crate::claim::Claim;
 use crate::placement::Placement;
-use crate::store::Batch;
+use crate::store::{Batch, ClaimRecord};
 
 /// One published view of the registry. Claims and placement are shared with the previous
 /// view where unchanged.
 #[derive(Debug, Clone, Default)]
 pub(super) struct View {
     /// By UID; cloning it is O(1) (a persistent map, see the module's doc).
-    pub(super) claims: imbl::OrdMap<String, Arc<ClaimInfo>>,
+    pub(super) claims: imbl::OrdMap<String, Arc<Claim>>,
     pub(super) placement: Arc<Placement>,
     pub(super) ready: bool,
     /// A corrupt checkpoint or record found at start: where it went and why.

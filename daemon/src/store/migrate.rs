@@ -4,9 +4,10 @@ use std::fs;
 use std::io;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use super::record::{ClaimRecord, RECORD_FORMAT};
 use super::{Batch, Loaded, Store, StoreMeta, CLAIMS_DIR, TOMBSTONES_DIR};
 use crate::checkpoint::CheckpointFile;
-use crate::claim::{ClaimRecord, RECORD_FORMAT};
+use crate::claim::wire::claim_of;
 
 fn now_secs() -> u64 {
     SystemTime::now()
@@ -37,7 +38,7 @@ impl Store {
             if crate::config::validate_claim_uid(key).is_ok() {
                 batch
                     .claims
-                    .insert(key.clone(), Some(ClaimRecord::of(info)));
+                    .insert(key.clone(), Some(ClaimRecord::of(&claim_of(info.clone()))));
             }
         }
         for (uid, t) in &cp.tombstones {
@@ -79,7 +80,7 @@ impl Store {
         loaded.generation = cp.generation;
         // The attachments of a version 2 checkpoint are in its entries, not in the records.
         for (key, info) in cp.claims {
-            loaded.claims.insert(key, info);
+            loaded.claims.insert(key, claim_of(info));
         }
         loaded.migrated = Some(kept);
         Ok(())

@@ -5,9 +5,10 @@ use std::fs;
 use std::io;
 use std::path::Path;
 
+use super::record::{ClaimRecord, TombstoneRecord, RECORD_FORMAT};
 use super::{Batch, Store, CLAIMS_DIR, MAX_RECORD_BYTES, TOMBSTONES_DIR};
 use crate::checkpoint::Checkpoint;
-use crate::claim::{ClaimRecord, TombstoneRecord, RECORD_FORMAT};
+use crate::claim::wire::{claim_info, claim_of};
 use crate::fsutil;
 
 /// Every claim and tombstone of the store in `state_dir`, as one [`Checkpoint`], read without
@@ -38,7 +39,7 @@ pub fn snapshot(state_dir: &Path) -> (Checkpoint, Vec<String>) {
                 Ok(r) => {
                     cp.generation = cp.generation.max(r.generation);
                     cp.claims
-                        .insert(uid.to_string(), r.into_claim(String::new()));
+                        .insert(uid.to_string(), claim_info(&r.into_claim(String::new())));
                 }
                 Err(why) => problems.push(format!("{}: {why}", e.path().display())),
             }
@@ -82,7 +83,9 @@ pub fn replace_with(state_dir: &Path, cp: &Checkpoint) -> io::Result<()> {
         batch.tombstones.insert(uid, None);
     }
     for (k, c) in &cp.claims {
-        batch.claims.insert(k.clone(), Some(ClaimRecord::of(c)));
+        batch
+            .claims
+            .insert(k.clone(), Some(ClaimRecord::of(&claim_of(c.clone()))));
     }
     for (k, t) in &cp.tombstones {
         batch.tombstones.insert(k.clone(), Some(t.clone()));

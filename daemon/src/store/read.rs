@@ -4,8 +4,8 @@
 use std::fs;
 use std::io;
 
+use super::record::{ClaimRecord, TombstoneRecord};
 use super::{Loaded, Store, StoreMeta, Unreadable, CLAIMS_DIR, MAX_RECORD_BYTES, TOMBSTONES_DIR};
-use crate::claim::{ClaimRecord, TombstoneRecord};
 use crate::fsutil;
 
 impl Store {
@@ -110,7 +110,7 @@ impl Store {
             match parsed {
                 Ok(rec) => {
                     loaded.generation = loaded.generation.max(rec.generation);
-                    if rec.format != crate::claim::RECORD_FORMAT {
+                    if rec.format != super::RECORD_FORMAT {
                         loaded.other_format.insert(key.clone());
                     }
                     loaded.claims.insert(key, rec.into_claim(String::new()));

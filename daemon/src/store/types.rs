@@ -10,13 +10,13 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::record::ClaimRecord;
 use crate::checkpoint::Tombstone;
-use crate::claim::ClaimRecord;
 
 /// The store's own record (`store.json`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoreMeta {
-    /// [`RECORD_FORMAT`](crate::claim::RECORD_FORMAT) of the build that wrote it.
+    /// [`RECORD_FORMAT`](super::RECORD_FORMAT) of the build that wrote it.
     pub format: u32,
     /// Boot ID of the boot gpushared last started in.
     #[serde(default)]
@@ -72,7 +72,7 @@ pub struct Loaded {
     pub generation: u64,
     /// Claims by the name of their file, as read (attachments only from a version 2
     /// checkpoint, which had them).
-    pub claims: BTreeMap<String, gpushare_proto::ClaimInfo>,
+    pub claims: BTreeMap<String, crate::claim::Claim>,
     /// Tombstones by claim UID.
     pub tombstones: BTreeMap<String, Tombstone>,
     /// Record files that are not records (not JSON, wrong shape, not a regular file): the
@@ -86,7 +86,7 @@ pub struct Loaded {
     /// A version 2 checkpoint was migrated: where the original was kept.
     pub migrated: Option<PathBuf>,
     /// Claims whose record was written in another format than this build's
-    /// ([`RECORD_FORMAT`](crate::claim::RECORD_FORMAT)): the start writes them again, so that
+    /// ([`RECORD_FORMAT`](super::RECORD_FORMAT)): the start writes them again, so that
     /// the store holds this build's format without a stop rewriting every record.
     pub other_format: std::collections::BTreeSet<String>,
 }

@@ -3,10 +3,9 @@
 //! admission alone keeps every other claim off it. A prepare makes nothing for its group and
 //! a release undoes nothing.
 
-use gpushare_proto::StrategyInfo;
-
 use super::group::{GroupRelease, GroupStrategy};
 use super::Strategy;
+use crate::claim::Sharing;
 
 /// One claim, the whole GPU, no setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,8 +18,8 @@ impl GroupStrategy for Exclusive {
         Some(self)
     }
 
-    fn planned(&self) -> StrategyInfo {
-        StrategyInfo::Exclusive
+    fn planned(&self) -> Sharing {
+        Sharing::Exclusive
     }
 }
 

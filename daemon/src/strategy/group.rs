@@ -12,11 +12,12 @@
 
 use std::fmt;
 
-use gpushare_proto::{GroupInfo, MigInstanceInfo, StrategyInfo};
+use gpushare_proto::{MigInstanceInfo, MpsInfo};
 
 use super::mig::{Mig, MigTarget};
 use super::mps::{Mps, MpsControl};
 use super::{Exclusive, Strategy, TimeSlicing};
+use crate::claim::{Group, Sharing};
 use crate::error::ServiceError;
 use crate::gpu::GpuBackend;
 
@@ -31,7 +32,7 @@ pub trait GroupStrategy: fmt::Debug + Send + Sync {
     /// The group's sharing as its claim records it before anything is made (state
     /// `PrepareStarted`): what a rollback, or a gpushared restarted mid-prepare, reads to find
     /// what the prepare may have left (an MPS daemon's directories, with pid 0).
-    fn planned(&self) -> StrategyInfo;
+    fn planned(&self) -> Sharing;
 
     /// Makes what the group runs on its devices, once their GPUs are set up: records each
     /// thing the moment it exists (through [`GroupEffects::record`]), so that a failure
@@ -45,7 +46,6 @@ pub trait GroupStrategy: fmt::Debug + Send + Sync {
     fn apply(&self, _fx: &GroupEffects<'_>) -> Result<Applied, ServiceError> {
         Ok(Applied {
             sharing: self.planned(),
-            mig: Vec::new(),
         })
     }
 }
@@ -61,7 +61,7 @@ pub trait GroupRelease {
     ///
     /// # Errors
     /// `Internal`, naming the claim and what could not be stopped.
-    fn stop(&self, _fx: &GroupEffects<'_>, _group: &GroupInfo) -> Result<(), ServiceError> {
+    fn stop(&self, _fx: &GroupEffects<'_>, _group: &Group) -> Result<(), ServiceError> {
         Ok(())
     }
 
@@ -71,46 +71,38 @@ pub trait GroupRelease {
     /// # Errors
     /// The first device that could not be destroyed, with the backend's code, naming the
     /// claim.
-    fn destroy(&self, _fx: &GroupEffects<'_>, _group: &GroupInfo) -> Result<(), ServiceError> {
+    fn destroy(&self, _fx: &GroupEffects<'_>, _group: &Group) -> Result<(), ServiceError> {
         Ok(())
     }
 }
 
-/// The strategy that releases `group`, read from its record: [`Mig`] for a group of MIG
-/// devices or with MIG instances recorded (an MPS daemon on them included), else the record's
-/// sharing. The one place that maps a record onto its strategy, as `super::of_want` does for
-/// a GPU's hold.
-pub fn release_of(group: &GroupInfo) -> Box<dyn GroupRelease> {
-    let mig_devices = group
-        .devices
-        .iter()
-        .any(|d| crate::mig::MigDeviceName::parse(&d.device).is_some());
-    if mig_devices || !group.mig.is_empty() {
-        return Box::new(Mig);
-    }
+/// The strategy that releases `group`, by its sharing. The one place that maps a group onto
+/// its strategy, as `super::of_want` does for a GPU's hold.
+pub fn release_of(group: &Group) -> Box<dyn GroupRelease> {
     match &group.sharing {
-        StrategyInfo::Exclusive => Box::new(Exclusive),
-        StrategyInfo::TimeSlicing { interval } => Box::new(TimeSlicing {
+        Sharing::Exclusive => Box::new(Exclusive),
+        Sharing::TimeSlicing { interval } => Box::new(TimeSlicing {
             interval: *interval,
         }),
-        StrategyInfo::Mps(_) => Box::new(Mps),
+        Sharing::Mps(_) => Box::new(Mps),
+        Sharing::Mig(_) => Box::new(Mig),
     }
 }
 
 /// A group as [`GroupStrategy::apply`] made it: what its claim records after the prepare.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Applied {
-    /// The group's sharing (an MPS group's daemon as started and read back).
-    pub sharing: StrategyInfo,
-    /// The MIG instances made or taken for it, in the order of its devices.
-    pub mig: Vec<MigInstanceInfo>,
+    /// The group's sharing: an MPS group's daemon as started and read back, a MIG group's
+    /// slices made or taken for it in the order of its devices (and its daemon).
+    pub sharing: Sharing,
 }
 
 /// The group's record in its claim, in the registry (published to readers, written to disk
 /// with the claim's next change): how a group records what it made the moment it exists.
 pub trait GroupRecorder {
-    /// Records `sharing` as the group's (an MPS daemon just started, with its pid).
-    fn sharing(&self, sharing: &StrategyInfo);
+    /// Records `mps` as the group's MPS control daemon (just started, with its pid): an MPS
+    /// group's, or the one on a MIG group's slices.
+    fn mps(&self, mps: &MpsInfo);
 
     /// Records `rec`, a GPU instance just made, as one of the group's MIG instances and
     /// writes the claim's record to disk before anything else happens to the instance: a

@@ -9,10 +9,12 @@ use std::time::Duration;
 use gpushare_proto::{ClaimDevice, ErrorCode, TimeSliceInterval};
 
 use super::*;
+use crate::claim::{Group, MigSharing, Sharing};
 use crate::gpu::{SimFault, SimulatedBackend};
 use crate::strategy::mig::{self, Claimed, MigGroup};
 use crate::strategy::mps::{self, MpsDirs, MpsGroup, MpsLaunch};
 use crate::sys::fake::FakeHost;
+use gpushare_proto::MpsInfo;
 
 /// What a group's strategy did to its record and the intents, in order.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,7 +24,8 @@ enum Seen {
     ModeOn(String),
     /// The intent marked with the GPU-instance ID.
     Marked(u32),
-    Sharing(StrategyInfo),
+    /// An MPS control daemon recorded as started.
+    Mps(MpsInfo),
     /// Recorded on disk (a GPU instance just made).
     Saved(MigInstanceInfo),
     Mig(MigInstanceInfo),
@@ -42,8 +45,8 @@ impl Recorder {
 }
 
 impl GroupRecorder for Recorder {
-    fn sharing(&self, sharing: &StrategyInfo) {
-        self.push(Seen::Sharing(sharing.clone()));
+    fn mps(&self, mps: &MpsInfo) {
+        self.push(Seen::Mps(mps.clone()));
     }
     fn mig_made(&self, rec: &MigInstanceInfo) -> Result<(), ServiceError> {
         self.push(Seen::Saved(rec.clone()));
@@ -153,12 +156,11 @@ impl Node {
 }
 
 /// The record a prepare writes of a group, as the service builds it from `applied`.
-fn record(devices: Vec<ClaimDevice>, applied: Applied) -> GroupInfo {
-    GroupInfo {
+fn record(devices: Vec<ClaimDevice>, applied: Applied) -> Group {
+    Group {
         requests: vec!["gpu".into()],
         devices,
         sharing: applied.sharing,
-        mig: applied.mig,
     }
 }
 
@@ -178,10 +180,10 @@ fn exclusive_and_time_slicing_groups_make_and_release_nothing() {
         interval: TimeSliceInterval::Short,
     };
     for (g, sharing) in [
-        (&Exclusive as &dyn GroupStrategy, StrategyInfo::Exclusive),
+        (&Exclusive as &dyn GroupStrategy, Sharing::Exclusive),
         (
             &ts,
-            StrategyInfo::TimeSlicing {
+            Sharing::TimeSlicing {
                 interval: TimeSliceInterval::Short,
             },
         ),
@@ -190,7 +192,6 @@ fn exclusive_and_time_slicing_groups_make_and_release_nothing() {
         assert_eq!(g.planned(), sharing);
         let applied = g.apply(&node.fx()).unwrap();
         assert_eq!(applied.sharing, sharing);
-        assert!(applied.mig.is_empty());
         let rec = record(vec![device("gpu-0", "GPU-x")], applied);
         release_of(&rec).stop(&node.fx(), &rec).unwrap();
         release_of(&rec).destroy(&node.fx(), &rec).unwrap();
@@ -211,7 +212,7 @@ fn an_mps_group_records_its_daemon_at_once_and_its_record_alone_stops_it() {
     };
     assert!(group.whole_gpu().unwrap().has_setting());
     // Before it runs, the record holds the directories (what a rollback cleans) and pid 0.
-    let StrategyInfo::Mps(before) = group.planned() else {
+    let Sharing::Mps(before) = group.planned() else {
         panic!("not MPS: {:?}", group.planned())
     };
     assert_eq!(before.control_daemon_pid, 0);
@@ -223,15 +224,12 @@ fn an_mps_group_records_its_daemon_at_once_and_its_record_alone_stops_it() {
     assert_eq!(before.requested.active_thread_percentage, Some(40));
 
     let applied = group.apply(&node.fx()).unwrap();
-    let StrategyInfo::Mps(started) = &applied.sharing else {
+    let Sharing::Mps(started) = &applied.sharing else {
         panic!("not MPS: {applied:?}")
     };
     assert!(started.control_daemon_pid > 0);
     assert_eq!(started.active_thread_percentage, "40.0");
-    assert_eq!(
-        node.record.seen(),
-        vec![Seen::Sharing(applied.sharing.clone())]
-    );
+    assert_eq!(node.record.seen(), vec![Seen::Mps(started.clone())]);
     assert_eq!(node.daemons(), 1);
 
     let rec = record(vec![device("gpu-0", &uuids[0])], applied);
@@ -268,20 +266,28 @@ fn a_mig_group_records_each_slice_as_it_is_made_then_its_daemon_on_the_mig_uuids
         }),
     };
     assert!(group.whole_gpu().is_none());
-    let StrategyInfo::Mps(before) = group.planned() else {
-        panic!("not MPS")
+    let Sharing::Mig(MigSharing {
+        slices,
+        mps: Some(before),
+    }) = group.planned()
+    else {
+        panic!("not MIG with MPS: {:?}", group.planned())
     };
-    assert!(before.visible_devices.is_empty());
+    assert!(slices.is_empty() && before.visible_devices.is_empty());
 
     let applied = group.apply(&node.fx()).unwrap();
-    let made = &applied.mig[0];
+    let Sharing::Mig(MigSharing {
+        slices,
+        mps: Some(started),
+    }) = &applied.sharing
+    else {
+        panic!("not MIG with MPS: {applied:?}")
+    };
+    let made = &slices[0];
     assert!(
         made.ci_id.is_some() && made.uuid.starts_with("MIG-"),
         "{made:?}"
     );
-    let StrategyInfo::Mps(started) = &applied.sharing else {
-        panic!("not MPS: {applied:?}")
-    };
     assert_eq!(started.visible_devices, vec![made.uuid.clone()]);
     // The intent, marked with the GI ID, then the GPU instance alone recorded on disk
     // (before its compute instance is asked for), then the whole slice, then the daemon.
@@ -294,7 +300,7 @@ fn a_mig_group_records_each_slice_as_it_is_made_then_its_daemon_on_the_mig_uuids
     };
     assert_eq!((partial.gi_id, partial.ci_id), (made.gi_id, None));
     assert_eq!(seen[3], Seen::Mig(made.clone()));
-    assert_eq!(seen[4], Seen::Sharing(applied.sharing.clone()));
+    assert_eq!(seen[4], Seen::Mps(started.clone()));
 
     // Released from its record: the daemon first, then the slice it ran on, its destroy
     // recorded as begun before anything of it went.
@@ -306,7 +312,7 @@ fn a_mig_group_records_each_slice_as_it_is_made_then_its_daemon_on_the_mig_uuids
     assert!(node.backend.mig_instances(&gpu).unwrap().is_empty());
     assert_eq!(
         node.record.seen().last(),
-        Some(&Seen::Destroying(rec.mig[0].clone()))
+        Some(&Seen::Destroying(rec.slices()[0].clone()))
     );
 }
 
@@ -342,7 +348,7 @@ fn a_failed_compute_instance_leaves_its_gpu_instance_recorded_and_destroyed() {
         targets: vec![target],
         mps: None,
     };
-    assert_eq!(group.planned(), StrategyInfo::Exclusive);
+    assert_eq!(group.planned(), Sharing::Mig(MigSharing::default()));
     assert!(group.apply(&node.fx()).is_err());
     // The GPU instance was the claim's the moment it existed; the failed compute instance
     // took it with it, and no daemon was started.
@@ -363,7 +369,10 @@ fn a_release_tries_every_slice_and_answers_with_the_first_failure() {
     let gpu = targets[0].gpu_uuid.clone();
     let group = MigGroup { targets, mps: None };
     let applied = group.apply(&node.fx()).unwrap();
-    assert_eq!(applied.sharing, StrategyInfo::Exclusive);
+    assert!(
+        matches!(&applied.sharing, Sharing::Mig(MigSharing { slices, mps: None }) if slices.len() == 2),
+        "{applied:?}"
+    );
     let rec = record(names.iter().map(|n| device(n, &gpu)).collect(), applied);
     node.backend.inject(SimFault::DestroyGpuInstance);
     let e = release_of(&rec).destroy(&node.fx(), &rec).unwrap_err();
@@ -376,5 +385,5 @@ fn a_release_tries_every_slice_and_answers_with_the_first_failure() {
     // The second slice went all the same; the first is left for a retry.
     let live = node.backend.mig_instances(&gpu).unwrap();
     assert_eq!(live.len(), 1);
-    assert_eq!(live[0].gi_id, rec.mig[0].gi_id);
+    assert_eq!(live[0].gi_id, rec.slices()[0].gi_id);
 }

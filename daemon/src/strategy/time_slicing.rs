@@ -4,7 +4,9 @@
 //! the last holder puts `Default` back. The interval is all a group needs: a prepare makes
 //! nothing else for it and a release undoes nothing.
 
-use gpushare_proto::{ErrorCode, StrategyInfo, TimeSliceInterval};
+use gpushare_proto::{ErrorCode, TimeSliceInterval};
+
+use crate::claim::Sharing;
 
 use super::group::{GroupRelease, GroupStrategy};
 use super::Strategy;
@@ -66,8 +68,8 @@ impl GroupStrategy for TimeSlicing {
         Some(self)
     }
 
-    fn planned(&self) -> StrategyInfo {
-        StrategyInfo::TimeSlicing {
+    fn planned(&self) -> Sharing {
+        Sharing::TimeSlicing {
             interval: self.interval,
         }
     }

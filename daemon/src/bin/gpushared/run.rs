@@ -267,12 +267,10 @@ pub(crate) async fn run(
 /// The last log line of a clean stop: how many MPS control daemons stay behind on purpose.
 fn stopped_line(service: &Service) -> String {
     let left = service
-        .list_claims()
+        .claims()
         .iter()
-        .flat_map(|c| &c.groups)
-        .filter(|g| {
-            matches!(&g.sharing, gpushare_proto::StrategyInfo::Mps(m) if m.control_daemon_pid > 0)
-        })
+        .flat_map(|c| c.mps_daemons())
+        .filter(|m| m.control_daemon_pid > 0)
         .count();
     match left {
         0 => "gpushared stopped".to_string(),

@@ -5,7 +5,9 @@
 
 use std::collections::BTreeSet;
 
-use gpushare_proto::{ClaimInfo, ErrorCode, MigDeviceInfo};
+use gpushare_proto::{ErrorCode, MigDeviceInfo};
+
+use crate::claim::Claim;
 
 use super::Service;
 use crate::config::{ClaimSpec, MpsSettings};
@@ -126,11 +128,11 @@ impl Service {
     /// instance is left (one made by others keeps the mode as it is), and the GPU leaves MIG
     /// mode without a reset (Hopper and later; where gpushare could turn it on, it can turn it
     /// off). A failure is logged; the release stands.
-    pub(super) fn leave_mig_mode_after(&self, info: &ClaimInfo) {
+    pub(super) fn leave_mig_mode_after(&self, info: &Claim) {
         let mut gpus: BTreeSet<String> = info
             .groups
             .iter()
-            .flat_map(|g| &g.mig)
+            .flat_map(|g| g.slices())
             .filter(|m| m.enabled_mig_mode)
             .map(|m| m.gpu_uuid.clone())
             .collect();

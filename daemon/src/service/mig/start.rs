@@ -18,7 +18,7 @@
 
 use std::collections::BTreeSet;
 
-use gpushare_proto::{ClaimInfo, ClaimState};
+use crate::claim::{Claim, Phase};
 
 use super::Intent;
 use crate::gpu::{GpuBackend, MigInstance};
@@ -42,7 +42,7 @@ pub(in crate::service) struct LeftIntents {
 /// as they existed (static MIG) are left out silently: nothing was made for them.
 pub(in crate::service) fn honoured_intents<'a>(
     left: Vec<Intent>,
-    claims: impl IntoIterator<Item = &'a ClaimInfo> + Clone,
+    claims: impl IntoIterator<Item = &'a Claim> + Clone,
     refused: &BTreeSet<String>,
 ) -> LeftIntents {
     let mut out = LeftIntents::default();
@@ -80,7 +80,7 @@ enum Refusal {
 /// Why intent `x` is not taken, if it is not.
 fn refusal<'a>(
     x: &Intent,
-    claims: impl IntoIterator<Item = &'a ClaimInfo>,
+    claims: impl IntoIterator<Item = &'a Claim>,
     refused: &BTreeSet<String>,
 ) -> Refusal {
     if let Some(why) = crate::config::claim_uid_problem(&x.claim) {
@@ -94,14 +94,14 @@ fn refusal<'a>(
             "no record of its claim (released or rolled back since, or never ours)".into(),
         );
     };
-    match c.state {
-        ClaimState::PrepareStarted | ClaimState::Unpreparing if planned(c, x) => Refusal::None,
-        ClaimState::PrepareStarted | ClaimState::Unpreparing => Refusal::Loud(format!(
+    match c.phase {
+        Phase::PrepareStarted | Phase::Unpreparing if planned(c, x) => Refusal::None,
+        Phase::PrepareStarted | Phase::Unpreparing => Refusal::Loud(format!(
             "claim {} never planned a slice of GPU-instance profile {} at memory slice {} of that GPU",
             c.uid, x.gi_profile_id, x.placement_start
         )),
-        ClaimState::Prepared | ClaimState::Degraded if records_exactly(c, x) => Refusal::None,
-        ClaimState::Prepared | ClaimState::Degraded => Refusal::Loud(format!(
+        Phase::Prepared | Phase::Degraded if records_exactly(c, x) => Refusal::None,
+        Phase::Prepared | Phase::Degraded => Refusal::Loud(format!(
             "claim {} is prepared and records no slice there",
             c.uid
         )),
@@ -111,7 +111,7 @@ fn refusal<'a>(
 /// Whether claim `c` planned the slice `x` names: its allocation names exactly that slice of
 /// a GPU its groups hold, or that whole GPU (the short form, `migProfile`: the placement is
 /// chosen, and may be chosen again, as the slice is made).
-fn planned(c: &ClaimInfo, x: &Intent) -> bool {
+fn planned(c: &Claim, x: &Intent) -> bool {
     let Some(minor) = c
         .groups
         .iter()
@@ -136,8 +136,8 @@ fn planned(c: &ClaimInfo, x: &Intent) -> bool {
 }
 
 /// Whether claim `c` records a slice at exactly the place `x` names.
-fn records_exactly(c: &ClaimInfo, x: &Intent) -> bool {
-    c.groups.iter().flat_map(|g| &g.mig).any(|m| {
+fn records_exactly(c: &Claim, x: &Intent) -> bool {
+    c.groups.iter().flat_map(|g| g.slices()).any(|m| {
         m.gpu_uuid == x.gpu_uuid
             && m.gi_profile_id == x.gi_profile_id
             && m.placement_start == x.placement_start
@@ -169,7 +169,7 @@ fn names(x: &Intent, gpu: &str, inst: &MigInstance) -> bool {
 pub(in crate::service) fn sweep_at_start<'a>(
     backend: &dyn GpuBackend,
     left: &LeftIntents,
-    claims: impl IntoIterator<Item = &'a ClaimInfo>,
+    claims: impl IntoIterator<Item = &'a Claim>,
 ) {
     let honoured = &left.honoured;
     let claimed = Claimed::of(claims);
@@ -222,7 +222,7 @@ pub(in crate::service) fn sweep_at_start<'a>(
 pub(in crate::service) fn leave_mig_mode_at_start<'a>(
     backend: &dyn GpuBackend,
     honoured: &[Intent],
-    claims: impl IntoIterator<Item = &'a ClaimInfo>,
+    claims: impl IntoIterator<Item = &'a Claim>,
 ) {
     let claimed = Claimed::of(claims);
     let flipped: BTreeSet<&str> = honoured

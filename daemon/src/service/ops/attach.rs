@@ -8,7 +8,9 @@
 //! Nothing here waits for a disk flush, and the MPS control daemon's liveness is its pidfd's
 //! (`Service::daemon_gone`), not a scan of `/proc/locks`.
 
-use gpushare_proto::{AttachParams, Attachment, ClaimState, ErrorCode};
+use gpushare_proto::{AttachParams, Attachment, ErrorCode};
+
+use crate::claim::Phase;
 
 use super::super::{mig_recover, missing_gpus, now_secs, Service, State};
 use crate::config;
@@ -34,7 +36,7 @@ impl Service {
         if let Some(claim) = seen
             .claims
             .get(&p.claim_uid)
-            .filter(|c| c.state == ClaimState::Prepared)
+            .filter(|c| c.phase == Phase::Prepared)
         {
             if let Some(pid) = self.daemon_gone(claim) {
                 return Err(ServiceError::new(
@@ -106,7 +108,7 @@ impl Service {
                 ),
             )
         })?;
-        if claim.state == ClaimState::Degraded {
+        if claim.phase == Phase::Degraded {
             let what = if mig_recover::slice_lost(claim) {
                 "release the claim; it can be prepared again once its MIG slice can be made"
             } else if missing_gpus::says_gpus_missing(claim) {
@@ -126,10 +128,10 @@ impl Service {
                 ),
             ));
         }
-        if claim.state != ClaimState::Prepared {
+        if claim.phase != Phase::Prepared {
             return Err(ServiceError::new(
                 ErrorCode::NotReady,
-                format!("claim {} is {:?}, not ready", p.claim_uid, claim.state),
+                format!("claim {} is {:?}, not ready", p.claim_uid, claim.phase),
             ));
         }
         Ok(())

@@ -28,10 +28,10 @@ impl Service {
         // Containers still running on a claim that is prepared afresh keep their slots.
         let mut carried: Vec<Attachment> = Vec::new();
         if let Some(existing) = existing {
-            if matches!(existing.state, ClaimState::Prepared | ClaimState::Degraded) {
+            if matches!(existing.phase, Phase::Prepared | Phase::Degraded) {
                 asked::refuse_changed(&spec, &existing)?;
             }
-            if existing.state == ClaimState::Prepared && self.dead_mps_daemon(&existing).is_none() {
+            if existing.phase == Phase::Prepared && self.dead_mps_daemon(&existing).is_none() {
                 // The kubelet is about to hand these CDI IDs to the runtime: they must resolve
                 // (the driver's spec written again if it is gone)…
                 let not_ready = |m: String| {
@@ -62,16 +62,16 @@ impl Service {
             // Prepared (or Degraded) with a dead MPS control daemon: start it again in place,
             // so that running containers, which have its pipe directory bind-mounted, reach
             // the new one.
-            if matches!(existing.state, ClaimState::Prepared | ClaimState::Degraded)
+            if matches!(existing.phase, Phase::Prepared | Phase::Degraded)
                 && self.restart_dead_daemons(&spec.uid)
             {
-                if let Ok(again) = self.get_claim(&spec.uid) {
+                if let Ok(again) = self.claim(&spec.uid) {
                     if !Path::new(&again.cdi_spec).exists() {
                         self.write_cdi(&spec.uid, &again.groups, &again)?;
                     }
                     return Ok(PrepareResult {
-                        uid: again.uid,
-                        requests: again.requests,
+                        uid: again.uid.clone(),
+                        requests: again.requests.clone(),
                         already_prepared: false,
                     });
                 }
@@ -79,7 +79,7 @@ impl Service {
             // Left half-done by a crash (PrepareStarted), by a release that failed part-way
             // (Unpreparing), or prepared but with a dead MPS control daemon: nothing else works
             // on it now (we hold its lock), so undo what is left and prepare afresh.
-            tracing::warn!(claim = %spec.uid, state = ?existing.state, "finishing the release of an interrupted claim before preparing it again");
+            tracing::warn!(claim = %spec.uid, state = ?existing.phase, "finishing the release of an interrupted claim before preparing it again");
             carried = existing
                 .attached
                 .iter()
@@ -91,7 +91,7 @@ impl Service {
                     e.code,
                     format!(
                         "claim {} was left {:?} and cannot be released yet: {}",
-                        spec.uid, existing.state, e.message
+                        spec.uid, existing.phase, e.message
                     ),
                 ));
             }
@@ -103,11 +103,11 @@ impl Service {
         // GPU of the claim, refuses it here (MIG devices are checked once they exist).
         self.check_driver_devices(&spec.uid, &plans)?;
         let requests = self.request_devices(&spec);
-        let info = ClaimInfo {
+        let info = Claim {
             uid: spec.uid.clone(),
             namespace: spec.namespace.clone(),
             name: spec.name.clone(),
-            state: ClaimState::PrepareStarted,
+            phase: Phase::PrepareStarted,
             groups: plans.iter().map(GroupPlan::planned).collect(),
             requests: requests.clone(),
             cdi_spec: cdi::spec_path(&self.cfg.cdi_dir, &spec.uid)

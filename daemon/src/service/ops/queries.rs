@@ -4,36 +4,26 @@
 use super::super::*;
 
 impl Service {
-    /// One claim.
+    /// One claim, as the published view holds it (shared, not copied).
     ///
     /// # Errors
     /// `InvalidRequest` for a malformed UID, `NotFound`.
-    pub fn get_claim(&self, uid: &str) -> Result<ClaimInfo, ServiceError> {
+    pub fn claim(&self, uid: &str) -> Result<Arc<Claim>, ServiceError> {
         config::validate_claim_uid(uid)?;
-        self.view
-            .load()
-            .claims
-            .get(uid)
-            .map(|c| ClaimInfo::clone(c))
-            .ok_or_else(|| {
-                ServiceError::new(ErrorCode::NotFound, format!("no claim {uid} on this node"))
-            })
+        self.view.load().claims.get(uid).cloned().ok_or_else(|| {
+            ServiceError::new(ErrorCode::NotFound, format!("no claim {uid} on this node"))
+        })
     }
 
-    /// All claims, by UID.
-    pub fn list_claims(&self) -> Vec<ClaimInfo> {
-        self.view
-            .load()
-            .claims
-            .values()
-            .map(|c| ClaimInfo::clone(c))
-            .collect()
+    /// All claims, by UID, as the published view holds them.
+    pub fn claims(&self) -> Vec<Arc<Claim>> {
+        self.view.load().claims.values().cloned().collect()
     }
 
     /// Up to `n` claims after the UID `after` (from the first when `None`), in UID order, as
     /// the published view holds them (shared, not copied): how `list_claims` answers are read,
     /// a few claims at a time, so that no answer holds the whole registry.
-    pub fn claims_after(&self, after: Option<&str>, n: usize) -> Vec<Arc<ClaimInfo>> {
+    pub fn claims_after(&self, after: Option<&str>, n: usize) -> Vec<Arc<Claim>> {
         use std::ops::Bound;
         let view = self.view.load();
         let from = after.map_or(Bound::Unbounded, Bound::Excluded);
@@ -92,7 +82,7 @@ impl Service {
             degraded_claims: st
                 .claims
                 .values()
-                .filter(|c| c.state == ClaimState::Degraded)
+                .filter(|c| c.phase == Phase::Degraded)
                 .count(),
             stopping: st.stopping,
             drivers: self.cfg.drivers.clone(),

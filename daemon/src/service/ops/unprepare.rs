@@ -19,7 +19,7 @@ impl Service {
         tombstone: Option<Option<String>>,
     ) -> Option<ServiceError> {
         let info = self.state().claims.get(uid).cloned()?;
-        if info.state != ClaimState::Unpreparing {
+        if info.phase != Phase::Unpreparing {
             let mut tx = Txn::begin(self);
             let mut st = self.state();
             let saved = Some(info.clone());
@@ -27,7 +27,7 @@ impl Service {
             if let Err(e) = st.claims.transition(uid, Event::ReleaseStarted) {
                 return Some(ServiceError::internal(format!("claim {uid}: {e}")));
             }
-            if matches!(info.state, ClaimState::Prepared | ClaimState::Degraded) {
+            if matches!(info.phase, Phase::Prepared | Phase::Degraded) {
                 // On disk the claim is still prepared: releasing it now would have a restart
                 // bring it back. Refuse, changing nothing.
                 if let Err(e) = tx.commit(st, |st| self.commit(st)) {
@@ -65,7 +65,7 @@ impl Service {
         if let Err(e) = destroyed {
             note(&mut errors, e);
         }
-        if info.groups.iter().any(|g| !g.mig.is_empty()) {
+        if info.groups.iter().any(|g| !g.slices().is_empty()) {
             self.regenerate_driver_spec("after destroying a claim's MIG devices");
         }
         if let Err(e) = fsutil::remove_file_if_exists(&cdi::spec_path(&self.cfg.cdi_dir, uid)) {

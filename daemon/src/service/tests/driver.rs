@@ -398,13 +398,14 @@ fn a_host_record_with_the_driver_devices_of_its_own_gpus_is_accepted_and_others_
         .cdi_device_ids
         .iter()
         .any(|id| id.starts_with("gpushare.io/gpu=GPU-")));
-    crate::service::persisted::check_record(&info, "u1", &f.cfg.run_dir).unwrap();
+    let claim = crate::claim::wire::claim_of(info.clone());
+    crate::service::persisted::check_record(&claim, "u1", &f.cfg.run_dir).unwrap();
     // A driver ID of a GPU the claim does not hold, or of all GPUs, is refused.
     for foreign in [
         format!("gpushare.io/gpu={}", uuid(&d, "gpu-1")),
         "nvidia.com/gpu=all".to_string(),
     ] {
-        let mut bad = info.clone();
+        let mut bad = claim.clone();
         bad.requests[0].per_device[0].cdi_device_ids = vec![foreign.clone()];
         let e = crate::service::persisted::check_record(&bad, "u1", &f.cfg.run_dir).unwrap_err();
         assert!(e.contains("is not the claim's own"), "{foreign}: {e}");

@@ -179,14 +179,14 @@ fn a_stop_writes_only_what_changed_and_a_start_rewrites_records_of_another_forma
     // known) is written again in this build's format at the next start, and only it.
     let path = f.service.store.claim_path("t1");
     let mut v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    v["format"] = json!(crate::claim::RECORD_FORMAT + 1);
+    v["format"] = json!(crate::store::RECORD_FORMAT + 1);
     std::fs::write(&path, serde_json::to_vec(&v).unwrap()).unwrap();
     let e1 = record_inode(&f, "e1");
     let t1 = record_inode(&f, "t1");
     let again = restart(&f, fresh_backend());
     assert!(again.get_claim("t1").is_ok());
     let v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    assert_eq!(v["format"], json!(crate::claim::RECORD_FORMAT));
+    assert_eq!(v["format"], json!(crate::store::RECORD_FORMAT));
     assert_ne!(record_inode(&f, "t1"), t1);
     assert_eq!(record_inode(&f, "e1"), e1);
 }

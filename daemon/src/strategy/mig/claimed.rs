@@ -3,9 +3,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpushare_proto::{ClaimInfo, MigInstanceInfo};
+use gpushare_proto::MigInstanceInfo;
 
 use super::is_instance_of;
+use crate::claim::Claim;
 use crate::gpu::MigInstance;
 use crate::mig::{self, Occupied};
 
@@ -19,10 +20,10 @@ pub struct Claimed {
 
 impl Claimed {
     /// The slices every claim in `claims` records, whatever the claim's state.
-    pub fn of<'a>(claims: impl IntoIterator<Item = &'a ClaimInfo>) -> Claimed {
+    pub fn of<'a>(claims: impl IntoIterator<Item = &'a Claim>) -> Claimed {
         let mut by_gpu: BTreeMap<String, Vec<(String, MigInstanceInfo)>> = BTreeMap::new();
         for c in claims {
-            for m in c.groups.iter().flat_map(|g| &g.mig) {
+            for m in c.slices() {
                 by_gpu
                     .entry(m.gpu_uuid.clone())
                     .or_default()

@@ -2,9 +2,10 @@
 //! moment its GPU instance exists, then an MPS control daemon on them where the claim asks
 //! for one; a release stops that daemon and then destroys the slices it ran on.
 
-use gpushare_proto::{GroupInfo, MigInstanceInfo, StrategyInfo};
+use gpushare_proto::MigInstanceInfo;
 
 use super::{create, destroy, Mig, MigTarget};
+use crate::claim::{Group, MigSharing, Sharing};
 use crate::error::ServiceError;
 use crate::strategy::group::{Applied, GroupEffects, GroupRelease, GroupStrategy};
 use crate::strategy::mps::{self, MpsLaunch};
@@ -26,30 +27,32 @@ impl GroupStrategy for MigGroup {
         None
     }
 
-    /// Until the daemon runs, an MPS group's record holds its directories and pid 0; a
-    /// slice alone is recorded as exclusive use.
-    fn planned(&self) -> StrategyInfo {
-        match &self.mps {
-            None => StrategyInfo::Exclusive,
-            Some(launch) => StrategyInfo::Mps(mps::planned_record(launch)),
-        }
+    /// No slice yet; until the daemon runs, an MPS group's record holds its directories and
+    /// pid 0.
+    fn planned(&self) -> Sharing {
+        Sharing::Mig(MigSharing {
+            slices: Vec::new(),
+            mps: self.mps.as_ref().map(mps::planned_record),
+        })
     }
 
     fn apply(&self, fx: &GroupEffects<'_>) -> Result<Applied, ServiceError> {
         let records = make_slices(fx, &self.targets)?;
-        let sharing = match &self.mps {
-            None => StrategyInfo::Exclusive,
+        let mps = match &self.mps {
+            None => None,
             Some(launch) => {
                 let launch = MpsLaunch {
                     visible_devices: records.iter().map(|r| r.uuid.clone()).collect(),
                     ..launch.clone()
                 };
-                StrategyInfo::Mps(mps::start_recorded(fx, &launch)?)
+                Some(mps::start_recorded(fx, &launch)?)
             }
         };
         Ok(Applied {
-            sharing,
-            mig: records,
+            sharing: Sharing::Mig(MigSharing {
+                slices: records,
+                mps,
+            }),
         })
     }
 }
@@ -91,16 +94,16 @@ fn make_slices(
 
 impl GroupRelease for Mig {
     /// The MPS control daemon on the slices, if the group records one.
-    fn stop(&self, fx: &GroupEffects<'_>, group: &GroupInfo) -> Result<(), ServiceError> {
+    fn stop(&self, fx: &GroupEffects<'_>, group: &Group) -> Result<(), ServiceError> {
         mps::stop_recorded(fx, group)
     }
 
     /// Destroys every MIG instance of the group that is still the one its record names
     /// ([`destroy`]); returns the first error after trying all. Each slice's record says on
     /// disk that its destroy has begun before its compute instance goes.
-    fn destroy(&self, fx: &GroupEffects<'_>, group: &GroupInfo) -> Result<(), ServiceError> {
+    fn destroy(&self, fx: &GroupEffects<'_>, group: &Group) -> Result<(), ServiceError> {
         let mut first = None;
-        for rec in &group.mig {
+        for rec in group.slices() {
             if let Err(e) = destroy(fx.backend, rec, || fx.record.mig_destroying(rec)) {
                 tracing::error!(claim = %fx.uid, device = %rec.device, error = %e, "destroying MIG device");
                 first.get_or_insert(ServiceError::new(

@@ -5,9 +5,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use gpushare_proto::{ErrorCode, GroupInfo, MpsInfo, StrategyInfo};
+use gpushare_proto::{ErrorCode, MpsInfo};
 
 use super::{Mps, MpsDirs, MpsLaunch};
+use crate::claim::{Group, Sharing};
 use crate::config::MpsSettings;
 use crate::error::ServiceError;
 use crate::strategy::group::{Applied, GroupEffects, GroupRelease, GroupStrategy};
@@ -26,21 +27,20 @@ impl GroupStrategy for MpsGroup {
         Some(&Mps)
     }
 
-    fn planned(&self) -> StrategyInfo {
-        StrategyInfo::Mps(planned_record(&self.launch))
+    fn planned(&self) -> Sharing {
+        Sharing::Mps(planned_record(&self.launch))
     }
 
     fn apply(&self, fx: &GroupEffects<'_>) -> Result<Applied, ServiceError> {
         let started = start_recorded(fx, &self.launch)?;
         Ok(Applied {
-            sharing: StrategyInfo::Mps(started),
-            mig: Vec::new(),
+            sharing: Sharing::Mps(started),
         })
     }
 }
 
 impl GroupRelease for Mps {
-    fn stop(&self, fx: &GroupEffects<'_>, group: &GroupInfo) -> Result<(), ServiceError> {
+    fn stop(&self, fx: &GroupEffects<'_>, group: &Group) -> Result<(), ServiceError> {
         stop_recorded(fx, group)
     }
 }
@@ -118,18 +118,19 @@ pub fn start_recorded(fx: &GroupEffects<'_>, launch: &MpsLaunch) -> Result<MpsIn
         .start(launch)
         .map_err(|e| ServiceError::internal(format!("claim {}: {e}", fx.uid)))?;
     crate::crash::point("prepare.mps_started");
-    fx.record.sharing(&StrategyInfo::Mps(started.clone()));
+    fx.record.mps(&started);
     Ok(started)
 }
 
-/// Stops the daemon `group` records, if it records one (quit, bounded, then kill; its shm
+/// Stops the daemon `group` records (an MPS group's, or a MIG group's on its slices), if it
+/// records one (quit, bounded, then kill; its shm
 /// tmpfs unmounted and directories removed). A pid of 0 (not started yet, or a crash before
 /// its pid was recorded) finds the daemon by its pipe directory alone.
 ///
 /// # Errors
 /// `Internal`, naming the claim, as [`super::MpsControl::stop`].
-pub fn stop_recorded(fx: &GroupEffects<'_>, group: &GroupInfo) -> Result<(), ServiceError> {
-    let StrategyInfo::Mps(m) = &group.sharing else {
+pub fn stop_recorded(fx: &GroupEffects<'_>, group: &Group) -> Result<(), ServiceError> {
+    let Some(m) = group.mps() else {
         return Ok(());
     };
     let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));

@@ -1,0 +1,380 @@
+//! A claim as it is kept on disk: one versioned record per claim
+//! (`<state-dir>/records/<uid>.json`, see `crate::store`), the host record in the claim's run
+//! directory (`<run-dir>/claims/<uid>/claim.json`: the record with its CDI spec path and
+//! attached containers), and one record per released claim's tombstone
+//! (`<state-dir>/tombstones/<uid>.json`). Made from the daemon's [`Claim`] and back here
+//! and only here.
+//!
+//! The records are types of their own, apart from the registry's model and from the
+//! protocol. Their JSON keeps the shape the previous release reads (format 3, whose groups
+//! were the protocol's `GroupInfo`: a MIG group as `Exclusive` or `Mps` beside its `mig`
+//! instances), so that a downgrade after a crash still finds every claim; format 4 adds each
+//! group's `kind`, so that a MIG group is read back as one, never inferred. A record of
+//! format 3 or older (no `kind`) is read through `crate::claim::wire::group_of`, the one
+//! place that infers it. The leaf facts (a device, an MPS control daemon, a MIG instance,
+//! the CDI device IDs of a request) are the protocol's records of the same facts; a record
+//! is checked as input when read (`service::persisted`).
+
+use serde::{Deserialize, Serialize};
+
+use gpushare_proto::{
+    Attachment, ClaimDevice, GroupInfo, MigInstanceInfo, MpsInfo, RequestDevices, StrategyInfo,
+    TimeSliceInterval,
+};
+
+use crate::checkpoint::Tombstone;
+use crate::claim::model::{Claim, Group, MigSharing, Sharing};
+use crate::claim::Phase;
+
+/// The record format this build writes. Format 2 was the whole-node checkpoint file
+/// (`checkpoint.json`); format 3 the first per-claim records; format 4 names each group's
+/// strategy (`kind`). A record of a newer format is read as far as its fields are known
+/// (unknown fields are ignored).
+pub const RECORD_FORMAT: u32 = 4;
+
+/// One claim's durable record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimRecord {
+    /// [`RECORD_FORMAT`] of the build that wrote it; 0 in a host record written before
+    /// format 4 (the protocol's `ClaimInfo` then).
+    #[serde(default)]
+    pub format: u32,
+    /// `metadata.uid`; the record's file is named after it.
+    pub uid: String,
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// Lifecycle phase.
+    pub state: PhaseRecord,
+    /// Device groups with their strategies and what each owns on the host.
+    pub groups: Vec<GroupRecord>,
+    /// CDI device IDs per request.
+    pub requests: Vec<RequestDevices>,
+    /// Most containers attached at once (`replicas`).
+    #[serde(default)]
+    pub attach_limit: Option<u32>,
+    /// Why the claim is `Degraded`, or what happened last.
+    #[serde(default)]
+    pub last_error: Option<String>,
+    /// Restarts of its MPS control daemons after they died.
+    #[serde(default)]
+    pub restarts: u32,
+    /// `metadata.resourceVersion` of the prepared object, for its tombstone.
+    #[serde(default)]
+    pub resource_version: Option<String>,
+    /// Generation handed out when it was prepared (see tombstones).
+    #[serde(default)]
+    pub generation: u64,
+}
+
+/// A claim's phase as its record spells it (the names of format 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PhaseRecord {
+    /// [`Phase::PrepareStarted`].
+    PrepareStarted,
+    /// [`Phase::Prepared`].
+    Prepared,
+    /// [`Phase::Degraded`].
+    Degraded,
+    /// [`Phase::Unpreparing`].
+    Unpreparing,
+}
+
+/// One device group's record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupRecord {
+    /// Requests whose devices form the group.
+    pub requests: Vec<String>,
+    /// Its devices, sorted by GPU UUID.
+    pub devices: Vec<ClaimDevice>,
+    /// The group's strategy (format 4); absent from older records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<KindRecord>,
+    /// Its sharing in the shape format 3 wrote: a MIG group's is `Exclusive` or the `Mps`
+    /// daemon on its slices.
+    pub sharing: SharingRecord,
+    /// A MIG group's slices; empty otherwise.
+    #[serde(default)]
+    pub mig: Vec<MigInstanceInfo>,
+}
+
+/// A group's strategy, as format 4 names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KindRecord {
+    /// [`Sharing::Exclusive`].
+    Exclusive,
+    /// [`Sharing::TimeSlicing`].
+    TimeSlicing,
+    /// [`Sharing::Mps`].
+    Mps,
+    /// [`Sharing::Mig`].
+    Mig,
+}
+
+/// A group's sharing as format 3 wrote it (tagged by `strategy`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "strategy")]
+#[allow(clippy::large_enum_variant)]
+pub enum SharingRecord {
+    /// No setting; a MIG group without an MPS control daemon.
+    Exclusive,
+    /// A time-slice interval on each GPU.
+    TimeSlicing {
+        /// The interval.
+        interval: TimeSliceInterval,
+    },
+    /// An MPS control daemon for the group (on its slices, for a MIG group).
+    Mps(MpsInfo),
+}
+
+impl From<Phase> for PhaseRecord {
+    fn from(p: Phase) -> PhaseRecord {
+        match p {
+            Phase::PrepareStarted => PhaseRecord::PrepareStarted,
+            Phase::Prepared => PhaseRecord::Prepared,
+            Phase::Degraded => PhaseRecord::Degraded,
+            Phase::Unpreparing => PhaseRecord::Unpreparing,
+        }
+    }
+}
+
+impl From<PhaseRecord> for Phase {
+    fn from(p: PhaseRecord) -> Phase {
+        match p {
+            PhaseRecord::PrepareStarted => Phase::PrepareStarted,
+            PhaseRecord::Prepared => Phase::Prepared,
+            PhaseRecord::Degraded => Phase::Degraded,
+            PhaseRecord::Unpreparing => Phase::Unpreparing,
+        }
+    }
+}
+
+impl GroupRecord {
+    /// The record of `g`.
+    pub fn of(g: &Group) -> GroupRecord {
+        let (kind, sharing, mig) = match &g.sharing {
+            Sharing::Exclusive => (KindRecord::Exclusive, SharingRecord::Exclusive, Vec::new()),
+            Sharing::TimeSlicing { interval } => (
+                KindRecord::TimeSlicing,
+                SharingRecord::TimeSlicing {
+                    interval: *interval,
+                },
+                Vec::new(),
+            ),
+            Sharing::Mps(m) => (KindRecord::Mps, SharingRecord::Mps(m.clone()), Vec::new()),
+            Sharing::Mig(MigSharing { slices, mps }) => (
+                KindRecord::Mig,
+                mps.clone()
+                    .map_or(SharingRecord::Exclusive, SharingRecord::Mps),
+                slices.clone(),
+            ),
+        };
+        GroupRecord {
+            requests: g.requests.clone(),
+            devices: g.devices.clone(),
+            kind: Some(kind),
+            sharing,
+            mig,
+        }
+    }
+
+    /// The group this record describes. Without `kind` (format 3 and older) it is read as
+    /// the protocol's group it was ([`crate::claim::wire::group_of`]). A `kind` that
+    /// disagrees with the sharing recorded (a `TimeSlicing` group holding MPS) keeps what was
+    /// recorded: what the group holds on the host is what a release must find.
+    pub fn into_group(self) -> Group {
+        let sharing = match (self.kind, self.sharing) {
+            (Some(KindRecord::Mig), sharing) => Sharing::Mig(MigSharing {
+                slices: self.mig,
+                mps: match sharing {
+                    SharingRecord::Mps(m) => Some(m),
+                    SharingRecord::Exclusive | SharingRecord::TimeSlicing { .. } => None,
+                },
+            }),
+            (Some(_), SharingRecord::Exclusive) if self.mig.is_empty() => Sharing::Exclusive,
+            (Some(_), SharingRecord::TimeSlicing { interval }) if self.mig.is_empty() => {
+                Sharing::TimeSlicing { interval }
+            }
+            (Some(_), SharingRecord::Mps(m)) if self.mig.is_empty() => Sharing::Mps(m),
+            (_, sharing) => {
+                return crate::claim::wire::group_of(GroupInfo {
+                    requests: self.requests,
+                    devices: self.devices,
+                    sharing: match sharing {
+                        SharingRecord::Exclusive => StrategyInfo::Exclusive,
+                        SharingRecord::TimeSlicing { interval } => {
+                            StrategyInfo::TimeSlicing { interval }
+                        }
+                        SharingRecord::Mps(m) => StrategyInfo::Mps(m),
+                    },
+                    mig: self.mig,
+                })
+            }
+        };
+        Group {
+            requests: self.requests,
+            devices: self.devices,
+            sharing,
+        }
+    }
+}
+
+impl ClaimRecord {
+    /// The durable part of `claim`.
+    pub fn of(claim: &Claim) -> ClaimRecord {
+        ClaimRecord {
+            format: RECORD_FORMAT,
+            uid: claim.uid.clone(),
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            state: claim.phase.into(),
+            groups: claim.groups.iter().map(GroupRecord::of).collect(),
+            requests: claim.requests.clone(),
+            attach_limit: claim.attach_limit,
+            last_error: claim.last_error.clone(),
+            restarts: claim.restarts,
+            resource_version: claim.resource_version.clone(),
+            generation: claim.generation,
+        }
+    }
+
+    /// The claim this record describes, without containers, its CDI spec at `cdi_spec`.
+    pub fn into_claim(self, cdi_spec: String) -> Claim {
+        Claim {
+            uid: self.uid,
+            namespace: self.namespace,
+            name: self.name,
+            phase: self.state.into(),
+            groups: self
+                .groups
+                .into_iter()
+                .map(GroupRecord::into_group)
+                .collect(),
+            requests: self.requests,
+            cdi_spec,
+            attach_limit: self.attach_limit,
+            attached: Vec::new(),
+            last_error: self.last_error,
+            restarts: self.restarts,
+            resource_version: self.resource_version,
+            generation: self.generation,
+        }
+    }
+}
+
+/// The copy of a prepared claim's record kept in its run directory
+/// (`<run-dir>/claims/<uid>/claim.json`): the record with the CDI spec path and the attached
+/// containers, which live only here (they die with the boot). Before format 4 it was the
+/// protocol's `ClaimInfo`, which this shape still is (with `format` and each group's `kind`
+/// added), so that either release reads the other's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostRecord {
+    /// The claim's record.
+    #[serde(flatten)]
+    pub record: ClaimRecord,
+    /// Path of the claim's CDI spec file, as written (the start derives it again).
+    #[serde(default)]
+    pub cdi_spec: String,
+    /// Containers attached now.
+    #[serde(default)]
+    pub attached: Vec<Attachment>,
+}
+
+impl HostRecord {
+    /// The host record of `claim`.
+    pub fn of(claim: &Claim) -> HostRecord {
+        HostRecord {
+            record: ClaimRecord::of(claim),
+            cdi_spec: claim.cdi_spec.clone(),
+            attached: claim.attached.clone(),
+        }
+    }
+
+    /// The claim it describes, its containers included.
+    pub fn into_claim(self) -> Claim {
+        let mut claim = self.record.into_claim(self.cdi_spec);
+        claim.attached = self.attached;
+        claim
+    }
+}
+
+/// A released claim's tombstone as kept on disk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TombstoneRecord {
+    /// [`RECORD_FORMAT`] of the build that wrote it.
+    pub format: u32,
+    /// The tombstone.
+    #[serde(flatten)]
+    pub tombstone: Tombstone,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpushare_proto::ClaimInfo;
+
+    fn v2_claims() -> Vec<ClaimInfo> {
+        let v: serde_json::Value =
+            serde_json::from_str(include_str!("../../tests/fixtures/checkpoint-v2.json")).unwrap();
+        let cp: crate::checkpoint::Checkpoint = serde_json::from_value(v).unwrap();
+        cp.claims.into_values().collect()
+    }
+
+    #[test]
+    fn a_record_leaves_out_containers_and_the_spec_path_and_gives_the_rest_back() {
+        let info = v2_claims()
+            .into_iter()
+            .find(|c| c.uid == "3b0c6e52-8f0a-4d7e-9a51-0c2f7d1e9a01")
+            .unwrap();
+        assert_eq!(
+            info.attached.len(),
+            1,
+            "the fixture's MPS claim has a container"
+        );
+        let claim = crate::claim::wire::claim_of(info.clone());
+        let rec = ClaimRecord::of(&claim);
+        let text = serde_json::to_string(&rec).unwrap();
+        assert!(
+            !text.contains("attached") && !text.contains("cdi_spec"),
+            "{text}"
+        );
+        assert!(text.starts_with("{\"format\":4,"), "{text}");
+        let back: ClaimRecord = serde_json::from_str(&text).unwrap();
+        let again = back.into_claim(info.cdi_spec.clone());
+        assert_eq!(
+            Claim {
+                attached: claim.attached.clone(),
+                ..again
+            },
+            claim
+        );
+    }
+
+    /// Every group of every strategy survives a record and a host record, and what this
+    /// build writes is still read by the previous release as the claim it is: its JSON
+    /// parses as the protocol's `ClaimInfo` (what format 3 read) with the same groups.
+    #[test]
+    fn records_round_trip_and_stay_readable_as_format_3() {
+        let mut mig = 0;
+        for info in v2_claims() {
+            let claim = crate::claim::wire::claim_of(info.clone());
+            mig += usize::from(claim.groups.iter().any(Group::is_mig));
+            let host = HostRecord::of(&claim);
+            let text = serde_json::to_string(&host).unwrap();
+            let back: HostRecord = serde_json::from_str(&text).unwrap();
+            assert_eq!(back.into_claim(), claim);
+            let as_v3: ClaimInfo = serde_json::from_str(&text).unwrap();
+            assert_eq!(as_v3, info, "the previous release reads it as it wrote it");
+            // A record without `kind` (format 3) reads the same.
+            let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            for g in v["groups"].as_array_mut().unwrap() {
+                g.as_object_mut().unwrap().remove("kind");
+            }
+            v["format"] = 3.into();
+            let old: HostRecord = serde_json::from_value(v).unwrap();
+            assert_eq!(old.into_claim(), claim);
+        }
+        assert!(mig > 0);
+    }
+}
