@@ -10,5 +10,5 @@ pub mod lifecycle;
 pub mod model;
 pub mod wire;
 
-pub use lifecycle::{transition, Event, IllegalTransition, Next, Phase};
+pub use lifecycle::{transition, Cause, Causes, Event, IllegalTransition, Next, Phase};
 pub use model::{Claim, Group, MigSharing, Sharing};

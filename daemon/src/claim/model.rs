@@ -12,6 +12,9 @@ use gpushare_proto::{
     Attachment, ClaimDevice, MigInstanceInfo, MpsInfo, RequestDevices, TimeSliceInterval,
 };
 
+use std::collections::BTreeMap;
+
+use super::lifecycle::{Cause, Causes};
 use super::Phase;
 
 /// One claim on this node.
@@ -35,7 +38,11 @@ pub struct Claim {
     pub attach_limit: Option<u32>,
     /// Containers attached now (kept in the claim's run directory: they die with the boot).
     pub attached: Vec<Attachment>,
-    /// Last thing that went wrong after it was prepared, with its time; kept as history.
+    /// Why it is `Degraded`: each cause with what happened (written only through
+    /// `crate::claim::lifecycle`); empty otherwise.
+    pub degraded: BTreeMap<Cause, String>,
+    /// Last thing that went wrong after it was prepared, with its time: while `Degraded`,
+    /// rendered from `degraded`; kept as history after.
     pub last_error: Option<String>,
     /// MPS control daemon restarts of all groups together.
     pub restarts: u32,
@@ -139,6 +146,11 @@ impl Sharing {
 }
 
 impl Claim {
+    /// The causes of its degradation.
+    pub fn causes(&self) -> Causes {
+        Causes::of(&self.degraded)
+    }
+
     /// Whether the claim runs an MPS control daemon (an MPS group, or MPS on MIG slices).
     pub fn runs_mps(&self) -> bool {
         self.groups.iter().any(|g| g.mps().is_some())

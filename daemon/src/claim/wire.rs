@@ -10,6 +10,9 @@
 
 use gpushare_proto::{ClaimInfo, ClaimState, GroupInfo, StrategyInfo};
 
+use std::collections::BTreeMap;
+
+use super::lifecycle::Cause;
 use super::model::{Claim, Group, MigSharing, Sharing};
 use super::Phase;
 
@@ -80,9 +83,10 @@ pub fn group_info(group: &Group) -> GroupInfo {
 }
 
 /// The claim a record in the protocol's shape describes (a version 2 checkpoint's entry, a
-/// format 3 record's claim, an old host record).
+/// format 3 record's claim, an old host record). Those say only that a claim is `Degraded`,
+/// not why: its causes are read from what it holds ([`causes_of_old`]).
 pub fn claim_of(info: ClaimInfo) -> Claim {
-    Claim {
+    let mut claim = Claim {
         uid: info.uid,
         namespace: info.namespace,
         name: info.name,
@@ -92,11 +96,36 @@ pub fn claim_of(info: ClaimInfo) -> Claim {
         cdi_spec: info.cdi_spec,
         attach_limit: info.attach_limit,
         attached: info.attached,
+        degraded: BTreeMap::new(),
         last_error: info.last_error,
         restarts: info.restarts,
         resource_version: info.resource_version,
         generation: info.generation,
+    };
+    if claim.phase == Phase::Degraded {
+        claim.degraded = causes_of_old(&claim);
     }
+    claim
+}
+
+/// The causes of a `Degraded` claim whose record does not name them (written before they
+/// were recorded), from what it holds, never from its message: an MPS control daemon down
+/// where it runs one, else a MIG slice lost where it holds slices, else a missing GPU (the
+/// only other way to `Degraded`). The start checks each again and clears what is not so (a
+/// running daemon, slices that are there); each keeps the old message as its detail.
+pub fn causes_of_old(claim: &Claim) -> BTreeMap<Cause, String> {
+    let cause = if claim.runs_mps() {
+        Cause::MpsDaemonDown
+    } else if claim.groups.iter().any(Group::is_mig) {
+        Cause::SliceLost
+    } else {
+        Cause::GpuMissing
+    };
+    let detail = claim
+        .last_error
+        .clone()
+        .unwrap_or_else(|| cause.to_string());
+    BTreeMap::from([(cause, detail)])
 }
 
 /// The group a group in the protocol's shape describes: a MIG group when it records MIG

@@ -9,7 +9,7 @@ use gpushare_proto::Attachment;
 
 use crate::checkpoint::Tombstone;
 use crate::claim::lifecycle::apply;
-use crate::claim::{Claim, Event, IllegalTransition, Next, Phase};
+use crate::claim::{Cause, Claim, Event, IllegalTransition, Next, Phase};
 
 /// Why [`Claims::transition`] changed nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -112,19 +112,33 @@ impl Claims {
         }
     }
 
-    /// The one writer of a claim's phase: applies `event` through the lifecycle
+    /// The one writer of a claim's phase and causes: applies `event` through the lifecycle
     /// ([`crate::claim::lifecycle`]). `Released` removes the claim.
     ///
     /// # Errors
     /// No such claim, or the lifecycle refuses; nothing changes.
     pub fn transition(&mut self, uid: &str, event: Event) -> Result<Next, TransitionError> {
+        self.degrade(uid, event, Vec::new())
+    }
+
+    /// As [`Claims::transition`], with what happened for each cause `event` adds (the
+    /// claim's message is rendered from them).
+    ///
+    /// # Errors
+    /// No such claim, or the lifecycle refuses; nothing changes.
+    pub fn degrade(
+        &mut self,
+        uid: &str,
+        event: Event,
+        details: Vec<(Cause, String)>,
+    ) -> Result<Next, TransitionError> {
         let info = self
             .map
             .get_mut(uid)
             .ok_or_else(|| TransitionError::NotFound(uid.to_string()))?;
-        let next = apply(info, event)?;
+        let next = apply(info, event, details)?;
         match next {
-            Next::Phase(_) => self.touch(uid),
+            Next::Phase(..) => self.touch(uid),
             Next::Gone => {
                 self.remove(uid);
             }
@@ -257,6 +271,7 @@ mod tests {
             cdi_spec: String::new(),
             attach_limit: None,
             attached: vec![],
+            degraded: Default::default(),
             last_error: None,
             restarts: 0,
             resource_version: None,
@@ -286,7 +301,7 @@ mod tests {
         );
         assert_eq!(
             c.transition("a", Event::Applied),
-            Ok(Next::Phase(Phase::Prepared))
+            Ok(Next::Phase(Phase::Prepared, crate::claim::Causes::NONE))
         );
         assert_eq!(c["a"].phase, Phase::Prepared);
         assert_eq!(c.take_durable().len(), 1);

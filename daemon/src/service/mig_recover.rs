@@ -10,17 +10,13 @@
 
 use gpushare_proto::{MigInstanceInfo, MigOrigin};
 
-use crate::claim::{Claim, Phase};
+use crate::claim::{Cause, Claim, Event, Phase};
 
 use super::{now_secs, Service};
 use crate::gpu::GpuError;
 use crate::mig::{GiProfileId, MigPlacement};
 use crate::strategy::mig::{self as strategy, Claimed, MigTarget};
 use crate::strategy::mps::launch_of;
-
-/// Part of a `Degraded` claim's `last_error` when one of its MIG slices is lost: what tells it
-/// from an MPS control daemon's death, which the supervisor restarts.
-const SLICE_LOST: &str = "could not be recreated";
 
 /// What the reconcile found of one recorded slice.
 enum Slice {
@@ -30,15 +26,6 @@ enum Slice {
     Recreated(MigInstanceInfo),
     /// Gone, and why it cannot be made again.
     Lost(String),
-}
-
-/// Whether a `Degraded` claim is so because a MIG slice of it is lost (not because an MPS
-/// control daemon died, which is restarted with backoff).
-pub(super) fn slice_lost(c: &Claim) -> bool {
-    c.phase == Phase::Degraded
-        && c.last_error
-            .as_deref()
-            .is_some_and(|e| e.contains(SLICE_LOST))
 }
 
 /// What the first pass of the start-up reconcile did to one claim's slices, for the second
@@ -113,7 +100,7 @@ impl Service {
                     Slice::Lost(why) => {
                         tracing::error!(claim = %uid, device = %rec.device, reason = %why, "MIG slice vanished while gpushared was away and cannot be recreated; claim Degraded");
                         lost.push(format!(
-                            "MIG device {} vanished while gpushared was away (a GPU reset, or destroyed by hand) and {SLICE_LOST} at placement {}:{}: {why}",
+                            "MIG device {} vanished while gpushared was away (a GPU reset, or destroyed by hand) and could not be recreated at placement {}:{}: {why}",
                             rec.device, rec.placement_start, rec.memory_slices
                         ));
                     }
@@ -202,17 +189,16 @@ impl Service {
                 return;
             };
             if !lost.is_empty() {
-                c.last_error = Some(format!(
-                    "at {} s after the epoch: {}",
-                    now_secs(),
-                    lost.join("; ")
-                ));
-                if let Err(e) = st.claims.transition(uid, crate::claim::Event::SliceLost) {
+                let detail = format!("at {} s after the epoch: {}", now_secs(), lost.join("; "));
+                if let Err(e) =
+                    st.claims
+                        .degrade(uid, Event::SliceLost, vec![(Cause::SliceLost, detail)])
+                {
                     tracing::error!(claim = %uid, error = %e, "recording a lost MIG slice");
                 }
-            } else if slice_lost(c) && self.dead_mps_daemon(c).is_none() {
-                tracing::info!(claim = %uid, "every MIG slice of the claim is there again; Prepared");
-                if let Err(e) = st.claims.transition(uid, crate::claim::Event::Healed) {
+            } else if c.causes().contains(Cause::SliceLost) {
+                tracing::info!(claim = %uid, "every MIG slice of the claim is there again");
+                if let Err(e) = st.claims.transition(uid, Event::SlicesIntact) {
                     tracing::error!(claim = %uid, error = %e, "recording a recreated MIG slice");
                 }
             }
@@ -424,17 +410,5 @@ impl Service {
                 ))
             }
         }
-    }
-
-    /// Whether every MIG slice `c` records is there as recorded (what lets a restarted MPS
-    /// control daemon make a `Degraded` claim `Prepared` again).
-    pub(super) fn mig_intact(&self, c: &Claim) -> bool {
-        c.groups.iter().flat_map(|g| g.slices()).all(|rec| {
-            self.backend
-                .mig_instances(&rec.gpu_uuid)
-                .unwrap_or_default()
-                .iter()
-                .any(|i| strategy::is_whole_instance_of(rec, i))
-        })
     }
 }

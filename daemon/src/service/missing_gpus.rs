@@ -5,11 +5,11 @@
 //! the CDI device IDs handed out for it resolve nowhere, so no container may start on it, and
 //! nothing heals it but a release (a restarted MPS control daemon does not).
 
-use crate::claim::Claim;
+use crate::claim::{Cause, Claim, Event};
 
 use super::{now_secs, wants_of, Service};
 
-/// Start of the reason in a claim's `last_error`, and what keeps it `Degraded`.
+/// Start of the reason in a claim's message.
 const NO_GPU: &str = "the node has no GPU";
 
 impl Service {
@@ -26,8 +26,8 @@ impl Service {
         missing
     }
 
-    /// At start: makes `uid` `Degraded` when it names a GPU this node does not have, with
-    /// the reason in `last_error`, and says whether it did (then nothing of the claim is
+    /// At start: makes `uid` `Degraded` when it names a GPU this node does not have (cause
+    /// `GpuMissing`, which only a release clears), and says whether it did (then nothing of the claim is
     /// started again: its MPS control daemons would run on a GPU that is not there).
     pub(super) fn degrade_if_gpus_missing(&self, uid: &str) -> bool {
         // Checked under the lock, without a copy of the claim: this runs for every claim at
@@ -41,10 +41,11 @@ impl Service {
         }
         tracing::error!(claim = %uid, gpus = %missing.join(", "), "the claim's record names a GPU this node does not have; claim Degraded, release it");
         let mut st = self.state();
-        if let Some(c) = st.claims.get_mut(uid) {
-            c.last_error = Some(missing_gpus_error(&missing));
-        }
-        if let Err(e) = st.claims.transition(uid, crate::claim::Event::GpuMissing) {
+        let detail = missing_gpus_error(&missing);
+        if let Err(e) = st
+            .claims
+            .degrade(uid, Event::GpuMissing, vec![(Cause::GpuMissing, detail)])
+        {
             tracing::error!(claim = %uid, error = %e, "recording a missing GPU");
         }
         let _ = self.commit(st);
@@ -53,13 +54,9 @@ impl Service {
     }
 }
 
-/// Whether `c`'s `last_error` is the one [`missing_gpus_error`] wrote.
-pub(super) fn says_gpus_missing(c: &Claim) -> bool {
-    c.last_error.as_deref().is_some_and(|e| e.contains(NO_GPU))
-}
-
-/// A claim's `last_error` for the GPUs `missing` (as [`Service::missing_gpus`] names them).
-pub(super) fn missing_gpus_error(missing: &[String]) -> String {
+/// What cause `GpuMissing` says for the GPUs `missing` (as [`Service::missing_gpus`] names
+/// them).
+fn missing_gpus_error(missing: &[String]) -> String {
     format!(
         "at {} s after the epoch: {NO_GPU} {} that the claim's record names (a record of another node's, or a GPU gone since): its CDI devices resolve nowhere; release the claim",
         now_secs(),

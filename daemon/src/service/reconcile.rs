@@ -40,9 +40,6 @@ pub(super) const RESTART_CAP: Duration = Duration::from_secs(30);
 /// A daemon that ran this long before it died counts as a new first failure.
 pub(super) const RESTART_STABLE: Duration = Duration::from_secs(60);
 
-/// Joins the cause of a restart and why the restart failed, in `last_error`.
-pub(super) const RESTART_FAILED: &str = "; restarting the MPS control daemon failed";
-
 impl Service {
     /// Refuses a prepare older than a release of the same claim: one that arrived before the
     /// release's generation, or that carries the very claim object (same `resourceVersion`)
@@ -252,8 +249,11 @@ impl Service {
                 .filter(|t| t.generation > info.generation)
             {
                 tracing::warn!(claim = %uid, released_generation = t.generation, record_generation = info.generation, "the host record is of a claim released since; finishing its release");
-                let _ =
-                    crate::claim::lifecycle::apply(&mut info, crate::claim::Event::ReleaseStarted);
+                let _ = crate::claim::lifecycle::apply(
+                    &mut info,
+                    crate::claim::Event::ReleaseStarted,
+                    Vec::new(),
+                );
             }
             claims.insert(uid, (info, true));
         }

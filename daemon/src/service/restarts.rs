@@ -5,10 +5,14 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::claim::{Claim, Phase};
+use crate::claim::{Cause, Claim, Event, Phase};
 
 use super::reconcile::*;
-use super::{missing_gpus, now_secs, Service};
+
+/// What a failed restart's cause says first (the claim's message lists it after the death).
+const RESTART_FAILED: &str = "restarting the MPS control daemon failed";
+use super::{now_secs, Service};
+use crate::claim::Causes;
 use crate::strategy::mps::{launch_of, Liveness, MpsDirs};
 
 impl Service {
@@ -62,47 +66,45 @@ impl Service {
                 let delay = restart_backoff(plan.failures);
                 plan.failures = plan.failures.saturating_add(1);
                 plan.due = Some(Instant::now() + delay);
-                // Keep why it was restarted in the first place (not the previous failure).
-                let cause = match (&c.last_error, counted) {
-                    (_, false) => "the host was rebooted".to_string(),
-                    (Some(l), true) if c.phase == Phase::Degraded => {
-                        l.split(RESTART_FAILED).next().unwrap_or(l).to_string()
-                    }
-                    _ => not_running(&old),
-                };
-                let msg = format!(
-                    "{cause}{RESTART_FAILED} at {} s after the epoch (attempt {}): {e}",
-                    now_secs(),
-                    plan.failures
-                );
                 tracing::error!(claim = %uid, error = %e, retry_in_ms = delay.as_millis() as u64, "restarting the MPS control daemon failed");
-                c.last_error = Some(msg.clone());
-                if let Err(e) = st
-                    .claims
-                    .transition(uid, crate::claim::Event::RestartFailed)
-                {
-                    tracing::error!(claim = %uid, error = %e, "recording a failed restart");
+                let mut details = vec![(
+                    Cause::MpsRestartFailed,
+                    format!(
+                        "{RESTART_FAILED} at {} s after the epoch (attempt {}): {e}",
+                        now_secs(),
+                        plan.failures
+                    ),
+                )];
+                // Why it was restarted in the first place, unless the claim says so already.
+                if !counted {
+                    details.push((Cause::MpsDaemonDown, "the host was rebooted".to_string()));
+                } else if !c.causes().contains(Cause::MpsDaemonDown) {
+                    details.push((Cause::MpsDaemonDown, not_running(&old)));
                 }
-                Err(msg)
+                match st.claims.degrade(uid, Event::RestartFailed, details) {
+                    Ok(_) => Err(st
+                        .claims
+                        .get(uid)
+                        .and_then(|c| c.last_error.clone())
+                        .unwrap_or_default()),
+                    Err(te) => {
+                        tracing::error!(claim = %uid, error = %te, "recording a failed restart");
+                        Err(format!("{RESTART_FAILED}: {e}"))
+                    }
+                }
             }
         };
-        let c = st.claims.get(uid).cloned();
-        if let Some(c) = c {
-            // A claim on a GPU the node does not have stays Degraded, saying so, whatever
-            // its daemons do (service/missing_gpus.rs).
-            let missing = self.missing_gpus(&c);
-            if !missing.is_empty() {
-                if !missing_gpus::says_gpus_missing(&c) {
-                    if let Some(c) = st.claims.get_mut(uid) {
-                        c.last_error = Some(missing_gpus::missing_gpus_error(&missing));
-                    }
-                }
-            } else if outcome.is_ok()
-                && c.phase == Phase::Degraded
+        if let Some(c) = st.claims.get(uid).cloned() {
+            // Every daemon runs again: the claim's daemon causes go (it stays Degraded while
+            // another cause stands: a lost MIG slice, a missing GPU).
+            let down = Causes::NONE
+                .with(Cause::MpsDaemonDown)
+                .with(Cause::MpsRestartFailed);
+            if outcome.is_ok()
+                && c.causes().iter().any(|x| down.contains(x))
                 && self.all_daemons_run(&c)
-                && self.mig_intact(&c)
             {
-                if let Err(e) = st.claims.transition(uid, crate::claim::Event::Healed) {
+                if let Err(e) = st.claims.transition(uid, Event::DaemonsRunning) {
                     tracing::error!(claim = %uid, error = %e, "recording a restarted daemon");
                 }
             }
@@ -235,10 +237,10 @@ impl Service {
         );
         tracing::error!(claim = %uid, pid, "MPS control daemon exited; claim Degraded, restarting it");
         let st = &mut *guard;
-        if let Some(c) = st.claims.get_mut(uid) {
-            c.last_error = Some(msg);
-        }
-        if let Err(e) = st.claims.transition(uid, crate::claim::Event::DaemonDied) {
+        if let Err(e) = st
+            .claims
+            .degrade(uid, Event::DaemonDied, vec![(Cause::MpsDaemonDown, msg)])
+        {
             tracing::error!(claim = %uid, error = %e, "recording an MPS control daemon's death");
             return;
         }

@@ -24,7 +24,7 @@ use gpushare_proto::{
 
 use crate::checkpoint::Tombstone;
 use crate::claim::model::{Claim, Group, MigSharing, Sharing};
-use crate::claim::Phase;
+use crate::claim::{Cause, Phase};
 
 /// The record format this build writes. Format 2 was the whole-node checkpoint file
 /// (`checkpoint.json`); format 3 the first per-claim records; format 4 names each group's
@@ -54,6 +54,10 @@ pub struct ClaimRecord {
     /// Most containers attached at once (`replicas`).
     #[serde(default)]
     pub attach_limit: Option<u32>,
+    /// Why the claim is `Degraded`, each cause with what happened (format 4); empty
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub degraded: Vec<CauseRecord>,
     /// Why the claim is `Degraded`, or what happened last.
     #[serde(default)]
     pub last_error: Option<String>,
@@ -79,6 +83,50 @@ pub enum PhaseRecord {
     Degraded,
     /// [`Phase::Unpreparing`].
     Unpreparing,
+}
+
+/// One cause of a `Degraded` claim, as its record keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CauseRecord {
+    /// Which.
+    pub cause: CauseKindRecord,
+    /// What happened, as the claim's message says it.
+    pub detail: String,
+}
+
+/// A [`Cause`] as a record spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CauseKindRecord {
+    /// [`Cause::MpsDaemonDown`].
+    MpsDaemonDown,
+    /// [`Cause::MpsRestartFailed`].
+    MpsRestartFailed,
+    /// [`Cause::SliceLost`].
+    SliceLost,
+    /// [`Cause::GpuMissing`].
+    GpuMissing,
+}
+
+impl From<Cause> for CauseKindRecord {
+    fn from(c: Cause) -> CauseKindRecord {
+        match c {
+            Cause::MpsDaemonDown => CauseKindRecord::MpsDaemonDown,
+            Cause::MpsRestartFailed => CauseKindRecord::MpsRestartFailed,
+            Cause::SliceLost => CauseKindRecord::SliceLost,
+            Cause::GpuMissing => CauseKindRecord::GpuMissing,
+        }
+    }
+}
+
+impl From<CauseKindRecord> for Cause {
+    fn from(c: CauseKindRecord) -> Cause {
+        match c {
+            CauseKindRecord::MpsDaemonDown => Cause::MpsDaemonDown,
+            CauseKindRecord::MpsRestartFailed => Cause::MpsRestartFailed,
+            CauseKindRecord::SliceLost => Cause::SliceLost,
+            CauseKindRecord::GpuMissing => Cause::GpuMissing,
+        }
+    }
 }
 
 /// One device group's record.
@@ -232,6 +280,14 @@ impl ClaimRecord {
             groups: claim.groups.iter().map(GroupRecord::of).collect(),
             requests: claim.requests.clone(),
             attach_limit: claim.attach_limit,
+            degraded: claim
+                .degraded
+                .iter()
+                .map(|(c, d)| CauseRecord {
+                    cause: (*c).into(),
+                    detail: d.clone(),
+                })
+                .collect(),
             last_error: claim.last_error.clone(),
             restarts: claim.restarts,
             resource_version: claim.resource_version.clone(),
@@ -239,9 +295,11 @@ impl ClaimRecord {
         }
     }
 
-    /// The claim this record describes, without containers, its CDI spec at `cdi_spec`.
+    /// The claim this record describes, without containers, its CDI spec at `cdi_spec`. A
+    /// `Degraded` claim whose record names no cause (format 3) gets the causes of what it
+    /// holds ([`crate::claim::wire::causes_of_old`]).
     pub fn into_claim(self, cdi_spec: String) -> Claim {
-        Claim {
+        let mut claim = Claim {
             uid: self.uid,
             namespace: self.namespace,
             name: self.name,
@@ -255,11 +313,20 @@ impl ClaimRecord {
             cdi_spec,
             attach_limit: self.attach_limit,
             attached: Vec::new(),
+            degraded: self
+                .degraded
+                .into_iter()
+                .map(|r| (Cause::from(r.cause), r.detail))
+                .collect(),
             last_error: self.last_error,
             restarts: self.restarts,
             resource_version: self.resource_version,
             generation: self.generation,
+        };
+        if claim.phase == Phase::Degraded && claim.degraded.is_empty() {
+            claim.degraded = crate::claim::wire::causes_of_old(&claim);
         }
+        claim
     }
 }
 
@@ -376,5 +443,56 @@ mod tests {
             assert_eq!(old.into_claim(), claim);
         }
         assert!(mig > 0);
+    }
+
+    /// A `Degraded` claim's causes are kept with their details; a record that names none
+    /// (format 3) gets the causes of what the claim holds, its message as their detail.
+    #[test]
+    fn a_degraded_claims_causes_are_kept_and_old_ones_read_from_what_it_holds() {
+        let info = v2_claims()
+            .into_iter()
+            .find(|c| {
+                c.groups
+                    .iter()
+                    .any(|g| matches!(g.sharing, StrategyInfo::Mps(_)))
+            })
+            .unwrap();
+        let mut claim = crate::claim::wire::claim_of(info);
+        claim.phase = Phase::Prepared;
+        crate::claim::lifecycle::apply(
+            &mut claim,
+            crate::claim::Event::SliceLost,
+            vec![(Cause::SliceLost, "slice 3 is gone".into())],
+        )
+        .unwrap();
+        crate::claim::lifecycle::apply(
+            &mut claim,
+            crate::claim::Event::DaemonDied,
+            vec![(Cause::MpsDaemonDown, "pid 7 exited".into())],
+        )
+        .unwrap();
+        let text = serde_json::to_string(&ClaimRecord::of(&claim)).unwrap();
+        let back: ClaimRecord = serde_json::from_str(&text).unwrap();
+        let back = back.into_claim(claim.cdi_spec.clone());
+        assert_eq!(back.degraded, claim.degraded);
+        assert_eq!(
+            back.last_error.as_deref(),
+            Some("pid 7 exited; slice 3 is gone")
+        );
+
+        let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v.as_object_mut().unwrap().remove("degraded");
+        v["format"] = 3.into();
+        let old: ClaimRecord = serde_json::from_value(v).unwrap();
+        let old = old.into_claim(String::new());
+        assert_eq!(
+            old.degraded.keys().copied().collect::<Vec<_>>(),
+            [Cause::MpsDaemonDown],
+            "it runs an MPS control daemon"
+        );
+        assert_eq!(
+            old.degraded[&Cause::MpsDaemonDown],
+            "pid 7 exited; slice 3 is gone"
+        );
     }
 }

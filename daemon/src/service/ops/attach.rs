@@ -10,9 +10,9 @@
 
 use gpushare_proto::{AttachParams, Attachment, ErrorCode};
 
-use crate::claim::Phase;
+use crate::claim::{Cause, Phase};
 
-use super::super::{mig_recover, missing_gpus, now_secs, Service, State};
+use super::super::{now_secs, Service, State};
 use crate::config;
 use crate::error::ServiceError;
 use crate::registry::Txn;
@@ -109,9 +109,10 @@ impl Service {
             )
         })?;
         if claim.phase == Phase::Degraded {
-            let what = if mig_recover::slice_lost(claim) {
+            let causes = claim.causes();
+            let what = if causes.contains(Cause::SliceLost) {
                 "release the claim; it can be prepared again once its MIG slice can be made"
-            } else if missing_gpus::says_gpus_missing(claim) {
+            } else if causes.contains(Cause::GpuMissing) {
                 "release the claim: a GPU it names is not on this node"
             } else {
                 "gpushared is restarting its MPS control daemon, retry later"

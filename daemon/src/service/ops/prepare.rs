@@ -115,6 +115,7 @@ impl Service {
                 .to_string(),
             attach_limit,
             attached: vec![],
+            degraded: BTreeMap::new(),
             last_error: None,
             restarts: 0,
             resource_version,
