@@ -2,8 +2,9 @@
 //! qualified names, a registry over spec directories, and application of container edits to
 //! an OCI runtime config.
 //!
-//! The behaviour follows the CNCF CDI specification and its reference Go library (see
-//! `research/toolkit-cdi-oci.md` §2): versions 0.1.0 to 1.1.0, strict decoding (unknown
+//! The behaviour follows the CNCF CDI specification and its reference Go library
+//! (<https://github.com/cncf-tags/container-device-interface>: `SPEC.md`,
+//! `specs-go/version.go`, `pkg/cdi`): versions 0.1.0 to 1.1.0, strict decoding (unknown
 //! fields refused), spec directories with priorities and conflicts, and the edit semantics of
 //! the reference `InjectDevices`. The crate is synchronous and does no I/O beyond reading spec
 //! files and `lstat`ing host device nodes.

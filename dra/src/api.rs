@@ -1,8 +1,10 @@
-//! The API server, through `kube`'s client (its kubeconfig handling, `exec` credential
-//! plugins and in-cluster service accounts included). Only the calls the Node authorizer
-//! and NodeRestriction allow a node (`research/kubelet-dra.md` §4): get a ResourceClaim, get
-//! its own Node, discover `resource.k8s.io`'s versions, and list / watch (with the
-//! `spec.nodeName` field selector) / create / update / delete its own ResourceSlices.
+//! The API server, through `kube`'s client (its kubeconfig handling, `exec` credential plugins
+//! and in-cluster service accounts included). Only the calls the Node authorizer and
+//! NodeRestriction allow a node
+//! (<https://kubernetes.io/docs/reference/access-authn-authz/node/>; kubernetes/kubernetes'
+//! `plugin/pkg/auth/authorizer/node/node_authorizer.go`): get a ResourceClaim, get its own
+//! Node, discover `resource.k8s.io`'s versions, and list / watch (with the `spec.nodeName`
+//! field selector) / create / update / delete its own ResourceSlices.
 //!
 //! Every answer is read within a bound, as it arrives ([`crate::bounded`]): one object at
 //! [`OBJECT_LIMIT`], a list of the node's slices at their count times that, a watch one event

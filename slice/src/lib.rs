@@ -1,5 +1,6 @@
 //! The ResourceSlices gpushare publishes for a node, with NVIDIA's attribute names and
-//! capacities (`research/dra-driver.md` §6), built purely from `gpushared`'s `list_gpus`.
+//! capacities (NVIDIA/k8s-dra-driver-gpu, `cmd/gpu-kubelet-plugin/deviceinfo.go`), built
+//! purely from `gpushared`'s `list_gpus`.
 //! One builder for both users: `gpushare gpus -o resourceslice` prints [`build`]'s slice so
 //! operators see what the scheduler matches their CEL selectors against, and the DRA kubelet
 //! plugin `gpushare-dra` publishes [`build_pool`]'s slices, in the `resource.k8s.io` version

@@ -1,13 +1,13 @@
-//! Partitionable devices (KEP-4815, `resource.k8s.io` `sharedCounters` /
-//! `consumesCounters`), as NVIDIA's DynamicMIG publishes them (`research/dra-driver.md`
-//! §4.2): for each GPU whose MIG layout gpushared may change ([`GpuInfo::mig_partitions`]),
-//! every (profile, placement) it can be cut into is a device, with one counter set per GPU,
-//! `gpu-<minor>-counter-set`. A slice consumes its capacities and the memory slices of its
-//! placement, the whole GPU consumes everything, so no two allocations the scheduler can make
-//! overlap. The whole GPU is published only where a whole-GPU claim can have it (not an
-//! Ampere GPU in MIG mode), slices only where they can be made (not an Ampere GPU with MIG
-//! mode off), and MIG instances that exist without a claim owning them (the node's static
-//! layout) as those static instances, whose overlapping placements gpushared leaves out.
+//! Partitionable devices (KEP-4815, `resource.k8s.io` `sharedCounters` / `consumesCounters`),
+//! as NVIDIA's DynamicMIG publishes them (NVIDIA/k8s-dra-driver-gpu,
+//! `cmd/gpu-kubelet-plugin/partitions.go`): for each GPU whose MIG layout gpushared may change
+//! ([`GpuInfo::mig_partitions`]), every (profile, placement) it can be cut into is a device,
+//! with one counter set per GPU, `gpu-<minor>-counter-set`. A slice consumes its capacities and
+//! the memory slices of its placement, the whole GPU consumes everything, so no two allocations
+//! the scheduler can make overlap. The whole GPU is published only where a whole-GPU claim can
+//! have it (not an Ampere GPU in MIG mode), slices only where they can be made (not an Ampere
+//! GPU with MIG mode off), and MIG instances that exist without a claim owning them (the node's
+//! static layout) as those static instances, whose overlapping placements gpushared leaves out.
 //!
 //! Where the API server keeps none of those fields the pool is [`Layout::Static`]: the
 //! devices that exist, as [`crate::build_pool`] publishes them.

@@ -255,8 +255,8 @@ pub fn apply(
             }
         }
         for c in causes.iter() {
-            if !claim.degraded.contains_key(&c) {
-                claim.degraded.insert(c, c.to_string());
+            if let std::collections::btree_map::Entry::Vacant(e) = claim.degraded.entry(c) {
+                e.insert(c.to_string());
                 reported = true;
             }
         }

@@ -7,7 +7,8 @@
 //! `dryRun=All` (nothing is stored, nothing can be allocated), a slice holding a counter set
 //! and a device consuming it, in the layout `GET /version` says, and reads back whether both
 //! survived; the Go helper's controller learns the same from what a write returns
-//! (`DroppedFieldsError`, `research/kubelet-dra.md` §3.5), which the publisher checks too.
+//! (`DroppedFieldsError` in kubernetes/dynamic-resource-allocation's
+//! `resourceslice/resourceslicecontroller.go`), which the publisher checks too.
 
 use std::collections::BTreeMap;
 

@@ -1,9 +1,10 @@
 //! Pure: what to create, update and delete so that the API server holds exactly the pool
 //! we want, the way the Go helper's ResourceSlice controller decides it
-//! (`research/kubelet-dra.md` §3.5): existing slices are matched to wanted ones by their
-//! device names (and counter-set names: a slice of counter sets has no devices), changed ones
-//! are updated, missing ones created, obsolete ones deleted; the pool generation is bumped
-//! unless at most one update and no create is needed.
+//! (kubernetes/dynamic-resource-allocation, `resourceslice/resourceslicecontroller.go`):
+//! existing slices are matched to wanted ones by their device names (and counter-set names: a
+//! slice of counter sets has no devices), changed ones are updated, missing ones created,
+//! obsolete ones deleted; the pool generation is bumped unless at most one update and no
+//! create is needed.
 
 use std::collections::BTreeSet;
 

@@ -1,7 +1,10 @@
 //! A kube-apiserver stand-in for tests only (no kube-apiserver can be installed here):
 //! in-process HTTP on 127.0.0.1 serving what `gpushare-dra` may touch, with the Node
-//! authorizer's and NodeRestriction's limits (`research/kubelet-dra.md` §4) for the user
-//! `system:node:<name>` (bearer token `node:<name>`):
+//! authorizer's and NodeRestriction's limits
+//! (<https://kubernetes.io/docs/reference/access-authn-authz/node/>; kubernetes/kubernetes'
+//! `plugin/pkg/auth/authorizer/node/node_authorizer.go` and
+//! `plugin/pkg/admission/noderestriction/admission.go`) for the user `system:node:<name>`
+//! (bearer token `node:<name>`):
 //!
 //! - `GET /apis/resource.k8s.io`: discovery of the served versions;
 //! - `GET .../namespaces/<ns>/resourceclaims/<name>`: only claims of pods on the node

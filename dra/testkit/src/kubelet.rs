@@ -1,5 +1,6 @@
 //! A kubelet stand-in for tests only (no kubelet can be installed here), generated from the
-//! same protos and behaving as `research/kubelet-dra.md` §1–2 says kubelet does: it finds
+//! same protos and behaving as kubelet does (kubernetes/kubernetes' `pkg/kubelet/cm/dra` and
+//! `pkg/kubelet/pluginmanager/pluginwatcher`, whose README describes registration): it finds
 //! the registration socket in its registry directory (names starting with `.` ignored),
 //! calls `GetInfo` within 1 s and checks every field, picks the DRAPlugin version its own
 //! release prefers (1.34+: v1; 1.33: v1beta1), dials the endpoint, and sends
