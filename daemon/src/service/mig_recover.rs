@@ -5,8 +5,9 @@
 //! slice started again on the new MIG UUID; where that cannot be done the claim is `Degraded`
 //! with the reason, and its slice stays its own (admission counts recorded placements) until
 //! it is released. MIG instances do not survive a GPU reset on hardware, MIG mode does
-//! (`shared/research/mps-mig-nvml.md` §3.5); NVIDIA's DRA driver tracks the MIG UUID to tell
-//! a reused GI ID from its own instance (`shared/research/dra-driver.md` §4.2).
+//! (NVIDIA's MIG user guide, "Device Reset"); NVIDIA's DRA driver tracks the MIG UUID to tell
+//! a reused GI ID from its own instance (NVIDIA/k8s-dra-driver-gpu, its DynamicMIG code in
+//! `cmd/gpu-kubelet-plugin`).
 
 use gpushare_proto::{MigInstanceInfo, MigOrigin};
 

@@ -5,7 +5,8 @@
 //! differences for safety: MIG mode is never toggled where that needs a GPU reset (Ampere,
 //! cloud VMs), a GPU instance whose compute instance failed is destroyed at once, and the
 //! claim records a GPU instance as soon as it exists, so a later release finds it
-//! (`shared/research/dra-driver.md` §4.2, NVIDIA issue #1452).
+//! (NVIDIA/k8s-dra-driver-gpu: its DynamicMIG code in `cmd/gpu-kubelet-plugin`, and its
+//! issue #1452).
 //!
 //! Everything here goes through [`GpuBackend`]; the service decides when. [`resolve`] and
 //! [`check`] decide, touching nothing; [`create`] and [`destroy`] act on one slice;
