@@ -4,11 +4,12 @@
 //! binaries (`nvidia-smi`), firmware and the toolkit's hooks (`create-symlinks`,
 //! `update-ldcache`, …), all matching the host's kernel module. NVIDIA's Container Toolkit
 //! knows them: `nvidia-ctk cdi generate` writes a CDI spec with one device per GPU and MIG
-//! device and those files as common edits (research `toolkit-cdi-oci.md` §5). gpushared runs
-//! it itself ([`nvidia_ctk`]), under a kind of its own ([`DEFAULT_KIND`], `gpushare.io/gpu`,
-//! devices named by GPU UUID and `MIG-<uuid>`), into its CDI directory: at start and after
-//! every MIG change it makes, because the toolkit's `nvidia-cdi-refresh` does not react to
-//! those (NVIDIA/nvidia-container-toolkit#1828), and under a kind that never collides with the
+//! device and those files as common edits (NVIDIA Container Toolkit's documentation,
+//! "Support for Container Device Interface"). gpushared runs it itself ([`nvidia_ctk`]),
+//! under a kind of its own ([`DEFAULT_KIND`], `gpushare.io/gpu`, devices named by GPU UUID
+//! and `MIG-<uuid>`), into its CDI directory: at start and after every MIG change it makes,
+//! because the toolkit's `nvidia-cdi-refresh` does not react to those
+//! (NVIDIA/nvidia-container-toolkit#1828), and under a kind that never collides with the
 //! `nvidia.com/gpu` spec that service keeps in `/var/run/cdi`. Every prepared device then gets
 //! this spec's device for its GPU before the claim's device ([`DriverSpecs::device_ids`]).
 //!
@@ -21,8 +22,20 @@
 //! real program; [`sim::SimulatedToolkit`] writes a spec of the same layout for a simulated
 //! driver root, so that `--simulate` nodes, the demo and the tests run the same path as a
 //! real node.
+//!
+//! Here: the kind, the errors, the host-MPS cleaning and [`DriverSpecs`], what the service
+//! asks for devices. The rest, by what each does:
+//! - `generator.rs`: the [`SpecGenerator`] trait and [`GenerateError`];
+//! - `generation.rs`: running a generation, or taking the outcome of one under way, and
+//!   installing its spec ([`DriverSpecs`]' waiting rules as code);
+//! - [`nvidia_ctk`]: NVIDIA's `nvidia-ctk cdi generate` as a [`SpecGenerator`];
+//! - [`sim`]: the same layout for a simulated driver root;
+//! - [`alias`]: the names recreated MIG slices keep;
+//! - [`retry`]: when a failed generation runs again, and the thread that runs it.
 
 pub mod alias;
+mod generation;
+mod generator;
 pub mod nvidia_ctk;
 pub mod retry;
 pub mod sim;
@@ -32,6 +45,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+pub use generator::{GenerateError, SpecGenerator};
 pub use retry::{Clock, DriverSpecStatus, RetryPolicy, SystemClock};
 
 use gpushare_cdi::Spec;
@@ -66,44 +80,6 @@ pub fn split_kind(kind: &str) -> Result<(&str, &str), String> {
     Ok((vendor, class))
 }
 
-/// Why a generator wrote no spec.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum GenerateError {
-    /// The toolkit is not installed; the message says where it was looked for.
-    #[error("{0}")]
-    NotInstalled(String),
-    /// It ran and failed, or ran past its time (the message has its output).
-    #[error("{0}")]
-    Failed(String),
-}
-
-/// Writes the driver's CDI spec: the leaf that NVIDIA's `nvidia-ctk` is behind.
-pub trait SpecGenerator: Send + Sync + std::fmt::Debug {
-    /// What generates, for logs and errors, e.g. `nvidia-ctk /usr/bin/nvidia-ctk (driver root /)`.
-    fn describe(&self) -> String;
-
-    /// Writes, as JSON, to `output` a CDI spec of kind `vendor/class` with a device per GPU
-    /// named by its UUID and per MIG device named `MIG-<uuid>`, and the driver's files as
-    /// common container edits. Bounded in time.
-    ///
-    /// # Errors
-    /// [`GenerateError::NotInstalled`] when there is no generator on this node,
-    /// [`GenerateError::Failed`] when it failed or ran too long.
-    fn generate(&self, vendor: &str, class: &str, output: &Path) -> Result<(), GenerateError>;
-
-    /// A fingerprint of what a generation depends on outside gpushared (for `nvidia-ctk`: the
-    /// program, the driver's libraries, its kernel module): a failed generation is tried
-    /// again at once when it changes ([`retry`]). Cheap: read every few seconds while
-    /// generations fail. Empty (the default): nothing to watch.
-    fn inputs(&self) -> String {
-        String::new()
-    }
-
-    /// The bound of one generation, when it runs a program.
-    fn timeout(&self) -> Option<Duration> {
-        None
-    }
-}
 
 /// Why the driver's spec cannot give a claim its devices.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -453,246 +429,12 @@ impl DriverSpecs {
         }
     }
 
-    /// A spec generated after this call began: [`DriverSpecs::attempt`], unless the last
-    /// generation failed and a new one is not due (then that failure, at once) or is due and
-    /// one is under way (then that one's outcome, once it ends).
-    fn fresh(&self, inner: MutexGuard<'_, Inner>) -> Result<Spec, DriverSpecError> {
-        if let Some(f) = &inner.failure {
-            let now = self.clock.now();
-            if !f.due(now, &self.generator.inputs()) {
-                return Err(f.answer(now));
-            }
-            // The retry thread's, or another prepare's: a failing generator is not run once
-            // more for every prepare that comes while it runs.
-            if let Some(&n) = inner.running.last() {
-                return self.outcome_of(inner, n);
-            }
-        }
-        self.attempt(inner)
-    }
-
-    /// Waits for generation `n` to end (bounded by the generator's own bound), then answers
-    /// what is installed or the failure now.
-    fn outcome_of(
-        &self,
-        mut inner: MutexGuard<'_, Inner>,
-        n: u64,
-    ) -> Result<Spec, DriverSpecError> {
-        while inner.running.contains(&n) {
-            inner = self.ended.wait(inner).unwrap_or_else(|p| p.into_inner());
-        }
-        self.outcome(&inner)
-    }
-
-    /// What a use is answered now without running the generator: the last failure, else the
-    /// installed spec.
-    fn outcome(&self, inner: &Inner) -> Result<Spec, DriverSpecError> {
-        match (&inner.failure, &inner.installed) {
-            (Some(f), _) => Err(f.answer(self.clock.now())),
-            (None, Some(spec)) => Ok(spec.clone()),
-            (None, None) => Err(DriverSpecError::Failed(format!(
-                "the NVIDIA driver's CDI spec {} is not generated yet",
-                self.spec_path().display()
-            ))),
-        }
-    }
-
-    /// Runs a generation (outside the lock: other uses, `set_aliases` and `health` go on
-    /// meanwhile) and installs it, recording how it went for the retries and `health`; one
-    /// that ends after a later-started one has been applied changes nothing and answers
-    /// [`DriverSpecs::outcome`].
-    fn attempt(&self, mut inner: MutexGuard<'_, Inner>) -> Result<Spec, DriverSpecError> {
-        inner.started += 1;
-        let n = inner.started;
-        inner.running.insert(n);
-        if n == 1 {
-            // A killed gpushared's outputs: only this process's generations write there.
-            self.sweep_staging();
-        }
-        drop(inner);
-        let running = Running {
-            specs: self,
-            n,
-            ended: false,
-        };
-        // Read before the run: a change during it is one the next check sees.
-        let inputs = self.generator.inputs();
-        let generated = self.generate(n);
-        let mut inner = self.lock();
-        if n < inner.applied {
-            tracing::debug!(
-                generation = n,
-                newer = inner.applied,
-                "a generation ended after a later one; the later one's spec stays"
-            );
-            running.end(&mut inner);
-            return self.outcome(&inner);
-        }
-        inner.applied = n;
-        let result = generated.and_then(|generated| self.install(&mut inner, generated));
-        let generator = self.generator.describe();
-        match &result {
-            Ok(_) => {
-                if let Some(f) = inner.failure.take() {
-                    tracing::info!(failures = f.failures, generator = %generator, "the NVIDIA driver's CDI spec is generated again; claims that need it are prepared again");
-                }
-            }
-            Err(e) => {
-                let failures = inner.failure.as_ref().map_or(0, |f| f.failures) + 1;
-                let wait = self.policy.delay(failures);
-                let not_installed = matches!(e, DriverSpecError::NotInstalled(_));
-                // A missing toolkit is looked for at every use: said once, not every time.
-                let repeated = not_installed
-                    && inner
-                        .failure
-                        .as_ref()
-                        .is_some_and(|f| f.error.to_string() == e.to_string());
-                if !repeated {
-                    if not_installed {
-                        tracing::error!(error = %e, generator = %generator, "cannot generate the NVIDIA driver's CDI spec; claims that need it are refused until it can be");
-                    } else {
-                        tracing::error!(error = %e, generator = %generator, failures, retry_in_s = wait.as_secs(), "cannot generate the NVIDIA driver's CDI spec; claims that need it are refused until it can be (the generator is run again after the wait, or at once when it or the driver changes)");
-                    }
-                }
-                inner.failure = Some(retry::Failure {
-                    error: e.clone(),
-                    failures,
-                    next: self.clock.now() + wait,
-                    inputs,
-                });
-            }
-        }
-        let snap = Snapshot {
-            generator,
-            ok: result.is_ok(),
-            error: inner.failure.as_ref().map(|f| f.error.to_string()),
-            failures: inner.failure.as_ref().map_or(0, |f| f.failures),
-            next: inner
-                .failure
-                .as_ref()
-                .filter(|f| !matches!(f.error, DriverSpecError::NotInstalled(_)))
-                .map(|f| f.next),
-        };
-        *self.status.lock().unwrap_or_else(|p| p.into_inner()) = snap;
-        running.end(&mut inner);
-        result
-    }
-
-    /// Removes what generations of an earlier process left in the staging directory.
-    fn sweep_staging(&self) {
-        let Ok(entries) = std::fs::read_dir(&self.staging) else {
-            return;
-        };
-        for e in entries.flatten() {
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            if name.starts_with("generated") && name.ends_with(".json") {
-                let _ = std::fs::remove_file(e.path());
-            }
-        }
-    }
-
-    /// Installs `generated` with the aliases: validated, written atomically; kept in memory.
-    fn install(&self, inner: &mut Inner, generated: Spec) -> Result<Spec, DriverSpecError> {
-        let (spec, left_out) = alias::with_aliases(&generated, &inner.aliases);
-        for (name, why) in &left_out {
-            tracing::warn!(alias = %name, reason = %why, "a recreated MIG slice's first name is not in the driver's CDI spec");
-        }
-        gpushare_cdi::validate_spec(&spec).map_err(|e| {
-            DriverSpecError::Failed(format!("the driver's CDI spec is not valid: {e}"))
-        })?;
-        crate::fsutil::create_dir_if_missing(&self.cdi_dir, 0o755).map_err(|e| {
-            DriverSpecError::Failed(format!("creating {}: {e}", self.cdi_dir.display()))
-        })?;
-        let mut bytes = serde_json::to_vec_pretty(&spec)
-            .map_err(|e| DriverSpecError::Failed(format!("encoding the driver's CDI spec: {e}")))?;
-        bytes.push(b'\n');
-        crate::fsutil::write_atomic(&self.spec_path(), &bytes, 0o644).map_err(|e| {
-            DriverSpecError::Failed(format!("writing {}: {e}", self.spec_path().display()))
-        })?;
-        tracing::info!(path = %self.spec_path().display(), devices = spec.devices.len(), aliases = spec.devices.len() - generated.devices.len(), generator = %self.generator.describe(), "driver's CDI spec installed");
-        inner.generated = Some(generated);
-        inner.installed = Some(spec.clone());
-        inner.left_out = left_out;
-        Ok(spec)
-    }
-
     /// Why the last install left alias `name` out ([`alias::with_aliases`]), if it did.
     pub fn alias_left_out(&self, name: &str) -> Option<String> {
         self.lock().left_out.get(name).cloned()
     }
-
-    /// Runs the generator (generation `n`, into a file of its own) and reads, checks and
-    /// cleans what it wrote.
-    fn generate(&self, n: u64) -> Result<Spec, DriverSpecError> {
-        crate::fsutil::create_dir_if_missing(&self.staging, 0o700).map_err(|e| {
-            DriverSpecError::Failed(format!("creating {}: {e}", self.staging.display()))
-        })?;
-        let out = self.staging.join(format!("generated-{n}.json"));
-        crate::fsutil::remove_file_if_exists(&out)
-            .map_err(|e| DriverSpecError::Failed(format!("removing {}: {e}", out.display())))?;
-        let generated = self.generator.generate(&self.vendor, &self.class, &out);
-        let loaded = generated
-            .map_err(|e| match e {
-                GenerateError::NotInstalled(m) => DriverSpecError::NotInstalled(m),
-                GenerateError::Failed(m) => DriverSpecError::Failed(m),
-            })
-            .and_then(|()| {
-                gpushare_cdi::load_spec_file(&out).map_err(|e| {
-                    DriverSpecError::Failed(format!(
-                        "the driver's CDI spec that {} wrote is not valid: {e}",
-                        self.generator.describe()
-                    ))
-                })
-            });
-        let _ = std::fs::remove_file(&out);
-        let mut spec = loaded?;
-        if spec.kind != self.kind() {
-            return Err(DriverSpecError::Failed(format!(
-                "{} wrote a spec of kind {:?}, not {:?}",
-                self.generator.describe(),
-                spec.kind,
-                self.kind()
-            )));
-        }
-        let removed = strip_host_mps(&mut spec);
-        if removed > 0 {
-            tracing::warn!(mounts = removed, path = HOST_MPS_PIPE, "removed the host's MPS pipe directory from the driver's CDI spec: a node-wide MPS control daemon ran at generation time, and claims' containers must not reach it");
-        }
-        // Removing mounts never raises the version needed; the lowest that fits keeps older
-        // readers (podman 4.3 reads up to 0.5.0) able to read it.
-        spec.cdi_version = gpushare_cdi::minimum_version(&spec).to_string();
-        gpushare_cdi::validate_spec(&spec).map_err(|e| {
-            DriverSpecError::Failed(format!("the driver's CDI spec is not valid: {e}"))
-        })?;
-        Ok(spec)
-    }
 }
 
-/// A generation under way ([`Inner::running`]): ended when its outcome is applied, or when it
-/// unwinds, so that no use waits on it for ever.
-struct Running<'a> {
-    specs: &'a DriverSpecs,
-    n: u64,
-    ended: bool,
-}
-
-impl Running<'_> {
-    fn end(mut self, inner: &mut Inner) {
-        inner.running.remove(&self.n);
-        self.specs.ended.notify_all();
-        self.ended = true;
-    }
-}
-
-impl Drop for Running<'_> {
-    fn drop(&mut self) {
-        if !self.ended {
-            self.specs.lock().running.remove(&self.n);
-            self.specs.ended.notify_all();
-        }
-    }
-}
 
 /// The labels of `devices` whose name `spec` has no device for.
 fn missing(spec: &Spec, devices: &[(String, String)]) -> Vec<String> {

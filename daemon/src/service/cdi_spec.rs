@@ -14,31 +14,13 @@ impl Service {
         for req in &info.requests {
             let mut edits = cdi::claim_env_edits();
             for node in self.backend.control_device_nodes() {
-                cdi::merge(&mut edits, node_edit(&node));
+                cdi::merge(&mut edits, crate::strategy::group::node_edit(&node));
             }
+            // What each group's strategy gives the request's containers.
             for g in groups {
-                for d in g.devices.iter().filter(|d| d.request == req.request) {
-                    if let Some(gpu) = self.backend.find(&d.uuid) {
-                        for node in self.backend.gpu_device_nodes(gpu) {
-                            cdi::merge(&mut edits, node_edit(&node));
-                        }
-                    }
-                }
-                for m in g.slices().iter().filter(|m| m.request == req.request) {
-                    if let (Some(gpu), Some(ci)) = (self.backend.find(&m.gpu_uuid), m.ci_id) {
-                        for node in self.backend.mig_device_nodes(gpu, m.gi_id, ci) {
-                            cdi::merge(&mut edits, node_edit(&node));
-                        }
-                    }
-                }
-                if let Some(m) = g.mps() {
-                    if g.requests.contains(&req.request) {
-                        cdi::merge(
-                            &mut edits,
-                            cdi::mps_edits(Path::new(&m.pipe_dir), Path::new(&m.shm_dir)),
-                        );
-                    }
-                }
+                let group_edits =
+                    crate::strategy::life_of(g).edits(self.backend.as_ref(), g, &req.request);
+                cdi::merge(&mut edits, group_edits);
             }
             edits.hooks = cdi::claim_hooks(&self.cfg.hook, uid);
             let name = cdi::device_name(uid, &req.request, info.requests.len() == 1);
@@ -318,11 +300,4 @@ pub(super) fn driver_spec_error(uid: &str, e: crate::driver_spec::DriverSpecErro
         _ => ErrorCode::Internal,
     };
     ServiceError::new(code, format!("claim {uid}: {e}"))
-}
-
-pub(super) fn node_edit(node: &crate::gpu::DeviceNode) -> ContainerEdits {
-    ContainerEdits {
-        device_nodes: vec![cdi::device_node(&node.path, &node.host_path)],
-        ..ContainerEdits::default()
-    }
 }

@@ -22,7 +22,7 @@ use serde_json::Value;
 use crate::admission::GpuModes;
 use crate::cdi::{self, ContainerEdits, HookConfig};
 use crate::checkpoint::Tombstone;
-use crate::claim::{Claim, Event, Group, Phase, Sharing};
+use crate::claim::{Claim, Event, Group, Phase};
 use crate::config::{self, ClaimSpec, ParseContext};
 use crate::error::ServiceError;
 use crate::fsutil;
@@ -413,32 +413,13 @@ fn reapply_gpu_settings(backend: &dyn GpuBackend, placement: &Placement) {
     }
 }
 
-/// What each GPU of a claim wants, for (re)building placement. A MIG group holds its GPUs
-/// as `Mig`, once per GPU, whatever runs on its slices.
+/// What each GPU of a claim wants, for (re)building placement: each group's holds, as its
+/// strategy says them ([`crate::strategy::GroupLife::holds`]).
 fn wants_of(info: &Claim) -> Vec<(String, String, Want)> {
-    let mut out: Vec<(String, String, Want)> = Vec::new();
-    for g in &info.groups {
-        for d in &g.devices {
-            let want = match &g.sharing {
-                Sharing::Mig(_) => {
-                    if out.iter().any(|(u, _, w)| *u == d.uuid && *w == Want::Mig) {
-                        continue;
-                    }
-                    Want::Mig
-                }
-                Sharing::Exclusive => Want::Exclusive,
-                Sharing::TimeSlicing { interval } => Want::TimeSliced(interval.as_int()),
-                Sharing::Mps(_) => Want::Mps,
-            };
-            let name = if want == Want::Mig {
-                format!("gpu-{}", d.minor)
-            } else {
-                d.device.clone()
-            };
-            out.push((d.uuid.clone(), name, want));
-        }
-    }
-    out
+    info.groups
+        .iter()
+        .flat_map(|g| crate::strategy::life_of(g).holds(g))
+        .collect()
 }
 
 #[cfg(test)]

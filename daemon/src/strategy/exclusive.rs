@@ -3,9 +3,11 @@
 //! admission alone keeps every other claim off it. A prepare makes nothing for its group and
 //! a release undoes nothing.
 
-use super::group::{GroupRelease, GroupStrategy};
+use gpushare_core::Want;
+
+use super::group::{whole_gpu_holds, GpuHold, GroupLife, GroupStrategy};
 use super::Strategy;
-use crate::claim::Sharing;
+use crate::claim::{Group, Sharing};
 
 /// One claim, the whole GPU, no setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,4 +25,8 @@ impl GroupStrategy for Exclusive {
     }
 }
 
-impl GroupRelease for Exclusive {}
+impl GroupLife for Exclusive {
+    fn holds(&self, group: &Group) -> Vec<GpuHold> {
+        whole_gpu_holds(group, Want::Exclusive)
+    }
+}

@@ -1,14 +1,14 @@
 //! One device group of a claim, whatever its strategy: what a prepare makes for it, what its
-//! record holds before and after, and what a release undoes. The service walks a claim's
-//! groups through these traits and never asks which strategy a group has: a new strategy
-//! implements them in its own file, and planning maps its config onto it.
+//! record holds before and after, what its containers get, and what a release undoes. The
+//! service walks a claim's groups through these traits and never asks which strategy a group
+//! has: a new strategy implements them in its own file, and planning maps its config onto it.
 //!
 //! Two traits, because a group exists in two shapes. At prepare it is a plan
 //! ([`GroupStrategy`]: the config resolved, e.g. an MPS daemon's directories and limits, the
-//! MIG slices to make); at release it may be only a record read back from disk after a
-//! restart, so what a release undoes ([`GroupRelease`]) is read from the record alone
-//! ([`release_of`]). Effects reach the group through [`GroupEffects`], the few the service
-//! lends it.
+//! MIG slices to make); after it, it may be only a record read back from disk after a
+//! restart, so everything else the strategy does for it ([`GroupLife`]: the GPUs it holds,
+//! its containers' edits, its release) is read from the record alone ([`life_of`]). Effects
+//! reach the group through [`GroupEffects`], the few the service lends it.
 
 use std::fmt;
 
@@ -17,6 +17,9 @@ use gpushare_proto::{MigInstanceInfo, MpsInfo};
 use super::mig::{Mig, MigTarget};
 use super::mps::{Mps, MpsControl};
 use super::{Exclusive, Strategy, TimeSlicing};
+use gpushare_core::Want;
+
+use crate::cdi::{self, ContainerEdits};
 use crate::claim::{Group, Sharing};
 use crate::error::ServiceError;
 use crate::gpu::GpuBackend;
@@ -50,12 +53,31 @@ pub trait GroupStrategy: fmt::Debug + Send + Sync {
     }
 }
 
-/// What a release undoes of a recorded group, in two passes over the claim's groups: every
-/// group's [`GroupRelease::stop`] before any group's [`GroupRelease::destroy`], since a
+/// One GPU a group holds, as admission and placement know it: its UUID, its DRA device name
+/// (`gpu-<minor>`, or the MIG device's for a whole GPU's group), and how it is held.
+pub type GpuHold = (String, String, Want);
+
+/// What a strategy does for a recorded group after its prepare, read from the record alone:
+/// the GPUs it holds ([`GroupLife::holds`]), what its containers get
+/// ([`GroupLife::edits`]), and what a release undoes, in two passes over the claim's groups:
+/// every group's [`GroupLife::stop`] before any group's [`GroupLife::destroy`], since a
 /// daemon runs on the devices the second pass destroys. A GPU's setting is not here: the
-/// GPU's last holder restores it ([`Strategy::restore`]). Each method tries everything it
-/// has and returns its first error; the release goes on with the rest either way.
-pub trait GroupRelease {
+/// GPU's last holder restores it ([`Strategy::restore`]). Each release method tries
+/// everything it has and returns its first error; the release goes on with the rest either
+/// way.
+pub trait GroupLife {
+    /// The GPUs `group` holds and how, for admission and placement (at prepare, and rebuilt
+    /// at start from the records).
+    fn holds(&self, group: &Group) -> Vec<GpuHold>;
+
+    /// What a container of request `request` gets of `group`: the device nodes of the
+    /// request's devices (each whole GPU's, from `node`), and what the strategy adds (a MIG
+    /// slice's capability nodes, an MPS control daemon's pipe directory and shm). The
+    /// default gives the whole GPUs' nodes.
+    fn edits(&self, node: &dyn GpuBackend, group: &Group, request: &str) -> ContainerEdits {
+        whole_gpu_edits(node, group, request)
+    }
+
     /// Stops what runs on the group's devices (its MPS control daemon). The default stops
     /// nothing.
     ///
@@ -76,9 +98,10 @@ pub trait GroupRelease {
     }
 }
 
-/// The strategy that releases `group`, by its sharing. The one place that maps a group onto
-/// its strategy, as `super::of_want` does for a GPU's hold.
-pub fn release_of(group: &Group) -> Box<dyn GroupRelease> {
+/// The strategy of recorded `group`, by its sharing: the one constructor from a group, and
+/// the one place that maps a group onto its strategy (as `super::of_want` does for a GPU's
+/// hold).
+pub fn life_of(group: &Group) -> Box<dyn GroupLife> {
     match &group.sharing {
         Sharing::Exclusive => Box::new(Exclusive),
         Sharing::TimeSlicing { interval } => Box::new(TimeSlicing {
@@ -178,3 +201,35 @@ impl fmt::Debug for GroupEffects<'_> {
 #[cfg(test)]
 #[path = "group_tests.rs"]
 mod tests;
+
+/// The holds of a group of whole GPUs held as `want`: each device's GPU, under its device
+/// name.
+pub fn whole_gpu_holds(group: &Group, want: Want) -> Vec<GpuHold> {
+    group
+        .devices
+        .iter()
+        .map(|d| (d.uuid.clone(), d.device.clone(), want))
+        .collect()
+}
+
+/// The device nodes of request `request`'s devices of `group`: each device's whole GPU (a MIG
+/// device's parent too, which its container opens beside the slice's capability nodes).
+pub fn whole_gpu_edits(node: &dyn GpuBackend, group: &Group, request: &str) -> ContainerEdits {
+    let mut edits = ContainerEdits::default();
+    for d in group.devices.iter().filter(|d| d.request == request) {
+        if let Some(gpu) = node.find(&d.uuid) {
+            for n in node.gpu_device_nodes(gpu) {
+                cdi::merge(&mut edits, node_edit(&n));
+            }
+        }
+    }
+    edits
+}
+
+/// One device node as container edits.
+pub fn node_edit(node: &crate::gpu::DeviceNode) -> ContainerEdits {
+    ContainerEdits {
+        device_nodes: vec![cdi::device_node(&node.path, &node.host_path)],
+        ..ContainerEdits::default()
+    }
+}

@@ -193,8 +193,8 @@ fn exclusive_and_time_slicing_groups_make_and_release_nothing() {
         let applied = g.apply(&node.fx()).unwrap();
         assert_eq!(applied.sharing, sharing);
         let rec = record(vec![device("gpu-0", "GPU-x")], applied);
-        release_of(&rec).stop(&node.fx(), &rec).unwrap();
-        release_of(&rec).destroy(&node.fx(), &rec).unwrap();
+        life_of(&rec).stop(&node.fx(), &rec).unwrap();
+        life_of(&rec).destroy(&node.fx(), &rec).unwrap();
     }
     assert_eq!(node.record.seen(), vec![]);
     assert!(node.host.state().calls.is_empty());
@@ -233,8 +233,8 @@ fn an_mps_group_records_its_daemon_at_once_and_its_record_alone_stops_it() {
     assert_eq!(node.daemons(), 1);
 
     let rec = record(vec![device("gpu-0", &uuids[0])], applied);
-    release_of(&rec).stop(&node.fx(), &rec).unwrap();
-    release_of(&rec).destroy(&node.fx(), &rec).unwrap();
+    life_of(&rec).stop(&node.fx(), &rec).unwrap();
+    life_of(&rec).destroy(&node.fx(), &rec).unwrap();
     assert_eq!(node.daemons(), 0);
     assert!(!Path::new(&before.pipe_dir).exists());
 }
@@ -305,10 +305,10 @@ fn a_mig_group_records_each_slice_as_it_is_made_then_its_daemon_on_the_mig_uuids
     // Released from its record: the daemon first, then the slice it ran on, its destroy
     // recorded as begun before anything of it went.
     let rec = record(vec![device(&names[0], &gpu)], applied);
-    release_of(&rec).stop(&node.fx(), &rec).unwrap();
+    life_of(&rec).stop(&node.fx(), &rec).unwrap();
     assert_eq!(node.daemons(), 0);
     assert_eq!(node.backend.mig_instances(&gpu).unwrap().len(), 1);
-    release_of(&rec).destroy(&node.fx(), &rec).unwrap();
+    life_of(&rec).destroy(&node.fx(), &rec).unwrap();
     assert!(node.backend.mig_instances(&gpu).unwrap().is_empty());
     assert_eq!(
         node.record.seen().last(),
@@ -375,7 +375,7 @@ fn a_release_tries_every_slice_and_answers_with_the_first_failure() {
     );
     let rec = record(names.iter().map(|n| device(n, &gpu)).collect(), applied);
     node.backend.inject(SimFault::DestroyGpuInstance);
-    let e = release_of(&rec).destroy(&node.fx(), &rec).unwrap_err();
+    let e = life_of(&rec).destroy(&node.fx(), &rec).unwrap_err();
     assert_eq!(e.code, ErrorCode::Conflict);
     assert!(
         e.message.starts_with("claim c1: gpu-2-mig-3g20gb-9-0"),

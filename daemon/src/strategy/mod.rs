@@ -3,10 +3,31 @@
 //! settings) and [`mig`] (MIG devices made and destroyed per claim).
 //!
 //! What a strategy does for a claim's device group is [`group`]'s two traits: what a prepare
-//! makes for it and what its record holds ([`GroupStrategy`]), what a release undoes
-//! ([`GroupRelease`]), each through the few effects the service lends ([`GroupEffects`]). A
-//! new strategy implements them and [`Strategy`] in its own file; the service's planning maps
-//! its config onto it, and [`release_of`] (and, for a GPU's hold, [`of_want`]) its record.
+//! makes for it ([`GroupStrategy`]: planned, applied, recorded), and everything after, read
+//! from the group's record alone ([`GroupLife`]: the GPUs it holds, what its containers get,
+//! what a release stops and destroys), each through the few effects the service lends
+//! ([`GroupEffects`]). [`life_of`] is the one constructor from a recorded group; [`of_want`]
+//! the one from a GPU's hold.
+//!
+//! # Adding a sharing strategy
+//!
+//! The files a new strategy touches, and nothing else (the compiler finds every `match` on
+//! [`crate::claim::Sharing`] that needs its arm):
+//!
+//! 1. `config/mod.rs` (its `config::Sharing` variant) and its parser (`config/nvidia.rs` for
+//!    NVIDIA's `GpuConfig`, `config/short.rs` for the short form);
+//! 2. `gpushare-proto`'s `StrategyInfo`: how the socket reports it;
+//! 3. `gpushare-core`'s `Want` (the lock-free mode word), with `placement.rs`'s `Hold`, only
+//!    when it shares a GPU in a way no existing mode does;
+//! 4. `claim/model.rs`: its `Sharing` variant, what a group of it holds on the host;
+//! 5. `claim/wire.rs` and `store/record.rs`: that variant on the wire and on disk;
+//! 6. `strategy/<name>.rs`: [`Strategy`] (its GPU setting), [`GroupStrategy`] and
+//!    [`GroupLife`];
+//! 7. `strategy/group.rs` ([`life_of`]) and this file ([`of_want`]): its constructors;
+//! 8. `service/plan.rs`: its config mapped onto its [`GroupStrategy`], and
+//!    `service/asked.rs`: what a prepare of it asked, to refuse a changed config.
+//!
+//! `CONTRIBUTING.md` keeps this list; the next strategy (fractional GPUs) is held to it.
 //!
 //! What every strategy does to a whole GPU it holds is the [`Strategy`] trait: the setting it
 //! needs there (a time-slice interval, compute mode `EXCLUSIVE_PROCESS`), set when a group is
@@ -28,7 +49,7 @@ pub mod mps_support;
 pub mod time_slicing;
 
 pub use exclusive::Exclusive;
-pub use group::{release_of, Applied, GroupEffects, GroupRelease, GroupStrategy};
+pub use group::{life_of, Applied, GpuHold, GroupEffects, GroupLife, GroupStrategy};
 pub use mig::Mig;
 pub use mps::Mps;
 pub use time_slicing::TimeSlicing;

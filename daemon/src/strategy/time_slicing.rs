@@ -6,9 +6,11 @@
 
 use gpushare_proto::{ErrorCode, TimeSliceInterval};
 
-use crate::claim::Sharing;
+use crate::claim::{Group, Sharing};
 
-use super::group::{GroupRelease, GroupStrategy};
+use gpushare_core::Want;
+
+use super::group::{whole_gpu_holds, GpuHold, GroupLife, GroupStrategy};
 use super::Strategy;
 use crate::error::ServiceError;
 use crate::gpu::{GpuBackend, GpuError};
@@ -75,4 +77,8 @@ impl GroupStrategy for TimeSlicing {
     }
 }
 
-impl GroupRelease for TimeSlicing {}
+impl GroupLife for TimeSlicing {
+    fn holds(&self, group: &Group) -> Vec<GpuHold> {
+        whole_gpu_holds(group, Want::TimeSliced(self.interval.as_int()))
+    }
+}

@@ -49,7 +49,7 @@ impl Service {
         // then the devices made for them (MIG instances), which the daemons ran on.
         for g in &info.groups {
             let group = ClaimGroup::new(self, uid, &g.devices);
-            if let Err(e) = strategy::release_of(g).stop(&group.effects(), g) {
+            if let Err(e) = strategy::life_of(g).stop(&group.effects(), g) {
                 note(&mut errors, e);
             }
         }
@@ -58,7 +58,7 @@ impl Service {
         let mut destroyed = Ok(());
         for g in &info.groups {
             let group = ClaimGroup::new(self, uid, &g.devices);
-            if let Err(e) = strategy::release_of(g).destroy(&group.effects(), g) {
+            if let Err(e) = strategy::life_of(g).destroy(&group.effects(), g) {
                 destroyed = destroyed.and(Err(e));
             }
         }

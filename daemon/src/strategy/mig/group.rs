@@ -7,7 +7,13 @@ use gpushare_proto::MigInstanceInfo;
 use super::{create, destroy, Mig, MigTarget};
 use crate::claim::{Group, MigSharing, Sharing};
 use crate::error::ServiceError;
-use crate::strategy::group::{Applied, GroupEffects, GroupRelease, GroupStrategy};
+use gpushare_core::Want;
+
+use crate::cdi::{self, ContainerEdits};
+use crate::gpu::GpuBackend;
+use crate::strategy::group::{
+    node_edit, whole_gpu_edits, Applied, GpuHold, GroupEffects, GroupLife, GroupStrategy,
+};
 use crate::strategy::mps::{self, MpsLaunch};
 use crate::strategy::Strategy;
 
@@ -92,7 +98,34 @@ fn make_slices(
     Ok(done)
 }
 
-impl GroupRelease for Mig {
+impl GroupLife for Mig {
+    /// Each parent GPU once, as `Mig`, under its whole GPU's device name: MIG devices of one
+    /// GPU share it with other claims' slices.
+    fn holds(&self, group: &Group) -> Vec<GpuHold> {
+        let mut out: Vec<GpuHold> = Vec::new();
+        for d in &group.devices {
+            if !out.iter().any(|(u, _, _)| *u == d.uuid) {
+                out.push((d.uuid.clone(), format!("gpu-{}", d.minor), Want::Mig));
+            }
+        }
+        out
+    }
+
+    /// The parent GPUs' nodes, each slice's capability nodes (once its compute instance
+    /// exists), and the MPS control daemon on the slices, if any.
+    fn edits(&self, node: &dyn GpuBackend, group: &Group, request: &str) -> ContainerEdits {
+        let mut edits = whole_gpu_edits(node, group, request);
+        for m in group.slices().iter().filter(|m| m.request == request) {
+            if let (Some(gpu), Some(ci)) = (node.find(&m.gpu_uuid), m.ci_id) {
+                for n in node.mig_device_nodes(gpu, m.gi_id, ci) {
+                    cdi::merge(&mut edits, node_edit(&n));
+                }
+            }
+        }
+        cdi::merge(&mut edits, mps::daemon_edits(group, request));
+        edits
+    }
+
     /// The MPS control daemon on the slices, if the group records one.
     fn stop(&self, fx: &GroupEffects<'_>, group: &Group) -> Result<(), ServiceError> {
         mps::stop_recorded(fx, group)

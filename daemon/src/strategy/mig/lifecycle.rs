@@ -34,31 +34,7 @@ pub fn create(
     if let Some(inst) = &target.existing {
         return take(backend, target, inst);
     }
-    let name = format!("gpu-{}", target.gpu_minor);
-    let mode = backend
-        .mig_mode(&target.gpu_uuid)
-        .map_err(|e| gpu_err(&name, e))?;
-    if !mode.current {
-        if !target.model.reset_free_mode_toggle() {
-            return Err(err(
-                ErrorCode::Unsupported,
-                format!("{name}: MIG mode is disabled and enabling it needs a GPU reset"),
-            ));
-        }
-        entering_mig_mode()?;
-        let after = backend
-            .set_mig_mode(&target.gpu_uuid, true)
-            .map_err(|e| gpu_err(&format!("{name}: enabling MIG mode"), e))?;
-        if !after.current {
-            return Err(err(
-                ErrorCode::Unsupported,
-                format!("{name}: enabling MIG mode stays pending a GPU reset; gpushare never resets GPUs"),
-            ));
-        }
-        tracing::info!(gpu = %name, "MIG mode enabled");
-        crate::crash::point("prepare.mig_mode_enabled");
-    }
-    let enabled_now = !mode.current;
+    let enabled_now = enable_mig_mode(backend, target, entering_mig_mode)?;
     let gi_id = backend
         .create_gpu_instance(&target.gpu_uuid, target.profile.id, target.start)
         .map_err(|e| {
@@ -94,6 +70,41 @@ pub fn create(
             Err(undo_gpu_instance(backend, target, gi_id, cause))
         }
     }
+}
+
+/// Turns MIG mode on for `target`'s GPU when it is off, where that needs no reset, calling
+/// `entering_mig_mode` just before (see [`create`]); returns whether it did, for the slice's
+/// record to carry `enabled_mig_mode` (the last slice released turns the mode off again).
+fn enable_mig_mode(
+    backend: &dyn GpuBackend,
+    target: &MigTarget,
+    entering_mig_mode: impl FnOnce() -> Result<(), ServiceError>,
+) -> Result<bool, ServiceError> {
+    let name = format!("gpu-{}", target.gpu_minor);
+    let mode = backend
+        .mig_mode(&target.gpu_uuid)
+        .map_err(|e| gpu_err(&name, e))?;
+    if !mode.current {
+        if !target.model.reset_free_mode_toggle() {
+            return Err(err(
+                ErrorCode::Unsupported,
+                format!("{name}: MIG mode is disabled and enabling it needs a GPU reset"),
+            ));
+        }
+        entering_mig_mode()?;
+        let after = backend
+            .set_mig_mode(&target.gpu_uuid, true)
+            .map_err(|e| gpu_err(&format!("{name}: enabling MIG mode"), e))?;
+        if !after.current {
+            return Err(err(
+                ErrorCode::Unsupported,
+                format!("{name}: enabling MIG mode stays pending a GPU reset; gpushare never resets GPUs"),
+            ));
+        }
+        tracing::info!(gpu = %name, "MIG mode enabled");
+        crate::crash::point("prepare.mig_mode_enabled");
+    }
+    Ok(!mode.current)
 }
 
 /// Destroys GPU instance `gi_id` just made for `target` after `cause` stopped the create;

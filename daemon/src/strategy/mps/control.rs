@@ -167,9 +167,37 @@ impl MpsControl {
     ) -> Result<MpsInfo, MpsError> {
         let dirs = &launch.dirs;
         dirs.check_socket_paths()?;
-        // A daemon still holding this group's pipe directory is a leftover of an earlier run
-        // (a quarantined checkpoint, a crash mid-prepare): it would refuse our start with
-        // "An instance of this daemon is already running", so it goes first.
+        self.stop_leftover(dirs, keep_dirs)?;
+        create_dirs(dirs)?;
+        self.mount_shm(launch)?;
+        self.spawn_daemon(launch)?;
+        let pid = self.wait_for_pid(dirs)?;
+        *pid_out = Some(pid);
+
+        let cmds = set_commands(launch);
+        if !cmds.is_empty() {
+            self.ui(dirs, &cmds)?;
+        }
+        let (atp, limits) = self.read_back(launch)?;
+        Ok(MpsInfo {
+            control_daemon_pid: pid,
+            pipe_dir: dirs.pipe.display().to_string(),
+            log_dir: dirs.log.display().to_string(),
+            shm_dir: dirs.shm.display().to_string(),
+            visible_devices: launch.visible_devices.clone(),
+            active_thread_percentage: atp,
+            pinned_device_memory_limits: limits,
+            control_daemon_start_time: self.ops.processes.start_time(pid).unwrap_or(0),
+            requested: launch.requested(),
+            restarts: 0,
+        })
+    }
+
+    /// Stops a daemon still holding this group's pipe directory: a leftover of an earlier run
+    /// (a quarantined checkpoint, a crash mid-prepare), which would refuse our start with "An
+    /// instance of this daemon is already running". With `keep_dirs` (a restart) only the
+    /// daemon goes, not the directories.
+    fn stop_leftover(&self, dirs: &MpsDirs, keep_dirs: bool) -> Result<(), MpsError> {
         if let Some(old) = self.holder(dirs).ok().flatten() {
             tracing::warn!(pid = old, pipe = %dirs.pipe.display(), "stopping a leftover MPS control daemon on this claim's pipe directory");
             if keep_dirs {
@@ -178,24 +206,13 @@ impl MpsControl {
                 self.stop(dirs, Some(old))?;
             }
         }
-        // Each level is created (or found) without following a symbolic link. The claim's
-        // directories are traversable but not listable by other host users: containers reach
-        // pipe and shm through their bind mounts, and an MPS server that NVIDIA's daemon starts
-        // under a client's uid can still walk to the pipe directory.
-        let claim_dir = dirs.root.parent().unwrap_or(&dirs.root).to_path_buf();
-        for (path, mode) in [
-            (&claim_dir, 0o711),
-            (&dirs.root, 0o711),
-            (&dirs.pipe, 0o755),
-            (&dirs.log, 0o700),
-            (&dirs.shm, 0o755),
-        ] {
-            fsutil::create_dir(path, mode).map_err(|source| MpsError::Dir {
-                action: "creating",
-                path: path.clone(),
-                source,
-            })?;
-        }
+        Ok(())
+    }
+
+    /// Mounts the group's private tmpfs on its shm directory, unless one is mounted there
+    /// already (a restart keeps it), sized as `launch` asks.
+    fn mount_shm(&self, launch: &MpsLaunch) -> Result<(), MpsError> {
+        let dirs = &launch.dirs;
         let mounted = self
             .ops
             .mounter
@@ -215,7 +232,14 @@ impl MpsControl {
                     source,
                 })?;
         }
+        Ok(())
+    }
 
+    /// Runs the control program as a daemon (`-d`, `-M` for a multi-user group) on the
+    /// group's directories and devices; returns once the program has answered, not when the
+    /// daemon is up ([`MpsControl::wait_for_pid`] waits for that).
+    fn spawn_daemon(&self, launch: &MpsLaunch) -> Result<(), MpsError> {
+        let dirs = &launch.dirs;
         let mut env = self.env(dirs);
         env.insert(
             "CUDA_VISIBLE_DEVICES".into(),
@@ -253,26 +277,7 @@ impl MpsControl {
                 summary,
             });
         }
-        let pid = self.wait_for_pid(dirs)?;
-        *pid_out = Some(pid);
-
-        let cmds = set_commands(launch);
-        if !cmds.is_empty() {
-            self.ui(dirs, &cmds)?;
-        }
-        let (atp, limits) = self.read_back(launch)?;
-        Ok(MpsInfo {
-            control_daemon_pid: pid,
-            pipe_dir: dirs.pipe.display().to_string(),
-            log_dir: dirs.log.display().to_string(),
-            shm_dir: dirs.shm.display().to_string(),
-            visible_devices: launch.visible_devices.clone(),
-            active_thread_percentage: atp,
-            pinned_device_memory_limits: limits,
-            control_daemon_start_time: self.ops.processes.start_time(pid).unwrap_or(0),
-            requested: launch.requested(),
-            restarts: 0,
-        })
+        Ok(())
     }
 
     /// Reads back the default active thread percentage and every pinned device memory limit
@@ -380,4 +385,26 @@ impl MpsControl {
             std::thread::sleep(Duration::from_millis(2));
         }
     }
+}
+
+/// Creates the claim's MPS directories, each level without following a symbolic link (or
+/// finds them). The claim's directories are traversable but not listable by other host users:
+/// containers reach pipe and shm through their bind mounts, and an MPS server that NVIDIA's
+/// daemon starts under a client's uid can still walk to the pipe directory.
+fn create_dirs(dirs: &MpsDirs) -> Result<(), MpsError> {
+    let claim_dir = dirs.root.parent().unwrap_or(&dirs.root).to_path_buf();
+    for (path, mode) in [
+        (&claim_dir, 0o711),
+        (&dirs.root, 0o711),
+        (&dirs.pipe, 0o755),
+        (&dirs.log, 0o700),
+        (&dirs.shm, 0o755),
+    ] {
+        fsutil::create_dir(path, mode).map_err(|source| MpsError::Dir {
+            action: "creating",
+            path: path.clone(),
+            source,
+        })?;
+    }
+    Ok(())
 }

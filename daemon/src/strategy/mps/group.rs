@@ -11,7 +11,13 @@ use super::{Mps, MpsDirs, MpsLaunch};
 use crate::claim::{Group, Sharing};
 use crate::config::MpsSettings;
 use crate::error::ServiceError;
-use crate::strategy::group::{Applied, GroupEffects, GroupRelease, GroupStrategy};
+use gpushare_core::Want;
+
+use crate::cdi::{self, ContainerEdits};
+use crate::gpu::GpuBackend;
+use crate::strategy::group::{
+    whole_gpu_edits, whole_gpu_holds, Applied, GpuHold, GroupEffects, GroupLife, GroupStrategy,
+};
 use crate::strategy::Strategy;
 
 /// An MPS group of whole GPUs: compute mode `EXCLUSIVE_PROCESS` on each ([`Mps`]), then one
@@ -39,7 +45,18 @@ impl GroupStrategy for MpsGroup {
     }
 }
 
-impl GroupRelease for Mps {
+impl GroupLife for Mps {
+    fn holds(&self, group: &Group) -> Vec<GpuHold> {
+        whole_gpu_holds(group, Want::Mps)
+    }
+
+    /// The whole GPUs' nodes and the daemon's pipe directory and shm.
+    fn edits(&self, node: &dyn GpuBackend, group: &Group, request: &str) -> ContainerEdits {
+        let mut edits = whole_gpu_edits(node, group, request);
+        cdi::merge(&mut edits, daemon_edits(group, request));
+        edits
+    }
+
     fn stop(&self, fx: &GroupEffects<'_>, group: &Group) -> Result<(), ServiceError> {
         stop_recorded(fx, group)
     }
@@ -138,4 +155,15 @@ pub fn stop_recorded(fx: &GroupEffects<'_>, group: &Group) -> Result<(), Service
     fx.mps
         .stop(&dirs, pid)
         .map_err(|e| ServiceError::internal(format!("claim {}: {e}", fx.uid)))
+}
+
+/// What a container of request `request` gets of the MPS control daemon `group` records (an
+/// MPS group's, or the one on a MIG group's slices): its pipe directory and its shm tmpfs.
+pub fn daemon_edits(group: &Group, request: &str) -> ContainerEdits {
+    match group.mps() {
+        Some(m) if group.requests.iter().any(|r| r == request) => {
+            cdi::mps_edits(Path::new(&m.pipe_dir), Path::new(&m.shm_dir))
+        }
+        _ => ContainerEdits::default(),
+    }
 }

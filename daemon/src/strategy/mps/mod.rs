@@ -25,7 +25,9 @@ mod stop;
 
 pub use control::MpsControl;
 pub use error::MpsError;
-pub use group::{plan_launch, planned_record, start_recorded, stop_recorded, MpsGroup};
+pub use group::{
+    daemon_edits, plan_launch, planned_record, start_recorded, stop_recorded, MpsGroup,
+};
 pub use launch::{
     default_shm_bytes, launch_of, percentage_display, pinned_limit_display, set_commands, MpsDirs,
     MpsLaunch,
