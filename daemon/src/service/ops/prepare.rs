@@ -28,88 +28,134 @@ impl Service {
         // Containers still running on a claim that is prepared afresh keep their slots.
         let mut carried: Vec<Attachment> = Vec::new();
         if let Some(existing) = existing {
-            if matches!(existing.phase, Phase::Prepared | Phase::Degraded) {
-                asked::refuse_changed(&spec, &existing)?;
+            match self.prepare_existing(&spec, &existing)? {
+                Again::Answered(r) => return Ok(r),
+                Again::Afresh(kept) => carried = kept,
             }
-            if existing.phase == Phase::Prepared && self.dead_mps_daemon(&existing).is_none() {
-                // The kubelet is about to hand these CDI IDs to the runtime: they must resolve
-                // (the driver's spec written again if it is gone)…
-                let not_ready = |m: String| {
-                    ServiceError::new(
-                        ErrorCode::NotReady,
-                        format!("claim {} is prepared but not usable: {m}", spec.uid),
-                    )
-                };
-                let requests = self
-                    .prepared_requests(&spec.uid, &existing.groups, &existing.requests)
-                    .map_err(|e| not_ready(e.to_string()))?;
-                if !Path::new(&existing.cdi_spec).exists() {
-                    tracing::warn!(claim = %spec.uid, path = %existing.cdi_spec, "CDI spec of a prepared claim is missing; writing it again");
-                    self.write_cdi(&spec.uid, &existing.groups, &existing)?;
-                }
-                // …and every device node they name must still be there: a GPU's node removed
-                // since (a driver reload, an administrator) would fail the container's start.
-                self.verify_cdi(&spec.uid, &requests).map_err(not_ready)?;
-                if requests != existing.requests {
-                    self.record_requests(&spec.uid, &requests)?;
-                }
-                return Ok(PrepareResult {
-                    uid: existing.uid,
-                    requests,
-                    already_prepared: true,
-                });
-            }
-            // Prepared (or Degraded) with a dead MPS control daemon: start it again in place,
-            // so that running containers, which have its pipe directory bind-mounted, reach
-            // the new one.
-            if matches!(existing.phase, Phase::Prepared | Phase::Degraded)
-                && self.restart_dead_daemons(&spec.uid)
-            {
-                if let Ok(again) = self.claim(&spec.uid) {
-                    if !Path::new(&again.cdi_spec).exists() {
-                        self.write_cdi(&spec.uid, &again.groups, &again)?;
-                    }
-                    return Ok(PrepareResult {
-                        uid: again.uid.clone(),
-                        requests: again.requests.clone(),
-                        already_prepared: false,
-                    });
-                }
-            }
-            // Left half-done by a crash (PrepareStarted), by a release that failed part-way
-            // (Unpreparing), or prepared but with a dead MPS control daemon: nothing else works
-            // on it now (we hold its lock), so undo what is left and prepare afresh.
-            tracing::warn!(claim = %spec.uid, state = ?existing.phase, "finishing the release of an interrupted claim before preparing it again");
-            carried = existing
-                .attached
-                .iter()
-                .filter(|a| a.pid.is_some_and(|pid| self.processes.alive(pid)))
-                .cloned()
-                .collect();
-            if let Some(e) = self.teardown(&spec.uid, None) {
-                return Err(ServiceError::new(
-                    e.code,
-                    format!(
-                        "claim {} was left {:?} and cannot be released yet: {}",
-                        spec.uid, existing.phase, e.message
-                    ),
-                ));
-            }
-            // Its MPS control daemons are gone: their watches go too, whatever comes next.
-            self.wake_supervisor_for(&existing);
         }
         let (plans, attach_limit) = self.plan(&spec)?;
         // Before anything changes: a node without the toolkit, or whose toolkit spec lacks a
         // GPU of the claim, refuses it here (MIG devices are checked once they exist).
         self.check_driver_devices(&spec.uid, &plans)?;
-        let requests = self.request_devices(&spec);
-        let info = Claim {
+        let mut info = self.started_claim(&spec, &plans, attach_limit, resource_version);
+        self.record_started(&spec, &mut info)?;
+        crate::crash::point("prepare.started_saved");
+        tracing::info!(claim = %spec.uid, namespace = %spec.namespace, name = %spec.name, "preparing claim");
+
+        // A MIG slice's intent stands until the record naming it is on disk (`Prepared`,
+        // below) or the prepare is torn down; then it is struck, on every way out.
+        let _intents = self.mig_intents.strike_on_drop(&spec.uid);
+        match self.apply(&spec, &plans, &info) {
+            Ok((groups, requests)) => self.record_prepared(&spec, groups, requests, carried),
+            Err(e) => {
+                tracing::warn!(claim = %spec.uid, error = %e, "prepare failed; rolling back");
+                self.teardown(&spec.uid, None);
+                Err(e)
+            }
+        }
+    }
+
+    /// A prepare of a claim the registry holds: answered as it is when it is `Prepared` and
+    /// usable, its dead MPS control daemons started again in place when that is all it
+    /// lacks; otherwise released first (what a crash or a failed release left), its running
+    /// containers' attachments carried over to the fresh prepare.
+    fn prepare_existing(&self, spec: &ClaimSpec, existing: &Claim) -> Result<Again, ServiceError> {
+        if matches!(existing.phase, Phase::Prepared | Phase::Degraded) {
+            asked::refuse_changed(spec, existing)?;
+        }
+        if existing.phase == Phase::Prepared && self.dead_mps_daemon(existing).is_none() {
+            return self.prepared_again(spec, existing).map(Again::Answered);
+        }
+        // Prepared (or Degraded) with a dead MPS control daemon: start it again in place, so
+        // that running containers, which have its pipe directory bind-mounted, reach the new
+        // one.
+        if matches!(existing.phase, Phase::Prepared | Phase::Degraded)
+            && self.restart_dead_daemons(&spec.uid)
+        {
+            if let Ok(again) = self.claim(&spec.uid) {
+                if !Path::new(&again.cdi_spec).exists() {
+                    self.write_cdi(&spec.uid, &again.groups, &again)?;
+                }
+                return Ok(Again::Answered(PrepareResult {
+                    uid: again.uid.clone(),
+                    requests: again.requests.clone(),
+                    already_prepared: false,
+                }));
+            }
+        }
+        // Left half-done by a crash (PrepareStarted), by a release that failed part-way
+        // (Unpreparing), or prepared but with a dead MPS control daemon: nothing else works on
+        // it now (we hold its lock), so undo what is left and prepare afresh.
+        tracing::warn!(claim = %spec.uid, state = ?existing.phase, "finishing the release of an interrupted claim before preparing it again");
+        let carried = existing
+            .attached
+            .iter()
+            .filter(|a| a.pid.is_some_and(|pid| self.processes.alive(pid)))
+            .cloned()
+            .collect();
+        if let Some(e) = self.teardown(&spec.uid, None) {
+            return Err(ServiceError::new(
+                e.code,
+                format!(
+                    "claim {} was left {:?} and cannot be released yet: {}",
+                    spec.uid, existing.phase, e.message
+                ),
+            ));
+        }
+        // Its MPS control daemons are gone: their watches go too, whatever comes next.
+        self.wake_supervisor_for(existing);
+        Ok(Again::Afresh(carried))
+    }
+
+    /// The answer to a prepare of a claim that is `Prepared`: its CDI IDs, which must resolve
+    /// (the driver's spec and the claim's written again if gone) and whose device nodes must
+    /// all be there, since the kubelet is about to hand them to the runtime.
+    fn prepared_again(
+        &self,
+        spec: &ClaimSpec,
+        existing: &Claim,
+    ) -> Result<PrepareResult, ServiceError> {
+        let not_ready = |m: String| {
+            ServiceError::new(
+                ErrorCode::NotReady,
+                format!("claim {} is prepared but not usable: {m}", spec.uid),
+            )
+        };
+        let requests = self
+            .prepared_requests(&spec.uid, &existing.groups, &existing.requests)
+            .map_err(|e| not_ready(e.to_string()))?;
+        if !Path::new(&existing.cdi_spec).exists() {
+            tracing::warn!(claim = %spec.uid, path = %existing.cdi_spec, "CDI spec of a prepared claim is missing; writing it again");
+            self.write_cdi(&spec.uid, &existing.groups, existing)?;
+        }
+        // A GPU's node removed since (a driver reload, an administrator) would fail the
+        // container's start.
+        self.verify_cdi(&spec.uid, &requests).map_err(not_ready)?;
+        if requests != existing.requests {
+            self.record_requests(&spec.uid, &requests)?;
+        }
+        Ok(PrepareResult {
+            uid: existing.uid.clone(),
+            requests,
+            already_prepared: true,
+        })
+    }
+
+    /// The claim as a prepare records it first (`PrepareStarted`), its groups as planned.
+    fn started_claim(
+        &self,
+        spec: &ClaimSpec,
+        plans: &[GroupPlan],
+        attach_limit: Option<u32>,
+        resource_version: Option<String>,
+    ) -> Claim {
+        Claim {
             uid: spec.uid.clone(),
             namespace: spec.namespace.clone(),
             name: spec.name.clone(),
             phase: Phase::PrepareStarted,
             groups: plans.iter().map(GroupPlan::planned).collect(),
-            requests: requests.clone(),
+            requests: self.request_devices(spec),
             cdi_spec: cdi::spec_path(&self.cfg.cdi_dir, &spec.uid)
                 .display()
                 .to_string(),
@@ -120,82 +166,86 @@ impl Service {
             restarts: 0,
             resource_version,
             generation: 0,
-        };
-        let mut info = info;
-        let wants = wants_of(&info);
-        self.admit(&spec.uid, &wants)?;
-        {
-            // Undone unless `PrepareStarted` is on disk: the claim leaves the registry and
-            // its GPUs are given back.
-            let mut tx = Txn::begin(self);
-            tx.after_undo(|| self.modes.release(self.backend.as_ref(), &wants));
-            let mut st = self.state();
-            st.placement.record(&spec.uid, &wants);
-            let (uid, held) = (spec.uid.clone(), wants.clone());
-            tx.on_undo(move |st: &mut State| {
-                for (gpu, _, _) in &held {
-                    st.placement.release(&uid, gpu);
-                }
-                st.claims.remove(&uid);
-            });
-            st.claim_generation += 1;
-            info.generation = st.claim_generation;
-            st.claims.insert(spec.uid.clone(), info.clone());
-            tx.commit(st, |st| self.commit(st))?;
-        }
-        crate::crash::point("prepare.started_saved");
-        tracing::info!(claim = %spec.uid, namespace = %spec.namespace, name = %spec.name, "preparing claim");
-
-        // A MIG slice's intent stands until the record naming it is on disk (`Prepared`,
-        // below) or the prepare is torn down; then it is struck, on every way out.
-        let _intents = self.mig_intents.strike_on_drop(&spec.uid);
-        match self.apply(&spec, &plans, &info) {
-            Ok((groups, requests)) => {
-                let mut tx = Txn::begin(self);
-                let mut st = self.state();
-                let (saved, uid) = (st.claims.get(&spec.uid).cloned(), spec.uid.clone());
-                tx.on_undo(move |st: &mut State| st.claims.restore(&uid, saved));
-                if let Some(c) = st.claims.get_mut(&spec.uid) {
-                    c.groups = groups;
-                    c.requests = requests.clone();
-                }
-                if let Some(a) = st.claims.attachments_mut(&spec.uid) {
-                    *a = carried;
-                }
-                if let Err(e) = st.claims.transition(&spec.uid, Event::Applied) {
-                    drop(st);
-                    drop(tx);
-                    self.teardown(&spec.uid, None);
-                    return Err(ServiceError::internal(format!("claim {}: {e}", spec.uid)));
-                }
-                // A prepare of this claim is what the kubelet wants now: an older release no
-                // longer stands against it.
-                let (tombstone, uid) = (st.tombstones.remove(&spec.uid), spec.uid.clone());
-                tx.on_undo(move |st: &mut State| st.tombstones.restore(&uid, tombstone));
-                let prepared = st.claims.get(&spec.uid).cloned();
-                if let Err(e) = tx.commit(st, |st| self.commit(st)) {
-                    self.teardown(&spec.uid, None);
-                    return Err(e);
-                }
-                if let Some(c) = &prepared {
-                    let _ = self.write_host_record(&c.uid);
-                }
-                crate::crash::point("prepare.completed_saved");
-                if let Some(c) = &prepared {
-                    self.wake_supervisor_for(c);
-                }
-                tracing::info!(claim = %spec.uid, "claim prepared");
-                Ok(PrepareResult {
-                    uid: spec.uid,
-                    requests,
-                    already_prepared: false,
-                })
-            }
-            Err(e) => {
-                tracing::warn!(claim = %spec.uid, error = %e, "prepare failed; rolling back");
-                self.teardown(&spec.uid, None);
-                Err(e)
-            }
         }
     }
+
+    /// Admits `info` to its GPUs and records it `PrepareStarted` on disk, with its generation;
+    /// undone (the claim gone from the registry, its GPUs given back) unless written.
+    fn record_started(&self, spec: &ClaimSpec, info: &mut Claim) -> Result<(), ServiceError> {
+        let wants = wants_of(info);
+        self.admit(&spec.uid, &wants)?;
+        let mut tx = Txn::begin(self);
+        tx.after_undo(|| self.modes.release(self.backend.as_ref(), &wants));
+        let mut st = self.state();
+        st.placement.record(&spec.uid, &wants);
+        let (uid, held) = (spec.uid.clone(), wants.clone());
+        tx.on_undo(move |st: &mut State| {
+            for (gpu, _, _) in &held {
+                st.placement.release(&uid, gpu);
+            }
+            st.claims.remove(&uid);
+        });
+        st.claim_generation += 1;
+        info.generation = st.claim_generation;
+        st.claims.insert(spec.uid.clone(), info.clone());
+        tx.commit(st, |st| self.commit(st))
+    }
+
+    /// Records the claim `Prepared` with its groups as applied and its CDI IDs, its
+    /// attachments carried over, its tombstone lifted; torn down when that cannot be written.
+    fn record_prepared(
+        &self,
+        spec: &ClaimSpec,
+        groups: Vec<Group>,
+        requests: Vec<RequestDevices>,
+        carried: Vec<Attachment>,
+    ) -> Result<PrepareResult, ServiceError> {
+        let mut tx = Txn::begin(self);
+        let mut st = self.state();
+        let (saved, uid) = (st.claims.get(&spec.uid).cloned(), spec.uid.clone());
+        tx.on_undo(move |st: &mut State| st.claims.restore(&uid, saved));
+        if let Some(c) = st.claims.get_mut(&spec.uid) {
+            c.groups = groups;
+            c.requests = requests.clone();
+        }
+        if let Some(a) = st.claims.attachments_mut(&spec.uid) {
+            *a = carried;
+        }
+        if let Err(e) = st.claims.transition(&spec.uid, Event::Applied) {
+            drop(st);
+            drop(tx);
+            self.teardown(&spec.uid, None);
+            return Err(ServiceError::internal(format!("claim {}: {e}", spec.uid)));
+        }
+        // A prepare of this claim is what the kubelet wants now: an older release no longer
+        // stands against it.
+        let (tombstone, uid) = (st.tombstones.remove(&spec.uid), spec.uid.clone());
+        tx.on_undo(move |st: &mut State| st.tombstones.restore(&uid, tombstone));
+        let prepared = st.claims.get(&spec.uid).cloned();
+        if let Err(e) = tx.commit(st, |st| self.commit(st)) {
+            self.teardown(&spec.uid, None);
+            return Err(e);
+        }
+        if let Some(c) = &prepared {
+            let _ = self.write_host_record(&c.uid);
+        }
+        crate::crash::point("prepare.completed_saved");
+        if let Some(c) = &prepared {
+            self.wake_supervisor_for(c);
+        }
+        tracing::info!(claim = %spec.uid, "claim prepared");
+        Ok(PrepareResult {
+            uid: spec.uid.clone(),
+            requests,
+            already_prepared: false,
+        })
+    }
+}
+
+/// What a prepare of a claim the registry holds comes to.
+enum Again {
+    /// Answered as the claim is.
+    Answered(PrepareResult),
+    /// Released; prepared afresh, with these attachments carried over.
+    Afresh(Vec<Attachment>),
 }

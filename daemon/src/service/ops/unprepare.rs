@@ -20,37 +20,65 @@ impl Service {
     ) -> Option<ServiceError> {
         let info = self.state().claims.get(uid).cloned()?;
         if info.phase != Phase::Unpreparing {
-            let mut tx = Txn::begin(self);
-            let mut st = self.state();
-            let saved = Some(info.clone());
-            tx.on_undo(move |st: &mut State| st.claims.restore(uid, saved));
-            if let Err(e) = st.claims.transition(uid, Event::ReleaseStarted) {
-                return Some(ServiceError::internal(format!("claim {uid}: {e}")));
-            }
-            if matches!(info.phase, Phase::Prepared | Phase::Degraded) {
-                // On disk the claim is still prepared: releasing it now would have a restart
-                // bring it back. Refuse, changing nothing.
-                if let Err(e) = tx.commit(st, |st| self.commit(st)) {
-                    return Some(e);
-                }
-            } else {
-                // A half-done prepare is rolled back at the next start anyway.
-                let _ = self.commit(st);
-                tx.keep();
+            if let Err(e) = self.record_unpreparing(&info) {
+                return Some(e);
             }
         }
         crate::crash::point("unprepare.unpreparing_saved");
+        let mut errors = self.release_host(&info);
+        crate::crash::point("unprepare.dirs_removed");
+        if errors.is_empty() {
+            // MIG mode gpushare turned on for this claim's slices goes off with the last one,
+            // before the release is on disk: until then the record (`Unpreparing`, its slices
+            // carrying the flag) says whose the mode is, and a kill in between has the next
+            // start finish the release and come here again.
+            self.leave_mig_mode_after(&info);
+        }
+        crate::crash::point("unprepare.mig_mode_left");
+        let freed = self.record_released(&info, tombstone, &mut errors);
+        crate::crash::point("unprepare.released_saved");
+        self.modes.release(self.backend.as_ref(), &freed);
+        errors.into_iter().next()
+    }
+
+    /// Records `info` `Unpreparing` before anything of it is released: on disk, for a claim
+    /// that was prepared (else a restart would bring it back); a half-done prepare is rolled
+    /// back at the next start anyway.
+    fn record_unpreparing(&self, info: &Claim) -> Result<(), ServiceError> {
+        let uid = info.uid.as_str();
+        let mut tx = Txn::begin(self);
+        let mut st = self.state();
+        let saved = Some(info.clone());
+        tx.on_undo(move |st: &mut State| st.claims.restore(uid, saved));
+        if let Err(e) = st.claims.transition(uid, Event::ReleaseStarted) {
+            return Err(ServiceError::internal(format!("claim {uid}: {e}")));
+        }
+        if matches!(info.phase, Phase::Prepared | Phase::Degraded) {
+            // On disk the claim is still prepared: releasing it now would have a restart
+            // bring it back. Refuse, changing nothing.
+            tx.commit(st, |st| self.commit(st))
+        } else {
+            let _ = self.commit(st);
+            tx.keep();
+            Ok(())
+        }
+    }
+
+    /// Everything `info` holds on the host, released: each group's strategy stops what runs
+    /// on its devices, then destroys the devices made for it (two passes: the daemons ran on
+    /// those devices); then its CDI spec and claim directory go. Every step is tried; the
+    /// errors are returned (logged) in order.
+    fn release_host(&self, info: &Claim) -> Vec<ServiceError> {
+        let uid = info.uid.as_str();
         let mut errors: Vec<ServiceError> = Vec::new();
-        let note = |errors: &mut Vec<ServiceError>, e: ServiceError| {
+        let mut note = |e: ServiceError| {
             tracing::error!(claim = %uid, error = %e, "releasing claim");
             errors.push(e);
         };
-        // Two passes over the groups: what runs on their devices (MPS control daemons) first,
-        // then the devices made for them (MIG instances), which the daemons ran on.
         for g in &info.groups {
             let group = ClaimGroup::new(self, uid, &g.devices);
             if let Err(e) = strategy::life_of(g).stop(&group.effects(), g) {
-                note(&mut errors, e);
+                note(e);
             }
         }
         crate::crash::point("unprepare.mps_stopped");
@@ -63,50 +91,54 @@ impl Service {
             }
         }
         if let Err(e) = destroyed {
-            note(&mut errors, e);
+            note(e);
         }
         if info.groups.iter().any(|g| !g.slices().is_empty()) {
             self.regenerate_driver_spec("after destroying a claim's MIG devices");
         }
         if let Err(e) = fsutil::remove_file_if_exists(&cdi::spec_path(&self.cfg.cdi_dir, uid)) {
-            note(
-                &mut errors,
-                ServiceError::internal(format!("removing CDI spec of claim {uid}: {e}")),
-            );
+            note(ServiceError::internal(format!(
+                "removing CDI spec of claim {uid}: {e}"
+            )));
         }
         crate::crash::point("unprepare.cdi_removed");
-        // No host record of the claim is being written meanwhile (one that began before saw
-        // the claim Prepared and is removed with the directory; one after sees Unpreparing).
-        let removed = {
-            let _writes = self
-                .host_record_writes
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            fsutil::remove_dir_all_if_exists(&self.claim_dir(uid))
-        };
-        if let Err(e) = removed {
-            note(
-                &mut errors,
-                ServiceError::internal(format!("removing {}: {e}", self.claim_dir(uid).display())),
-            );
+        if let Err(e) = self.remove_claim_dir(uid) {
+            note(e);
         }
-        crate::crash::point("unprepare.dirs_removed");
-        if errors.is_empty() {
-            // MIG mode gpushare turned on for this claim's slices goes off with the last one,
-            // before the release is on disk: until then the record (`Unpreparing`, its slices
-            // carrying the flag) says whose the mode is, and a kill in between has the next
-            // start finish the release and come here again.
-            self.leave_mig_mode_after(&info);
-        }
-        crate::crash::point("unprepare.mig_mode_left");
+        errors
+    }
+
+    /// Removes the claim's run directory. No host record of the claim is being written
+    /// meanwhile (one that began before saw the claim Prepared and is removed with the
+    /// directory; one after sees Unpreparing).
+    fn remove_claim_dir(&self, uid: &str) -> Result<(), ServiceError> {
+        let _writes = self
+            .host_record_writes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        fsutil::remove_dir_all_if_exists(&self.claim_dir(uid)).map_err(|e| {
+            ServiceError::internal(format!("removing {}: {e}", self.claim_dir(uid).display()))
+        })
+    }
+
+    /// The release on disk. Only a complete release (no `errors`) frees the GPUs (returned,
+    /// for the caller to give back outside the registry lock) and removes the claim, leaving
+    /// its tombstone when `tombstone` says so: while a daemon or mount may still be there, the
+    /// claim keeps its holds (state Unpreparing), so no other claim is placed on top of it,
+    /// and the next unprepare or prepare of this claim finishes the job. A failed write joins
+    /// `errors`.
+    fn record_released(
+        &self,
+        info: &Claim,
+        tombstone: Option<Option<String>>,
+        errors: &mut Vec<ServiceError>,
+    ) -> Vec<(String, String, Want)> {
+        let uid = info.uid.as_str();
         let mut st = self.state();
         st.restarts.remove(uid);
-        // Only a complete release frees the GPUs: while a daemon or mount may still be there,
-        // the claim keeps its holds (state Unpreparing), so no other claim is placed on top of
-        // it, and the next unprepare or prepare of this claim finishes the job.
         let mut freed = Vec::new();
         if errors.is_empty() {
-            freed = self.release_gpus(&mut st, &info);
+            freed = self.release_gpus(&mut st, info);
             if let Err(e) = st.claims.transition(uid, Event::Released) {
                 tracing::error!(claim = %uid, error = %e, "releasing claim");
                 st.claims.remove(uid);
@@ -122,11 +154,10 @@ impl Service {
             }
         }
         if let Err(e) = self.commit(st) {
-            note(&mut errors, e);
+            tracing::error!(claim = %uid, error = %e, "releasing claim");
+            errors.push(e);
         }
-        crate::crash::point("unprepare.released_saved");
-        self.modes.release(self.backend.as_ref(), &freed);
-        errors.into_iter().next()
+        freed
     }
 
     /// Releases a claim: stops its MPS control daemons (quit, bounded, then kill), restores
