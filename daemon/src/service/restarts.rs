@@ -3,6 +3,8 @@
 //! again.
 
 use std::path::Path;
+
+use gpushare_proto::MpsInfo;
 use std::time::{Duration, Instant};
 
 use crate::claim::{Cause, Claim, Event, Phase};
@@ -36,65 +38,17 @@ impl Service {
         };
         let result = self.mps.restart(&launch_of(&old));
         let mut guard = self.state();
-        let st = &mut *guard;
-        let Some(c) = st.claims.get_mut(uid) else {
+        if !guard.claims.contains_key(uid) {
             return Ok(());
-        };
+        }
         let outcome = match result {
-            Ok(mut new) => {
-                new.restarts = old.restarts + u32::from(counted);
-                if counted {
-                    c.restarts += 1;
-                    if c.phase != Phase::Degraded {
-                        // Found dead at start, not by the supervisor: say so in the history.
-                        c.last_error = Some(format!("{}; started again", not_running(&old)));
-                    }
-                }
-                tracing::info!(claim = %uid, old_pid = old.control_daemon_pid, pid = new.control_daemon_pid, restarts = new.restarts, "MPS control daemon started again with its limits verified");
-                for m in c.groups.iter_mut().filter_map(|g| g.mps_mut()) {
-                    if m.pipe_dir == pipe_dir {
-                        *m = new.clone();
-                    }
-                }
-                let plan = st.restarts.entry(uid.to_string()).or_default();
-                plan.due = None;
-                plan.started = Some(Instant::now());
+            Ok(new) => {
+                record_restarted(&mut guard, uid, &old, new, counted);
                 Ok(())
             }
-            Err(e) => {
-                let plan = st.restarts.entry(uid.to_string()).or_default();
-                let delay = restart_backoff(plan.failures);
-                plan.failures = plan.failures.saturating_add(1);
-                plan.due = Some(Instant::now() + delay);
-                tracing::error!(claim = %uid, error = %e, retry_in_ms = delay.as_millis() as u64, "restarting the MPS control daemon failed");
-                let mut details = vec![(
-                    Cause::MpsRestartFailed,
-                    format!(
-                        "{RESTART_FAILED} at {} s after the epoch (attempt {}): {e}",
-                        now_secs(),
-                        plan.failures
-                    ),
-                )];
-                // Why it was restarted in the first place, unless the claim says so already.
-                if !counted {
-                    details.push((Cause::MpsDaemonDown, "the host was rebooted".to_string()));
-                } else if !c.causes().contains(Cause::MpsDaemonDown) {
-                    details.push((Cause::MpsDaemonDown, not_running(&old)));
-                }
-                match st.claims.degrade(uid, Event::RestartFailed, details) {
-                    Ok(_) => Err(st
-                        .claims
-                        .get(uid)
-                        .and_then(|c| c.last_error.clone())
-                        .unwrap_or_default()),
-                    Err(te) => {
-                        tracing::error!(claim = %uid, error = %te, "recording a failed restart");
-                        Err(format!("{RESTART_FAILED}: {e}"))
-                    }
-                }
-            }
+            Err(e) => Err(record_restart_failed(&mut guard, uid, &old, &e, counted)),
         };
-        if let Some(c) = st.claims.get(uid).cloned() {
+        if let Some(c) = guard.claims.get(uid).cloned() {
             // Every daemon runs again: the claim's daemon causes go (it stays Degraded while
             // another cause stands: a lost MIG slice, a missing GPU).
             let down = Causes::NONE
@@ -104,7 +58,7 @@ impl Service {
                 && c.causes().iter().any(|x| down.contains(x))
                 && self.all_daemons_run(&c)
             {
-                if let Err(e) = st.claims.transition(uid, Event::DaemonsRunning) {
+                if let Err(e) = guard.claims.transition(uid, Event::DaemonsRunning) {
                     tracing::error!(claim = %uid, error = %e, "recording a restarted daemon");
                 }
             }
@@ -301,7 +255,7 @@ impl Service {
 }
 
 /// The cause of a restart of a daemon found dead when gpushared started.
-pub(super) fn not_running(old: &gpushare_proto::MpsInfo) -> String {
+pub(super) fn not_running(old: &MpsInfo) -> String {
     format!(
         "at {} s after the epoch: MPS control daemon (pid {}) on {} was not running when gpushared started",
         now_secs(),
@@ -352,5 +306,83 @@ mod tests {
         assert_eq!(restart_backoff(3), Duration::from_secs(4));
         assert_eq!(restart_backoff(6), RESTART_CAP);
         assert_eq!(restart_backoff(u32::MAX), RESTART_CAP);
+    }
+}
+
+/// Records `new`, the daemon started again in place of `old` on the same pipe directory, as
+/// its group's, counting the restart when `counted` (a death, not a reboot's redo); the
+/// claim's restart plan is reset.
+fn record_restarted(
+    st: &mut super::State,
+    uid: &str,
+    old: &MpsInfo,
+    mut new: MpsInfo,
+    counted: bool,
+) {
+    let Some(c) = st.claims.get_mut(uid) else {
+        return;
+    };
+    new.restarts = old.restarts + u32::from(counted);
+    if counted {
+        c.restarts += 1;
+        if c.phase != Phase::Degraded {
+            // Found dead at start, not by the supervisor: say so in the history.
+            c.last_error = Some(format!("{}; started again", not_running(old)));
+        }
+    }
+    tracing::info!(claim = %uid, old_pid = old.control_daemon_pid, pid = new.control_daemon_pid, restarts = new.restarts, "MPS control daemon started again with its limits verified");
+    for m in c.groups.iter_mut().filter_map(|g| g.mps_mut()) {
+        if m.pipe_dir == old.pipe_dir {
+            *m = new.clone();
+        }
+    }
+    let plan = st.restarts.entry(uid.to_string()).or_default();
+    plan.due = None;
+    plan.started = Some(Instant::now());
+}
+
+/// Records that starting `old` again failed with `e`: the next attempt scheduled with
+/// backoff, the claim `Degraded` with the failure and why the daemon was restarted at all
+/// (unless the claim says so already: a reboot, or not running when gpushared started).
+/// Returns the claim's message.
+fn record_restart_failed(
+    st: &mut super::State,
+    uid: &str,
+    old: &MpsInfo,
+    e: &crate::strategy::mps::MpsError,
+    counted: bool,
+) -> String {
+    let plan = st.restarts.entry(uid.to_string()).or_default();
+    let delay = restart_backoff(plan.failures);
+    plan.failures = plan.failures.saturating_add(1);
+    plan.due = Some(Instant::now() + delay);
+    tracing::error!(claim = %uid, error = %e, retry_in_ms = delay.as_millis() as u64, "restarting the MPS control daemon failed");
+    let mut details = vec![(
+        Cause::MpsRestartFailed,
+        format!(
+            "{RESTART_FAILED} at {} s after the epoch (attempt {}): {e}",
+            now_secs(),
+            plan.failures
+        ),
+    )];
+    let down_known = st
+        .claims
+        .get(uid)
+        .is_some_and(|c| c.causes().contains(Cause::MpsDaemonDown));
+    if !counted {
+        details.push((Cause::MpsDaemonDown, "the host was rebooted".to_string()));
+    } else if !down_known {
+        details.push((Cause::MpsDaemonDown, not_running(old)));
+    }
+    match st.claims.degrade(uid, Event::RestartFailed, details) {
+        Ok(_) => st
+            .claims
+            .get(uid)
+            .and_then(|c| c.last_error.clone())
+            .unwrap_or_default(),
+        Err(te) => {
+            tracing::error!(claim = %uid, error = %te, "recording a failed restart");
+            format!("{RESTART_FAILED}: {e}")
+        }
     }
 }

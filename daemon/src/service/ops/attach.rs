@@ -28,26 +28,9 @@ impl Service {
     pub fn attach(&self, p: &AttachParams) -> Result<Attachment, ServiceError> {
         check_params(p)?;
         // What reads /proc (the container's cgroup, whether the claim's MPS control daemon
-        // runs) is done before taking the registry lock, on the published view. Only for a
-        // claim seen Prepared: any other state (Degraded with its reason, above all) is
-        // answered under the lock.
+        // runs) is done before taking the registry lock.
         let cgroup = p.pid.and_then(|pid| self.mps.ops().machine.cgroup(pid));
-        let seen = self.view.load();
-        if let Some(claim) = seen
-            .claims
-            .get(&p.claim_uid)
-            .filter(|c| c.phase == Phase::Prepared)
-        {
-            if let Some(pid) = self.daemon_gone(claim) {
-                return Err(ServiceError::new(
-                    ErrorCode::NotReady,
-                    format!(
-                        "claim {}: its MPS control daemon (pid {pid}) is not running",
-                        p.claim_uid
-                    ),
-                ));
-            }
-        }
+        self.refuse_dead_daemon(p)?;
         let mut tx = Txn::begin(self);
         let mut st = self.state();
         self.guard_attach(&st, p)?;
@@ -95,6 +78,31 @@ impl Service {
         })?;
         tracing::info!(claim = %p.claim_uid, container = %p.container_id, pid = ?p.pid, "container attached");
         Ok(attachment)
+    }
+
+    /// Refuses (`NotReady`) an attach to a claim seen `Prepared` whose MPS control daemon is
+    /// gone. What reads /proc is done before taking the registry lock, on the published view,
+    /// and only for a claim seen Prepared: any other state (Degraded with its reason, above
+    /// all) is answered under the lock.
+    fn refuse_dead_daemon(&self, p: &AttachParams) -> Result<(), ServiceError> {
+        let seen = self.view.load();
+        let Some(claim) = seen
+            .claims
+            .get(&p.claim_uid)
+            .filter(|c| c.phase == Phase::Prepared)
+        else {
+            return Ok(());
+        };
+        match self.daemon_gone(claim) {
+            Some(pid) => Err(ServiceError::new(
+                ErrorCode::NotReady,
+                format!(
+                    "claim {}: its MPS control daemon (pid {pid}) is not running",
+                    p.claim_uid
+                ),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Refuses an attach to a claim that is not there or not `Prepared`.
