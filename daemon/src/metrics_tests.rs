@@ -2,8 +2,12 @@
 
 use std::collections::BTreeMap;
 
+use gpushare_proto::{ClaimInfo, ClaimState, GroupInfo, HealthInfo, MpsInfo, StrategyInfo};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+
+use super::collector::encode_health;
 use super::*;
-use gpushare_proto::{ClaimInfo, ClaimState, GroupInfo, MpsInfo, StrategyInfo};
 
 fn claim(uid: &str, daemons: &[(i32, u32)]) -> ClaimInfo {
     ClaimInfo {

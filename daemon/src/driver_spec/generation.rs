@@ -62,7 +62,10 @@ impl DriverSpecs {
     /// meanwhile) and installs it, recording how it went for the retries and `health`; one
     /// that ends after a later-started one has been applied changes nothing and answers
     /// [`DriverSpecs::outcome`].
-    pub(super) fn attempt(&self, mut inner: MutexGuard<'_, Inner>) -> Result<Spec, DriverSpecError> {
+    pub(super) fn attempt(
+        &self,
+        mut inner: MutexGuard<'_, Inner>,
+    ) -> Result<Spec, DriverSpecError> {
         inner.started += 1;
         let n = inner.started;
         inner.running.insert(n);
@@ -154,7 +157,11 @@ impl DriverSpecs {
     }
 
     /// Installs `generated` with the aliases: validated, written atomically; kept in memory.
-    pub(super) fn install(&self, inner: &mut Inner, generated: Spec) -> Result<Spec, DriverSpecError> {
+    pub(super) fn install(
+        &self,
+        inner: &mut Inner,
+        generated: Spec,
+    ) -> Result<Spec, DriverSpecError> {
         let (spec, left_out) = alias::with_aliases(&generated, &inner.aliases);
         for (name, why) in &left_out {
             tracing::warn!(alias = %name, reason = %why, "a recreated MIG slice's first name is not in the driver's CDI spec");

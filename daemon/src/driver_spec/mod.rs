@@ -43,7 +43,7 @@ pub mod sim;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 pub use generator::{GenerateError, SpecGenerator};
 pub use retry::{Clock, DriverSpecStatus, RetryPolicy, SystemClock};
@@ -79,7 +79,6 @@ pub fn split_kind(kind: &str) -> Result<(&str, &str), String> {
     gpushare_cdi::validate_class_name(class).map_err(|e| format!("{kind:?}: {e}"))?;
     Ok((vendor, class))
 }
-
 
 /// Why the driver's spec cannot give a claim its devices.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -434,7 +433,6 @@ impl DriverSpecs {
         self.lock().left_out.get(name).cloned()
     }
 }
-
 
 /// The labels of `devices` whose name `spec` has no device for.
 fn missing(spec: &Spec, devices: &[(String, String)]) -> Vec<String> {

@@ -238,15 +238,8 @@ impl Asked {
             }
         };
         for group in &spec.groups {
-            let mut names: Vec<String> = Vec::new();
-            for &i in &group.results {
-                if let Some(r) = spec.results.get(i) {
-                    if !names.contains(&r.request) {
-                        names.push(r.request.clone());
-                    }
-                }
-            }
-            let keys = || {
+            let names = group_requests(spec, group);
+            let sharing = asked_sharing(&group.sharing, &mut cap, || {
                 let mut want = names.clone();
                 want.sort();
                 info.groups
@@ -257,33 +250,7 @@ impl Asked {
                         have == want
                     })
                     .map(group_keys)
-            };
-            let mps = |settings: &MpsSettings| match keys() {
-                None => AskedSharing::Unfit("no prepared group has these requests".into()),
-                Some(keys) => match settings.resolve_pinned_limits(&keys) {
-                    Ok(pinned) => AskedSharing::Mps(AskedMps::asked(
-                        settings.active_thread_percentage,
-                        pinned,
-                        settings.multi_user,
-                    )),
-                    Err(e) => AskedSharing::Unfit(e.message),
-                },
-            };
-            let sharing = match &group.sharing {
-                Sharing::Exclusive | Sharing::Mig { mps: None, .. } => AskedSharing::Exclusive,
-                Sharing::TimeSlicing { interval, replicas } => {
-                    cap(replicas);
-                    AskedSharing::TimeSlicing(*interval)
-                }
-                Sharing::Mps { settings, replicas } => {
-                    cap(replicas);
-                    mps(settings)
-                }
-                Sharing::Mig {
-                    mps: Some(settings),
-                    ..
-                } => mps(settings),
-            };
+            });
             for r in &names {
                 let list = &mut requests.entry(r.clone()).or_default().1;
                 if !list.contains(&sharing) {
@@ -292,6 +259,55 @@ impl Asked {
             }
         }
         sorted(Asked { requests, replicas })
+    }
+}
+
+/// The requests of `group`'s results, in order of first appearance.
+fn group_requests(spec: &ClaimSpec, group: &crate::config::DeviceGroup) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for &i in &group.results {
+        if let Some(r) = spec.results.get(i) {
+            if !names.contains(&r.request) {
+                names.push(r.request.clone());
+            }
+        }
+    }
+    names
+}
+
+/// What a group's config asks: its sharing, its `replicas` given to `cap`. An MPS group's
+/// per-device limits are resolved against the keys of the prepared group of the same
+/// requests (`keys`; `None`: no prepared group has them).
+fn asked_sharing(
+    sharing: &Sharing,
+    cap: &mut impl FnMut(&Option<u32>),
+    keys: impl Fn() -> Option<Vec<String>>,
+) -> AskedSharing {
+    let mps = |settings: &MpsSettings| match keys() {
+        None => AskedSharing::Unfit("no prepared group has these requests".into()),
+        Some(keys) => match settings.resolve_pinned_limits(&keys) {
+            Ok(pinned) => AskedSharing::Mps(AskedMps::asked(
+                settings.active_thread_percentage,
+                pinned,
+                settings.multi_user,
+            )),
+            Err(e) => AskedSharing::Unfit(e.message),
+        },
+    };
+    match sharing {
+        Sharing::Exclusive | Sharing::Mig { mps: None, .. } => AskedSharing::Exclusive,
+        Sharing::TimeSlicing { interval, replicas } => {
+            cap(replicas);
+            AskedSharing::TimeSlicing(*interval)
+        }
+        Sharing::Mps { settings, replicas } => {
+            cap(replicas);
+            mps(settings)
+        }
+        Sharing::Mig {
+            mps: Some(settings),
+            ..
+        } => mps(settings),
     }
 }
 

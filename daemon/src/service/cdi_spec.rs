@@ -109,10 +109,38 @@ impl Service {
         requests: &[RequestDevices],
         lookup: DriverLookup,
     ) -> Result<Vec<RequestDevices>, crate::driver_spec::DriverSpecError> {
+        let mut out = self.bare_requests(requests);
+        if let Some(driver) = &self.cfg.driver_spec {
+            let (wanted, slots) = self.driver_devices_wanted(groups, &out)?;
+            let ids = match lookup {
+                DriverLookup::MayGenerate => driver.device_ids(&wanted)?,
+                DriverLookup::InstalledOnly => driver.installed_ids(&wanted)?,
+            };
+            for ((ri, di), id) in slots.into_iter().zip(ids) {
+                out[ri].per_device[di].cdi_device_ids.push(id);
+            }
+        }
         let single = requests.len() == 1;
+        for x in &mut out {
+            let claim_device = cdi::qualified_name(&cdi::device_name(uid, &x.request, single));
+            // The claim device serves the whole request: on its last device only.
+            if let Some(last) = x.per_device.last_mut() {
+                last.cdi_device_ids.push(claim_device);
+            }
+            x.cdi_device_ids = x
+                .per_device
+                .iter()
+                .flat_map(|d| d.cdi_device_ids.iter().cloned())
+                .collect();
+        }
+        Ok(out)
+    }
+
+    /// `requests` with every prepared device listed (records of daemons older than
+    /// `per_device` have only the device names) and no CDI device ID yet.
+    fn bare_requests(&self, requests: &[RequestDevices]) -> Vec<RequestDevices> {
         let mut out = requests.to_vec();
         for x in &mut out {
-            // Records of daemons older than per_device have only the device names.
             if x.per_device.is_empty() {
                 x.per_device = x
                     .devices
@@ -128,58 +156,53 @@ impl Service {
                 d.cdi_device_ids.clear();
             }
         }
-        if let Some(driver) = &self.cfg.driver_spec {
-            let mut wanted: Vec<(String, String)> = Vec::new();
-            let mut slots: Vec<(usize, usize)> = Vec::new();
-            for (ri, x) in out.iter().enumerate() {
-                let migs: Vec<&gpushare_proto::MigInstanceInfo> = groups
-                    .iter()
-                    .flat_map(|g| g.slices())
-                    .filter(|m| m.request == x.request)
-                    .collect();
-                for (di, d) in x.per_device.iter().enumerate() {
-                    let device = if migs.is_empty() {
-                        self.backend
-                            .find(&d.device)
-                            .map(|g| (g.device_name(), g.uuid.clone()))
-                    } else {
-                        // A slice made again keeps the name its claim's IDs were handed out
-                        // with: the driver's spec has it as an alias of the new device.
-                        migs.get(di)
-                            .filter(|m| !m.uuid.is_empty())
-                            .map(|m| (m.device.clone(), driver_name_of(m).to_string()))
-                    };
-                    let device = device.ok_or_else(|| {
-                        crate::driver_spec::DriverSpecError::Failed(format!(
-                            "no GPU or MIG device of this node is device {} of request {}",
-                            d.device, x.request
-                        ))
-                    })?;
-                    wanted.push(device);
-                    slots.push((ri, di));
-                }
-            }
-            let ids = match lookup {
-                DriverLookup::MayGenerate => driver.device_ids(&wanted)?,
-                DriverLookup::InstalledOnly => driver.installed_ids(&wanted)?,
-            };
-            for ((ri, di), id) in slots.into_iter().zip(ids) {
-                out[ri].per_device[di].cdi_device_ids.push(id);
-            }
-        }
-        for x in &mut out {
-            let claim_device = cdi::qualified_name(&cdi::device_name(uid, &x.request, single));
-            // The claim device serves the whole request: on its last device only.
-            if let Some(last) = x.per_device.last_mut() {
-                last.cdi_device_ids.push(claim_device);
-            }
-            x.cdi_device_ids = x
-                .per_device
+        out
+    }
+
+    /// The driver spec's device (name, UUID) of each prepared device of `requests`, with
+    /// where its ID goes (request, device): a whole GPU's, or the MIG device the group's
+    /// slices record in allocation order.
+    ///
+    /// # Errors
+    /// A device that is no GPU or MIG device of this node.
+    #[allow(clippy::type_complexity)]
+    fn driver_devices_wanted(
+        &self,
+        groups: &[Group],
+        requests: &[RequestDevices],
+    ) -> Result<(Vec<(String, String)>, Vec<(usize, usize)>), crate::driver_spec::DriverSpecError>
+    {
+        let mut wanted: Vec<(String, String)> = Vec::new();
+        let mut slots: Vec<(usize, usize)> = Vec::new();
+        for (ri, x) in requests.iter().enumerate() {
+            let migs: Vec<&gpushare_proto::MigInstanceInfo> = groups
                 .iter()
-                .flat_map(|d| d.cdi_device_ids.iter().cloned())
+                .flat_map(|g| g.slices())
+                .filter(|m| m.request == x.request)
                 .collect();
+            for (di, d) in x.per_device.iter().enumerate() {
+                let device = if migs.is_empty() {
+                    self.backend
+                        .find(&d.device)
+                        .map(|g| (g.device_name(), g.uuid.clone()))
+                } else {
+                    // A slice made again keeps the name its claim's IDs were handed out
+                    // with: the driver's spec has it as an alias of the new device.
+                    migs.get(di)
+                        .filter(|m| !m.uuid.is_empty())
+                        .map(|m| (m.device.clone(), driver_name_of(m).to_string()))
+                };
+                let device = device.ok_or_else(|| {
+                    crate::driver_spec::DriverSpecError::Failed(format!(
+                        "no GPU or MIG device of this node is device {} of request {}",
+                        d.device, x.request
+                    ))
+                })?;
+                wanted.push(device);
+                slots.push((ri, di));
+            }
         }
-        Ok(out)
+        Ok((wanted, slots))
     }
 
     /// Refuses, before anything is changed, a claim whose whole GPUs the driver's spec has

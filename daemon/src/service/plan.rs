@@ -9,11 +9,55 @@ use crate::strategy::mps::{self, MpsGroup};
 use crate::strategy::{Exclusive, TimeSlicing};
 
 impl Service {
-    /// Resolves devices and configs into per-group plans, touching nothing.
+    /// Resolves devices and configs into per-group plans, touching nothing; with the claim's
+    /// attach limit (the lowest `replicas` of its configs).
     pub(super) fn plan(
         &self,
         spec: &ClaimSpec,
     ) -> Result<(Vec<GroupPlan>, Option<u32>), ServiceError> {
+        let gpus = self.find_gpus(spec)?;
+        let mut plans = Vec::new();
+        let mut limit: Option<u32> = None;
+        for group in &spec.groups {
+            let mut devices: Vec<ClaimDevice> = group
+                .results
+                .iter()
+                .map(|&i| ClaimDevice {
+                    request: spec.results[i].request.clone(),
+                    device: spec.results[i].device.clone(),
+                    uuid: gpus[i].uuid.clone(),
+                    minor: gpus[i].minor,
+                })
+                .collect();
+            devices.sort_by(|a, b| a.uuid.cmp(&b.uuid));
+            let mut requests: Vec<String> = Vec::new();
+            for &i in &group.results {
+                if !requests.contains(&spec.results[i].request) {
+                    requests.push(spec.results[i].request.clone());
+                }
+            }
+            let (sharing, replicas) = group_sharing(spec, group, &requests)?;
+            if let Some(r) = replicas {
+                limit = Some(limit.map_or(r, |l| l.min(r)));
+            }
+            let strategy =
+                self.group_strategy(spec, group, &gpus, &sharing, &requests, &mut devices)?;
+            plans.push(GroupPlan {
+                requests,
+                devices,
+                strategy,
+            });
+        }
+        Ok((plans, limit))
+    }
+
+    /// The GPU of each of the claim's results, in order: whole GPUs by device name, a MIG
+    /// device's parent by its minor.
+    ///
+    /// # Errors
+    /// A static MIG device by UUID (`Unsupported`), a device allocated twice
+    /// (`InvalidRequest`), one the node does not have (`UnknownDevice`).
+    fn find_gpus(&self, spec: &ClaimSpec) -> Result<Vec<&Gpu>, ServiceError> {
         let mut gpus: Vec<&Gpu> = Vec::with_capacity(spec.results.len());
         let mut seen = BTreeSet::new();
         let mut seen_names = BTreeSet::new();
@@ -66,136 +110,75 @@ impl Service {
             gpus.push(gpu);
         }
 
-        let mut plans = Vec::new();
-        let mut limit: Option<u32> = None;
-        for group in &spec.groups {
-            let mut devices: Vec<ClaimDevice> = group
-                .results
-                .iter()
-                .map(|&i| ClaimDevice {
-                    request: spec.results[i].request.clone(),
-                    device: spec.results[i].device.clone(),
-                    uuid: gpus[i].uuid.clone(),
-                    minor: gpus[i].minor,
-                })
-                .collect();
-            devices.sort_by(|a, b| a.uuid.cmp(&b.uuid));
-            let mut requests: Vec<String> = Vec::new();
+        Ok(gpus)
+    }
+
+    /// The plan of a group whose config is `sharing`, mapped onto its strategy (its GPUs
+    /// checked first: whole GPUs for a whole-GPU strategy, MPS support for an MPS daemon). A
+    /// MIG group's `devices` become its MIG devices, named canonically.
+    fn group_strategy(
+        &self,
+        spec: &ClaimSpec,
+        group: &config::DeviceGroup,
+        gpus: &[&Gpu],
+        sharing: &Sharing,
+        requests: &[String],
+        devices: &mut Vec<ClaimDevice>,
+    ) -> Result<Box<dyn GroupStrategy>, ServiceError> {
+        if !matches!(sharing, Sharing::Mig { .. }) {
             for &i in &group.results {
-                if !requests.contains(&spec.results[i].request) {
-                    requests.push(spec.results[i].request.clone());
-                }
+                self.check_whole_gpu(gpus[i])?;
             }
-            let mut cap = |r: Option<u32>| {
-                if let Some(r) = r {
-                    limit = Some(limit.map_or(r, |l| l.min(r)));
-                }
-            };
-            // MIG devices get MIG whatever the config says: no config means the slice alone,
-            // MPS means a daemon on the slice.
-            let migs = group
-                .results
-                .iter()
-                .filter(|&&i| crate::mig::MigDeviceName::parse(&spec.results[i].device).is_some())
-                .count();
-            let sharing = if migs == 0 {
-                group.sharing.clone()
-            } else if migs != group.results.len() {
-                return Err(ServiceError::new(
-                    ErrorCode::InvalidRequest,
-                    format!(
-                        "request(s) {} mix MIG devices and whole GPUs under one config",
-                        requests.join(", ")
-                    ),
-                ));
-            } else {
-                match &group.sharing {
-                    Sharing::Exclusive => Sharing::Mig {
-                        profile: None,
-                        mps: None,
-                    },
-                    Sharing::Mps { settings, replicas } => {
-                        cap(*replicas);
-                        Sharing::Mig {
-                            profile: None,
-                            mps: Some(settings.clone()),
-                        }
-                    }
-                    Sharing::TimeSlicing { .. } => {
-                        return Err(ServiceError::new(
-                            ErrorCode::InvalidConfig,
-                            format!(
-                                "request(s) {}: time-slicing applies to whole GPUs, not MIG devices (use MPS or no sharing)",
-                                requests.join(", ")
-                            ),
-                        ))
-                    }
-                    m @ Sharing::Mig { .. } => m.clone(),
-                }
-            };
-            if !matches!(sharing, Sharing::Mig { .. }) {
-                for &i in &group.results {
-                    self.check_whole_gpu(gpus[i])?;
-                }
-            }
-            let strategy: Box<dyn GroupStrategy> = match &sharing {
-                Sharing::Exclusive => Box::new(Exclusive),
-                Sharing::TimeSlicing { interval, replicas } => {
-                    cap(*replicas);
-                    Box::new(TimeSlicing {
-                        interval: *interval,
-                    })
-                }
-                Sharing::Mps { settings, replicas } => {
-                    cap(*replicas);
-                    let uuids: Vec<String> = devices.iter().map(|d| d.uuid.clone()).collect();
-                    for &i in &group.results {
-                        self.check_mps_support(gpus[i], settings)?;
-                    }
-                    let launch = mps::plan_launch(
-                        &spec.uid,
-                        &self.claim_dir(&spec.uid),
-                        &uuids,
-                        &requests,
-                        settings,
-                        self.shm_bytes(),
-                    )?;
-                    Box::new(MpsGroup { launch })
-                }
-                Sharing::Mig { profile, mps } => {
-                    if let Some(settings) = mps {
-                        for &i in &group.results {
-                            self.check_mps_support(gpus[i], settings)?;
-                        }
-                    }
-                    let mig = self.plan_mig(
-                        spec,
-                        &group.results,
-                        profile.as_deref(),
-                        mps.as_ref(),
-                        &requests,
-                    )?;
-                    // The group's devices are the MIG devices, named canonically.
-                    devices = mig
-                        .targets
-                        .iter()
-                        .map(|t| ClaimDevice {
-                            request: t.request.clone(),
-                            device: t.device.clone(),
-                            uuid: t.gpu_uuid.clone(),
-                            minor: t.gpu_minor,
-                        })
-                        .collect();
-                    Box::new(mig)
-                }
-            };
-            plans.push(GroupPlan {
-                requests,
-                devices,
-                strategy,
-            });
         }
-        Ok((plans, limit))
+        let mps_settings = match sharing {
+            Sharing::Mps { settings, .. } => Some(settings),
+            Sharing::Mig { mps, .. } => mps.as_ref(),
+            _ => None,
+        };
+        if let Some(settings) = mps_settings {
+            for &i in &group.results {
+                self.check_mps_support(gpus[i], settings)?;
+            }
+        }
+        let strategy: Box<dyn GroupStrategy> = match sharing {
+            Sharing::Exclusive => Box::new(Exclusive),
+            Sharing::TimeSlicing { interval, .. } => Box::new(TimeSlicing {
+                interval: *interval,
+            }),
+            Sharing::Mps { settings, .. } => {
+                let uuids: Vec<String> = devices.iter().map(|d| d.uuid.clone()).collect();
+                let launch = mps::plan_launch(
+                    &spec.uid,
+                    &self.claim_dir(&spec.uid),
+                    &uuids,
+                    requests,
+                    settings,
+                    self.shm_bytes(),
+                )?;
+                Box::new(MpsGroup { launch })
+            }
+            Sharing::Mig { profile, mps } => {
+                let mig = self.plan_mig(
+                    spec,
+                    &group.results,
+                    profile.as_deref(),
+                    mps.as_ref(),
+                    requests,
+                )?;
+                *devices = mig
+                    .targets
+                    .iter()
+                    .map(|t| ClaimDevice {
+                        request: t.request.clone(),
+                        device: t.device.clone(),
+                        uuid: t.gpu_uuid.clone(),
+                        minor: t.gpu_minor,
+                    })
+                    .collect();
+                Box::new(mig)
+            }
+        };
+        Ok(strategy)
     }
 
     /// Refuses (`Unsupported`) an MPS group on a GPU whose MPS cannot keep the claim's
@@ -279,4 +262,59 @@ impl GroupPlan {
             sharing: applied.sharing,
         }
     }
+}
+
+/// A group's config as it applies to its devices, with its `replicas`: MIG devices get MIG
+/// whatever the config says (no config: the slice alone; MPS: a daemon on the slice).
+///
+/// # Errors
+/// MIG devices and whole GPUs under one config (`InvalidRequest`), time-slicing of MIG
+/// devices (`InvalidConfig`).
+fn group_sharing(
+    spec: &ClaimSpec,
+    group: &config::DeviceGroup,
+    requests: &[String],
+) -> Result<(Sharing, Option<u32>), ServiceError> {
+    let migs = group
+        .results
+        .iter()
+        .filter(|&&i| crate::mig::MigDeviceName::parse(&spec.results[i].device).is_some())
+        .count();
+    let replicas = match &group.sharing {
+        Sharing::TimeSlicing { replicas, .. } | Sharing::Mps { replicas, .. } => *replicas,
+        Sharing::Exclusive | Sharing::Mig { .. } => None,
+    };
+    if migs == 0 {
+        return Ok((group.sharing.clone(), replicas));
+    }
+    if migs != group.results.len() {
+        return Err(ServiceError::new(
+            ErrorCode::InvalidRequest,
+            format!(
+                "request(s) {} mix MIG devices and whole GPUs under one config",
+                requests.join(", ")
+            ),
+        ));
+    }
+    let sharing = match &group.sharing {
+        Sharing::Exclusive => Sharing::Mig {
+            profile: None,
+            mps: None,
+        },
+        Sharing::Mps { settings, .. } => Sharing::Mig {
+            profile: None,
+            mps: Some(settings.clone()),
+        },
+        Sharing::TimeSlicing { .. } => {
+            return Err(ServiceError::new(
+                ErrorCode::InvalidConfig,
+                format!(
+                    "request(s) {}: time-slicing applies to whole GPUs, not MIG devices (use MPS or no sharing)",
+                    requests.join(", ")
+                ),
+            ))
+        }
+        m @ Sharing::Mig { .. } => m.clone(),
+    };
+    Ok((sharing, replicas))
 }

@@ -295,20 +295,6 @@ pub(super) struct RestartPlan {
     started: Option<Instant>,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_up_to_the_cap() {
-        assert_eq!(restart_backoff(0), Duration::from_millis(500));
-        assert_eq!(restart_backoff(1), Duration::from_secs(1));
-        assert_eq!(restart_backoff(3), Duration::from_secs(4));
-        assert_eq!(restart_backoff(6), RESTART_CAP);
-        assert_eq!(restart_backoff(u32::MAX), RESTART_CAP);
-    }
-}
-
 /// Records `new`, the daemon started again in place of `old` on the same pipe directory, as
 /// its group's, counting the restart when `counted` (a death, not a reboot's redo); the
 /// claim's restart plan is reset.
@@ -384,5 +370,19 @@ fn record_restart_failed(
             tracing::error!(claim = %uid, error = %te, "recording a failed restart");
             format!("{RESTART_FAILED}: {e}")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap() {
+        assert_eq!(restart_backoff(0), Duration::from_millis(500));
+        assert_eq!(restart_backoff(1), Duration::from_secs(1));
+        assert_eq!(restart_backoff(3), Duration::from_secs(4));
+        assert_eq!(restart_backoff(6), RESTART_CAP);
+        assert_eq!(restart_backoff(u32::MAX), RESTART_CAP);
     }
 }
