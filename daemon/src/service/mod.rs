@@ -52,6 +52,7 @@ mod quarantine_name;
 mod reconcile;
 mod restarts;
 mod revive;
+mod startup;
 mod stop;
 #[cfg(test)]
 mod testing;
