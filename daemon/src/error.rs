@@ -3,6 +3,7 @@
 use gpushare_proto::{ErrorBody, ErrorCode};
 
 use crate::config::ConfigError;
+use crate::gpu::GpuError;
 
 /// A refused or failed request, as the socket reports it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,6 +27,28 @@ impl ServiceError {
     /// An [`ErrorCode::Internal`] error: something on the host failed.
     pub fn internal(message: impl Into<String>) -> ServiceError {
         ServiceError::new(ErrorCode::Internal, message)
+    }
+}
+
+impl ServiceError {
+    /// A backend's refusal as a request's answer, `what` naming the operation and the
+    /// device: the one mapping of GPU errors onto protocol codes. A setting or profile the
+    /// GPU cannot take is `Unsupported`; one taken by others (processes on the GPU, an
+    /// occupied placement) `Conflict`; an argument the driver refuses `InvalidConfig`; a GPU
+    /// the node does not have `UnknownDevice`; anything else `Internal`.
+    pub fn gpu(what: impl std::fmt::Display, e: &GpuError) -> ServiceError {
+        ServiceError::new(gpu_code(e), format!("{what}: {e}"))
+    }
+}
+
+/// The protocol code of a backend error (see [`ServiceError::gpu`]).
+pub fn gpu_code(e: &GpuError) -> ErrorCode {
+    match e {
+        GpuError::Unsupported(_) => ErrorCode::Unsupported,
+        GpuError::Busy(_) | GpuError::InsufficientResources(_) => ErrorCode::Conflict,
+        GpuError::InvalidArgument(_) => ErrorCode::InvalidConfig,
+        GpuError::NoSuchGpu(_) => ErrorCode::UnknownDevice,
+        GpuError::Failed(_) | GpuError::NotFound(_) => ErrorCode::Internal,
     }
 }
 

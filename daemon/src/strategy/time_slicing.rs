@@ -4,7 +4,7 @@
 //! the last holder puts `Default` back. The interval is all a group needs: a prepare makes
 //! nothing else for it and a release undoes nothing.
 
-use gpushare_proto::{ErrorCode, TimeSliceInterval};
+use gpushare_proto::TimeSliceInterval;
 
 use crate::claim::{Group, Sharing};
 
@@ -13,7 +13,7 @@ use gpushare_core::Want;
 use super::group::{whole_gpu_holds, GpuHold, GroupLife, GroupStrategy};
 use super::Strategy;
 use crate::error::ServiceError;
-use crate::gpu::{GpuBackend, GpuError};
+use crate::gpu::GpuBackend;
 
 /// Time-slicing at `interval`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,16 +34,9 @@ impl Strategy for TimeSlicing {
         device: &str,
     ) -> Result<(), ServiceError> {
         backend.set_time_slice(uuid, self.interval).map_err(|e| {
-            ServiceError::new(
-                match e {
-                    GpuError::Unsupported(_) => ErrorCode::Unsupported,
-                    GpuError::Busy(_) => ErrorCode::Conflict,
-                    _ => ErrorCode::Internal,
-                },
-                format!(
-                    "setting time-slice {} on {device}: {e}",
-                    self.interval.as_str()
-                ),
+            ServiceError::gpu(
+                format_args!("setting time-slice {} on {device}", self.interval.as_str()),
+                &e,
             )
         })
     }

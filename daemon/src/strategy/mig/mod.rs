@@ -145,14 +145,7 @@ pub fn model_of(gpu: &Gpu) -> Result<MigModel, ServiceError> {
     })
 }
 
-/// Maps a backend error to the service's codes.
+/// A backend error as the service's answer ([`ServiceError::gpu`], the one mapping).
 pub fn gpu_err(what: &str, e: GpuError) -> ServiceError {
-    let code = match e {
-        GpuError::Unsupported(_) => ErrorCode::Unsupported,
-        GpuError::Busy(_) | GpuError::InsufficientResources(_) => ErrorCode::Conflict,
-        GpuError::InvalidArgument(_) => ErrorCode::InvalidConfig,
-        GpuError::NoSuchGpu(_) => ErrorCode::UnknownDevice,
-        GpuError::Failed(_) | GpuError::NotFound(_) => ErrorCode::Internal,
-    };
-    err(code, format!("{what}: {e}"))
+    ServiceError::gpu(what, &e)
 }

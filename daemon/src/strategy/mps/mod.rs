@@ -11,11 +11,11 @@
 //! with (pure); `control`, starting one and verifying its limits by read-back; `stop`, finding
 //! and stopping one; `error`, why an operation failed.
 
-use gpushare_proto::{ComputeMode, ErrorCode};
+use gpushare_proto::ComputeMode;
 
 use super::Strategy;
 use crate::error::ServiceError;
-use crate::gpu::{GpuBackend, GpuError};
+use crate::gpu::GpuBackend;
 
 mod control;
 mod error;
@@ -54,13 +54,9 @@ impl Strategy for Mps {
         backend
             .set_compute_mode(uuid, ComputeMode::ExclusiveProcess)
             .map_err(|e| {
-                let code = match e {
-                    GpuError::Busy(_) => ErrorCode::Conflict,
-                    _ => ErrorCode::Internal,
-                };
-                ServiceError::new(
-                    code,
-                    format!("setting compute mode EXCLUSIVE_PROCESS on {device}: {e}"),
+                ServiceError::gpu(
+                    format_args!("setting compute mode EXCLUSIVE_PROCESS on {device}"),
+                    &e,
                 )
             })
     }
