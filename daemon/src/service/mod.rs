@@ -156,10 +156,6 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
-fn is_mig_device_name(name: &str) -> bool {
-    name.starts_with("MIG-") || name.contains("-mig-")
-}
-
 impl Service {
     /// A service over `backend`: loads the checkpoint (a corrupt one is quarantined, logged
     /// and reported in `health`), then reconciles the host with it before reporting ready (see

@@ -63,7 +63,7 @@ impl Service {
         let mut seen_names = BTreeSet::new();
         for r in &spec.results {
             let mig_name = crate::mig::MigDeviceName::parse(&r.device);
-            if mig_name.is_none() && is_mig_device_name(&r.device) {
+            if mig_name.is_none() && crate::strategy::mig::names_a_mig_device(&r.device) {
                 return Err(ServiceError::new(
                     ErrorCode::Unsupported,
                     format!(

@@ -149,38 +149,12 @@ impl Service {
             if quiet.busy_for_others(gpu, &info.uid) || others.any_on(gpu) {
                 continue;
             }
-            let Some(g) = self.backend.find(gpu) else {
-                continue;
-            };
-            let name = g.device_name();
-            if !strategy::model_of(g).is_ok_and(|m| m.reset_free_mode_toggle()) {
-                continue;
-            }
-            // Off already (a start finishing a release that a kill cut short after this).
-            if self.backend.mig_mode(gpu).is_ok_and(|m| !m.current) {
-                continue;
-            }
-            match self.backend.mig_instances(gpu) {
-                Ok(live) if !live.is_empty() => {
-                    tracing::info!(gpu = %name, instances = live.len(), "MIG mode stays on: MIG instances gpushare did not make are there");
-                    continue;
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(gpu = %name, error = %e, "reading MIG instances before turning MIG mode off");
-                    continue;
-                }
-            }
-            match self.backend.set_mig_mode(gpu, false) {
-                Ok(m) if !m.current => {
-                    tracing::info!(gpu = %name, "MIG mode disabled: the last MIG claim it was enabled for is released")
-                }
-                Ok(_) => {
-                    tracing::warn!(gpu = %name, "disabling MIG mode stays pending a reset; left so")
-                }
-                Err(e) => {
-                    tracing::error!(gpu = %name, error = %e, "disabling MIG mode after the last MIG claim it was enabled for")
-                }
+            if let Some(g) = self.backend.find(gpu) {
+                strategy::mode_off_if_bare(
+                    self.backend.as_ref(),
+                    g,
+                    strategy::ModeOffFor::LastRelease,
+                );
             }
         }
     }
@@ -222,9 +196,7 @@ impl Service {
                 ),
             ));
         }
-        let resettable = MigModel::from_product_name(&gpu.product_name)
-            .is_some_and(MigModel::reset_free_mode_toggle);
-        if mode.current != mode.pending || !resettable {
+        if mode.current != mode.pending || !strategy::toggles_without_reset(gpu) {
             return Err(ServiceError::new(
                 ErrorCode::Unsupported,
                 format!(

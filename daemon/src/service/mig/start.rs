@@ -231,20 +231,8 @@ pub(in crate::service) fn leave_mig_mode_at_start<'a>(
         .map(|x| x.gpu_uuid.as_str())
         .collect();
     for gpu in flipped {
-        let Some(g) = backend.find(gpu) else { continue };
-        if !strategy::model_of(g).is_ok_and(|m| m.reset_free_mode_toggle())
-            || !backend.mig_instances(gpu).is_ok_and(|v| v.is_empty())
-        {
-            continue;
-        }
-        match backend.set_mig_mode(gpu, false) {
-            Ok(m) if !m.current => {
-                tracing::info!(gpu = %g.device_name(), "MIG mode disabled: a prepare that crashed had turned it on, and nothing is left on the GPU")
-            }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::error!(gpu = %g.device_name(), error = %e, "disabling MIG mode a crashed prepare turned on")
-            }
+        if let Some(g) = backend.find(gpu) {
+            strategy::mode_off_if_bare(backend, g, strategy::ModeOffFor::CrashedPrepare);
         }
     }
 }

@@ -28,7 +28,7 @@ pub use sweep::{sweep_unowned, Swept};
 use gpushare_proto::{ErrorCode, MigInstanceInfo, MigOrigin};
 
 use crate::error::ServiceError;
-use crate::gpu::{Gpu, GpuError, MigInstance};
+use crate::gpu::{Gpu, GpuBackend, GpuError, MigInstance};
 use crate::mig::{GiProfile, MigModel};
 
 /// MIG's hold on a GPU: no setting of the GPU itself. MIG mode is entered where the GPU
@@ -143,6 +143,68 @@ pub fn model_of(gpu: &Gpu) -> Result<MigModel, ServiceError> {
             ),
         )
     })
+}
+
+/// Whether `name`, a device name a claim's allocation holds, names a MIG device in any form:
+/// a MIG UUID (`MIG-…`, static MIG by UUID) or a DRA name with `-mig-`. Only one that
+/// [`crate::mig::MigDeviceName::parse`] reads (`gpu-<minor>-mig-<profile>-<GI profile ID>-<start>`, the
+/// one meaning of "MIG device name" here) is a device gpushare makes or takes; the others are
+/// refused as such, not looked up as whole GPUs.
+pub fn names_a_mig_device(name: &str) -> bool {
+    name.starts_with("MIG-") || name.contains("-mig-")
+}
+
+/// Whether `gpu` enters and leaves MIG mode without a GPU reset (Hopper and later): the one
+/// place that says where gpushare may change a GPU's MIG mode at all.
+pub fn toggles_without_reset(gpu: &Gpu) -> bool {
+    model_of(gpu).is_ok_and(MigModel::reset_free_mode_toggle)
+}
+
+/// Why MIG mode was turned off, for the log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModeOffFor {
+    /// The last claim whose slice it was turned on for is released.
+    LastRelease,
+    /// A prepare that crashed had turned it on, and nothing is left on the GPU.
+    CrashedPrepare,
+}
+
+/// The one "MIG mode off" path for a GPU gpushare turned MIG mode on for: turned off when
+/// the GPU leaves MIG mode without a reset ([`toggles_without_reset`]), it is on, and no MIG
+/// instance is left on it (one made by others keeps the mode as it is). The caller has
+/// checked that no claim records or is making a slice there. Logged whatever happens; never
+/// an error (the release or start stands).
+pub fn mode_off_if_bare(backend: &dyn GpuBackend, gpu: &Gpu, why: ModeOffFor) {
+    let name = gpu.device_name();
+    if !toggles_without_reset(gpu) {
+        return;
+    }
+    // Off already (a start finishing a release that a kill cut short after this).
+    if backend.mig_mode(&gpu.uuid).is_ok_and(|m| !m.current) {
+        return;
+    }
+    match backend.mig_instances(&gpu.uuid) {
+        Ok(live) if !live.is_empty() => {
+            tracing::info!(gpu = %name, instances = live.len(), "MIG mode stays on: MIG instances gpushare did not make are there");
+            return;
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(gpu = %name, error = %e, "reading MIG instances before turning MIG mode off");
+            return;
+        }
+    }
+    let what = match why {
+        ModeOffFor::LastRelease => "the last MIG claim it was enabled for is released",
+        ModeOffFor::CrashedPrepare => {
+            "a prepare that crashed had turned it on, and nothing is left on the GPU"
+        }
+    };
+    match backend.set_mig_mode(&gpu.uuid, false) {
+        Ok(m) if !m.current => tracing::info!(gpu = %name, "MIG mode disabled: {what}"),
+        Ok(_) => tracing::warn!(gpu = %name, "disabling MIG mode stays pending a reset; left so"),
+        Err(e) => tracing::error!(gpu = %name, error = %e, "disabling MIG mode ({what})"),
+    }
 }
 
 /// A backend error as the service's answer ([`ServiceError::gpu`], the one mapping).
