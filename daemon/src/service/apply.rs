@@ -2,8 +2,14 @@
 //! what it makes, through `strategy::group`), then the CDI spec, then the check that the
 //! runtime will resolve every ID.
 
+use super::cdi_spec::driver_spec_error;
 use super::effects::ClaimGroup;
-use super::*;
+use super::plan::GroupPlan;
+use super::Service;
+use crate::claim::{Claim, Group};
+use crate::config::ClaimSpec;
+use crate::error::ServiceError;
+use gpushare_proto::RequestDevices;
 
 impl Service {
     /// Applies every group's strategy, then writes the CDI spec. Returns the groups as

@@ -1,7 +1,13 @@
 //! A claim CDI spec: written from its groups, its device nodes checked against the host, its
 //! IDs resolved against the NVIDIA driver spec as the CDI library reads them.
 
-use super::*;
+use gpushare_proto::{ErrorCode, PreparedDevice, RequestDevices};
+
+use super::plan::GroupPlan;
+use super::Service;
+use crate::cdi::{self, ContainerEdits};
+use crate::claim::{Claim, Group, Phase};
+use crate::error::ServiceError;
 
 impl Service {
     pub(super) fn write_cdi(

@@ -8,29 +8,23 @@
 //! registry mutex is held briefly by changes and never across a process spawn or NVML call;
 //! readers never take it: they read the view published after every change (`view`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use gpushare_proto::{
-    Attachment, ClaimDevice, ErrorCode, GpuInfo, GpuSharing, HealthInfo, PrepareResult,
-    PreparedDevice, RequestDevices, UnprepareResult,
-};
-use serde_json::Value;
+use gpushare_proto::ErrorCode;
 
 use crate::admission::GpuModes;
-use crate::cdi::{self, ContainerEdits, HookConfig};
-use crate::checkpoint::Tombstone;
-use crate::claim::{Claim, Event, Group, Phase};
-use crate::config::{self, ClaimSpec, ParseContext};
+use crate::cdi::HookConfig;
+use crate::claim::Claim;
+use crate::config::ParseContext;
 use crate::error::ServiceError;
-use crate::fsutil;
-use crate::gpu::{Gpu, GpuBackend};
+use crate::gpu::GpuBackend;
 use crate::placement::Placement;
-use crate::registry::{Claims, Registry, Tombstones, Txn};
+use crate::registry::{Claims, Registry, Tombstones};
 use crate::store::Store;
-use crate::strategy::mps::{default_shm_bytes, Liveness, MpsControl, MpsDirs};
+use crate::strategy::mps::{Liveness, MpsControl, MpsDirs};
 use crate::sys::{DeviceFiles, Processes};
 use gpushare_core::Published;
 use gpushare_core::Want;
@@ -57,9 +51,7 @@ mod stop;
 #[cfg(test)]
 mod testing;
 mod view;
-use cdi_spec::driver_spec_error;
 use locks::ClaimLocks;
-use plan::GroupPlan;
 pub use reconcile::BOOT_ID_PATH;
 pub use restarts::{restart_backoff, SupervisedDaemon};
 pub use stop::registry_answers;
@@ -419,9 +411,15 @@ fn wants_of(info: &Claim) -> Vec<(String, String, Want)> {
         .collect()
 }
 
+// What the service's tests (`tests.rs`, `tests/`, `mig_tests*`) take from here by glob.
 #[cfg(test)]
-use gpushare_proto::{
-    AttachParams, ClaimInfo, ClaimState, ComputeMode, DetachParams, MpsInfo, StrategyInfo,
+use {
+    crate::cdi,
+    gpushare_proto::{
+        AttachParams, Attachment, ClaimInfo, ClaimState, ComputeMode, DetachParams, GpuInfo,
+        GpuSharing, MpsInfo, PrepareResult, StrategyInfo,
+    },
+    serde_json::Value,
 };
 
 #[cfg(test)]

@@ -2,9 +2,19 @@
 //! checked, each group's config mapped onto its strategy (`strategy::group`: MPS directories
 //! and limits computed, MIG slices resolved).
 
-use super::*;
+use std::collections::BTreeSet;
+
+use gpushare_proto::{ClaimDevice, ErrorCode, PreparedDevice, RequestDevices};
+
+use super::Service;
+use crate::cdi;
+use crate::claim::Group;
 use crate::config::Sharing;
+use crate::config::{self, ClaimSpec};
+use crate::error::ServiceError;
+use crate::gpu::Gpu;
 use crate::strategy::group::{Applied, GroupStrategy};
+use crate::strategy::mps::default_shm_bytes;
 use crate::strategy::mps::{self, MpsGroup};
 use crate::strategy::{Exclusive, TimeSlicing};
 

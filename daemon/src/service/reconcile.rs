@@ -1,8 +1,6 @@
-//! The host record's writes, the tombstones' check against stale prepares, and the constants
-//! of the start and of MPS restarts. The start-up reconcile itself is `startup/`, the restart
+//! The host record's writes, the tombstones' check against stale prepares, and what the
+//! start and the orphans' sweep share. The start-up reconcile itself is `startup/`, the restart
 //! of dead MPS control daemons `restarts.rs`, the graceful stop `stop.rs`.
-
-use std::time::Duration;
 
 use gpushare_proto::ErrorCode;
 
@@ -22,15 +20,6 @@ pub(super) const MAX_SPEC_BYTES: u64 = 4 << 20;
 /// claim's is made so by its MPS start too): traversable, so that an MPS server started under
 /// a client's uid reaches its pipe directory, but not listable by other host users.
 pub(super) const CLAIM_DIR_MODE: u32 = 0o711;
-
-/// First delay before restarting a dead MPS control daemon; doubled after each failure.
-pub(super) const RESTART_BASE: Duration = Duration::from_millis(500);
-
-/// Longest delay between two restart attempts.
-pub(super) const RESTART_CAP: Duration = Duration::from_secs(30);
-
-/// A daemon that ran this long before it died counts as a new first failure.
-pub(super) const RESTART_STABLE: Duration = Duration::from_secs(60);
 
 impl Service {
     /// Refuses a prepare older than a release of the same claim: one that arrived before the

@@ -3,19 +3,25 @@
 //! again.
 
 use std::path::Path;
-
-use gpushare_proto::MpsInfo;
 use std::time::{Duration, Instant};
 
-use crate::claim::{Cause, Claim, Event, Phase};
+use gpushare_proto::MpsInfo;
 
-use super::reconcile::*;
+use super::{now_secs, Service};
+use crate::claim::{Cause, Causes, Claim, Event, Phase};
+use crate::strategy::mps::{launch_of, Liveness, MpsDirs};
+
+/// First delay before restarting a dead MPS control daemon; doubled after each failure.
+const RESTART_BASE: Duration = Duration::from_millis(500);
+
+/// Longest delay between two restart attempts.
+const RESTART_CAP: Duration = Duration::from_secs(30);
+
+/// A daemon that ran this long before it died counts as a new first failure.
+const RESTART_STABLE: Duration = Duration::from_secs(60);
 
 /// What a failed restart's cause says first (the claim's message lists it after the death).
 const RESTART_FAILED: &str = "restarting the MPS control daemon failed";
-use super::{now_secs, Service};
-use crate::claim::Causes;
-use crate::strategy::mps::{launch_of, Liveness, MpsDirs};
 
 impl Service {
     /// Starts the MPS control daemon of `uid`'s group on `pipe_dir` again, with its limits as

@@ -1,8 +1,28 @@
-//! `prepare`: guard (stopping, stale, a prepared claim asked again) → plan (`plan.rs`) → admit
-//! (the GPUs mode words) → transaction (`PrepareStarted` on disk, undone unless written) → apply
-//! (`apply.rs`) → commit (`Prepared` on disk, the tombstone lifted).
+//! `prepare`, in order: guard (stopping, stale, a prepared claim asked again:
+//! [`Service::prepare`]) → plan (`plan.rs`: each group's config mapped onto its strategy; a
+//! MIG group's slices resolved against the node, `strategy/mig/resolve.rs`) → admit (the
+//! GPUs' mode words) → `PrepareStarted` on disk (undone unless written) → apply (`apply.rs`:
+//! each group's strategy, `strategy/<name>`; for MIG, `strategy/mig/group.rs` makes each
+//! slice, recorded the moment its GPU instance exists, then the MPS control daemon on it) →
+//! the CDI spec written and checked → `Prepared` on disk (the tombstone lifted). A failure
+//! anywhere after `PrepareStarted` is undone by the same teardown an unprepare runs
+//! (`unprepare.rs`: each group's strategy stops, then destroys, what its record holds; for
+//! MIG, the daemon, then each slice, `strategy/mig/lifecycle.rs`), and a crash by the next
+//! start's rollback (`docs/crash-safety.md`).
 
-use super::super::*;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use gpushare_proto::{Attachment, ErrorCode, PrepareResult, RequestDevices};
+use serde_json::Value;
+
+use super::super::plan::GroupPlan;
+use super::super::{asked, wants_of, Service, State};
+use crate::cdi;
+use crate::claim::{Claim, Event, Group, Phase};
+use crate::config::{self, ClaimSpec};
+use crate::error::ServiceError;
+use crate::registry::Txn;
 
 impl Service {
     /// Prepares the claim in `claim` (a `ResourceClaim` object). Idempotent: a claim already

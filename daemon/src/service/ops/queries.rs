@@ -1,7 +1,14 @@
 //! The reading requests: one claim, all claims, the GPUs, health. Served from the published
 //! view: they never wait for a change.
 
-use super::super::*;
+use std::sync::Arc;
+
+use gpushare_proto::{ErrorCode, GpuInfo, GpuSharing, HealthInfo};
+
+use super::super::Service;
+use crate::claim::{Claim, Phase};
+use crate::config;
+use crate::error::ServiceError;
 
 impl Service {
     /// One claim, as the published view holds it (shared, not copied).

@@ -3,7 +3,17 @@
 //! when all of them succeeded.
 
 use super::super::effects::ClaimGroup;
-use super::super::*;
+use gpushare_core::Want;
+use gpushare_proto::UnprepareResult;
+
+use super::super::{now_secs, Service, State};
+use crate::cdi;
+use crate::checkpoint::Tombstone;
+use crate::claim::{Claim, Event, Phase};
+use crate::config;
+use crate::error::ServiceError;
+use crate::fsutil;
+use crate::registry::Txn;
 use crate::strategy;
 
 impl Service {
