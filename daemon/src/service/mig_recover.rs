@@ -14,10 +14,9 @@ use gpushare_proto::{MigInstanceInfo, MigOrigin};
 use crate::claim::{Cause, Claim, Event, Phase};
 
 use super::{now_secs, Service};
-use crate::gpu::GpuError;
-use crate::mig::{GiProfileId, MigPlacement};
-use crate::strategy::mig::{self as strategy, Claimed, MigTarget};
 use crate::strategy::mps::launch_of;
+
+mod slice;
 
 /// What the reconcile found of one recorded slice.
 enum Slice {
@@ -129,6 +128,9 @@ impl Service {
         })
     }
 
+    /// The second pass for one claim (see [`Service::settle_mig_claims`]): where its slices
+    /// were made again, its CDI IDs are checked; then its phase follows what was lost, and its
+    /// host record is written again if the claim changed.
     fn settle_mig_claim(&self, r: MigRecovery) {
         let MigRecovery {
             uid,
@@ -149,61 +151,11 @@ impl Service {
             // the node changes, so it is not generated again here (that took one run of the
             // generator per claim). The IDs are checked as a prepare checks them before the
             // claim is ready.
-            if let Some(d) = &self.cfg.driver_spec {
-                for m in after.groups.iter().flat_map(|g| g.slices()) {
-                    if let Some(why) = d.alias_left_out(&m.original_uuid) {
-                        lost.push(format!(
-                            "the driver's CDI spec cannot keep the name {} the claim's CDI device IDs give MIG device {}: {why}",
-                            m.original_uuid, m.device
-                        ));
-                    }
-                }
-            }
-            match self.prepared_requests_with(
-                uid,
-                &after.groups,
-                &after.requests,
-                super::cdi_spec::DriverLookup::InstalledOnly,
-            ) {
-                Ok(requests) => {
-                    if let Err(why) = self.verify_cdi(uid, &requests) {
-                        tracing::error!(claim = %uid, error = %why, "the CDI device IDs of recreated MIG slices do not resolve");
-                        lost.push(format!(
-                            "the claim's CDI device IDs after recreating its MIG slice(s): {why}"
-                        ));
-                    }
-                    if let Some(c) = self.state().claims.get_mut(uid) {
-                        c.requests = requests;
-                    }
-                }
-                Err(e) => {
-                    tracing::error!(claim = %uid, error = %e, "the driver's CDI spec lacks a recreated MIG slice");
-                    lost.push(format!(
-                        "naming the recreated MIG slice(s) in the driver's CDI spec: {e}"
-                    ));
-                }
-            }
+            self.check_driver_aliases(&after, &mut lost);
+            self.check_recreated_ids(uid, &after, &mut lost);
         }
-        {
-            let mut st = self.state();
-            let Some(c) = st.claims.get_mut(uid) else {
-                return;
-            };
-            if !lost.is_empty() {
-                let detail = format!("at {} s after the epoch: {}", now_secs(), lost.join("; "));
-                if let Err(e) =
-                    st.claims
-                        .degrade(uid, Event::SliceLost, vec![(Cause::SliceLost, detail)])
-                {
-                    tracing::error!(claim = %uid, error = %e, "recording a lost MIG slice");
-                }
-            } else if c.causes().contains(Cause::SliceLost) {
-                tracing::info!(claim = %uid, "every MIG slice of the claim is there again");
-                if let Err(e) = st.claims.transition(uid, Event::SlicesIntact) {
-                    tracing::error!(claim = %uid, error = %e, "recording a recreated MIG slice");
-                }
-            }
-            let _ = self.commit(st);
+        if !self.record_slice_outcome(uid, &lost) {
+            return;
         }
         // The registry lock is dropped before the write: `write_host_record` takes it again.
         let now = self.state().claims.get(uid).cloned();
@@ -212,144 +164,77 @@ impl Service {
         }
     }
 
-    /// Whether recorded slice `rec` (group `gi`, record `ri` of claim `uid`) is there, and if
-    /// not, makes it again at its placement.
-    fn check_slice(&self, uid: &str, gi: usize, ri: usize, rec: &MigInstanceInfo) -> Slice {
-        let backend = self.backend.as_ref();
-        let gpu_name = format!("gpu-{}", rec.gpu_minor);
-        let live = match backend.mig_instances(&rec.gpu_uuid) {
-            Ok(v) => v,
-            // MIG mode is off: no instance is left.
-            Err(GpuError::Unsupported(_)) => Vec::new(),
-            Err(e) => return Slice::Lost(format!("reading {gpu_name}'s MIG instances: {e}")),
-        };
-        if live.iter().any(|i| strategy::is_whole_instance_of(rec, i)) {
-            return Slice::Intact;
-        }
-        // Ours but half made (a crash between its GPU and compute instance): made again whole.
-        if let Some(half) = live.iter().find(|i| strategy::is_instance_of(rec, i)) {
-            tracing::warn!(claim = %uid, device = %rec.device, gi = half.gi_id, "MIG slice found half made; destroying it to make it again");
-            // Its record (Prepared, without a compute instance) matches the GPU instance
-            // whatever it holds: nothing to mark before the destroy.
-            if let Err(e) = strategy::destroy(backend, rec, || Ok(())) {
-                return Slice::Lost(e.message);
-            }
-        }
-        let placement = MigPlacement {
-            start: rec.placement_start,
-            size: rec.memory_slices,
-        };
-        let others = {
-            let view = self.view.load();
-            Claimed::of(view.claims.values().map(|c| &**c).filter(|c| c.uid != uid))
-        };
-        let live = backend.mig_instances(&rec.gpu_uuid).unwrap_or_default();
-        // Made again by someone else at exactly its place (mig-parted at boot, an
-        // administrator): the claim takes that one as it is, and leaves it at its release.
-        if let Some(found) = live.iter().find(|i| {
-            i.profile.0 == rec.gi_profile_id
-                && i.placement == placement
-                && others.owner(&rec.gpu_uuid, i).is_none()
-        }) {
-            if let Some(ci) = &found.compute {
-                return Slice::Recreated(MigInstanceInfo {
-                    gi_id: found.gi_id,
-                    ci_id: Some(ci.ci_id),
-                    uuid: ci.uuid.clone(),
-                    origin: MigOrigin::Existing,
-                    ..rec.clone()
-                });
-            }
-        }
-        if let Some(o) = live.iter().find(|i| i.placement.overlaps(&placement)) {
-            let by = others.owner(&rec.gpu_uuid, o).map_or_else(
-                || "no claim: the node's MIG layout".to_string(),
-                |c| format!("claim {c}"),
-            );
-            let profile = backend
-                .find(&rec.gpu_uuid)
-                .and_then(|g| crate::mig::MigModel::from_product_name(&g.product_name))
-                .and_then(|m| m.profile_by_id(o.profile))
-                .map_or_else(|| format!("profile {}", o.profile), |p| p.name.to_string());
-            return Slice::Lost(format!(
-                "{gpu_name}'s memory slices there are taken by the {profile} GPU instance {} at {} ({by})",
-                o.gi_id, o.placement
-            ));
-        }
-        if let Some(c) = others.holders(&rec.gpu_uuid, &placement).into_iter().next() {
-            return Slice::Lost(format!("claim {c} records a slice there"));
-        }
-        let Some(gpu) = backend.find(&rec.gpu_uuid) else {
-            return Slice::Lost(format!("the node has no GPU {}", rec.gpu_uuid));
-        };
-        let model = match strategy::model_of(gpu) {
-            Ok(m) => m,
-            Err(e) => return Slice::Lost(e.message),
-        };
-        let Some(profile) = model.profile_by_id(GiProfileId(rec.gi_profile_id)) else {
-            return Slice::Lost(format!(
-                "{} has no GPU-instance profile {}",
-                gpu.product_name, rec.gi_profile_id
-            ));
-        };
-        let target = MigTarget {
-            request: rec.request.clone(),
-            device: rec.device.clone(),
-            gpu_uuid: rec.gpu_uuid.clone(),
-            gpu_minor: rec.gpu_minor,
-            model,
-            profile,
-            start: rec.placement_start,
-            existing: None,
-            chosen: false,
-            carries_mode_flag: rec.enabled_mig_mode,
-        };
-        // Its intent first (a crash before the record names the new instance leaves it for
-        // the next start's sweep); the GPU instance is recorded (and the record kept) the
-        // moment it exists: a crash before its compute instance is recorded finds it half
-        // made at the next start.
-        if let Err(e) = self.mig_intents.reserve(uid, &target) {
-            return Slice::Lost(e.message);
-        }
-        let entering = || self.mig_intents.entering_mig_mode(uid, &target);
-        let created = strategy::create(backend, &target, entering, |partial| {
-            self.mig_intents.made(uid, partial);
-            // Half made, the record keeps the MIG UUID the claim's CDI IDs and its MPS
-            // control daemon still name (a record naming a device it does not hold is refused
-            // at start); without its compute instance it matches the new GPU instance by IDs
-            // alone, so a crash now finds it half made and makes it again.
-            let half = MigInstanceInfo {
-                uuid: rec.uuid.clone(),
-                original_uuid: rec.original_uuid.clone(),
-                ..partial.clone()
-            };
-            self.set_slice(uid, gi, ri, &half);
-            self.commit(self.state())
-        });
-        self.mig_intents.strike(uid);
-        match created {
-            Ok(new) => Slice::Recreated(new),
-            Err(e) => {
-                // Back to the old record unless the GPU instance made is still there (its
-                // rollback failed): then the record names it, for the release to destroy.
-                let still = self
-                    .state()
-                    .claims
-                    .get(uid)
-                    .and_then(|c| c.groups.get(gi)?.slices().get(ri).cloned())
-                    .filter(|partial| {
-                        backend
-                            .mig_instances(&rec.gpu_uuid)
-                            .unwrap_or_default()
-                            .iter()
-                            .any(|i| strategy::is_instance_of(partial, i))
-                    });
-                if still.is_none() {
-                    self.set_slice(uid, gi, ri, rec);
+    /// Adds to `lost` each of claim `after`'s slice names the driver's CDI spec could not keep
+    /// as an alias: the claim's CDI device IDs name its slices by those first names, so a name
+    /// left out of the spec leaves an ID that resolves to nothing.
+    fn check_driver_aliases(&self, after: &Claim, lost: &mut Vec<String>) {
+        if let Some(d) = &self.cfg.driver_spec {
+            for m in after.groups.iter().flat_map(|g| g.slices()) {
+                if let Some(why) = d.alias_left_out(&m.original_uuid) {
+                    lost.push(format!(
+                        "the driver's CDI spec cannot keep the name {} the claim's CDI device IDs give MIG device {}: {why}",
+                        m.original_uuid, m.device
+                    ));
                 }
-                Slice::Lost(e.message)
             }
         }
+    }
+
+    /// Resolves claim `uid`'s CDI device IDs against the installed driver spec (without
+    /// running the generator) and checks them as a prepare does, recording the resolved
+    /// requests; what fails is added to `lost`, so that the claim becomes `Degraded`.
+    fn check_recreated_ids(&self, uid: &str, after: &Claim, lost: &mut Vec<String>) {
+        match self.prepared_requests_with(
+            uid,
+            &after.groups,
+            &after.requests,
+            super::cdi_spec::DriverLookup::InstalledOnly,
+        ) {
+            Ok(requests) => {
+                if let Err(why) = self.verify_cdi(uid, &requests) {
+                    tracing::error!(claim = %uid, error = %why, "the CDI device IDs of recreated MIG slices do not resolve");
+                    lost.push(format!(
+                        "the claim's CDI device IDs after recreating its MIG slice(s): {why}"
+                    ));
+                }
+                if let Some(c) = self.state().claims.get_mut(uid) {
+                    c.requests = requests;
+                }
+            }
+            Err(e) => {
+                tracing::error!(claim = %uid, error = %e, "the driver's CDI spec lacks a recreated MIG slice");
+                lost.push(format!(
+                    "naming the recreated MIG slice(s) in the driver's CDI spec: {e}"
+                ));
+            }
+        }
+    }
+
+    /// Records the reconcile's outcome in claim `uid`'s phase and commits it: `Degraded` with
+    /// what was `lost`, or `Prepared` again when nothing was lost and a slice of it had been
+    /// lost before. Returns `false` (nothing recorded) when the claim is gone, so that no host
+    /// record is written for it.
+    fn record_slice_outcome(&self, uid: &str, lost: &[String]) -> bool {
+        let mut st = self.state();
+        let Some(c) = st.claims.get_mut(uid) else {
+            return false;
+        };
+        if !lost.is_empty() {
+            let detail = format!("at {} s after the epoch: {}", now_secs(), lost.join("; "));
+            if let Err(e) =
+                st.claims
+                    .degrade(uid, Event::SliceLost, vec![(Cause::SliceLost, detail)])
+            {
+                tracing::error!(claim = %uid, error = %e, "recording a lost MIG slice");
+            }
+        } else if c.causes().contains(Cause::SliceLost) {
+            tracing::info!(claim = %uid, "every MIG slice of the claim is there again");
+            if let Err(e) = st.claims.transition(uid, Event::SlicesIntact) {
+                tracing::error!(claim = %uid, error = %e, "recording a recreated MIG slice");
+            }
+        }
+        let _ = self.commit(st);
+        true
     }
 
     fn set_slice(&self, uid: &str, gi: usize, ri: usize, rec: &MigInstanceInfo) {

@@ -112,62 +112,7 @@ impl Service {
         owned_groups: &[PathBuf],
     ) {
         let owned: BTreeSet<&str> = owned_claims.iter().map(String::as_str).collect();
-        // Nothing is followed: a link (or any other non-directory) where a claim or MPS group
-        // directory should be is removed as the link it is, never read or stopped through.
-        let real_dir = |e: &fs::DirEntry| e.file_type().is_ok_and(|t| t.is_dir());
-        let not_a_dir = |path: &Path, what: &str| {
-            tracing::warn!(path = %path.display(), "removing what is not a directory where {what} should be");
-            if let Err(e) = fsutil::remove_file_if_exists(path) {
-                tracing::error!(path = %path.display(), error = %e, "removing it");
-            }
-        };
-        let mut orphan_groups: Vec<PathBuf> = Vec::new();
-        let mut orphan_dirs: Vec<PathBuf> = Vec::new();
-        if let Ok(entries) = fs::read_dir(claims_dir) {
-            let mut claim_dirs = Vec::new();
-            for entry in entries.flatten() {
-                let dir = entry.path();
-                if !real_dir(&entry) {
-                    not_a_dir(&dir, "a claim directory");
-                    continue;
-                }
-                let owned = entry
-                    .file_name()
-                    .to_str()
-                    .is_some_and(|n| owned.contains(n));
-                claim_dirs.push((dir, owned));
-            }
-            // Every claim directory is listed for its MPS groups: on a few threads at once,
-            // since a node may hold a thousand of them. A claim's own directory whose link
-            // count says it has no subdirectory (2: its entry and its own `.`, as tmpfs and
-            // ext4 count) holds no group and is not listed; a filesystem that does not count
-            // a directory's links so (btrfs reports 1) gets the listing.
-            let groups = crate::parallel::map(&claim_dirs, |(dir, owned)| {
-                if *owned && fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir() && m.nlink() == 2) {
-                    return Vec::new();
-                }
-                let Ok(groups) = fs::read_dir(dir) else {
-                    return Vec::new();
-                };
-                groups
-                    .flatten()
-                    .filter(|g| g.file_name().to_string_lossy().starts_with("mps-"))
-                    .map(|g| (g.path(), real_dir(&g)))
-                    .collect::<Vec<_>>()
-            });
-            for ((dir, owned), groups) in claim_dirs.into_iter().zip(groups) {
-                for (root, is_dir) in groups {
-                    if !is_dir {
-                        not_a_dir(&root, "an MPS group directory");
-                    } else if !owned_groups.contains(&root) {
-                        orphan_groups.push(root);
-                    }
-                }
-                if !owned {
-                    orphan_dirs.push(dir);
-                }
-            }
-        }
+        let (orphan_groups, orphan_dirs) = find_orphan_dirs(claims_dir, &owned, owned_groups);
         // Each stop may wait out the MPS timeout: all at once.
         in_parallel(&orphan_groups, |root| {
             tracing::warn!(path = %root.display(), "stopping an MPS control daemon and removing directories no claim owns");
@@ -256,4 +201,92 @@ impl Service {
         );
         found
     }
+}
+
+// Nothing is followed: a link (or any other non-directory) where a claim or MPS group
+// directory should be is removed as the link it is, never read or stopped through.
+
+/// Whether `e` is a directory itself, not a link to one (its own file type, not followed).
+fn real_dir(e: &fs::DirEntry) -> bool {
+    e.file_type().is_ok_and(|t| t.is_dir())
+}
+
+/// Removes `path`, found where `what` (a directory) should be but not a directory, as the
+/// file or link it is.
+fn not_a_dir(path: &Path, what: &str) {
+    tracing::warn!(path = %path.display(), "removing what is not a directory where {what} should be");
+    if let Err(e) = fsutil::remove_file_if_exists(path) {
+        tracing::error!(path = %path.display(), error = %e, "removing it");
+    }
+}
+
+/// Lists `claims_dir` for [`Service::remove_orphan_dirs`]: the MPS group directories that no
+/// group of `owned_groups` is, and the claim directories that no claim of `owned` has, in
+/// that order; what is not a directory where one should be is removed on the way.
+fn find_orphan_dirs(
+    claims_dir: &Path,
+    owned: &BTreeSet<&str>,
+    owned_groups: &[PathBuf],
+) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let mut orphan_groups: Vec<PathBuf> = Vec::new();
+    let mut orphan_dirs: Vec<PathBuf> = Vec::new();
+    if let Ok(entries) = fs::read_dir(claims_dir) {
+        let claim_dirs = claim_dirs_of(entries, owned);
+        let groups = group_dirs_of(&claim_dirs);
+        for ((dir, owned), groups) in claim_dirs.into_iter().zip(groups) {
+            for (root, is_dir) in groups {
+                if !is_dir {
+                    not_a_dir(&root, "an MPS group directory");
+                } else if !owned_groups.contains(&root) {
+                    orphan_groups.push(root);
+                }
+            }
+            if !owned {
+                orphan_dirs.push(dir);
+            }
+        }
+    }
+    (orphan_groups, orphan_dirs)
+}
+
+/// The claim directories among `entries` (the claims directory's), each with whether a
+/// claim of `owned` has it; an entry that is not a directory is removed.
+fn claim_dirs_of(entries: fs::ReadDir, owned: &BTreeSet<&str>) -> Vec<(PathBuf, bool)> {
+    let mut claim_dirs = Vec::new();
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        if !real_dir(&entry) {
+            not_a_dir(&dir, "a claim directory");
+            continue;
+        }
+        let owned = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| owned.contains(n));
+        claim_dirs.push((dir, owned));
+    }
+    claim_dirs
+}
+
+/// The `mps-*` entries of each of `claim_dirs` (in its order), each with whether it is a
+/// directory itself.
+fn group_dirs_of(claim_dirs: &[(PathBuf, bool)]) -> Vec<Vec<(PathBuf, bool)>> {
+    // Every claim directory is listed for its MPS groups: on a few threads at once,
+    // since a node may hold a thousand of them. A claim's own directory whose link
+    // count says it has no subdirectory (2: its entry and its own `.`, as tmpfs and
+    // ext4 count) holds no group and is not listed; a filesystem that does not count
+    // a directory's links so (btrfs reports 1) gets the listing.
+    crate::parallel::map(claim_dirs, |(dir, owned)| {
+        if *owned && fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir() && m.nlink() == 2) {
+            return Vec::new();
+        }
+        let Ok(groups) = fs::read_dir(dir) else {
+            return Vec::new();
+        };
+        groups
+            .flatten()
+            .filter(|g| g.file_name().to_string_lossy().starts_with("mps-"))
+            .map(|g| (g.path(), real_dir(&g)))
+            .collect::<Vec<_>>()
+    })
 }

@@ -83,6 +83,8 @@ impl Service {
         })
     }
 
+    /// Applies each GPU's plan of `plans` in turn, filling its entry of `out` with what was
+    /// created (or the note of a MIG mode change that waits for a reset).
     fn apply_layout(
         &self,
         plans: &[&layout::GpuPlan],
@@ -94,23 +96,7 @@ impl Service {
             };
             let slot = out.iter_mut().find(|o| o.gpu == g.name);
             let uuid = gpu.uuid.clone();
-            for i in &g.destroy {
-                let Some(gi) = i.gi_id else { continue };
-                let live = self
-                    .backend
-                    .mig_instances(&uuid)
-                    .map_err(|e| strategy::gpu_err(&g.name, e))?;
-                if let Some(ci) = live
-                    .iter()
-                    .find(|x| x.gi_id == gi)
-                    .and_then(|x| x.compute.clone())
-                {
-                    ignore_not_found(self.backend.destroy_compute_instance(&uuid, gi, ci.ci_id))
-                        .map_err(|e| strategy::gpu_err(&instance_name(g.minor, i), e))?;
-                }
-                ignore_not_found(self.backend.destroy_gpu_instance(&uuid, gi))
-                    .map_err(|e| strategy::gpu_err(&instance_name(g.minor, i), e))?;
-            }
+            self.destroy_planned(g, &uuid)?;
             if let Some(enable) = g.set_mig_mode {
                 self.backend
                     .set_mig_mode(&uuid, enable)
@@ -130,34 +116,65 @@ impl Service {
                 }
                 continue;
             }
-            let mut created = Vec::new();
-            for (prof, pl) in &g.create {
-                let target = MigTarget {
-                    request: String::new(),
-                    device: MigDeviceName::format(g.minor, prof, pl.start),
-                    gpu_uuid: uuid.clone(),
-                    gpu_minor: g.minor,
-                    model: g.model,
-                    profile: prof.clone(),
-                    start: pl.start,
-                    existing: None,
-                    chosen: false,
-                    carries_mode_flag: false,
-                };
-                let rec = strategy::create(
-                    self.backend.as_ref(),
-                    &target,
-                    // MIG mode is as the layout wants it already (above).
-                    || Ok(()),
-                    |_| Ok(()),
-                )?;
-                created.push(format!("{}={}", rec.device, rec.uuid));
-            }
+            let created = self.create_planned(g, &uuid)?;
             if let Some(o) = slot {
                 o.create = created;
             }
         }
         Ok(())
+    }
+
+    /// Destroys the instances plan `g` destroys on GPU `uuid`, each compute instance before
+    /// its GPU instance; one already gone (`NotFound`) counts as destroyed.
+    fn destroy_planned(&self, g: &layout::GpuPlan, uuid: &str) -> Result<(), ServiceError> {
+        for i in &g.destroy {
+            let Some(gi) = i.gi_id else { continue };
+            let live = self
+                .backend
+                .mig_instances(uuid)
+                .map_err(|e| strategy::gpu_err(&g.name, e))?;
+            if let Some(ci) = live
+                .iter()
+                .find(|x| x.gi_id == gi)
+                .and_then(|x| x.compute.clone())
+            {
+                ignore_not_found(self.backend.destroy_compute_instance(uuid, gi, ci.ci_id))
+                    .map_err(|e| strategy::gpu_err(&instance_name(g.minor, i), e))?;
+            }
+            ignore_not_found(self.backend.destroy_gpu_instance(uuid, gi))
+                .map_err(|e| strategy::gpu_err(&instance_name(g.minor, i), e))?;
+        }
+        Ok(())
+    }
+
+    /// Creates the instances plan `g` creates on GPU `uuid`, each at its placement with one
+    /// full compute instance; returns them as `<device>=<MIG UUID>` for the GPU's entry of
+    /// the result.
+    fn create_planned(&self, g: &layout::GpuPlan, uuid: &str) -> Result<Vec<String>, ServiceError> {
+        let mut created = Vec::new();
+        for (prof, pl) in &g.create {
+            let target = MigTarget {
+                request: String::new(),
+                device: MigDeviceName::format(g.minor, prof, pl.start),
+                gpu_uuid: uuid.to_string(),
+                gpu_minor: g.minor,
+                model: g.model,
+                profile: prof.clone(),
+                start: pl.start,
+                existing: None,
+                chosen: false,
+                carries_mode_flag: false,
+            };
+            let rec = strategy::create(
+                self.backend.as_ref(),
+                &target,
+                // MIG mode is as the layout wants it already (checked by `apply_layout`).
+                || Ok(()),
+                |_| Ok(()),
+            )?;
+            created.push(format!("{}={}", rec.device, rec.uuid));
+        }
+        Ok(created)
     }
 
     /// What the layout planner needs to know of each GPU.
