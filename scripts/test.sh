@@ -11,7 +11,9 @@ cd "$(dirname "$0")/.."
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy"
+echo "== layout (no research/ citations, no daemon file over 500 production lines)"
+./scripts/check-layout.sh
+echo "== cargo clippy (service/ and strategy/: no function over 60 lines)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== minimum Rust version (Cargo.toml's rust-version is what the locked dependencies need)"
 ./scripts/check-msrv.sh
