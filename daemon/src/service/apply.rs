@@ -29,7 +29,7 @@ impl Service {
                     self.leave_mig_mode(d)?;
                 }
                 for d in &plan.devices {
-                    whole.set_up(self.backend.as_ref(), &d.uuid, &d.device)?;
+                    whole.set_up(self.host.backend.as_ref(), &d.uuid, &d.device)?;
                 }
                 if whole.has_setting() {
                     crate::crash::point("prepare.gpu_settings_applied");

@@ -19,13 +19,13 @@ impl Service {
         let mut devices = Vec::new();
         for req in &info.requests {
             let mut edits = cdi::claim_env_edits();
-            for node in self.backend.control_device_nodes() {
+            for node in self.host.backend.control_device_nodes() {
                 cdi::merge(&mut edits, crate::strategy::group::node_edit(&node));
             }
             // What each group's strategy gives the request's containers.
             for g in groups {
                 let group_edits =
-                    crate::strategy::life_of(g).edits(self.backend.as_ref(), g, &req.request);
+                    crate::strategy::life_of(g).edits(self.host.backend.as_ref(), g, &req.request);
                 cdi::merge(&mut edits, group_edits);
             }
             edits.hooks = cdi::claim_hooks(&self.cfg.hook, uid);
@@ -56,8 +56,8 @@ impl Service {
             .collect();
         crate::gpu::nodes::check_device_nodes(
             &nodes,
-            self.devices.as_ref(),
-            &self.backend.device_majors(),
+            self.host.devices.as_ref(),
+            &self.host.backend.device_majors(),
         )
         .map_err(|problems| {
             let list: Vec<String> = problems.iter().map(ToString::to_string).collect();
@@ -188,7 +188,8 @@ impl Service {
                 .collect();
             for (di, d) in x.per_device.iter().enumerate() {
                 let device = if migs.is_empty() {
-                    self.backend
+                    self.host
+                        .backend
                         .find(&d.device)
                         .map(|g| (g.device_name(), g.uuid.clone()))
                 } else {
@@ -228,7 +229,7 @@ impl Service {
                 continue;
             }
             for d in &p.devices {
-                if let Some(gpu) = self.backend.find(&d.uuid) {
+                if let Some(gpu) = self.host.backend.find(&d.uuid) {
                     wanted.push((gpu.device_name(), gpu.uuid.clone()));
                 }
             }

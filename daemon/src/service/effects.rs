@@ -32,8 +32,8 @@ impl<'s> ClaimGroup<'s> {
     pub(super) fn effects(&self) -> GroupEffects<'_> {
         GroupEffects {
             uid: self.uid,
-            backend: self.service.backend.as_ref(),
-            mps: &self.service.mps,
+            backend: self.service.host.backend.as_ref(),
+            mps: &self.service.host.mps,
             record: self,
             intents: self,
         }
@@ -122,10 +122,13 @@ impl SliceIntents for ClaimGroup<'_> {
     }
 
     fn made(&self, rec: &MigInstanceInfo) {
-        self.service.mig_intents.made(self.uid, rec);
+        self.service.host.mig_intents.made(self.uid, rec);
     }
 
     fn entering_mig_mode(&self, target: &MigTarget) -> Result<(), ServiceError> {
-        self.service.mig_intents.entering_mig_mode(self.uid, target)
+        self.service
+            .host
+            .mig_intents
+            .entering_mig_mode(self.uid, target)
     }
 }

@@ -26,6 +26,7 @@ impl Service {
 
     fn exited(&self, pid: i32, start_time: u64) -> bool {
         let known = self
+            .host
             .watches
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -33,15 +34,16 @@ impl Service {
             .cloned();
         let fd = match known {
             Some(fd) => fd,
-            None => match self.processes.watch(pid) {
+            None => match self.host.processes.watch(pid) {
                 Ok(fd) => {
                     // The descriptor pins the process: a start time other than the recorded
                     // one is another process with the daemon's old pid.
-                    if start_time != 0 && self.processes.start_time(pid) != Some(start_time) {
+                    if start_time != 0 && self.host.processes.start_time(pid) != Some(start_time) {
                         return true;
                     }
                     let fd = Arc::new(fd);
-                    self.watches
+                    self.host
+                        .watches
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .insert(pid, Arc::clone(&fd));
@@ -62,7 +64,8 @@ impl Service {
     pub(super) fn forget_watches(&self) {
         let live: std::collections::BTreeSet<i32> =
             self.supervised().into_iter().map(|d| d.pid).collect();
-        self.watches
+        self.host
+            .watches
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|pid, _| live.contains(pid));

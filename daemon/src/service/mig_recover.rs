@@ -270,7 +270,7 @@ impl Service {
         };
         let mut launch = launch_of(old);
         launch.visible_devices = g.slices().iter().map(|m| m.uuid.clone()).collect();
-        let result = self.mps.restart(&launch);
+        let result = self.host.mps.restart(&launch);
         let mut st = self.state();
         let Some(group) = st.claims.get_mut(uid).and_then(|c| c.groups.get_mut(gi)) else {
             return Ok(());

@@ -16,7 +16,7 @@ impl Service {
     /// The GPUs of `c` this node does not have, as `gpu-<minor> (GPU-<uuid>)`, by UUID (a
     /// device name alone may be another GPU's here).
     pub(super) fn missing_gpus(&self, c: &Claim) -> Vec<String> {
-        let gpus = self.backend.gpus();
+        let gpus = self.host.backend.gpus();
         let mut missing: Vec<String> = wants_of(c)
             .into_iter()
             .filter(|(uuid, _, _)| !gpus.iter().any(|g| g.uuid == *uuid))

@@ -7,6 +7,13 @@
 //! outside the registry mutex; a release restores GPU settings after dropping it. The
 //! registry mutex is held briefly by changes and never across a process spawn or NVML call;
 //! readers never take it: they read the view published after every change (`view`).
+//!
+//! The service is two parts with their own invariants and what coordinates requests:
+//! `records.rs` (the registry, its published view, the changes queued for the store and
+//! their group commit) and `host.rs` (the GPU backend, MPS control, processes, device nodes,
+//! the GPUs' mode words, the MIG intents). The operations are `ops/` (one per request), each
+//! a few short named steps; the start-up reconcile is `startup/`, in the order
+//! `docs/crash-safety.md` gives.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -25,7 +32,7 @@ use crate::placement::Placement;
 use crate::registry::{Claims, Registry, Tombstones};
 use crate::store::Store;
 use crate::strategy::mps::{Liveness, MpsControl, MpsDirs};
-use crate::sys::{DeviceFiles, Processes};
+use crate::sys::Processes;
 use gpushare_core::Published;
 use gpushare_core::Want;
 
@@ -33,6 +40,7 @@ mod apply;
 mod asked;
 mod cdi_spec;
 mod effects;
+mod host;
 mod liveness;
 mod locks;
 mod mig;
@@ -44,6 +52,7 @@ mod persisted;
 mod plan;
 mod quarantine_name;
 mod reconcile;
+mod records;
 mod restarts;
 mod revive;
 mod startup;
@@ -51,8 +60,10 @@ mod stop;
 #[cfg(test)]
 mod testing;
 mod view;
+use host::Host;
 use locks::ClaimLocks;
 pub use reconcile::BOOT_ID_PATH;
+use records::Records;
 pub use restarts::{restart_backoff, SupervisedDaemon};
 pub use stop::registry_answers;
 #[cfg(test)]
@@ -105,40 +116,23 @@ pub(crate) struct State {
     generation: u64,
 }
 
-/// The claim service.
+/// The claim service, in two parts with their own invariants ([`Records`]: the claims as
+/// recorded, in memory, published and on disk; [`Host`]: the leaves through which it changes
+/// the node) and what coordinates requests (per-claim locks, requests in flight, the
+/// supervisor's wake-up).
 #[derive(Debug)]
 pub struct Service {
     cfg: ServiceConfig,
     ctx: ParseContext,
-    backend: Arc<dyn GpuBackend>,
-    mps: MpsControl,
-    processes: Arc<dyn Processes>,
-    /// Host device nodes, for the check that a claim's spec names only nodes that exist.
-    devices: Arc<dyn DeviceFiles>,
-    /// The claims on disk, one record per claim.
-    store: Store,
-    state: Mutex<State>,
-    /// Durable changes not yet written (see `commit`).
-    pending: Mutex<Pending>,
-    /// Pidfds of MPS control daemons, by pid, for `attach`'s liveness check.
-    watches: Mutex<BTreeMap<i32, Arc<std::os::fd::OwnedFd>>>,
-    /// The registry as readers see it, republished after every change of `state`.
-    view: Published<View>,
-    /// Each GPU's mode word: what admits a claim to a GPU (`state.placement` only records
-    /// who holds it).
-    modes: GpuModes,
-    /// The generation of the registry whose checkpoint is on disk; held while writing it.
-    on_disk: Mutex<u64>,
+    /// The claims as recorded.
+    records: Records,
+    /// The node's leaves.
+    host: Host,
     changes: ClaimLocks,
     /// Prepares and unprepares under way, for a graceful stop.
     in_flight: (Mutex<usize>, Condvar),
     /// Wakes the supervisor when the set of MPS control daemons changes.
     supervisor_wake: Mutex<Option<std::os::unix::net::UnixStream>>,
-    /// Held while a claim's host record is written, and while a release removes the claim's
-    /// directory: see `write_host_record`.
-    host_record_writes: Mutex<()>,
-    /// The MIG slices being made or taken now, on disk before each is (see `mig::intents`).
-    mig_intents: mig::MigIntents,
 }
 
 fn now_secs() -> u64 {
@@ -205,22 +199,26 @@ impl Service {
         let service = Service {
             cfg,
             ctx,
-            backend,
-            processes: Arc::clone(&mps.ops().processes),
-            devices: Arc::clone(&mps.ops().devices),
-            mps,
-            store,
-            state: Mutex::new(State::default()),
-            pending: Mutex::new(Pending::default()),
-            watches: Mutex::new(BTreeMap::new()),
-            view,
-            modes,
-            on_disk: Mutex::new(0),
+            records: Records {
+                store,
+                state: Mutex::new(State::default()),
+                pending: Mutex::new(Pending::default()),
+                view,
+                on_disk: Mutex::new(0),
+            },
+            host: Host {
+                backend,
+                processes: Arc::clone(&mps.ops().processes),
+                devices: Arc::clone(&mps.ops().devices),
+                mps,
+                watches: Mutex::new(BTreeMap::new()),
+                modes,
+                host_record_writes: Mutex::new(()),
+                mig_intents: mig::MigIntents::new(&cfg_run_dir),
+            },
             changes: ClaimLocks::default(),
             in_flight: (Mutex::new(0), Condvar::new()),
             supervisor_wake: Mutex::new(None),
-            host_record_writes: Mutex::new(()),
-            mig_intents: mig::MigIntents::new(&cfg_run_dir),
         };
         // Generates the driver's spec too, once, after the MIG devices it destroys or makes again.
         service.reconcile(loaded, boot_id);
@@ -229,84 +227,17 @@ impl Service {
 
     /// The leaf through which other processes are watched and signalled.
     pub(crate) fn processes(&self) -> &Arc<dyn Processes> {
-        &self.processes
+        &self.host.processes
     }
 
+    /// The registry, locked ([`Records::state`]).
     pub(super) fn state(&self) -> StateGuard<'_> {
-        // A panic while holding the registry leaves plain data behind, still consistent
-        // enough to read and to release claims; refusing all service would be worse.
-        StateGuard {
-            guard: self.state.lock().unwrap_or_else(|p| p.into_inner()),
-            view: &self.view,
-            pending: &self.pending,
-            changed: false,
-        }
+        self.records.state()
     }
 
-    /// Unlocks the registry after a change and makes the change durable: writes the records
-    /// of the claims and tombstones changed since the last write (queued under the registry
-    /// lock as the change was published), unless a write that started after this change
-    /// already did. The write happens outside the registry lock, so other claims' changes and
-    /// all readers go on meanwhile, and changes that queue behind one write share the next
-    /// (group commit): one batch for many changes under churn, each record its own file, so a
-    /// change costs what it changed, not the node.
-    ///
-    /// A failed write is recorded as the checkpoint error (`health`, `gpushare status`) until
-    /// a write succeeds again; its records stay queued for the next write.
-    ///
-    /// # Errors
-    /// `Internal` when the records cannot be written; the change stays in memory (and in the
-    /// view) and the caller undoes it (see [`Txn`]).
+    /// Unlocks the registry after a change and makes it durable ([`Records::commit`]).
     fn commit(&self, st: StateGuard<'_>) -> Result<(), ServiceError> {
-        let generation = st.unlock();
-        let mut on_disk = self.on_disk.lock().unwrap_or_else(|p| p.into_inner());
-        if *on_disk >= generation {
-            return Ok(());
-        }
-        let (batch, upto) = {
-            let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-            (std::mem::take(&mut p.batch), p.generation)
-        };
-        let written = if batch.is_empty() {
-            Ok(())
-        } else {
-            self.store.write(&batch)
-        };
-        let result = written.map_err(|e| {
-            ServiceError::internal(format!(
-                "writing checkpoint records in {}: {e}",
-                self.store.dir().display()
-            ))
-        });
-        // The registry is taken again only when the error state changes (the lock order is
-        // `on_disk` then `state`; nobody takes `on_disk` while holding `state`).
-        match &result {
-            Ok(()) => {
-                *on_disk = upto;
-                if self.view.load().checkpoint_error.is_some() {
-                    let mut st = self.state();
-                    if st.checkpoint_error.is_some() {
-                        st.checkpoint_error = None;
-                        tracing::info!(path = %self.store.dir().display(), "checkpoint written again");
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot write the checkpoint; changing requests fail until it can be written");
-                {
-                    // Still to be written: newer changes queued meanwhile win.
-                    let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-                    let mut newer = std::mem::take(&mut p.batch);
-                    newer.merge_older(batch);
-                    p.batch = newer;
-                }
-                let mut st = self.state();
-                if st.checkpoint_error.as_deref() != Some(e.message.as_str()) {
-                    st.checkpoint_error = Some(e.message.clone());
-                }
-            }
-        }
-        result
+        self.records.commit(st)
     }
 
     fn claim_dir(&self, uid: &str) -> PathBuf {
@@ -316,17 +247,18 @@ impl Service {
     /// Admits a claim to its GPUs through their mode words, all or nothing, before it is
     /// recorded; no lock is held, so prepares of other claims and GPUs go on meanwhile.
     fn admit(&self, uid: &str, wants: &[(String, String, Want)]) -> Result<(), ServiceError> {
-        let view = self.view.load();
-        self.modes
+        let view = self.records.view.load();
+        self.host
+            .modes
             .admit(uid, wants, |uuid| view.placement.hold(uuid).cloned())
             .map_err(|c| ServiceError::new(ErrorCode::Conflict, c.0))
     }
 
     /// Removes a claim's GPU holds from the registry and returns them; the caller releases
-    /// them with `self.modes.release` once the registry lock is dropped, which restores what
+    /// them with `self.host.modes.release` once the registry lock is dropped, which restores what
     /// the last holder leaves (interval Default after the last time-sliced claim, compute mode
     /// DEFAULT after the last MPS one) without holding up other claims.
-    #[must_use = "the GPUs stay held until released through self.modes"]
+    #[must_use = "the GPUs stay held until released through self.host.modes"]
     fn release_gpus(&self, st: &mut State, info: &Claim) -> Vec<(String, String, Want)> {
         for g in &info.groups {
             for d in &g.devices {
@@ -342,7 +274,7 @@ impl Service {
     fn dead_mps_daemon(&self, claim: &Claim) -> Option<i32> {
         claim.mps_daemons().find_map(|m| {
             let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
-            match self.mps.liveness(&dirs, m.control_daemon_pid) {
+            match self.host.mps.liveness(&dirs, m.control_daemon_pid) {
                 Liveness::Gone => Some(m.control_daemon_pid),
                 Liveness::Running => None,
                 Liveness::Unknown(why) => {

@@ -70,13 +70,13 @@ impl Service {
                 .as_deref()
                 .and_then(|target| fsutil::temporary_writer(&name, target));
             let orphan = if let Some(pid) = driver_writer {
-                !self.processes.alive(pid)
+                !self.host.processes.alive(pid)
             } else if let Some(rest) = name.strip_prefix(".gpushare.io-claim_") {
                 rest.split_once(".json.tmp-")
                     .and_then(|(uid, _)| {
                         fsutil::temporary_writer(&name, &format!("gpushare.io-claim_{uid}.json"))
                     })
-                    .is_some_and(|pid| !self.processes.alive(pid))
+                    .is_some_and(|pid| !self.host.processes.alive(pid))
             } else if let Some(uid) = name
                 .strip_prefix("gpushare.io-claim_")
                 .and_then(|r| r.strip_suffix(".json"))
@@ -116,7 +116,11 @@ impl Service {
         // Each stop may wait out the MPS timeout: all at once.
         in_parallel(&orphan_groups, |root| {
             tracing::warn!(path = %root.display(), "stopping an MPS control daemon and removing directories no claim owns");
-            if let Err(e) = self.mps.stop(&MpsDirs::from_pipe(&root.join("pipe")), None) {
+            if let Err(e) = self
+                .host
+                .mps
+                .stop(&MpsDirs::from_pipe(&root.join("pipe")), None)
+            {
                 tracing::error!(path = %root.display(), error = %e, "removing an orphan MPS group");
             }
         });
@@ -144,6 +148,7 @@ impl Service {
         let mut found = 0;
         for round in 0..ROUNDS {
             let (strays, foreign): (Vec<Named>, Vec<Named>) = self
+                .host
                 .processes
                 .with_env_under("CUDA_MPS_PIPE_DIRECTORY", claims_dir)
                 .into_iter()
@@ -166,7 +171,7 @@ impl Service {
                 let pipes: BTreeSet<&PathBuf> = strays.iter().map(|(_, p)| p).collect();
                 let pipes: Vec<&PathBuf> = pipes.into_iter().collect();
                 in_parallel(&pipes, |pipe| {
-                    if let Err(e) = self.mps.stop(&MpsDirs::from_pipe(pipe), None) {
+                    if let Err(e) = self.host.mps.stop(&MpsDirs::from_pipe(pipe), None) {
                         tracing::error!(pipe = %pipe.display(), error = %e, "stopping a stray MPS control daemon");
                     }
                 });
@@ -174,12 +179,12 @@ impl Service {
             }
             for (pid, pipe) in &strays {
                 tracing::warn!(pid, pipe = %pipe.display(), "killing an MPS process no claim owns");
-                self.processes.kill(*pid);
+                self.host.processes.kill(*pid);
             }
             let deadline = Instant::now() + Duration::from_secs(5);
             while strays.iter().any(|(pid, _)| {
-                self.processes.reap(*pid);
-                self.processes.alive(*pid)
+                self.host.processes.reap(*pid);
+                self.host.processes.alive(*pid)
             }) && Instant::now() < deadline
             {
                 std::thread::sleep(Duration::from_millis(10));
@@ -188,7 +193,7 @@ impl Service {
                 // Its directory may have been created after the directory sweep.
                 if let Some(root) = pipe.parent().filter(|r| r.starts_with(claims_dir)) {
                     let dirs = MpsDirs::from_pipe(pipe);
-                    if let Err(e) = self.mps.stop(&dirs, None) {
+                    if let Err(e) = self.host.mps.stop(&dirs, None) {
                         tracing::error!(path = %root.display(), error = %e, "removing a stray MPS group");
                     }
                 }

@@ -94,8 +94,14 @@ impl Service {
             let lookup = mig_name
                 .as_ref()
                 .map_or_else(|| r.device.clone(), |n| format!("gpu-{}", n.minor));
-            let gpu = self.backend.find(&lookup).ok_or_else(|| {
-                let known: Vec<String> = self.backend.gpus().iter().map(Gpu::device_name).collect();
+            let gpu = self.host.backend.find(&lookup).ok_or_else(|| {
+                let known: Vec<String> = self
+                    .host
+                    .backend
+                    .gpus()
+                    .iter()
+                    .map(Gpu::device_name)
+                    .collect();
                 ServiceError::new(
                     ErrorCode::UnknownDevice,
                     format!(
@@ -209,7 +215,7 @@ impl Service {
     pub(super) fn shm_bytes(&self) -> u64 {
         self.cfg
             .shm_bytes
-            .unwrap_or_else(|| default_shm_bytes(self.mps.ops().machine.mem_total_kib()))
+            .unwrap_or_else(|| default_shm_bytes(self.host.mps.ops().machine.mem_total_kib()))
     }
 
     pub(super) fn request_devices(&self, spec: &ClaimSpec) -> Vec<RequestDevices> {

@@ -83,6 +83,7 @@ impl Service {
         on_disk: Option<&Claim>,
     ) -> Result<(), ServiceError> {
         let _writes = self
+            .host
             .host_record_writes
             .lock()
             .unwrap_or_else(|p| p.into_inner());

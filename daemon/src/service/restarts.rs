@@ -42,7 +42,7 @@ impl Service {
         let Some(old) = old else {
             return Ok(());
         };
-        let result = self.mps.restart(&launch_of(&old));
+        let result = self.host.mps.restart(&launch_of(&old));
         let mut guard = self.state();
         if !guard.claims.contains_key(uid) {
             return Ok(());
@@ -84,7 +84,7 @@ impl Service {
         for g in &c.groups {
             if let Some(m) = g.mps() {
                 let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
-                if self.mps.liveness(&dirs, m.control_daemon_pid) == Liveness::Gone
+                if self.host.mps.liveness(&dirs, m.control_daemon_pid) == Liveness::Gone
                     && self.restart_group(uid, &m.pipe_dir, true).is_err()
                 {
                     return false;
@@ -99,7 +99,7 @@ impl Service {
 
     pub(super) fn all_daemons_run(&self, c: &Claim) -> bool {
         c.mps_daemons().all(|m| {
-            self.mps.liveness(
+            self.host.mps.liveness(
                 &MpsDirs::from_pipe(Path::new(&m.pipe_dir)),
                 m.control_daemon_pid,
             ) != Liveness::Gone
@@ -183,13 +183,13 @@ impl Service {
             return;
         };
         let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
-        if self.mps.liveness(&dirs, pid) == Liveness::Running
+        if self.host.mps.liveness(&dirs, pid) == Liveness::Running
             && (m.control_daemon_start_time == 0
-                || self.processes.start_time(pid) == Some(m.control_daemon_start_time))
+                || self.host.processes.start_time(pid) == Some(m.control_daemon_start_time))
         {
             return;
         }
-        self.processes.reap(pid);
+        self.host.processes.reap(pid);
         let msg = format!(
             "at {} s after the epoch: MPS control daemon (pid {pid}) on {} exited",
             now_secs(),
@@ -249,7 +249,7 @@ impl Service {
             for g in &c.groups {
                 if let Some(m) = g.mps() {
                     let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
-                    if self.mps.liveness(&dirs, m.control_daemon_pid) != Liveness::Running
+                    if self.host.mps.liveness(&dirs, m.control_daemon_pid) != Liveness::Running
                         && self.restart_group(&uid, &m.pipe_dir, true).is_err()
                     {
                         break;

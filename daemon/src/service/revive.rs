@@ -34,7 +34,7 @@ impl Service {
         };
         for m in &mps {
             if !rebooted && m.control_daemon_pid > 0 {
-                match self.mps.check_adoptable(m) {
+                match self.host.mps.check_adoptable(m) {
                     Ok(()) => {
                         tracing::info!(claim = %uid, pid = m.control_daemon_pid, "re-adopted the running MPS control daemon");
                         continue;

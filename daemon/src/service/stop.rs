@@ -85,7 +85,7 @@ impl Service {
         // format already (the start wrote again those that were not), and a flush each took a
         // stop with 10,000 claims past systemd's stop timeout. A directory that cannot be
         // listed gets every record.
-        let on_disk = self.store.claims_on_disk().unwrap_or_default();
+        let on_disk = self.records.store.claims_on_disk().unwrap_or_default();
         let missing: Vec<String> = st
             .claims
             .keys()
@@ -108,7 +108,7 @@ impl Service {
         };
         export.prune_tombstones(now_secs());
         self.commit(st)?;
-        self.store.export(&export).map_err(|e| {
+        self.records.store.export(&export).map_err(|e| {
             ServiceError::internal(format!(
                 "writing checkpoint {} for a downgrade: {e}",
                 self.cfg.checkpoint.display()

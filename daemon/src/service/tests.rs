@@ -774,7 +774,7 @@ fn readers_answer_while_the_registry_is_locked() {
     f.service.prepare(&claim("r1", &["gpu-3"], None)).unwrap();
     // Hold the registry as a slow change would; every reader must still answer, from the
     // published view, and see the claim prepared before the lock was taken.
-    let held = f.service.state.lock().unwrap();
+    let held = f.service.records.state.lock().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     let reader = {
         let f = Arc::clone(&f);

@@ -64,13 +64,18 @@ impl Service {
         let holds: Vec<(String, String, Want)> = changing
             .iter()
             .filter_map(|g| {
-                let gpu = self.backend.gpus().iter().find(|x| x.minor == g.minor)?;
+                let gpu = self
+                    .host
+                    .backend
+                    .gpus()
+                    .iter()
+                    .find(|x| x.minor == g.minor)?;
                 Some((gpu.uuid.clone(), g.name.clone(), Want::Exclusive))
             })
             .collect();
         self.admit(LAYOUT_HOLDER, &holds)?;
         let result = self.apply_layout(&changing, &mut out);
-        self.modes.release(self.backend.as_ref(), &holds);
+        self.host.modes.release(self.host.backend.as_ref(), &holds);
         if !changing.is_empty() {
             // Even a layout that failed half-way changed MIG devices.
             self.regenerate_driver_spec("after mig apply");
@@ -91,19 +96,21 @@ impl Service {
         out: &mut [MigGpuPlan],
     ) -> Result<(), ServiceError> {
         for g in plans {
-            let Some(gpu) = self.backend.gpus().iter().find(|x| x.minor == g.minor) else {
+            let Some(gpu) = self.host.backend.gpus().iter().find(|x| x.minor == g.minor) else {
                 continue;
             };
             let slot = out.iter_mut().find(|o| o.gpu == g.name);
             let uuid = gpu.uuid.clone();
             self.destroy_planned(g, &uuid)?;
             if let Some(enable) = g.set_mig_mode {
-                self.backend
+                self.host
+                    .backend
                     .set_mig_mode(&uuid, enable)
                     .map_err(|e| strategy::gpu_err(&format!("{}: setting MIG mode", g.name), e))?;
             }
             // Set now or earlier, a change may wait for a reset: nothing to create yet.
             let mode = self
+                .host
                 .backend
                 .mig_mode(&uuid)
                 .map_err(|e| strategy::gpu_err(&g.name, e))?;
@@ -130,6 +137,7 @@ impl Service {
         for i in &g.destroy {
             let Some(gi) = i.gi_id else { continue };
             let live = self
+                .host
                 .backend
                 .mig_instances(uuid)
                 .map_err(|e| strategy::gpu_err(&g.name, e))?;
@@ -138,10 +146,14 @@ impl Service {
                 .find(|x| x.gi_id == gi)
                 .and_then(|x| x.compute.clone())
             {
-                ignore_not_found(self.backend.destroy_compute_instance(uuid, gi, ci.ci_id))
-                    .map_err(|e| strategy::gpu_err(&instance_name(g.minor, i), e))?;
+                ignore_not_found(
+                    self.host
+                        .backend
+                        .destroy_compute_instance(uuid, gi, ci.ci_id),
+                )
+                .map_err(|e| strategy::gpu_err(&instance_name(g.minor, i), e))?;
             }
-            ignore_not_found(self.backend.destroy_gpu_instance(uuid, gi))
+            ignore_not_found(self.host.backend.destroy_gpu_instance(uuid, gi))
                 .map_err(|e| strategy::gpu_err(&instance_name(g.minor, i), e))?;
         }
         Ok(())
@@ -166,7 +178,7 @@ impl Service {
                 carries_mode_flag: false,
             };
             let rec = strategy::create(
-                self.backend.as_ref(),
+                self.host.backend.as_ref(),
                 &target,
                 // MIG mode is as the layout wants it already (checked by `apply_layout`).
                 || Ok(()),
@@ -179,9 +191,10 @@ impl Service {
 
     /// What the layout planner needs to know of each GPU.
     fn gpu_states(&self) -> Vec<GpuState> {
-        let view = self.view.load();
+        let view = self.records.view.load();
         let claimed = Claimed::of(view.claims.values().map(|c| &**c));
-        self.backend
+        self.host
+            .backend
             .gpus()
             .iter()
             .map(|g| {
@@ -189,10 +202,11 @@ impl Service {
                     .mig_capable
                     .then(|| MigModel::from_product_name(&g.product_name))
                     .flatten();
-                let mode = self.backend.mig_mode(&g.uuid).unwrap_or_default();
+                let mode = self.host.backend.mig_mode(&g.uuid).unwrap_or_default();
                 let instances = model
                     .map(|m| {
-                        self.backend
+                        self.host
+                            .backend
                             .mig_instances(&g.uuid)
                             .unwrap_or_default()
                             .into_iter()

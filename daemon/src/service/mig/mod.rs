@@ -37,12 +37,12 @@ impl Service {
     ) -> Result<MigGroup, ServiceError> {
         // Slices claims record count as taken even where their instance vanished (a GPU reset,
         // a destroy by hand): they are those claims' until released.
-        let claimed = Claimed::of(self.view.load().claims.values().map(|c| &**c));
+        let claimed = Claimed::of(self.records.view.load().claims.values().map(|c| &**c));
         let mut targets = Vec::with_capacity(results.len());
         for &i in results {
             let r = &spec.results[i];
             let t = strategy::resolve(
-                self.backend.as_ref(),
+                self.host.backend.as_ref(),
                 &r.request,
                 &r.device,
                 profile,
@@ -51,7 +51,7 @@ impl Service {
             )?;
             targets.push(t);
         }
-        strategy::check(self.backend.as_ref(), &targets, &claimed)?;
+        strategy::check(self.host.backend.as_ref(), &targets, &claimed)?;
         let Some(settings) = mps else {
             return Ok(MigGroup { targets, mps: None });
         };
@@ -89,8 +89,8 @@ impl Service {
             // Under the intents' lock, against the claims as they are now: a prepare that
             // planned before another's record named this slice, and reserves after that one
             // struck its intent, must not get the same slice.
-            return self.mig_intents.reserve_with(uid, &t.gpu_uuid, |_| {
-                let view = self.view.load();
+            return self.host.mig_intents.reserve_with(uid, &t.gpu_uuid, |_| {
+                let view = self.records.view.load();
                 let others =
                     Claimed::of(view.claims.values().map(|c| &**c).filter(|c| c.uid != uid));
                 let holders = others.holders(&t.gpu_uuid, &t.occupied().placement);
@@ -111,12 +111,14 @@ impl Service {
                 ))
             });
         }
-        self.mig_intents.reserve_with(uid, &t.gpu_uuid, |busy| {
-            let claimed = Claimed::of(self.view.load().claims.values().map(|c| &**c));
-            let mut again = strategy::repick(self.backend.as_ref(), t, &claimed, busy)?;
-            again.carries_mode_flag |= claimed.mode_enabled_by_gpushare(&t.gpu_uuid);
-            Ok(again)
-        })
+        self.host
+            .mig_intents
+            .reserve_with(uid, &t.gpu_uuid, |busy| {
+                let claimed = Claimed::of(self.records.view.load().claims.values().map(|c| &**c));
+                let mut again = strategy::repick(self.host.backend.as_ref(), t, &claimed, busy)?;
+                again.carries_mode_flag |= claimed.mode_enabled_by_gpushare(&t.gpu_uuid);
+                Ok(again)
+            })
     }
 
     /// After a claim's release destroyed its slices (before the release is on disk: a crash
@@ -136,10 +138,10 @@ impl Service {
             .filter(|m| m.enabled_mig_mode)
             .map(|m| m.gpu_uuid.clone())
             .collect();
-        gpus.extend(self.mig_intents.quiet().mode_flagged(&info.uid));
+        gpus.extend(self.host.mig_intents.quiet().mode_flagged(&info.uid));
         for gpu in &gpus {
-            let quiet = self.mig_intents.quiet();
-            let view = self.view.load();
+            let quiet = self.host.mig_intents.quiet();
+            let view = self.records.view.load();
             let others = Claimed::of(
                 view.claims
                     .values()
@@ -149,9 +151,9 @@ impl Service {
             if quiet.busy_for_others(gpu, &info.uid) || others.any_on(gpu) {
                 continue;
             }
-            if let Some(g) = self.backend.find(gpu) {
+            if let Some(g) = self.host.backend.find(gpu) {
                 strategy::mode_off_if_bare(
-                    self.backend.as_ref(),
+                    self.host.backend.as_ref(),
                     g,
                     strategy::ModeOffFor::LastRelease,
                 );
@@ -167,16 +169,20 @@ impl Service {
     /// # Errors
     /// As above.
     pub(super) fn check_whole_gpu(&self, gpu: &Gpu) -> Result<(), ServiceError> {
-        let Ok(mode) = self.backend.mig_mode(&gpu.uuid) else {
+        let Ok(mode) = self.host.backend.mig_mode(&gpu.uuid) else {
             return Ok(());
         };
         if !mode.current && !mode.pending {
             return Ok(());
         }
         let name = gpu.device_name();
-        let live = self.backend.mig_instances(&gpu.uuid).unwrap_or_default();
+        let live = self
+            .host
+            .backend
+            .mig_instances(&gpu.uuid)
+            .unwrap_or_default();
         if !live.is_empty() {
-            let claimed = Claimed::of(self.view.load().claims.values().map(|c| &**c));
+            let claimed = Claimed::of(self.records.view.load().claims.values().map(|c| &**c));
             let mut by: Vec<String> = live
                 .iter()
                 .map(|i| {
@@ -213,13 +219,14 @@ impl Service {
         &self,
         d: &gpushare_proto::ClaimDevice,
     ) -> Result<(), ServiceError> {
-        let Ok(mode) = self.backend.mig_mode(&d.uuid) else {
+        let Ok(mode) = self.host.backend.mig_mode(&d.uuid) else {
             return Ok(());
         };
         if !mode.current {
             return Ok(());
         }
         let after = self
+            .host
             .backend
             .set_mig_mode(&d.uuid, false)
             .map_err(|e| strategy::gpu_err(&format!("{}: disabling MIG mode", d.device), e))?;
@@ -240,9 +247,10 @@ impl Service {
             return None;
         }
         let model = MigModel::from_product_name(&gpu.product_name)?;
-        let mode = self.backend.mig_mode(&gpu.uuid).ok()?;
-        let claimed = Claimed::of(self.view.load().claims.values().map(|c| &**c));
+        let mode = self.host.backend.mig_mode(&gpu.uuid).ok()?;
+        let claimed = Claimed::of(self.records.view.load().claims.values().map(|c| &**c));
         let devices = self
+            .host
             .backend
             .mig_instances(&gpu.uuid)
             .unwrap_or_default()

@@ -28,7 +28,7 @@ impl Service {
             size: rec.memory_slices,
         };
         let others = {
-            let view = self.view.load();
+            let view = self.records.view.load();
             Claimed::of(view.claims.values().map(|c| &**c).filter(|c| c.uid != uid))
         };
         if let Some(found) = self.slice_at_placement(rec, &placement, &others) {
@@ -46,7 +46,7 @@ impl Service {
     /// cannot be destroyed; `None` when it is to be made again (a half-made one destroyed
     /// first, so that it is made again whole).
     fn slice_as_recorded(&self, uid: &str, rec: &MigInstanceInfo) -> Option<Slice> {
-        let backend = self.backend.as_ref();
+        let backend = self.host.backend.as_ref();
         let gpu_name = format!("gpu-{}", rec.gpu_minor);
         let live = match backend.mig_instances(&rec.gpu_uuid) {
             Ok(v) => v,
@@ -84,6 +84,7 @@ impl Service {
         others: &Claimed,
     ) -> Option<Slice> {
         let live = self
+            .host
             .backend
             .mig_instances(&rec.gpu_uuid)
             .unwrap_or_default();
@@ -111,6 +112,7 @@ impl Service {
             |c| format!("claim {c}"),
         );
         let profile = self
+            .host
             .backend
             .find(&rec.gpu_uuid)
             .and_then(|g| crate::mig::MigModel::from_product_name(&g.product_name))
@@ -125,7 +127,7 @@ impl Service {
     /// The instance to make `rec` again with, at its recorded placement on its GPU; or why
     /// there is none (the GPU, its MIG model or the slice's profile is gone).
     fn target_of(&self, rec: &MigInstanceInfo) -> Result<MigTarget, String> {
-        let Some(gpu) = self.backend.find(&rec.gpu_uuid) else {
+        let Some(gpu) = self.host.backend.find(&rec.gpu_uuid) else {
             return Err(format!("the node has no GPU {}", rec.gpu_uuid));
         };
         let model = match strategy::model_of(gpu) {
@@ -167,12 +169,12 @@ impl Service {
         // the next start's sweep); the GPU instance is recorded (and the record kept) the
         // moment it exists: a crash before its compute instance is recorded finds it half
         // made at the next start.
-        if let Err(e) = self.mig_intents.reserve(uid, target) {
+        if let Err(e) = self.host.mig_intents.reserve(uid, target) {
             return Slice::Lost(e.message);
         }
-        let entering = || self.mig_intents.entering_mig_mode(uid, target);
-        let created = strategy::create(self.backend.as_ref(), target, entering, |partial| {
-            self.mig_intents.made(uid, partial);
+        let entering = || self.host.mig_intents.entering_mig_mode(uid, target);
+        let created = strategy::create(self.host.backend.as_ref(), target, entering, |partial| {
+            self.host.mig_intents.made(uid, partial);
             // Half made, the record keeps the MIG UUID the claim's CDI IDs and its MPS
             // control daemon still name (a record naming a device it does not hold is refused
             // at start); without its compute instance it matches the new GPU instance by IDs
@@ -185,7 +187,7 @@ impl Service {
             self.set_slice(uid, gi, ri, &half);
             self.commit(self.state())
         });
-        self.mig_intents.strike(uid);
+        self.host.mig_intents.strike(uid);
         match created {
             Ok(new) => Slice::Recreated(new),
             Err(e) => {
@@ -207,7 +209,8 @@ impl Service {
             .get(uid)
             .and_then(|c| c.groups.get(gi)?.slices().get(ri).cloned())
             .filter(|partial| {
-                self.backend
+                self.host
+                    .backend
                     .mig_instances(&rec.gpu_uuid)
                     .unwrap_or_default()
                     .iter()

@@ -187,7 +187,7 @@ fn a_chosen_placement_another_prepare_is_making_is_chosen_again() {
         chosen: true,
         carries_mode_flag: false,
     };
-    f.service.mig_intents.reserve("racer", &first).unwrap();
+    f.service.host.mig_intents.reserve("racer", &first).unwrap();
     f.service
         .prepare(&claim("second", &["gpu-2"], Some(short_mig("1g.10gb"))))
         .unwrap();
@@ -211,7 +211,7 @@ fn a_chosen_placement_another_prepare_is_making_is_chosen_again() {
     assert_eq!(e.code, ErrorCode::Conflict, "{e}");
     assert!(e.message.contains("racer"), "{e}");
     assert_clean(&f, "third");
-    f.service.mig_intents.strike("racer");
+    f.service.host.mig_intents.strike("racer");
     f.service.unprepare("second").unwrap();
 }
 

@@ -139,7 +139,8 @@ fn records_of_the_previous_format_keep_every_claim_daemon_and_slice() {
     // Every record in this build's format, a MIG group named as one.
     for uid in old.keys() {
         let rec: Value =
-            serde_json::from_slice(&std::fs::read(service.store.claim_path(uid)).unwrap()).unwrap();
+            serde_json::from_slice(&std::fs::read(service.records.store.claim_path(uid)).unwrap())
+                .unwrap();
         assert_eq!(rec["format"], json!(RECORD_FORMAT), "{uid}");
         let host_rec: Value = serde_json::from_slice(
             &std::fs::read(cfg.run_dir.join("claims").join(uid).join("claim.json")).unwrap(),

@@ -29,7 +29,9 @@ impl Service {
         check_params(p)?;
         // What reads /proc (the container's cgroup, whether the claim's MPS control daemon
         // runs) is done before taking the registry lock.
-        let cgroup = p.pid.and_then(|pid| self.mps.ops().machine.cgroup(pid));
+        let cgroup = p
+            .pid
+            .and_then(|pid| self.host.mps.ops().machine.cgroup(pid));
         self.refuse_dead_daemon(p)?;
         let mut tx = Txn::begin(self);
         let mut st = self.state();
@@ -85,7 +87,7 @@ impl Service {
     /// and only for a claim seen Prepared: any other state (Degraded with its reason, above
     /// all) is answered under the lock.
     fn refuse_dead_daemon(&self, p: &AttachParams) -> Result<(), ServiceError> {
-        let seen = self.view.load();
+        let seen = self.records.view.load();
         let Some(claim) = seen
             .claims
             .get(&p.claim_uid)
@@ -153,7 +155,7 @@ impl Service {
         let stale: Vec<String> = st.claims[&p.claim_uid]
             .attached
             .iter()
-            .filter(|a| a.pid.is_some_and(|pid| !self.processes.alive(pid)))
+            .filter(|a| a.pid.is_some_and(|pid| !self.host.processes.alive(pid)))
             .map(|a| a.container_id.clone())
             .collect();
         if !stale.is_empty() {

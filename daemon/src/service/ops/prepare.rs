@@ -64,7 +64,7 @@ impl Service {
 
         // A MIG slice's intent stands until the record naming it is on disk (`Prepared`,
         // below) or the prepare is torn down; then it is struck, on every way out.
-        let _intents = self.mig_intents.strike_on_drop(&spec.uid);
+        let _intents = self.host.mig_intents.strike_on_drop(&spec.uid);
         match self.apply(&spec, &plans, &info) {
             Ok((groups, requests)) => self.record_prepared(&spec, groups, requests, carried),
             Err(e) => {
@@ -110,7 +110,7 @@ impl Service {
         let carried = existing
             .attached
             .iter()
-            .filter(|a| a.pid.is_some_and(|pid| self.processes.alive(pid)))
+            .filter(|a| a.pid.is_some_and(|pid| self.host.processes.alive(pid)))
             .cloned()
             .collect();
         if let Some(e) = self.teardown(&spec.uid, None) {
@@ -195,7 +195,7 @@ impl Service {
         let wants = wants_of(info);
         self.admit(&spec.uid, &wants)?;
         let mut tx = Txn::begin(self);
-        tx.after_undo(|| self.modes.release(self.backend.as_ref(), &wants));
+        tx.after_undo(|| self.host.modes.release(self.host.backend.as_ref(), &wants));
         let mut st = self.state();
         st.placement.record(&spec.uid, &wants);
         let (uid, held) = (spec.uid.clone(), wants.clone());

@@ -17,14 +17,20 @@ impl Service {
     /// `InvalidRequest` for a malformed UID, `NotFound`.
     pub fn claim(&self, uid: &str) -> Result<Arc<Claim>, ServiceError> {
         config::validate_claim_uid(uid)?;
-        self.view.load().claims.get(uid).cloned().ok_or_else(|| {
-            ServiceError::new(ErrorCode::NotFound, format!("no claim {uid} on this node"))
-        })
+        self.records
+            .view
+            .load()
+            .claims
+            .get(uid)
+            .cloned()
+            .ok_or_else(|| {
+                ServiceError::new(ErrorCode::NotFound, format!("no claim {uid} on this node"))
+            })
     }
 
     /// All claims, by UID, as the published view holds them.
     pub fn claims(&self) -> Vec<Arc<Claim>> {
-        self.view.load().claims.values().cloned().collect()
+        self.records.view.load().claims.values().cloned().collect()
     }
 
     /// Up to `n` claims after the UID `after` (from the first when `None`), in UID order, as
@@ -32,7 +38,7 @@ impl Service {
     /// a few claims at a time, so that no answer holds the whole registry.
     pub fn claims_after(&self, after: Option<&str>, n: usize) -> Vec<Arc<Claim>> {
         use std::ops::Bound;
-        let view = self.view.load();
+        let view = self.records.view.load();
         let from = after.map_or(Bound::Unbounded, Bound::Excluded);
         view.claims
             .range::<_, str>((from, Bound::Unbounded))
@@ -43,15 +49,16 @@ impl Service {
 
     /// All GPUs with their settings and holders.
     pub fn list_gpus(&self) -> Vec<GpuInfo> {
-        let st = self.view.load();
-        self.backend
+        let st = self.records.view.load();
+        self.host
+            .backend
             .gpus()
             .iter()
             .map(|g| {
                 let hold = st.placement.hold(&g.uuid);
                 let mut info = GpuInfo {
-                    compute_mode: self.backend.compute_mode(&g.uuid).unwrap_or_default(),
-                    time_slice: self.backend.time_slice(&g.uuid).unwrap_or_default(),
+                    compute_mode: self.host.backend.compute_mode(&g.uuid).unwrap_or_default(),
+                    time_slice: self.host.backend.time_slice(&g.uuid).unwrap_or_default(),
                     sharing: hold.map_or(GpuSharing::Free, |h| h.sharing()),
                     claims: hold.map(|h| h.claims()).unwrap_or_default(),
                     ..g.info()
@@ -75,14 +82,14 @@ impl Service {
 
     /// Liveness and readiness.
     pub fn health(&self) -> HealthInfo {
-        let st = self.view.load();
+        let st = self.records.view.load();
         HealthInfo {
             ready: st.ready,
             node_name: self.cfg.node_name.clone(),
-            gpus: self.backend.gpus().len(),
+            gpus: self.host.backend.gpus().len(),
             claims: st.claims.len(),
-            backend: self.backend.describe(),
-            mps_control: self.mps.program().display().to_string(),
+            backend: self.host.backend.describe(),
+            mps_control: self.host.mps.program().display().to_string(),
             checkpoint_quarantined: st.quarantined.clone(),
             quarantined_records: st.quarantined_records.clone(),
             checkpoint_error: st.checkpoint_error.clone(),

@@ -47,7 +47,7 @@ impl Service {
         crate::crash::point("unprepare.mig_mode_left");
         let freed = self.record_released(&info, tombstone, &mut errors);
         crate::crash::point("unprepare.released_saved");
-        self.modes.release(self.backend.as_ref(), &freed);
+        self.host.modes.release(self.host.backend.as_ref(), &freed);
         errors.into_iter().next()
     }
 
@@ -123,6 +123,7 @@ impl Service {
     /// directory; one after sees Unpreparing).
     fn remove_claim_dir(&self, uid: &str) -> Result<(), ServiceError> {
         let _writes = self
+            .host
             .host_record_writes
             .lock()
             .unwrap_or_else(|p| p.into_inner());

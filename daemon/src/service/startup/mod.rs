@@ -43,16 +43,16 @@ impl Service {
         self.remove_orphans();
         // Step 6, after the rollbacks, so that only what the remaining claims asked is
         // applied.
-        reapply_gpu_settings(self.backend.as_ref(), &self.state().placement);
+        reapply_gpu_settings(self.host.backend.as_ref(), &self.state().placement);
         // Step 7's last part, after the rollbacks too (which destroyed the rolled-back
         // claims' recorded MIG instances, and turned MIG mode off after the last slice
         // carrying the flag): MIG mode a crashed prepare turned on before its slice was
         // recorded goes off again.
         {
             let st = self.state();
-            mig::leave_mig_mode_at_start(self.backend.as_ref(), &honoured, st.claims.values());
+            mig::leave_mig_mode_at_start(self.host.backend.as_ref(), &honoured, st.claims.values());
         }
-        self.mig_intents.clear();
+        self.host.mig_intents.clear();
         // Step 8: the MIG slices of prepared claims that vanished while gpushared was away
         // (a GPU reset, a destroy by hand), recreated at their placements, or the claim is
         // Degraded. The driver's spec of the node as it is now is generated once, after the
@@ -105,12 +105,12 @@ impl Service {
         claims.sort_by_key(|(_, (_, rebuilt))| *rebuilt);
         for (uid, (mut info, write)) in claims {
             let wants = wants_of(&info);
-            if let Err(e) = self.modes.adopt(&uid, &wants) {
+            if let Err(e) = self.host.modes.adopt(&uid, &wants) {
                 tracing::error!(claim = %uid, error = %e, "checkpointed claim conflicts with another; not re-adopted");
                 let path = if write {
                     self.cfg.run_dir.join("claims").join(&uid).join(HOST_RECORD)
                 } else {
-                    self.store.claim_path(&uid)
+                    self.records.store.claim_path(&uid)
                 };
                 let bytes = serde_json::to_vec(&ClaimRecord::of(&info)).ok();
                 quarantine.keep(
@@ -142,10 +142,10 @@ impl Service {
     /// still there (a start killed after the rollbacks finds it gone). Returns the honoured
     /// intents, whose MIG mode the start turns off again after the rollbacks.
     fn sweep_left_intents(&self, rebooted: bool, quarantine: &Quarantine) -> Vec<Intent> {
-        let left = self.mig_intents.left_for_sweep(rebooted);
+        let left = self.host.mig_intents.left_for_sweep(rebooted);
         let st = self.state();
         let left = mig::honoured_intents(left, st.claims.values(), &quarantine.refused_claims());
-        mig::sweep_at_start(self.backend.as_ref(), &left, st.claims.values());
+        mig::sweep_at_start(self.host.backend.as_ref(), &left, st.claims.values());
         left.honoured
     }
 
@@ -232,10 +232,14 @@ impl Service {
             export: None,
         };
         let _ = self.commit(st);
-        if let Err(e) = self.store.write_meta(&meta) {
+        if let Err(e) = self.records.store.write_meta(&meta) {
             let msg = format!(
                 "writing checkpoint {}: {e}",
-                self.store.dir().join(crate::store::STORE_FILE).display()
+                self.records
+                    .store
+                    .dir()
+                    .join(crate::store::STORE_FILE)
+                    .display()
             );
             tracing::error!(error = %msg, "cannot write the checkpoint at start; changing requests fail until it can be written");
             self.state().checkpoint_error = Some(msg);

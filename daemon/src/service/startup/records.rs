@@ -122,7 +122,7 @@ impl Service {
                 }
                 Err(why) => {
                     let bytes = serde_json::to_vec(&ClaimRecord::of(&info)).ok();
-                    let path = self.store.claim_path(&key);
+                    let path = self.records.store.claim_path(&key);
                     quarantine.keep("checkpoint-claim", &path, &key, bytes.as_deref(), &why);
                     if crate::config::validate_claim_uid(&key).is_ok() {
                         let _ = fsutil::remove_file_if_exists(&path);
@@ -149,12 +149,12 @@ impl Service {
             });
         if loaded.missing && rebuilt.is_empty() {
             tracing::info!(
-                path = %self.store.dir().display(),
+                path = %self.records.store.dir().display(),
                 "no checkpoint and no host records: a node without claims (a first start)"
             );
         } else if loaded.missing {
             tracing::warn!(
-                path = %self.store.dir().display(),
+                path = %self.records.store.dir().display(),
                 host_records = rebuilt.len(),
                 "no checkpoint found; rebuilding the claims from their host records (a missing checkpoint is not a node without claims)"
             );
@@ -195,7 +195,7 @@ impl Service {
                 let path = if from_host {
                     self.cfg.run_dir.join("claims").join(&uid).join(HOST_RECORD)
                 } else {
-                    self.store.claim_path(&uid)
+                    self.records.store.claim_path(&uid)
                 };
                 let bytes = serde_json::to_vec(&ClaimRecord::of(&info)).ok();
                 quarantine.keep("conflicting-claim", &path, &uid, bytes.as_deref(), &why);

@@ -150,7 +150,7 @@ fn the_attach_limit_holds_across_a_crash_between_attaches() {
 /// so a record written again has a new one.
 fn record_inode(f: &Fixture, uid: &str) -> u64 {
     use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(f.service.store.claim_path(uid))
+    std::fs::metadata(f.service.records.store.claim_path(uid))
         .unwrap()
         .ino()
 }
@@ -177,7 +177,7 @@ fn a_stop_writes_only_what_changed_and_a_start_rewrites_records_of_another_forma
 
     // A record another build wrote (here a newer format, read as far as its fields are
     // known) is written again in this build's format at the next start, and only it.
-    let path = f.service.store.claim_path("t1");
+    let path = f.service.records.store.claim_path("t1");
     let mut v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     v["format"] = json!(crate::store::RECORD_FORMAT + 1);
     std::fs::write(&path, serde_json::to_vec(&v).unwrap()).unwrap();
