@@ -228,7 +228,7 @@ pub fn transition(from: Phase, causes: Causes, event: Event) -> Result<Next, Ill
     Ok(next)
 }
 
-/// Applies `event` to `claim`: the one place a claim's phase and causes are written (the
+/// `claim` takes `event`: the one place a claim's phase and causes are written (the
 /// registry calls it for the claims it holds). `details` say what happened, per cause the
 /// event adds (a cause added without one says its name); the claim's `last_error` is then
 /// rendered from its causes' details. Cleared causes take their details with them, and
@@ -237,7 +237,7 @@ pub fn transition(from: Phase, causes: Causes, event: Event) -> Result<Next, Ill
 ///
 /// # Errors
 /// [`IllegalTransition`]; `claim` is unchanged.
-pub fn apply(
+pub fn take(
     claim: &mut super::Claim,
     event: Event,
     details: Vec<(Cause, String)>,
@@ -435,13 +435,13 @@ mod tests {
             resource_version: None,
             generation: 1,
         });
-        apply(
+        take(
             &mut c,
             E::DaemonDied,
             vec![(C::MpsDaemonDown, "daemon 7 exited".into())],
         )
         .unwrap();
-        apply(
+        take(
             &mut c,
             E::RestartFailed,
             vec![(
@@ -450,16 +450,16 @@ mod tests {
             )],
         )
         .unwrap();
-        apply(&mut c, E::SliceLost, vec![]).unwrap();
+        take(&mut c, E::SliceLost, vec![]).unwrap();
         assert_eq!(c.phase, P::Degraded);
         assert_eq!(
             c.last_error.as_deref(),
             Some("daemon 7 exited; restarting the MPS control daemon failed (attempt 1): no; a MIG slice is lost")
         );
-        apply(&mut c, E::DaemonsRunning, vec![]).unwrap();
+        take(&mut c, E::DaemonsRunning, vec![]).unwrap();
         assert_eq!(c.phase, P::Degraded, "the slice is still lost");
         assert_eq!(c.causes(), Causes::NONE.with(C::SliceLost));
-        apply(&mut c, E::SlicesIntact, vec![]).unwrap();
+        take(&mut c, E::SlicesIntact, vec![]).unwrap();
         assert_eq!(c.phase, P::Prepared);
         assert!(c.degraded.is_empty());
         assert!(c.last_error.is_some(), "kept as history");

@@ -8,7 +8,7 @@ use std::ops::Deref;
 use gpushare_proto::Attachment;
 
 use crate::checkpoint::Tombstone;
-use crate::claim::lifecycle::apply;
+use crate::claim::lifecycle::take;
 use crate::claim::{Cause, Claim, Event, IllegalTransition, Next, Phase};
 
 /// Why [`Claims::transition`] changed nothing.
@@ -136,7 +136,7 @@ impl Claims {
             .map
             .get_mut(uid)
             .ok_or_else(|| TransitionError::NotFound(uid.to_string()))?;
-        let next = apply(info, event, details)?;
+        let next = take(info, event, details)?;
         match next {
             Next::Phase(..) => self.touch(uid),
             Next::Gone => {

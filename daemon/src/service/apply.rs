@@ -14,7 +14,7 @@ use gpushare_proto::RequestDevices;
 impl Service {
     /// Applies every group's strategy, then writes the CDI spec. Returns the groups as
     /// applied. On error the caller tears the claim down.
-    pub(super) fn apply(
+    pub(super) fn apply_plans(
         &self,
         spec: &ClaimSpec,
         plans: &[GroupPlan],

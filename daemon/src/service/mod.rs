@@ -113,7 +113,7 @@ pub(crate) struct State {
     /// Restarts of dead MPS control daemons, by claim UID.
     restarts: BTreeMap<String, restarts::RestartPlan>,
     /// Counts changes; the published view and the checkpoint on disk say which they hold.
-    generation: u64,
+    change: u64,
 }
 
 /// The claim service, in two parts with their own invariants ([`Records`]: the claims as

@@ -60,8 +60,9 @@ impl Service {
 
     /// Writes `<run-dir>/claims/<uid>/claim.json`, the copy a missing or corrupt checkpoint is
     /// rebuilt from, unless it already holds exactly this record: a restart re-checks every claim,
-    /// and a durable rewrite per claim made restart-to-ready grow by ~0.6 ms per claim
-    /// (BENCHMARKS.md, "Recovery"). A failure is logged only: the checkpoint stays the record.
+    /// and a durable rewrite per claim made restart-to-ready grow with the claims
+    /// (BENCHMARKS.md, "Recovery", has the figures). A failure is logged only: the checkpoint
+    /// stays the record.
     /// Attachments are in it too (written at every attach and detach; the run directory is a
     /// tmpfs, where this costs no disk flush), so a rebuilt claim keeps its containers' slots.
     ///
@@ -143,7 +144,7 @@ mod tests {
             include_str!("orphans.rs"),
             include_str!("../strategy/mps/group.rs"),
             include_str!("../strategy/mig/group.rs"),
-            include_str!("../strategy/mig/lifecycle.rs"),
+            include_str!("../strategy/mig/slice.rs"),
         ]
         .concat();
         for p in crate::crash::CRASH_POINTS {

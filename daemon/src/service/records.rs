@@ -24,7 +24,7 @@ pub(super) struct Records {
     pub(super) pending: Mutex<Pending>,
     /// The registry as readers see it, republished after every change of `state`.
     pub(super) view: Published<View>,
-    /// The generation of the registry whose records are on disk; held while writing them.
+    /// The registry's change number whose records are on disk; held while writing them.
     pub(super) on_disk: Mutex<u64>,
 }
 
@@ -57,14 +57,14 @@ impl Records {
     /// `Internal` when the records cannot be written; the change stays in memory (and in the
     /// view) and the caller undoes it (see [`Txn`]).
     pub(super) fn commit(&self, st: StateGuard<'_>) -> Result<(), ServiceError> {
-        let generation = st.unlock();
+        let change = st.unlock();
         let mut on_disk = self.on_disk.lock().unwrap_or_else(|p| p.into_inner());
-        if *on_disk >= generation {
+        if *on_disk >= change {
             return Ok(());
         }
         let (batch, upto) = {
             let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-            (std::mem::take(&mut p.batch), p.generation)
+            (std::mem::take(&mut p.batch), p.change)
         };
         let written = if batch.is_empty() {
             Ok(())

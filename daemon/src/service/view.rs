@@ -35,11 +35,11 @@ pub(super) struct View {
 }
 
 /// Durable changes not yet written: the newest record of each changed claim and tombstone,
-/// and the registry generation they include.
+/// and the registry's change number they include.
 #[derive(Debug, Default)]
 pub(super) struct Pending {
     pub(super) batch: Batch,
-    pub(super) generation: u64,
+    pub(super) change: u64,
 }
 
 impl View {
@@ -108,11 +108,11 @@ impl DerefMut for StateGuard<'_> {
 }
 
 impl StateGuard<'_> {
-    /// Unlocks the registry (publishing a change, if any); returns the generation the view
+    /// Unlocks the registry (publishing a change, if any); returns the change number the view
     /// now shows, which includes every change made under this guard.
     pub(super) fn unlock(mut self) -> u64 {
         self.publish_if_changed();
-        self.guard.generation
+        self.guard.change
     }
 
     fn publish_if_changed(&mut self) {
@@ -121,12 +121,12 @@ impl StateGuard<'_> {
         }
         self.changed = false;
         let st = &mut *self.guard;
-        st.generation += 1;
+        st.change += 1;
         let shown = st.claims.take_shown();
         let durable = st.claims.take_durable();
         let tombstones = st.tombstones.take_changed();
         // Under the pending lock, so that a writer takes every record queued up to the
-        // generation it reads.
+        // change number it reads.
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         for uid in durable {
             let rec = st.claims.get(&uid).map(ClaimRecord::of);
@@ -136,7 +136,7 @@ impl StateGuard<'_> {
             let t = st.tombstones.get(&uid).cloned();
             pending.batch.tombstones.insert(uid, t);
         }
-        pending.generation = st.generation;
+        pending.change = st.change;
         // Only publishers (all under the registry lock) replace the view, so the one loaded
         // here is the latest.
         let prev = self.view.load();

@@ -459,13 +459,13 @@ mod tests {
             .unwrap();
         let mut claim = crate::claim::wire::claim_of(info);
         claim.phase = Phase::Prepared;
-        crate::claim::lifecycle::apply(
+        crate::claim::lifecycle::take(
             &mut claim,
             crate::claim::Event::SliceLost,
             vec![(Cause::SliceLost, "slice 3 is gone".into())],
         )
         .unwrap();
-        crate::claim::lifecycle::apply(
+        crate::claim::lifecycle::take(
             &mut claim,
             crate::claim::Event::DaemonDied,
             vec![(Cause::MpsDaemonDown, "pid 7 exited".into())],

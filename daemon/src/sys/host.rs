@@ -97,8 +97,7 @@ impl CommandRunner for HostRunner {
 /// Why not a `pre_exec` closure, which did the same in the child: with one, std forks instead
 /// of using posix_spawn (a vfork), and a fork write-protects every page gpushared has written
 /// for copy-on-write, so that each page written afterwards faults once more. That grew with
-/// the daemon's memory and threads: 2 ms of a 20 ms MPS prepare on a fresh daemon, 6 ms after
-/// a burst of 64 clients had left its blocking pool full (BENCHMARKS.md, MPS prepare at scale).
+/// the daemon's memory and threads (BENCHMARKS.md, "MPS prepare at scale", has the figures).
 ///
 /// # Errors
 /// The `unshare` or a mount failing (gpushared lacks CAP_SYS_ADMIN), or the spawn's own.

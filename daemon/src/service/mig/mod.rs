@@ -18,7 +18,7 @@ use crate::strategy::mig::{self as strategy, Claimed, MigGroup, MigTarget};
 use crate::strategy::mps::MpsLaunch;
 
 mod intents;
-mod layout;
+mod mig_apply;
 mod start;
 
 pub(super) use intents::{Intent, MigIntents};

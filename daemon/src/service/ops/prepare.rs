@@ -7,7 +7,7 @@
 //! the CDI spec written and checked → `Prepared` on disk (the tombstone lifted). A failure
 //! anywhere after `PrepareStarted` is undone by the same teardown an unprepare runs
 //! (`unprepare.rs`: each group's strategy stops, then destroys, what its record holds; for
-//! MIG, the daemon, then each slice, `strategy/mig/lifecycle.rs`), and a crash by the next
+//! MIG, the daemon, then each slice, `strategy/mig/slice.rs`), and a crash by the next
 //! start's rollback (`docs/crash-safety.md`).
 
 use std::collections::BTreeMap;
@@ -65,7 +65,7 @@ impl Service {
         // A MIG slice's intent stands until the record naming it is on disk (`Prepared`,
         // below) or the prepare is torn down; then it is struck, on every way out.
         let _intents = self.host.mig_intents.strike_on_drop(&spec.uid);
-        match self.apply(&spec, &plans, &info) {
+        match self.apply_plans(&spec, &plans, &info) {
             Ok((groups, requests)) => self.record_prepared(&spec, groups, requests, carried),
             Err(e) => {
                 tracing::warn!(claim = %spec.uid, error = %e, "prepare failed; rolling back");

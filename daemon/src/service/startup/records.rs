@@ -171,7 +171,7 @@ impl Service {
                 .filter(|t| t.generation > info.generation)
             {
                 tracing::warn!(claim = %uid, released_generation = t.generation, record_generation = info.generation, "the host record is of a claim released since; finishing its release");
-                let _ = crate::claim::lifecycle::apply(
+                let _ = crate::claim::lifecycle::take(
                     info,
                     crate::claim::Event::ReleaseStarted,
                     Vec::new(),

@@ -15,14 +15,14 @@
 
 mod claimed;
 mod group;
-mod lifecycle;
 mod resolve;
+mod slice;
 mod sweep;
 
 pub use claimed::Claimed;
 pub use group::MigGroup;
-pub use lifecycle::{create, destroy, is_instance_of, is_whole_instance_of};
 pub use resolve::{check, repick, resolve};
+pub use slice::{create, destroy, is_instance_of, is_whole_instance_of};
 pub use sweep::{sweep_unowned, Swept};
 
 use gpushare_proto::{ErrorCode, MigInstanceInfo, MigOrigin};
