@@ -130,22 +130,9 @@ pub fn check_trusted_dir(dir: &Path) -> io::Result<()> {
 /// # Errors
 /// Any I/O error; the temporary file is removed on failure.
 pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
-    let dir = path
-        .parent()
+    path.parent()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no parent"))?;
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
-    // A leading dot keeps CDI scanners (which read only *.json and *.yaml) away from it; the
-    // counter keeps two writers of one path in this process off each other's file.
-    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}-{n}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    write_via(path, &tmp, contents, mode, true, true)
+    write_via(path, &temporary_for(path, "")?, contents, mode, true, true)
 }
 
 /// Replaces `path` with `contents` as [`write_atomic`] does, but without any fsync: a reader,
@@ -158,20 +145,16 @@ pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
 /// # Errors
 /// Any I/O error; the temporary file is removed on failure.
 pub fn write_replace(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
-    let dir = path
-        .parent()
+    path.parent()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no parent"))?;
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
-    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}-r{n}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    write_via(path, &tmp, contents, mode, false, false)
+    write_via(
+        path,
+        &temporary_for(path, "r")?,
+        contents,
+        mode,
+        false,
+        false,
+    )
 }
 
 /// Writes `path` as [`write_atomic`] does, fsyncing the file but not its directory: the caller
@@ -181,18 +164,32 @@ pub fn write_replace(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> 
 /// # Errors
 /// Any I/O error; the temporary file is removed on failure.
 pub fn write_synced(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
+    write_via(
+        path,
+        &temporary_for(path, "s")?,
+        contents,
+        mode,
+        true,
+        false,
+    )
+}
+
+/// The temporary file a write of `path` goes through: `.<name>.tmp-<pid>-<tag><n>` beside
+/// it. A leading dot keeps CDI scanners (which read only *.json and *.yaml) away from it; the
+/// pid tells whose it is (see [`temporary_writer`]); the counter keeps two writers of one
+/// path in this process off each other's file; the tag tells the three kinds of write apart.
+fn temporary_for(path: &Path, tag: &str) -> io::Result<PathBuf> {
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let name = path
         .file_name()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
     let dir = path.parent().unwrap_or(Path::new("."));
-    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}-s{n}",
+    Ok(dir.join(format!(
+        ".{}.tmp-{}-{tag}{n}",
         name.to_string_lossy(),
         std::process::id()
-    ));
-    write_via(path, &tmp, contents, mode, true, false)
+    )))
 }
 
 /// fsyncs directory `dir`, making the renames and removals in it durable.

@@ -76,7 +76,6 @@ pub(crate) async fn run(
         Some(lock_instance(&run_dir, "run")?)
     };
     let backend = gpu_backend(&settings.gpus, &node_name, &run_dir)?;
-    let cdi_dir = real_dir("CDI directory", &settings.paths.cdi_dir, 0o755)?;
     let driver_spec = driver_specs(&settings, &backend, &run_dir, &cdi_dir)?;
 
     let mps_program = if settings.mps.control.as_os_str().is_empty() {
