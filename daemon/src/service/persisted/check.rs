@@ -10,6 +10,98 @@ use gpushare_proto::{MigInstanceInfo, MpsInfo, RequestDevices};
 use crate::claim::{Claim, Group, Phase};
 use crate::config;
 
+/// Why a claim record read back from disk is refused: one line naming the field at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(in crate::service) enum Refused {
+    /// Filed under another key than the UID it names.
+    #[error("it is filed under {key:?} but names claim {uid:?}")]
+    FiledElsewhere {
+        /// Its file's name or checkpoint key.
+        key: String,
+        /// The UID it names.
+        uid: String,
+    },
+    /// Not a valid `metadata.uid`.
+    #[error("{0}")]
+    Uid(String),
+    /// A request name Kubernetes does not allow.
+    #[error("request name {0:?} is not a valid one")]
+    RequestName(String),
+    /// A request listed twice.
+    #[error("request {0:?} is listed twice")]
+    RequestTwice(String),
+    /// A CDI device ID that is neither the claim's own nor the driver's of its devices.
+    #[error("request {request}: CDI device ID {id:?} is not the claim's own ({own})")]
+    ForeignId {
+        /// The request.
+        request: String,
+        /// The ID.
+        id: String,
+        /// The claim's own ID for the request.
+        own: String,
+    },
+    /// A device group names a request the claim has not.
+    #[error("a device group names request {0:?}, which the claim has not")]
+    GroupRequest(String),
+    /// A device names a request the claim has not.
+    #[error("device {device} names request {request:?}, which the claim has not")]
+    DeviceRequest {
+        /// The device.
+        device: String,
+        /// The request it names.
+        request: String,
+    },
+    /// A MIG slice marked as being destroyed on a claim that is not being released.
+    #[error("MIG device {device} is marked as being destroyed, which only a release does, but the claim is {phase:?}")]
+    DestroyingOutsideRelease {
+        /// The MIG device.
+        device: String,
+        /// The claim's phase.
+        phase: Phase,
+    },
+    /// An MPS control daemon's directories are not the ones this daemon makes for the claim.
+    #[error("MPS directories {:?}, {:?}, {:?} are not this claim's ({claim_dir}/mps-<hash>/pipe, log, shm)", dirs[0], dirs[1], dirs[2])]
+    MpsDirs {
+        /// Its pipe, log and shm directories.
+        dirs: [String; 3],
+        /// The claim's directory.
+        claim_dir: String,
+    },
+    /// An MPS control daemon's visible device that is none of its group's.
+    #[error("MPS control daemon's visible device {0:?} is none of its group's devices")]
+    VisibleDevice(String),
+    /// An MPS control daemon's pid that is no process id.
+    #[error("MPS control daemon pid {0} is not a process id")]
+    DaemonPid(i32),
+    /// An active thread percentage outside 1 to 100.
+    #[error("active thread percentage {0} is outside 1 to 100")]
+    Percentage(u32),
+    /// An attachment of another claim.
+    #[error("attachment of container {container:?} names claim {claim:?}")]
+    AttachmentClaim {
+        /// The container.
+        container: String,
+        /// The claim it names.
+        claim: String,
+    },
+    /// An attachment with a pid that is no process id.
+    #[error("attachment of container {container:?} has pid {pid}")]
+    AttachmentPid {
+        /// The container.
+        container: String,
+        /// Its pid.
+        pid: i32,
+    },
+    /// A device name or UUID of other characters than a record's.
+    #[error("{what} {name:?} is not a valid one")]
+    Name {
+        /// What it names.
+        what: &'static str,
+        /// The name.
+        name: String,
+    },
+}
+
 /// Longest device, request or UUID string taken from a record.
 const MAX_NAME_BYTES: usize = 256;
 
@@ -48,14 +140,14 @@ pub(in crate::service) fn check_record(
     info: &Claim,
     key: &str,
     run_dir: &Path,
-) -> Result<(), String> {
+) -> Result<(), Refused> {
     if info.uid != key {
-        return Err(format!(
-            "it is filed under {key:?} but names claim {:?}",
-            info.uid
-        ));
+        return Err(Refused::FiledElsewhere {
+            key: key.to_string(),
+            uid: info.uid.clone(),
+        });
     }
-    config::validate_claim_uid(&info.uid).map_err(|e| e.message)?;
+    config::validate_claim_uid(&info.uid).map_err(|e| Refused::Uid(e.message))?;
     let names = check_requests(info)?;
     let claim_dir = run_dir.join("claims").join(&info.uid);
     for g in &info.groups {
@@ -66,15 +158,15 @@ pub(in crate::service) fn check_record(
 
 /// The requests: valid names, each once, CDI device IDs the claim's own (or the driver's of
 /// its devices), device names of safe characters. Returns the request names.
-fn check_requests(info: &Claim) -> Result<Vec<&str>, String> {
+fn check_requests(info: &Claim) -> Result<Vec<&str>, Refused> {
     let single = info.requests.len() == 1;
     let mut names: Vec<&str> = Vec::with_capacity(info.requests.len());
     for r in &info.requests {
         if !config::is_request_name(&r.request) {
-            return Err(format!("request name {:?} is not a valid one", r.request));
+            return Err(Refused::RequestName(r.request.clone()));
         }
         if names.contains(&r.request.as_str()) {
-            return Err(format!("request {:?} is listed twice", r.request));
+            return Err(Refused::RequestTwice(r.request.clone()));
         }
         names.push(&r.request);
         check_request_ids(info, r, single)?;
@@ -91,7 +183,7 @@ fn check_requests(info: &Claim) -> Result<Vec<&str>, String> {
 
 /// A request's CDI device IDs: the claim's own device, or the driver's device of one of the
 /// claim's own GPUs or MIG devices.
-fn check_request_ids(info: &Claim, r: &RequestDevices, single: bool) -> Result<(), String> {
+fn check_request_ids(info: &Claim, r: &RequestDevices, single: bool) -> Result<(), Refused> {
     let own = crate::cdi::qualified_name(&crate::cdi::device_name(&info.uid, &r.request, single));
     let ids = r
         .cdi_device_ids
@@ -101,30 +193,29 @@ fn check_request_ids(info: &Claim, r: &RequestDevices, single: bool) -> Result<(
         .into_iter()
         .find(|id| **id != own && !is_driver_device_of(info, id))
     {
-        return Err(format!(
-            "request {}: CDI device ID {id:?} is not the claim's own ({own})",
-            r.request
-        ));
+        return Err(Refused::ForeignId {
+            request: r.request.clone(),
+            id: id.clone(),
+            own,
+        });
     }
     Ok(())
 }
 
 /// One device group: requests and devices the claim's, its MIG slices and its MPS control
 /// daemon as [`check_slice`] and [`check_mps`] say.
-fn check_group(info: &Claim, g: &Group, names: &[&str], claim_dir: &Path) -> Result<(), String> {
+fn check_group(info: &Claim, g: &Group, names: &[&str], claim_dir: &Path) -> Result<(), Refused> {
     if let Some(r) = g.requests.iter().find(|r| !names.contains(&r.as_str())) {
-        return Err(format!(
-            "a device group names request {r:?}, which the claim has not"
-        ));
+        return Err(Refused::GroupRequest(r.clone()));
     }
     for d in &g.devices {
         safe_name("device name", &d.device)?;
         safe_name("GPU UUID", &d.uuid)?;
         if !names.contains(&d.request.as_str()) {
-            return Err(format!(
-                "device {} names request {:?}, which the claim has not",
-                d.device, d.request
-            ));
+            return Err(Refused::DeviceRequest {
+                device: d.device.clone(),
+                request: d.request.clone(),
+            });
         }
     }
     for m in g.slices() {
@@ -138,7 +229,7 @@ fn check_group(info: &Claim, g: &Group, names: &[&str], claim_dir: &Path) -> Res
 
 /// A MIG slice: names of safe characters, marked as being destroyed only on a claim being
 /// released.
-fn check_slice(m: &MigInstanceInfo, phase: Phase) -> Result<(), String> {
+fn check_slice(m: &MigInstanceInfo, phase: Phase) -> Result<(), Refused> {
     safe_name("MIG device name", &m.device)?;
     safe_name("GPU UUID", &m.gpu_uuid)?;
     if !m.uuid.is_empty() {
@@ -152,56 +243,51 @@ fn check_slice(m: &MigInstanceInfo, phase: Phase) -> Result<(), String> {
     // may be (a bare instance an administrator made at the reused GI ID): on a record that
     // is not a release's, it could have that one destroyed.
     if m.destroying && phase != Phase::Unpreparing {
-        return Err(format!(
-            "MIG device {} is marked as being destroyed, which only a release does, but the claim is {phase:?}",
-            m.device
-        ));
+        return Err(Refused::DestroyingOutsideRelease {
+            device: m.device.clone(),
+            phase,
+        });
     }
     Ok(())
 }
 
 /// A group's MPS control daemon: its directories this claim's, its visible devices among the
 /// group's, a process id, an active thread percentage from 1 to 100.
-fn check_mps(g: &Group, m: &MpsInfo, claim_dir: &Path) -> Result<(), String> {
+fn check_mps(g: &Group, m: &MpsInfo, claim_dir: &Path) -> Result<(), Refused> {
     check_mps_dirs(claim_dir, m)?;
     let known = |v: &String| {
         g.devices.iter().any(|d| &d.uuid == v) || g.slices().iter().any(|x| &x.uuid == v)
     };
     if let Some(v) = m.visible_devices.iter().find(|v| !known(v)) {
-        return Err(format!(
-            "MPS control daemon's visible device {v:?} is none of its group's devices"
-        ));
+        return Err(Refused::VisibleDevice(v.clone()));
     }
     if m.control_daemon_pid < 0 {
-        return Err(format!(
-            "MPS control daemon pid {} is not a process id",
-            m.control_daemon_pid
-        ));
+        return Err(Refused::DaemonPid(m.control_daemon_pid));
     }
     if let Some(p) = m
         .requested
         .active_thread_percentage
         .filter(|p| !(1..=100).contains(p))
     {
-        return Err(format!("active thread percentage {p} is outside 1 to 100"));
+        return Err(Refused::Percentage(p));
     }
     Ok(())
 }
 
 /// Attachments: of this claim, with positive pids.
-fn check_attachments(info: &Claim) -> Result<(), String> {
+fn check_attachments(info: &Claim) -> Result<(), Refused> {
     for a in &info.attached {
         if a.claim_uid != info.uid {
-            return Err(format!(
-                "attachment of container {:?} names claim {:?}",
-                a.container_id, a.claim_uid
-            ));
+            return Err(Refused::AttachmentClaim {
+                container: a.container_id.clone(),
+                claim: a.claim_uid.clone(),
+            });
         }
         if let Some(pid) = a.pid.filter(|p| *p <= 0) {
-            return Err(format!(
-                "attachment of container {:?} has pid {pid}",
-                a.container_id
-            ));
+            return Err(Refused::AttachmentPid {
+                container: a.container_id.clone(),
+                pid,
+            });
         }
     }
     Ok(())
@@ -228,7 +314,7 @@ pub(in crate::service) fn normalize(info: &mut Claim, cdi_dir: &Path) -> bool {
 }
 
 /// A device name or UUID from a record: 1 to 256 ASCII letters, digits, `-`, `_`, `.`, `:`.
-fn safe_name(what: &str, s: &str) -> Result<(), String> {
+fn safe_name(what: &'static str, s: &str) -> Result<(), Refused> {
     let ok = !s.is_empty()
         && s.len() <= MAX_NAME_BYTES
         && s.bytes()
@@ -236,13 +322,16 @@ fn safe_name(what: &str, s: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!("{what} {s:?} is not a valid one"))
+        Err(Refused::Name {
+            what,
+            name: s.to_string(),
+        })
     }
 }
 
 /// The MPS directories a record names must be exactly the ones this daemon makes for the
 /// claim: `<claim-dir>/mps-<5 hex digits>/{pipe,log,shm}`.
-fn check_mps_dirs(claim_dir: &Path, m: &MpsInfo) -> Result<(), String> {
+fn check_mps_dirs(claim_dir: &Path, m: &MpsInfo) -> Result<(), Refused> {
     let pipe = Path::new(&m.pipe_dir);
     let root = pipe.parent().unwrap_or(pipe);
     let group_ok = root.parent() == Some(claim_dir)
@@ -257,13 +346,10 @@ fn check_mps_dirs(claim_dir: &Path, m: &MpsInfo) -> Result<(), String> {
         || !exact(&m.log_dir, "log")
         || !exact(&m.shm_dir, "shm")
     {
-        return Err(format!(
-            "MPS directories {:?}, {:?}, {:?} are not this claim's ({}/mps-<hash>/pipe, log, shm)",
-            m.pipe_dir,
-            m.log_dir,
-            m.shm_dir,
-            claim_dir.display()
-        ));
+        return Err(Refused::MpsDirs {
+            dirs: [m.pipe_dir.clone(), m.log_dir.clone(), m.shm_dir.clone()],
+            claim_dir: claim_dir.display().to_string(),
+        });
     }
     Ok(())
 }

@@ -71,7 +71,11 @@ pub(in crate::service) fn host_records(
         let checked = serde_json::from_slice::<HostRecord>(&bytes)
             .map(HostRecord::into_claim)
             .map_err(|e| format!("not a claim record: {e}"))
-            .and_then(|info| check_record(&info, &name, run_dir).map(|()| info));
+            .and_then(|info| {
+                check_record(&info, &name, run_dir)
+                    .map(|()| info)
+                    .map_err(|e| e.to_string())
+            });
         match checked {
             Ok(mut info) => {
                 normalize(&mut info, cdi_dir);

@@ -123,6 +123,7 @@ impl Service {
                 Err(why) => {
                     let bytes = serde_json::to_vec(&ClaimRecord::of(&info)).ok();
                     let path = self.records.store.claim_path(&key);
+                    let why = why.to_string();
                     quarantine.keep("checkpoint-claim", &path, &key, bytes.as_deref(), &why);
                     if crate::config::validate_claim_uid(&key).is_ok() {
                         let _ = fsutil::remove_file_if_exists(&path);

@@ -408,7 +408,14 @@ fn a_host_record_with_the_driver_devices_of_its_own_gpus_is_accepted_and_others_
         let mut bad = claim.clone();
         bad.requests[0].per_device[0].cdi_device_ids = vec![foreign.clone()];
         let e = crate::service::persisted::check_record(&bad, "u1", &f.cfg.run_dir).unwrap_err();
-        assert!(e.contains("is not the claim's own"), "{foreign}: {e}");
+        assert!(
+            matches!(&e, crate::service::persisted::Refused::ForeignId { id, .. } if *id == foreign),
+            "{foreign}: {e}"
+        );
+        assert!(
+            e.to_string().contains("is not the claim's own"),
+            "{foreign}: {e}"
+        );
     }
 }
 
