@@ -1,7 +1,9 @@
 //! A claim's lifecycle: one transition function, [`transition`], the only way a claim's phase
-//! and the causes of its degradation change (the registry's `transition` and `degrade` are
-//! its only callers that write them; a transaction that is not committed puts the record it
-//! saved back, which is an undo, not a transition).
+//! and the causes of its degradation change ([`take`] writes them: the registry's
+//! `transition` and `degrade` for the claims it holds, the start for a record it reads back
+//! before the registry holds it; a record read back is taken as it says, and a transaction
+//! that is not committed puts the record it saved back, which is an undo, not a
+//! transition).
 //!
 //! A claim is `Degraded` while it has at least one [`Cause`]. An event that reports a fault
 //! adds its cause; an event that reports a fault gone clears its causes, and the claim is
@@ -231,8 +233,8 @@ pub fn transition(from: Phase, causes: Causes, event: Event) -> Result<Next, Ill
 /// `claim` takes `event`: the one place a claim's phase and causes are written (the
 /// registry calls it for the claims it holds). `details` say what happened, per cause the
 /// event adds (a cause added without one says its name); the claim's `last_error` is then
-/// rendered from its causes' details. Cleared causes take their details with them, and
-/// `last_error` stays as it was (history). `Gone` leaves `claim` as it was: its holder drops
+/// rendered from its causes' details, while any is left. Cleared causes take their details
+/// with them; once none is left `last_error` stays as it was (history). `Gone` leaves `claim` as it was: its holder drops
 /// it.
 ///
 /// # Errors
@@ -260,7 +262,9 @@ pub fn take(
                 reported = true;
             }
         }
-        if reported {
+        // The message follows the causes while any is left (one cleared takes its words with
+        // it); once none is, the last one stays as history.
+        if reported || (causes != before && !causes.is_empty()) {
             claim.last_error = Some(render(&claim.degraded));
         }
     }
@@ -459,6 +463,8 @@ mod tests {
         take(&mut c, E::DaemonsRunning, vec![]).unwrap();
         assert_eq!(c.phase, P::Degraded, "the slice is still lost");
         assert_eq!(c.causes(), Causes::NONE.with(C::SliceLost));
+        // The message follows the causes left (review finding: it kept the daemon's words).
+        assert_eq!(c.last_error.as_deref(), Some("a MIG slice is lost"));
         take(&mut c, E::SlicesIntact, vec![]).unwrap();
         assert_eq!(c.phase, P::Prepared);
         assert!(c.degraded.is_empty());

@@ -26,7 +26,8 @@ pub struct Claim {
     pub namespace: String,
     /// `metadata.name`.
     pub name: String,
-    /// Where it is in its life; written only through `crate::claim::lifecycle`.
+    /// Where it is in its life; changed only through `crate::claim::lifecycle` (a record read
+    /// back is taken as it says).
     pub phase: Phase,
     /// Device groups (results that share one config), each with its strategy.
     pub groups: Vec<Group>,
@@ -38,8 +39,8 @@ pub struct Claim {
     pub attach_limit: Option<u32>,
     /// Containers attached now (kept in the claim's run directory: they die with the boot).
     pub attached: Vec<Attachment>,
-    /// Why it is `Degraded`: each cause with what happened (written only through
-    /// `crate::claim::lifecycle`); empty otherwise.
+    /// Why it is `Degraded`: each cause with what happened (changed only through
+    /// `crate::claim::lifecycle`; a record read back is taken as it says); empty otherwise.
     pub degraded: BTreeMap<Cause, String>,
     /// Last thing that went wrong after it was prepared, with its time: while `Degraded`,
     /// rendered from `degraded`; kept as history after.

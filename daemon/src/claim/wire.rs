@@ -110,22 +110,30 @@ pub fn claim_of(info: ClaimInfo) -> Claim {
 
 /// The causes of a `Degraded` claim whose record does not name them (written before they
 /// were recorded), from what it holds, never from its message: an MPS control daemon down
-/// where it runs one, else a MIG slice lost where it holds slices, else a missing GPU (the
-/// only other way to `Degraded`). The start checks each again and clears what is not so (a
-/// running daemon, slices that are there); each keeps the old message as its detail.
+/// where it runs one, a MIG slice lost where it holds slices (both for MPS on slices), else a
+/// missing GPU (the only other way to `Degraded`). Each keeps the old message as its detail.
+/// The start checks each again and clears what is not so: a daemon re-adopted or started
+/// again (`service/revive.rs`), slices that are there or made again
+/// (`service/mig_recover.rs`); a GPU still missing is found again
+/// (`service/missing_gpus.rs`).
 pub fn causes_of_old(claim: &Claim) -> BTreeMap<Cause, String> {
-    let cause = if claim.runs_mps() {
-        Cause::MpsDaemonDown
-    } else if claim.groups.iter().any(Group::is_mig) {
-        Cause::SliceLost
-    } else {
-        Cause::GpuMissing
-    };
-    let detail = claim
-        .last_error
-        .clone()
-        .unwrap_or_else(|| cause.to_string());
-    BTreeMap::from([(cause, detail)])
+    let mut causes = Vec::new();
+    if claim.runs_mps() {
+        causes.push(Cause::MpsDaemonDown);
+    }
+    if claim.groups.iter().any(Group::is_mig) {
+        causes.push(Cause::SliceLost);
+    }
+    if causes.is_empty() {
+        causes.push(Cause::GpuMissing);
+    }
+    causes
+        .into_iter()
+        .map(|c| {
+            let detail = claim.last_error.clone().unwrap_or_else(|| c.to_string());
+            (c, detail)
+        })
+        .collect()
 }
 
 /// The group a group in the protocol's shape describes: a MIG group when it records MIG

@@ -108,9 +108,9 @@ impl Service {
             }
         }
         for &gi in &changed_groups {
-            if let Err(why) = self.follow_new_slices(uid, gi) {
-                lost.push(why);
-            }
+            // A daemon that does not start on the new slices is the daemon's fault, not the
+            // slices': restarted with backoff like any dead daemon (follow_new_slices).
+            self.follow_new_slices(uid, gi);
         }
         if !changed_groups.is_empty() {
             let after = self.state().claims.get(uid).cloned()?;
@@ -237,6 +237,19 @@ impl Service {
         true
     }
 
+    /// Whether every MIG slice `c` records is there as recorded (what a restarted MPS control
+    /// daemon on them needs to serve).
+    pub(super) fn mig_intact(&self, c: &Claim) -> bool {
+        c.slices().all(|rec| {
+            self.host
+                .backend
+                .mig_instances(&rec.gpu_uuid)
+                .unwrap_or_default()
+                .iter()
+                .any(|i| crate::strategy::mig::is_whole_instance_of(rec, i))
+        })
+    }
+
     fn set_slice(&self, uid: &str, gi: usize, ri: usize, rec: &MigInstanceInfo) {
         let mut st = self.state();
         if let Some(m) = st
@@ -251,29 +264,27 @@ impl Service {
 
     /// After slices of group `gi` were recreated: an MPS control daemon on them is started
     /// again on the new MIG UUIDs, in its directories (running containers have them mounted),
-    /// with its limits read back.
-    ///
-    /// # Errors
-    /// Why the daemon could not be started (the claim becomes `Degraded`; the supervisor
-    /// restarts the daemon with backoff).
-    fn follow_new_slices(&self, uid: &str, gi: usize) -> Result<(), String> {
+    /// with its limits read back; then the claim's daemon causes go. One that does not start
+    /// makes the claim `Degraded` (its daemon down, its restart failed) and is restarted with
+    /// backoff, on the new slices.
+    fn follow_new_slices(&self, uid: &str, gi: usize) {
         let Some(g) = self
             .state()
             .claims
             .get(uid)
             .and_then(|c| c.groups.get(gi).cloned())
         else {
-            return Ok(());
+            return;
         };
         let Some(old) = g.mps() else {
-            return Ok(());
+            return;
         };
         let mut launch = launch_of(old);
         launch.visible_devices = g.slices().iter().map(|m| m.uuid.clone()).collect();
         let result = self.host.mps.restart(&launch);
         let mut st = self.state();
         let Some(group) = st.claims.get_mut(uid).and_then(|c| c.groups.get_mut(gi)) else {
-            return Ok(());
+            return;
         };
         match result {
             Ok(mut new) => {
@@ -282,18 +293,21 @@ impl Service {
                 if let Some(m) = group.mps_mut() {
                     *m = new;
                 }
-                drop(st);
+                self.daemons_running(&mut st, uid);
+                let _ = self.commit(st);
                 self.wake_supervisor();
-                Ok(())
             }
             Err(e) => {
                 // The record follows the new slices, so that the supervisor's restart uses them.
                 if let Some(m) = group.mps_mut() {
                     m.visible_devices = launch.visible_devices;
                 }
-                Err(format!(
-                    "starting the MPS control daemon on the recreated MIG slice(s) failed: {e}"
-                ))
+                let down = format!(
+                    "at {} s after the epoch: its MIG slice(s) were made again, and the MPS control daemon on them must start again",
+                    now_secs()
+                );
+                super::restarts::record_restart_failed(&mut st, uid, old, &e, Some(down));
+                let _ = self.commit(st);
             }
         }
     }

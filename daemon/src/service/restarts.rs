@@ -52,21 +52,14 @@ impl Service {
                 record_restarted(&mut guard, uid, &old, new, counted);
                 Ok(())
             }
-            Err(e) => Err(record_restart_failed(&mut guard, uid, &old, &e, counted)),
+            Err(e) => {
+                let down = (!counted).then(|| "the host was rebooted".to_string());
+                Err(record_restart_failed(&mut guard, uid, &old, &e, down))
+            }
         };
-        if let Some(c) = guard.claims.get(uid).cloned() {
-            // Every daemon runs again: the claim's daemon causes go (it stays Degraded while
-            // another cause stands: a lost MIG slice, a missing GPU).
-            let down = Causes::NONE
-                .with(Cause::MpsDaemonDown)
-                .with(Cause::MpsRestartFailed);
-            if outcome.is_ok()
-                && c.causes().iter().any(|x| down.contains(x))
-                && self.all_daemons_run(&c)
-            {
-                if let Err(e) = guard.claims.transition(uid, Event::DaemonsRunning) {
-                    tracing::error!(claim = %uid, error = %e, "recording a restarted daemon");
-                }
+        if guard.claims.contains_key(uid) {
+            if outcome.is_ok() {
+                self.daemons_running(&mut guard, uid);
             }
             let _ = self.commit(guard);
             let _ = self.write_host_record(uid);
@@ -95,6 +88,37 @@ impl Service {
             .claims
             .get(uid)
             .is_some_and(|c| c.phase == Phase::Prepared && self.all_daemons_run(c))
+    }
+
+    /// Every MPS control daemon of claim `uid` runs (re-adopted, or started again): its
+    /// daemon causes go. It stays `Degraded` while another cause stands (a missing GPU, a lost
+    /// MIG slice: one found gone now, a slice that vanished while gpushared ran, is recorded as
+    /// such, since a daemon on it cannot serve).
+    pub(super) fn daemons_running(&self, st: &mut super::State, uid: &str) {
+        let Some(c) = st.claims.get(uid) else {
+            return;
+        };
+        let down = Causes::NONE
+            .with(Cause::MpsDaemonDown)
+            .with(Cause::MpsRestartFailed);
+        if !c.causes().iter().any(|x| down.contains(x)) || !self.all_daemons_run(c) {
+            return;
+        }
+        if !self.mig_intact(c) {
+            let detail = format!(
+                "at {} s after the epoch: a MIG slice of the claim is not there as recorded (it vanished while gpushared ran); release the claim",
+                now_secs()
+            );
+            if let Err(e) =
+                st.claims
+                    .degrade(uid, Event::SliceLost, vec![(Cause::SliceLost, detail)])
+            {
+                tracing::error!(claim = %uid, error = %e, "recording a lost MIG slice");
+            }
+        }
+        if let Err(e) = st.claims.transition(uid, Event::DaemonsRunning) {
+            tracing::error!(claim = %uid, error = %e, "recording a restarted daemon");
+        }
     }
 
     pub(super) fn all_daemons_run(&self, c: &Claim) -> bool {
@@ -334,15 +358,16 @@ fn record_restarted(
 }
 
 /// Records that starting `old` again failed with `e`: the next attempt scheduled with
-/// backoff, the claim `Degraded` with the failure and why the daemon was restarted at all
-/// (unless the claim says so already: a reboot, or not running when gpushared started).
-/// Returns the claim's message.
-fn record_restart_failed(
+/// backoff, the claim `Degraded` with the failure and why the daemon was restarted at all:
+/// `down` when the caller says (a reboot, slices made again), else what the claim says
+/// already, else that it was not running when gpushared started. Returns the claim's
+/// message.
+pub(super) fn record_restart_failed(
     st: &mut super::State,
     uid: &str,
     old: &MpsInfo,
     e: &crate::strategy::mps::MpsError,
-    counted: bool,
+    down: Option<String>,
 ) -> String {
     let plan = st.restarts.entry(uid.to_string()).or_default();
     let delay = restart_backoff(plan.failures);
@@ -361,8 +386,8 @@ fn record_restart_failed(
         .claims
         .get(uid)
         .is_some_and(|c| c.causes().contains(Cause::MpsDaemonDown));
-    if !counted {
-        details.push((Cause::MpsDaemonDown, "the host was rebooted".to_string()));
+    if let Some(down) = down {
+        details.push((Cause::MpsDaemonDown, down));
     } else if !down_known {
         details.push((Cause::MpsDaemonDown, not_running(old)));
     }

@@ -50,6 +50,13 @@ impl Service {
         if !self.state().claims.contains_key(uid) {
             return;
         }
+        if !restarted && !mps.is_empty() {
+            // Every daemon re-adopted as it runs: a claim recorded Degraded for one (a record
+            // of an older format, whose causes are read from what it holds) is so no more.
+            let mut st = self.state();
+            self.daemons_running(&mut st, uid);
+            let _ = self.commit(st);
+        }
         {
             // Ours is a regular file: anything else there (a link, a fifo) is replaced.
             let info = (!specs.is_regular_file(Path::new(&cdi_spec)))

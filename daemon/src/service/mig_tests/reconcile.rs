@@ -244,6 +244,48 @@ fn a_release_destroys_only_the_instance_whose_identity_matches_the_record() {
     assert_eq!(instances(&f, "gpu-2").len(), 2, "neither is a claim's");
 }
 
+/// Review finding (issue 28): an MPS control daemon that does not start on the slices a
+/// start made again is the daemon's cause, restarted with backoff on the new slices, and the
+/// claim heals once it runs; recorded as a lost slice it stayed `Degraded`.
+#[test]
+fn a_daemon_that_cannot_start_on_remade_slices_is_restarted_and_the_claim_heals() {
+    let Some(node) = Node::new(&p4d_mig2()) else {
+        return;
+    };
+    let (_b1, s1) = node.start();
+    let mps = json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 40}}});
+    s1.prepare(&claim("m", &["gpu-2-mig-3g20gb-9-0"], Some(mps)))
+        .unwrap();
+    drop(s1);
+    node.reset_before_next_start("gpu-2\n");
+    node.host.state().fail_start = true;
+    let (_b2, s2) = node.start();
+    let c = s2.get_claim("m").unwrap();
+    assert_eq!(c.state, ClaimState::Degraded);
+    let why = c.last_error.clone().unwrap_or_default();
+    assert!(
+        why.contains("restarting the MPS control daemon failed")
+            && !why.contains("could not be recreated"),
+        "{why}"
+    );
+    let due = s2.next_restart().expect("a restart is scheduled");
+    node.host.state().fail_start = false;
+    std::thread::sleep(due.saturating_duration_since(std::time::Instant::now()));
+    s2.run_due_restarts();
+    let c = s2.get_claim("m").unwrap();
+    assert_eq!(c.state, ClaimState::Prepared, "{:?}", c.last_error);
+    let StrategyInfo::Mps(m) = &c.groups[0].sharing else {
+        panic!("not MPS")
+    };
+    assert_eq!(
+        m.visible_devices,
+        vec![slice(&s2, "m").uuid],
+        "on the new slice"
+    );
+    s2.unprepare("m").unwrap();
+}
+
 #[test]
 fn vanished_slices_are_recreated_at_their_placements_with_cdi_and_mps_following() {
     let Some(node) = Node::new(&p4d_mig2()) else {

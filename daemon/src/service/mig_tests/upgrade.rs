@@ -175,3 +175,53 @@ fn records_of_the_previous_format_keep_every_claim_daemon_and_slice() {
 fn uuid_of_backend(backend: &SimulatedBackend, name: &str) -> String {
     backend.find(name).unwrap().uuid.clone()
 }
+
+/// Review finding (issue 28): a format 3 record of a `Degraded` claim running MPS on MIG
+/// slices names no cause; read as "daemon down" alone it stayed `Degraded` for good, since
+/// its daemon was re-adopted and its slices were there. Each cause read from what it holds is
+/// checked at start and cleared: it comes up `Prepared`, its daemon kept.
+#[test]
+fn an_old_degraded_mig_mps_claim_whose_daemon_and_slices_are_there_comes_up_prepared() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let old = plant(root);
+    let path = root.join("state/records/mig-mps-1.json");
+    let mut rec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    rec["state"] = json!("Degraded");
+    rec["last_error"] = json!("at 1 s after the epoch: MIG device gpu-5-mig-2g10gb-14-0 vanished while gpushared was away and could not be recreated at placement 0:2: busy");
+    std::fs::write(&path, serde_json::to_vec(&rec).unwrap()).unwrap();
+    let cfg = ServiceConfig::for_tests(root, NODE);
+    let backend = Arc::new(
+        SimulatedBackend::without_device_nodes_keeping_mig_state(
+            "p4d.24xlarge",
+            NODE,
+            &root.join("dev"),
+        )
+        .unwrap(),
+    );
+    let host = FakeHost::default();
+    let StrategyInfo::Mps(m) = &old["mig-mps-1"].groups[0].sharing else {
+        panic!("the fixture's MIG claim runs MPS")
+    };
+    let mut d = crate::sys::fake::FakeDaemon::new(
+        m.control_daemon_pid,
+        BTreeMap::from([("CUDA_MPS_PIPE_DIRECTORY".to_string(), m.pipe_dir.clone())]),
+    );
+    for cmd in crate::strategy::mps::set_commands(&crate::strategy::mps::launch_of(m)) {
+        d.execute(&cmd);
+    }
+    host.state().daemons.insert(PathBuf::from(&m.pipe_dir), d);
+    let service = start(&cfg, &host, &backend);
+    let c = service.get_claim("mig-mps-1").unwrap();
+    assert_eq!(c.state, ClaimState::Prepared, "{:?}", c.last_error);
+    assert!(
+        c.groups[0].sharing == old["mig-mps-1"].groups[0].sharing,
+        "its daemon re-adopted as it ran"
+    );
+    let rec: Value = serde_json::from_slice(
+        &std::fs::read(service.records.store.claim_path("mig-mps-1")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(rec["state"], json!("Prepared"));
+    assert!(rec.get("degraded").is_none(), "{rec}");
+}

@@ -13,9 +13,9 @@ mod collisions;
 mod host;
 mod quarantine;
 
-pub(super) use check::{check_record, is_our_mps_pipe, normalize};
 #[cfg(test)]
 pub(super) use check::Refused;
+pub(super) use check::{check_record, is_our_mps_pipe, normalize};
 pub(super) use collisions::mig_collisions;
 pub(super) use host::{host_record_read, host_records};
 pub(super) use quarantine::Quarantine;
