@@ -126,3 +126,38 @@ fn a_batch_writes_and_removes_only_its_records() {
     assert_eq!(l.tombstones.len(), 1);
     assert_eq!(l.generation, 9);
 }
+
+/// Review finding (issue 28): a claim record without a format (the host record's shape before
+/// format 4 made `format` optional to read) is not one this daemon wrote: refused, not read
+/// as format 0.
+#[test]
+fn a_claim_record_without_a_format_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::beside(&dir.path().join("checkpoint.json"));
+    let info: gpushare_proto::ClaimInfo = serde_json::from_value(
+        serde_json::from_str::<serde_json::Value>(&fixture(dir.path())).unwrap()["claims"]
+            ["1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d"]
+            .clone(),
+    )
+    .unwrap();
+    let mut b = Batch::default();
+    let uid = info.uid.clone();
+    b.claims.insert(
+        uid.clone(),
+        Some(ClaimRecord::of(&crate::claim::wire::claim_of(info))),
+    );
+    store.write(&b).unwrap();
+    assert_eq!(store.load().unwrap().claims.len(), 1);
+    let path = store.claim_path(&uid);
+    let mut v: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    v.as_object_mut().unwrap().remove("format");
+    fs::write(&path, serde_json::to_vec(&v).unwrap()).unwrap();
+    let loaded = store.load().unwrap();
+    assert!(loaded.claims.is_empty());
+    assert_eq!(loaded.unreadable.len(), 1);
+    assert!(
+        loaded.unreadable[0].why.contains("names no record format"),
+        "{}",
+        loaded.unreadable[0].why
+    );
+}

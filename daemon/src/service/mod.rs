@@ -336,11 +336,21 @@ fn reapply_gpu_settings(backend: &dyn GpuBackend, placement: &Placement) {
 
 /// What each GPU of a claim wants, for (re)building placement: each group's holds, as its
 /// strategy says them ([`crate::strategy::GroupLife::holds`]).
+/// A GPU held as `Mig` is held once per claim, however many of its groups have slices there.
 fn wants_of(info: &Claim) -> Vec<(String, String, Want)> {
-    info.groups
+    let mut out: Vec<(String, String, Want)> = Vec::new();
+    for hold in info
+        .groups
         .iter()
         .flat_map(|g| crate::strategy::life_of(g).holds(g))
-        .collect()
+    {
+        let again =
+            hold.2 == Want::Mig && out.iter().any(|(u, _, w)| *u == hold.0 && *w == Want::Mig);
+        if !again {
+            out.push(hold);
+        }
+    }
+    out
 }
 
 // What the service's tests (`tests.rs`, `tests/`, `mig_tests*`) take from here by glob.

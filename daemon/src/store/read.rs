@@ -107,6 +107,15 @@ impl Store {
                     continue;
                 }
             };
+            // A claim record always says its format (only a host record before format 4 did
+            // not): one that does not is not a record this daemon wrote.
+            let parsed = parsed.map_err(|e| e.to_string()).and_then(|rec| {
+                if rec.format == 0 {
+                    Err("it names no record format".to_string())
+                } else {
+                    Ok(rec)
+                }
+            });
             match parsed {
                 Ok(rec) => {
                     loaded.generation = loaded.generation.max(rec.generation);

@@ -198,7 +198,11 @@ impl Service {
                 } else {
                     self.records.store.claim_path(&uid)
                 };
-                let bytes = serde_json::to_vec(&ClaimRecord::of(&info)).ok();
+                let bytes = if from_host {
+                    serde_json::to_vec(&crate::store::HostRecord::of(&info)).ok()
+                } else {
+                    serde_json::to_vec(&ClaimRecord::of(&info)).ok()
+                };
                 quarantine.keep("conflicting-claim", &path, &uid, bytes.as_deref(), &why);
             }
         }
