@@ -111,6 +111,15 @@ impl Group {
         }
     }
 
+    /// Records `mps` as the group's MPS control daemon: a MIG group's on its slices, else the
+    /// group's own (an MPS group).
+    pub fn set_mps(&mut self, mps: MpsInfo) {
+        match &mut self.sharing {
+            Sharing::Mig(m) => m.mps = Some(mps),
+            other => *other = Sharing::Mps(mps),
+        }
+    }
+
     /// The MIG slices the group holds; empty for a group of whole GPUs.
     pub fn slices(&self) -> &[MigInstanceInfo] {
         match &self.sharing {

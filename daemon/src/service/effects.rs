@@ -5,7 +5,6 @@
 use gpushare_proto::{ClaimDevice, MigInstanceInfo, MpsInfo};
 
 use super::Service;
-use crate::claim::Sharing;
 use crate::error::ServiceError;
 use crate::strategy::group::{GroupEffects, GroupRecorder, SliceIntents};
 use crate::strategy::mig::MigTarget;
@@ -44,10 +43,7 @@ impl GroupRecorder for ClaimGroup<'_> {
     fn mps(&self, mps: &MpsInfo) {
         if let Some(c) = self.service.state().claims.get_mut(self.uid) {
             if let Some(g) = c.groups.iter_mut().find(|g| g.devices == self.devices) {
-                match &mut g.sharing {
-                    Sharing::Mig(m) => m.mps = Some(mps.clone()),
-                    other => *other = Sharing::Mps(mps.clone()),
-                }
+                g.set_mps(mps.clone());
             }
         }
     }
