@@ -4,13 +4,12 @@
 //! records' writes). Nothing here holds the registry; the registry's lock is never held
 //! across a call into these.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use super::mig::MigIntents;
 use crate::admission::GpuModes;
 use crate::gpu::GpuBackend;
-use crate::strategy::mps::MpsControl;
+use crate::strategy::mps::{MpsControl, Watches};
 use crate::sys::{DeviceFiles, Processes};
 
 /// The node's leaves.
@@ -24,8 +23,8 @@ pub(super) struct Host {
     /// Each GPU's mode word: what admits a claim to a GPU (the registry's placement only
     /// records who holds it).
     pub(super) modes: GpuModes,
-    /// Pidfds of MPS control daemons, by pid, for `attach`'s liveness check.
-    pub(super) watches: Mutex<BTreeMap<i32, Arc<std::os::fd::OwnedFd>>>,
+    /// Pidfds of MPS control daemons, for `attach`'s liveness check.
+    pub(super) watches: Watches,
     /// Held while a claim's host record is written, and while a release removes the claim's
     /// directory: see `write_host_record`.
     pub(super) host_record_writes: Mutex<()>,

@@ -1,73 +1,23 @@
-//! Whether a claim's MPS control daemons run, on the hot path (`attach`): from a pidfd of
-//! each daemon, opened once through the leaf (`sys::Processes::watch`) and polled without
-//! waiting, as the supervisor watches them, instead of reading `/proc/locks`, which grows
-//! with every lock on the host.
-
-use std::os::fd::AsRawFd;
-use std::sync::Arc;
+//! Whether a claim's MPS control daemons run, on the hot path (`attach`): the pidfds kept
+//! in `strategy::mps::Watches`, forgotten as the set of daemons changes.
 
 use crate::claim::Claim;
 
 use super::Service;
-use crate::sys::readable_now;
 
 impl Service {
-    /// The pid of an MPS control daemon of `claim` that has exited, if any. A daemon whose
-    /// process is another than the recorded one (its start time differs: the pid was reused)
-    /// is gone too; one that cannot be watched at all (no pidfds on this kernel) is taken
-    /// for running, as the lock-based check at prepare and start still guards it.
+    /// The pid of an MPS control daemon of `claim` that has exited, if any
+    /// ([`crate::strategy::mps::Watches::daemon_gone`]).
     pub(super) fn daemon_gone(&self, claim: &Claim) -> Option<i32> {
-        claim
-            .mps_daemons()
-            .filter(|m| m.control_daemon_pid > 0)
-            .find(|m| self.exited(m.control_daemon_pid, m.control_daemon_start_time))
-            .map(|m| m.control_daemon_pid)
-    }
-
-    fn exited(&self, pid: i32, start_time: u64) -> bool {
-        let known = self
-            .host
+        self.host
             .watches
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&pid)
-            .cloned();
-        let fd = match known {
-            Some(fd) => fd,
-            None => match self.host.processes.watch(pid) {
-                Ok(fd) => {
-                    // The descriptor pins the process: a start time other than the recorded
-                    // one is another process with the daemon's old pid.
-                    if start_time != 0 && self.host.processes.start_time(pid) != Some(start_time) {
-                        return true;
-                    }
-                    let fd = Arc::new(fd);
-                    self.host
-                        .watches
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(pid, Arc::clone(&fd));
-                    fd
-                }
-                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return true,
-                Err(e) => {
-                    tracing::warn!(pid, error = %e, "cannot watch the MPS control daemon; taking it for running");
-                    return false;
-                }
-            },
-        };
-        readable_now(fd.as_raw_fd())
+            .daemon_gone(self.host.processes.as_ref(), claim)
     }
 
     /// Forgets the pidfds of daemons no claim records any more (called when the set of
     /// daemons changes), so descriptors do not pile up with restarts.
     pub(super) fn forget_watches(&self) {
-        let live: std::collections::BTreeSet<i32> =
-            self.supervised().into_iter().map(|d| d.pid).collect();
-        self.host
-            .watches
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|pid, _| live.contains(pid));
+        let live = self.supervised().into_iter().map(|d| d.pid).collect();
+        self.host.watches.keep_only(&live);
     }
 }

@@ -15,8 +15,7 @@
 //! a few short named steps; the start-up reconcile is `startup/`, in the order
 //! `docs/crash-safety.md` gives.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -31,7 +30,7 @@ use crate::gpu::GpuBackend;
 use crate::placement::Placement;
 use crate::registry::{Claims, Registry, Tombstones};
 use crate::store::Store;
-use crate::strategy::mps::{Liveness, MpsControl, MpsDirs};
+use crate::strategy::mps::{MpsControl, Restarts, Watches};
 use crate::sys::Processes;
 use gpushare_core::Published;
 use gpushare_core::Want;
@@ -60,11 +59,11 @@ mod stop;
 #[cfg(test)]
 mod testing;
 mod view;
+pub use crate::strategy::mps::{restart_backoff, SupervisedDaemon};
 use host::Host;
 use locks::ClaimLocks;
 pub use reconcile::BOOT_ID_PATH;
 use records::Records;
-pub use restarts::{restart_backoff, SupervisedDaemon};
 pub use stop::registry_answers;
 #[cfg(test)]
 pub(crate) use testing::RecordsOnDisk;
@@ -111,7 +110,7 @@ pub(crate) struct State {
     /// SIGTERM: changing requests are refused.
     stopping: bool,
     /// Restarts of dead MPS control daemons, by claim UID.
-    restarts: BTreeMap<String, restarts::RestartPlan>,
+    restarts: Restarts,
     /// Counts changes; the published view and the checkpoint on disk say which they hold.
     change: u64,
 }
@@ -211,7 +210,7 @@ impl Service {
                 processes: Arc::clone(&mps.ops().processes),
                 devices: Arc::clone(&mps.ops().devices),
                 mps,
-                watches: Mutex::new(BTreeMap::new()),
+                watches: Watches::default(),
                 modes,
                 host_record_writes: Mutex::new(()),
                 mig_intents: mig::MigIntents::new(&cfg_run_dir),
@@ -268,21 +267,10 @@ impl Service {
         wants_of(info)
     }
 
-    /// The pid of a claim's MPS control daemon known to be gone, if any. A daemon whose state
-    /// cannot be read (say, `/proc` is out of reach for want of file descriptors) is not
-    /// taken for gone: tearing down a healthy claim would be worse than waiting.
+    /// The pid of a claim's MPS control daemon known to be gone, if any
+    /// ([`crate::strategy::mps::dead_daemon`]).
     fn dead_mps_daemon(&self, claim: &Claim) -> Option<i32> {
-        claim.mps_daemons().find_map(|m| {
-            let dirs = MpsDirs::from_pipe(Path::new(&m.pipe_dir));
-            match self.host.mps.liveness(&dirs, m.control_daemon_pid) {
-                Liveness::Gone => Some(m.control_daemon_pid),
-                Liveness::Running => None,
-                Liveness::Unknown(why) => {
-                    tracing::warn!(claim = %claim.uid, pid = m.control_daemon_pid, error = %why, "cannot tell whether the MPS control daemon runs");
-                    None
-                }
-            }
-        })
+        crate::strategy::mps::dead_daemon(&self.host.mps, claim)
     }
 }
 
@@ -357,11 +345,14 @@ fn wants_of(info: &Claim) -> Vec<(String, String, Want)> {
 #[cfg(test)]
 use {
     crate::cdi,
+    crate::strategy::mps::MpsDirs,
     gpushare_proto::{
         AttachParams, Attachment, ClaimInfo, ClaimState, ComputeMode, DetachParams, GpuInfo,
         GpuSharing, MpsInfo, PrepareResult, StrategyInfo,
     },
     serde_json::Value,
+    std::collections::BTreeMap,
+    std::path::Path,
 };
 
 // A test is a scenario read top to bottom: the 60-line rule is the operations'.

@@ -1,21 +1,17 @@
-//! What is ours on the host and owned by no claim, found and removed at start: MPS control
-//! daemons and stray MPS processes, shm mounts and directories under the run directory, CDI
-//! specs of ours. Nothing is followed, and nothing outside our directories is touched.
+//! What is ours on the host and owned by no claim, found and removed at start: directories
+//! and shm mounts under the run directory, CDI specs of ours, and MPS control daemons and
+//! stray MPS processes (which `strategy::mps::orphans` stops). Nothing is followed, and
+//! nothing outside our directories is touched.
 
 use std::collections::BTreeSet;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
-use super::reconcile::*;
-use super::{persisted, Service};
-
-/// A process and the pipe directory its environment names.
-type Named = (i32, PathBuf);
+use super::reconcile::MAX_SPEC_BYTES;
+use super::Service;
 use crate::fsutil;
-use crate::parallel::in_parallel;
-use crate::strategy::mps::MpsDirs;
+use crate::strategy::mps::{self, MpsDirs};
 
 impl Service {
     /// Removes what is ours on the host and owned by no claim: MPS control daemons on, mounts
@@ -38,7 +34,13 @@ impl Service {
         self.remove_orphan_dirs(&claims_dir, &owned_claims, &owned_groups);
         // A stray may have made its directories after the first sweep; without one, nothing
         // can have (no other writer runs under the claims' directory before READY).
-        if self.kill_stray_mps_processes(&claims_dir, &owned_groups) > 0 {
+        let strays = mps::kill_strays(
+            &self.host.mps,
+            self.host.processes.as_ref(),
+            &claims_dir,
+            &owned_groups,
+        );
+        if strays > 0 {
             self.remove_orphan_dirs(&claims_dir, &owned_claims, &owned_groups);
         }
         self.remove_orphan_specs(&owned_claims);
@@ -113,98 +115,13 @@ impl Service {
     ) {
         let owned: BTreeSet<&str> = owned_claims.iter().map(String::as_str).collect();
         let (orphan_groups, orphan_dirs) = find_orphan_dirs(claims_dir, &owned, owned_groups);
-        // Each stop may wait out the MPS timeout: all at once.
-        in_parallel(&orphan_groups, |root| {
-            tracing::warn!(path = %root.display(), "stopping an MPS control daemon and removing directories no claim owns");
-            if let Err(e) = self
-                .host
-                .mps
-                .stop(&MpsDirs::from_pipe(&root.join("pipe")), None)
-            {
-                tracing::error!(path = %root.display(), error = %e, "removing an orphan MPS group");
-            }
-        });
+        mps::stop_orphan_groups(&self.host.mps, &orphan_groups);
         for dir in orphan_dirs {
             tracing::warn!(path = %dir.display(), "removing a claim directory no claim owns");
             if let Err(e) = fsutil::remove_dir_all_if_exists(&dir) {
                 tracing::error!(path = %dir.display(), error = %e, "removing an orphan claim directory");
             }
         }
-    }
-
-    /// Kills MPS processes (control daemons, UI sessions, launchers) whose
-    /// `CUDA_MPS_PIPE_DIRECTORY` lies under `claims_dir` but in no group a claim owns. A crash
-    /// in the middle of a start can leave a daemon that took its lock only after the restart
-    /// looked (or whose directory is gone): the lock cannot find it, its environment can.
-    /// Processes on owned pipe directories (the daemons, and the MPS servers they spawn) are
-    /// left alone. Repeated until a scan finds none, so a process that forked meanwhile is
-    /// caught too; bounded. Returns how many strays it found, over all its scans.
-    pub(super) fn kill_stray_mps_processes(
-        &self,
-        claims_dir: &Path,
-        owned_groups: &[PathBuf],
-    ) -> usize {
-        const ROUNDS: usize = 20;
-        let mut found = 0;
-        for round in 0..ROUNDS {
-            let (strays, foreign): (Vec<Named>, Vec<Named>) = self
-                .host
-                .processes
-                .with_env_under("CUDA_MPS_PIPE_DIRECTORY", claims_dir)
-                .into_iter()
-                .filter(|(_, pipe)| !owned_groups.iter().any(|g| pipe.starts_with(g)))
-                .partition(|(_, pipe)| persisted::is_our_mps_pipe(claims_dir, pipe));
-            // The path is another process's word (any root process, a pod, can set it): one
-            // that is not exactly a group directory of ours names nothing gpushare made, so
-            // nothing is signalled or removed because of it.
-            if round == 0 {
-                for (pid, pipe) in &foreign {
-                    tracing::warn!(pid, pipe = %pipe.display(), "a process names a pipe directory under the claims directory that no MPS group of gpushare has; left alone");
-                }
-            }
-            if strays.is_empty() {
-                return found;
-            }
-            found += strays.len();
-            if round == 0 {
-                // First the polite way: `quit` to each daemon that holds its directory.
-                let pipes: BTreeSet<&PathBuf> = strays.iter().map(|(_, p)| p).collect();
-                let pipes: Vec<&PathBuf> = pipes.into_iter().collect();
-                in_parallel(&pipes, |pipe| {
-                    if let Err(e) = self.host.mps.stop(&MpsDirs::from_pipe(pipe), None) {
-                        tracing::error!(pipe = %pipe.display(), error = %e, "stopping a stray MPS control daemon");
-                    }
-                });
-                continue;
-            }
-            for (pid, pipe) in &strays {
-                tracing::warn!(pid, pipe = %pipe.display(), "killing an MPS process no claim owns");
-                self.host.processes.kill(*pid);
-            }
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while strays.iter().any(|(pid, _)| {
-                self.host.processes.reap(*pid);
-                self.host.processes.alive(*pid)
-            }) && Instant::now() < deadline
-            {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            in_parallel(&strays, |(_, pipe)| {
-                // Its directory may have been created after the directory sweep.
-                if let Some(root) = pipe.parent().filter(|r| r.starts_with(claims_dir)) {
-                    let dirs = MpsDirs::from_pipe(pipe);
-                    if let Err(e) = self.host.mps.stop(&dirs, None) {
-                        tracing::error!(path = %root.display(), error = %e, "removing a stray MPS group");
-                    }
-                }
-            });
-        }
-        tracing::error!(
-            rounds = ROUNDS,
-            "MPS processes no claim owns keep appearing under {}",
-            claims_dir.display()
-        );
-        found
     }
 }
 

@@ -1,5 +1,5 @@
 //! Bringing back a claim the start-up reconcile keeps (`reconcile.rs`): its MPS control
-//! daemons re-adopted or started again, its CDI spec and claim directory as they must be,
+//! daemons re-adopted or started again (`strategy::mps::revive`), its CDI spec and claim directory as they must be,
 //! its host record rewritten where it differs.
 
 use std::collections::BTreeSet;
@@ -23,58 +23,26 @@ impl Service {
         host_record: Option<&Claim>,
         specs: &SpecListing,
     ) {
-        let mut restarted = false;
-        // Only what is needed is copied out of the registry: most claims have no MPS group,
-        // and this runs for every claim at every start.
-        let Some((mps, cdi_spec)) = self.state().claims.get(uid).map(|c| {
-            let mps: Vec<_> = c.mps_daemons().cloned().collect();
-            (mps, c.cdi_spec.clone())
-        }) else {
+        let restarted = crate::strategy::mps::revive_daemons(self, uid, rebooted);
+        let Some(cdi_spec) = self.state().claims.get(uid).map(|c| c.cdi_spec.clone()) else {
             return;
         };
-        for m in &mps {
-            if !rebooted && m.control_daemon_pid > 0 {
-                match self.host.mps.check_adoptable(m) {
-                    Ok(()) => {
-                        tracing::info!(claim = %uid, pid = m.control_daemon_pid, "re-adopted the running MPS control daemon");
-                        continue;
-                    }
-                    Err(why) => {
-                        tracing::warn!(claim = %uid, pid = m.control_daemon_pid, reason = %why, "MPS control daemon cannot be re-adopted; restarting it")
-                    }
-                }
+        // Ours is a regular file: anything else there (a link, a fifo) is replaced.
+        let info = (!specs.is_regular_file(Path::new(&cdi_spec)))
+            .then(|| self.state().claims.get(uid).cloned())
+            .flatten();
+        if let Some(info) = info {
+            tracing::warn!(claim = %uid, "CDI spec missing; writing it again");
+            if let Err(e) = self.write_cdi(uid, &info.groups, &info) {
+                tracing::error!(claim = %uid, error = %e, "rewriting the CDI spec");
             }
-            let _ = self.restart_group(uid, &m.pipe_dir, !rebooted);
-            restarted = true;
         }
-        if !self.state().claims.contains_key(uid) {
-            return;
+        // A claim directory an older release made 0755 becomes what the README says.
+        if let Err(e) = fsutil::ensure_dir(&self.claim_dir(uid), CLAIM_DIR_MODE) {
+            tracing::warn!(claim = %uid, error = %e, "setting the mode of the claim's directory");
         }
-        if !restarted && !mps.is_empty() {
-            // Every daemon re-adopted as it runs: a claim recorded Degraded for one (a record
-            // of an older format, whose causes are read from what it holds) is so no more.
-            let mut st = self.state();
-            self.daemons_running(&mut st, uid);
-            let _ = self.commit(st);
-        }
-        {
-            // Ours is a regular file: anything else there (a link, a fifo) is replaced.
-            let info = (!specs.is_regular_file(Path::new(&cdi_spec)))
-                .then(|| self.state().claims.get(uid).cloned())
-                .flatten();
-            if let Some(info) = info {
-                tracing::warn!(claim = %uid, "CDI spec missing; writing it again");
-                if let Err(e) = self.write_cdi(uid, &info.groups, &info) {
-                    tracing::error!(claim = %uid, error = %e, "rewriting the CDI spec");
-                }
-            }
-            // A claim directory an older release made 0755 becomes what the README says.
-            if let Err(e) = fsutil::ensure_dir(&self.claim_dir(uid), CLAIM_DIR_MODE) {
-                tracing::warn!(claim = %uid, error = %e, "setting the mode of the claim's directory");
-            }
-            // A restart has written the record since it was read: then the file is compared.
-            let _ = self.write_host_record_over(uid, host_record.filter(|_| !restarted));
-        }
+        // A restart has written the record since it was read: then the file is compared.
+        let _ = self.write_host_record_over(uid, host_record.filter(|_| !restarted));
     }
 }
 

@@ -146,7 +146,7 @@ impl Service {
     ) -> Vec<(String, String, Want)> {
         let uid = info.uid.as_str();
         let mut st = self.state();
-        st.restarts.remove(uid);
+        st.restarts.forget(uid);
         let mut freed = Vec::new();
         if errors.is_empty() {
             freed = self.release_gpus(&mut st, info);

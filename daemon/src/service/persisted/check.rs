@@ -2,7 +2,6 @@
 //! built from it, step by step: its key and UID, its requests and their CDI device IDs, each
 //! device group (its devices, MIG slices and MPS control daemon), its attachments.
 
-use std::fs;
 use std::path::Path;
 
 use gpushare_proto::{MigInstanceInfo, MpsInfo, RequestDevices};
@@ -352,42 +351,4 @@ fn check_mps_dirs(claim_dir: &Path, m: &MpsInfo) -> Result<(), Refused> {
         });
     }
     Ok(())
-}
-
-/// Whether `pipe` (read from another process's environment, so input) is exactly the pipe
-/// directory of an MPS group this daemon would make: `<claims_dir>/<uid>/mps-<5 hex>/pipe`
-/// with a valid claim UID, no `.` or `..` anywhere below `claims_dir`, and neither the
-/// claim's nor the group's directory a symbolic link. Only such a path may lead a stop of a
-/// stray MPS process and the removal of its group.
-pub(in crate::service) fn is_our_mps_pipe(claims_dir: &Path, pipe: &Path) -> bool {
-    use std::path::Component;
-    let Ok(rest) = pipe.strip_prefix(claims_dir) else {
-        return false;
-    };
-    let parts: Vec<&std::ffi::OsStr> = rest
-        .components()
-        .map_while(|c| match c {
-            Component::Normal(n) => Some(n),
-            _ => None,
-        })
-        .collect();
-    let [uid, group, leaf] = parts.as_slice() else {
-        return false;
-    };
-    if rest.components().count() != 3 || *leaf != "pipe" {
-        return false;
-    }
-    let group_ok = group
-        .to_str()
-        .and_then(|n| n.strip_prefix("mps-"))
-        .is_some_and(|h| h.len() == 5 && h.bytes().all(|b| b.is_ascii_hexdigit()));
-    let uid_ok = uid
-        .to_str()
-        .is_some_and(|u| config::validate_claim_uid(u).is_ok());
-    let not_a_link = |p: &Path| !fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink());
-    group_ok
-        && uid_ok
-        && not_a_link(&claims_dir.join(uid))
-        && not_a_link(&claims_dir.join(uid).join(group))
-        && not_a_link(pipe)
 }

@@ -15,7 +15,7 @@ mod quarantine;
 
 #[cfg(test)]
 pub(super) use check::Refused;
-pub(super) use check::{check_record, is_our_mps_pipe, normalize};
+pub(super) use check::{check_record, normalize};
 pub(super) use collisions::mig_collisions;
 pub(super) use host::{host_record_read, host_records};
 pub(super) use quarantine::Quarantine;

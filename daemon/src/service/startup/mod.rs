@@ -166,7 +166,12 @@ impl Service {
             .filter_map(|g| g.mps())
             .map(|m| MpsDirs::from_pipe(Path::new(&m.pipe_dir)).root)
             .collect();
-        self.kill_stray_mps_processes(&self.cfg.run_dir.join("claims"), &live_groups);
+        crate::strategy::mps::kill_strays(
+            &self.host.mps,
+            self.host.processes.as_ref(),
+            &self.cfg.run_dir.join("claims"),
+            &live_groups,
+        );
     }
 
     /// Rolls back every claim a crash left half-done and revives every other (steps 3 and

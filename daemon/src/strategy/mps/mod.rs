@@ -9,7 +9,11 @@
 //! Here: [`Mps`], MPS's hold on a whole GPU (compute mode); `group`, an MPS device group's
 //! plan, what a prepare starts and a release stops for it; `launch`, what a daemon is started
 //! with (pure); `control`, starting one and verifying its limits by read-back; `stop`, finding
-//! and stopping one; `error`, why an operation failed.
+//! and stopping one; `error`, why an operation failed. After the prepare: `supervise`, what
+//! the supervisor watches and when a dead daemon is started again (pure); `restart`, the
+//! claim `Degraded` and its daemon started again, through [`MpsNode`] (what the service lends);
+//! `revive`, each daemon re-adopted or restarted at start; `liveness`, `attach`'s check from
+//! pidfds; `orphans`, daemons and processes of ours that no claim owns, stopped at start.
 
 use gpushare_proto::ComputeMode;
 
@@ -21,7 +25,12 @@ mod control;
 mod error;
 mod group;
 mod launch;
+mod liveness;
+mod orphans;
+mod restart;
+mod revive;
 mod stop;
+mod supervise;
 
 pub use control::MpsControl;
 pub use error::MpsError;
@@ -32,7 +41,15 @@ pub use launch::{
     default_shm_bytes, launch_of, percentage_display, pinned_limit_display, set_commands, MpsDirs,
     MpsLaunch,
 };
+pub use liveness::Watches;
+pub use orphans::{kill_strays, stop_orphan_groups};
+pub use restart::{
+    all_run, daemon_exited, daemons_running, dead_daemon, record_restart_failed, restart_dead,
+    restart_due, restart_group, MpsNode, RestartFailed,
+};
+pub use revive::revive_daemons;
 pub use stop::Liveness;
+pub use supervise::{not_running, restart_backoff, supervised, Restarts, SupervisedDaemon};
 
 /// MPS's hold on a whole GPU: compute mode `EXCLUSIVE_PROCESS`, so that the claim's control
 /// daemon is the GPU's only client and every CUDA process of the claim goes through it. One
