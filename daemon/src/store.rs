@@ -22,6 +22,7 @@
 //! `store/migrate.rs`, and the reads and replacements made outside a running daemon (doctor,
 //! tests) in `store/offline.rs`.
 
+pub mod leaf;
 mod migrate;
 mod offline;
 mod read;

@@ -11,16 +11,16 @@
 //! instances), so that a downgrade after a crash still finds every claim; format 4 adds each
 //! group's `kind`, so that a MIG group is read back as one, never inferred. A record of
 //! format 3 or older (no `kind`) is read through `crate::claim::wire::group_of`, the one
-//! place that infers it. The leaf facts (a device, an MPS control daemon, a MIG instance,
-//! the CDI device IDs of a request) are the protocol's records of the same facts; a record
-//! is checked as input when read (`service::persisted`).
+//! place that infers it. The leaf facts (a device, an MPS control daemon, a MIG slice, the
+//! CDI device IDs of a request, a container) are record types too (`leaf.rs`), so a change
+//! of the protocol never changes the disk; a record is checked as input when read
+//! (`service::persisted`).
 
 use serde::{Deserialize, Serialize};
 
-use gpushare_proto::{
-    Attachment, ClaimDevice, GroupInfo, MigInstanceInfo, MpsInfo, RequestDevices, StrategyInfo,
-    TimeSliceInterval,
-};
+use gpushare_proto::{GroupInfo, StrategyInfo, TimeSliceInterval};
+
+use super::leaf::{AttachmentRecord, DeviceRecord, MigSliceRecord, MpsRecord, RequestRecord};
 
 use crate::checkpoint::Tombstone;
 use crate::claim::model::{Claim, Group, MigSharing, Sharing};
@@ -50,7 +50,7 @@ pub struct ClaimRecord {
     /// Device groups with their strategies and what each owns on the host.
     pub groups: Vec<GroupRecord>,
     /// CDI device IDs per request.
-    pub requests: Vec<RequestDevices>,
+    pub requests: Vec<RequestRecord>,
     /// Most containers attached at once (`replicas`).
     #[serde(default)]
     pub attach_limit: Option<u32>,
@@ -135,7 +135,7 @@ pub struct GroupRecord {
     /// Requests whose devices form the group.
     pub requests: Vec<String>,
     /// Its devices, sorted by GPU UUID.
-    pub devices: Vec<ClaimDevice>,
+    pub devices: Vec<DeviceRecord>,
     /// The group's strategy (format 4); absent from older records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<KindRecord>,
@@ -144,7 +144,7 @@ pub struct GroupRecord {
     pub sharing: SharingRecord,
     /// A MIG group's slices; empty otherwise.
     #[serde(default)]
-    pub mig: Vec<MigInstanceInfo>,
+    pub mig: Vec<MigSliceRecord>,
 }
 
 /// A group's strategy, as format 4 names it.
@@ -170,10 +170,45 @@ pub enum SharingRecord {
     /// A time-slice interval on each GPU.
     TimeSlicing {
         /// The interval.
-        interval: TimeSliceInterval,
+        interval: IntervalRecord,
     },
     /// An MPS control daemon for the group (on its slices, for a MIG group).
-    Mps(MpsInfo),
+    Mps(MpsRecord),
+}
+
+/// A time-slice interval as a record spells it (NVIDIA's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IntervalRecord {
+    /// The driver's default.
+    Default,
+    /// Shorter slices.
+    Short,
+    /// Medium slices.
+    Medium,
+    /// Longer slices.
+    Long,
+}
+
+impl From<TimeSliceInterval> for IntervalRecord {
+    fn from(i: TimeSliceInterval) -> IntervalRecord {
+        match i {
+            TimeSliceInterval::Default => IntervalRecord::Default,
+            TimeSliceInterval::Short => IntervalRecord::Short,
+            TimeSliceInterval::Medium => IntervalRecord::Medium,
+            TimeSliceInterval::Long => IntervalRecord::Long,
+        }
+    }
+}
+
+impl From<IntervalRecord> for TimeSliceInterval {
+    fn from(i: IntervalRecord) -> TimeSliceInterval {
+        match i {
+            IntervalRecord::Default => TimeSliceInterval::Default,
+            IntervalRecord::Short => TimeSliceInterval::Short,
+            IntervalRecord::Medium => TimeSliceInterval::Medium,
+            IntervalRecord::Long => TimeSliceInterval::Long,
+        }
+    }
 }
 
 impl From<Phase> for PhaseRecord {
@@ -206,21 +241,21 @@ impl GroupRecord {
             Sharing::TimeSlicing { interval } => (
                 KindRecord::TimeSlicing,
                 SharingRecord::TimeSlicing {
-                    interval: *interval,
+                    interval: (*interval).into(),
                 },
                 Vec::new(),
             ),
-            Sharing::Mps(m) => (KindRecord::Mps, SharingRecord::Mps(m.clone()), Vec::new()),
+            Sharing::Mps(m) => (KindRecord::Mps, SharingRecord::Mps(m.into()), Vec::new()),
             Sharing::Mig(MigSharing { slices, mps }) => (
                 KindRecord::Mig,
-                mps.clone()
-                    .map_or(SharingRecord::Exclusive, SharingRecord::Mps),
-                slices.clone(),
+                mps.as_ref()
+                    .map_or(SharingRecord::Exclusive, |m| SharingRecord::Mps(m.into())),
+                slices.iter().map(MigSliceRecord::from).collect(),
             ),
         };
         GroupRecord {
             requests: g.requests.clone(),
-            devices: g.devices.clone(),
+            devices: g.devices.iter().map(DeviceRecord::from).collect(),
             kind: Some(kind),
             sharing,
             mig,
@@ -232,37 +267,41 @@ impl GroupRecord {
     /// disagrees with the sharing recorded (a `TimeSlicing` group holding MPS) keeps what was
     /// recorded: what the group holds on the host is what a release must find.
     pub fn into_group(self) -> Group {
+        let devices: Vec<_> = self.devices.into_iter().map(Into::into).collect();
+        let slices: Vec<_> = self.mig.into_iter().map(Into::into).collect();
         let sharing = match (self.kind, self.sharing) {
             (Some(KindRecord::Mig), sharing) => Sharing::Mig(MigSharing {
-                slices: self.mig,
+                slices,
                 mps: match sharing {
-                    SharingRecord::Mps(m) => Some(m),
+                    SharingRecord::Mps(m) => Some(m.into()),
                     SharingRecord::Exclusive | SharingRecord::TimeSlicing { .. } => None,
                 },
             }),
-            (Some(_), SharingRecord::Exclusive) if self.mig.is_empty() => Sharing::Exclusive,
-            (Some(_), SharingRecord::TimeSlicing { interval }) if self.mig.is_empty() => {
-                Sharing::TimeSlicing { interval }
+            (Some(_), SharingRecord::Exclusive) if slices.is_empty() => Sharing::Exclusive,
+            (Some(_), SharingRecord::TimeSlicing { interval }) if slices.is_empty() => {
+                Sharing::TimeSlicing {
+                    interval: interval.into(),
+                }
             }
-            (Some(_), SharingRecord::Mps(m)) if self.mig.is_empty() => Sharing::Mps(m),
+            (Some(_), SharingRecord::Mps(m)) if slices.is_empty() => Sharing::Mps(m.into()),
             (_, sharing) => {
                 return crate::claim::wire::group_of(GroupInfo {
                     requests: self.requests,
-                    devices: self.devices,
+                    devices,
                     sharing: match sharing {
                         SharingRecord::Exclusive => StrategyInfo::Exclusive,
-                        SharingRecord::TimeSlicing { interval } => {
-                            StrategyInfo::TimeSlicing { interval }
-                        }
-                        SharingRecord::Mps(m) => StrategyInfo::Mps(m),
+                        SharingRecord::TimeSlicing { interval } => StrategyInfo::TimeSlicing {
+                            interval: interval.into(),
+                        },
+                        SharingRecord::Mps(m) => StrategyInfo::Mps(m.into()),
                     },
-                    mig: self.mig,
+                    mig: slices,
                 })
             }
         };
         Group {
             requests: self.requests,
-            devices: self.devices,
+            devices,
             sharing,
         }
     }
@@ -278,7 +317,7 @@ impl ClaimRecord {
             name: claim.name.clone(),
             state: claim.phase.into(),
             groups: claim.groups.iter().map(GroupRecord::of).collect(),
-            requests: claim.requests.clone(),
+            requests: claim.requests.iter().map(RequestRecord::from).collect(),
             attach_limit: claim.attach_limit,
             degraded: claim
                 .degraded
@@ -309,7 +348,7 @@ impl ClaimRecord {
                 .into_iter()
                 .map(GroupRecord::into_group)
                 .collect(),
-            requests: self.requests,
+            requests: self.requests.into_iter().map(Into::into).collect(),
             cdi_spec,
             attach_limit: self.attach_limit,
             attached: Vec::new(),
@@ -345,7 +384,7 @@ pub struct HostRecord {
     pub cdi_spec: String,
     /// Containers attached now.
     #[serde(default)]
-    pub attached: Vec<Attachment>,
+    pub attached: Vec<AttachmentRecord>,
 }
 
 impl HostRecord {
@@ -354,14 +393,14 @@ impl HostRecord {
         HostRecord {
             record: ClaimRecord::of(claim),
             cdi_spec: claim.cdi_spec.clone(),
-            attached: claim.attached.clone(),
+            attached: claim.attached.iter().map(AttachmentRecord::from).collect(),
         }
     }
 
     /// The claim it describes, its containers included.
     pub fn into_claim(self) -> Claim {
         let mut claim = self.record.into_claim(self.cdi_spec);
-        claim.attached = self.attached;
+        claim.attached = self.attached.into_iter().map(Into::into).collect();
         claim
     }
 }
