@@ -22,18 +22,17 @@ impl MpsNode for Service {
         self.host.processes.as_ref()
     }
 
-    fn read<R>(&self, f: impl FnOnce(&Claims, &Restarts) -> R) -> R {
+    fn read_with(&self, f: &mut dyn FnMut(&Claims, &Restarts)) {
         let st = self.state();
-        f(&st.claims, &st.restarts)
+        f(&st.claims, &st.restarts);
     }
 
-    fn change<R>(&self, f: impl FnOnce(&mut Claims, &mut Restarts) -> R) -> R {
+    fn change_with(&self, f: &mut dyn FnMut(&mut Claims, &mut Restarts)) {
         let mut guard = self.state();
         let st = &mut *guard;
-        let out = f(&mut st.claims, &mut st.restarts);
+        f(&mut st.claims, &mut st.restarts);
         // A failed write is the checkpoint error, which `health` reports; the change stands.
         let _ = self.commit(guard);
-        out
     }
 
     fn write_host_record(&self, uid: &str) {

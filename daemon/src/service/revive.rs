@@ -7,7 +7,8 @@ use std::ffi::OsString;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::claim::Claim;
+use crate::claim::{Claim, Group};
+use crate::strategy::{life_of, Revival};
 
 use super::reconcile::CLAIM_DIR_MODE;
 use super::Service;
@@ -23,7 +24,7 @@ impl Service {
         host_record: Option<&Claim>,
         specs: &SpecListing,
     ) {
-        let restarted = crate::strategy::mps::revive_daemons(self, uid, rebooted);
+        let restarted = self.revive_groups(uid, rebooted);
         let Some(cdi_spec) = self.state().claims.get(uid).map(|c| c.cdi_spec.clone()) else {
             return;
         };
@@ -43,6 +44,29 @@ impl Service {
         }
         // A restart has written the record since it was read: then the file is compared.
         let _ = self.write_host_record_over(uid, host_record.filter(|_| !restarted));
+    }
+}
+
+impl Service {
+    /// Brings back what runs on each group of claim `uid`, as its strategy says
+    /// ([`GroupLife::revive`]). Returns whether anything was started again.
+    fn revive_groups(&self, uid: &str, rebooted: bool) -> bool {
+        // Copied out of the registry only where something runs on them: most claims run
+        // nothing, and this runs for every claim at every start.
+        let groups: Vec<Group> = match self.state().claims.get(uid) {
+            Some(c) if c.runs_mps() => c.groups.clone(),
+            _ => return false,
+        };
+        let fx = Revival {
+            uid,
+            rebooted,
+            node: self,
+        };
+        let mut restarted = false;
+        for g in &groups {
+            restarted |= life_of(g).revive(&fx, g);
+        }
+        restarted
     }
 }
 

@@ -15,7 +15,7 @@ use std::fmt;
 use gpushare_proto::{MigInstanceInfo, MpsInfo};
 
 use super::mig::{Mig, MigTarget};
-use super::mps::{Mps, MpsControl};
+use super::mps::{Mps, MpsControl, MpsNode};
 use super::{Exclusive, Strategy, TimeSlicing};
 use gpushare_core::Want;
 
@@ -85,6 +85,15 @@ pub trait GroupLife {
     /// `Internal`, naming the claim and what could not be stopped.
     fn stop(&self, _fx: &GroupEffects<'_>, _group: &Group) -> Result<(), ServiceError> {
         Ok(())
+    }
+
+    /// At start, for a kept claim's group (crash or reboot): brings back what runs on its
+    /// devices (an MPS control daemon re-adopted where it runs as recorded, started again
+    /// otherwise). Returns whether anything was started again, which rewrote the claim's
+    /// host record. A group's devices themselves are checked later in the start (a MIG
+    /// slice made again: `strategy::mig`). The default brings back nothing.
+    fn revive(&self, _fx: &Revival<'_>, _group: &Group) -> bool {
+        false
     }
 
     /// Destroys the devices made for the group (its MIG instances). The default destroys
@@ -188,6 +197,26 @@ pub struct GroupEffects<'a> {
     pub record: &'a dyn GroupRecorder,
     /// The MIG intents.
     pub intents: &'a dyn SliceIntents,
+}
+
+/// What the service lends a kept claim's group at start ([`GroupLife::revive`]).
+#[derive(Clone, Copy)]
+pub struct Revival<'a> {
+    /// The claim's UID.
+    pub uid: &'a str,
+    /// The host was rebooted since the records were written: nothing of the claim runs.
+    pub rebooted: bool,
+    /// The registry and leaves an MPS control daemon is re-adopted or restarted through.
+    pub node: &'a dyn MpsNode,
+}
+
+impl fmt::Debug for Revival<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Revival")
+            .field("uid", &self.uid)
+            .field("rebooted", &self.rebooted)
+            .finish_non_exhaustive()
+    }
 }
 
 impl fmt::Debug for GroupEffects<'_> {

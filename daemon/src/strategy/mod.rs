@@ -49,7 +49,7 @@ pub mod mps_support;
 pub mod time_slicing;
 
 pub use exclusive::Exclusive;
-pub use group::{life_of, Applied, GpuHold, GroupEffects, GroupLife, GroupStrategy};
+pub use group::{life_of, Applied, GpuHold, GroupEffects, GroupLife, GroupStrategy, Revival};
 pub use mig::Mig;
 pub use mps::Mps;
 pub use time_slicing::TimeSlicing;

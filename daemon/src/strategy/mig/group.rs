@@ -12,7 +12,7 @@ use gpushare_core::Want;
 use crate::cdi::{self, ContainerEdits};
 use crate::gpu::GpuBackend;
 use crate::strategy::group::{
-    node_edit, whole_gpu_edits, Applied, GpuHold, GroupEffects, GroupLife, GroupStrategy,
+    node_edit, whole_gpu_edits, Applied, GpuHold, GroupEffects, GroupLife, GroupStrategy, Revival,
 };
 use crate::strategy::mps::{self, MpsLaunch};
 use crate::strategy::Strategy;
@@ -124,6 +124,14 @@ impl GroupLife for Mig {
         }
         cdi::merge(&mut edits, mps::daemon_edits(group, request));
         edits
+    }
+
+    /// The MPS control daemon on the slices, if the group records one, re-adopted or
+    /// started again (the slices are checked later in the start, `service::mig_recover`).
+    fn revive(&self, fx: &Revival<'_>, group: &Group) -> bool {
+        group
+            .mps()
+            .is_some_and(|m| mps::revive_daemon(fx.node, fx.uid, m, fx.rebooted))
     }
 
     /// The MPS control daemon on the slices, if the group records one.

@@ -17,6 +17,7 @@ use crate::cdi::{self, ContainerEdits};
 use crate::gpu::GpuBackend;
 use crate::strategy::group::{
     whole_gpu_edits, whole_gpu_holds, Applied, GpuHold, GroupEffects, GroupLife, GroupStrategy,
+    Revival,
 };
 use crate::strategy::Strategy;
 
@@ -55,6 +56,13 @@ impl GroupLife for Mps {
         let mut edits = whole_gpu_edits(node, group, request);
         cdi::merge(&mut edits, daemon_edits(group, request));
         edits
+    }
+
+    /// Its MPS control daemon, re-adopted or started again.
+    fn revive(&self, fx: &Revival<'_>, group: &Group) -> bool {
+        group
+            .mps()
+            .is_some_and(|m| super::revive_daemon(fx.node, fx.uid, m, fx.rebooted))
     }
 
     fn stop(&self, fx: &GroupEffects<'_>, group: &Group) -> Result<(), ServiceError> {

@@ -12,7 +12,7 @@
 //! and stopping one; `error`, why an operation failed. After the prepare: `supervise`, what
 //! the supervisor watches and when a dead daemon is started again (pure); `restart`, the
 //! claim `Degraded` and its daemon started again, through [`MpsNode`] (what the service lends);
-//! `revive`, each daemon re-adopted or restarted at start; `liveness`, `attach`'s check from
+//! `revive`, a daemon re-adopted or restarted at start; `liveness`, `attach`'s check from
 //! pidfds; `orphans`, daemons and processes of ours that no claim owns, stopped at start.
 
 use gpushare_proto::ComputeMode;
@@ -44,10 +44,10 @@ pub use launch::{
 pub use liveness::Watches;
 pub use orphans::{kill_strays, stop_orphan_groups};
 pub use restart::{
-    all_run, daemon_exited, daemons_running, dead_daemon, record_restart_failed, restart_dead,
-    restart_due, restart_group, MpsNode, RestartFailed,
+    all_run, change, daemon_exited, daemons_running, dead_daemon, read, record_restart_failed,
+    restart_dead, restart_due, restart_group, MpsNode, RestartFailed,
 };
-pub use revive::revive_daemons;
+pub use revive::revive_daemon;
 pub use stop::Liveness;
 pub use supervise::{not_running, restart_backoff, supervised, Restarts, SupervisedDaemon};
 

@@ -25,12 +25,13 @@ pub trait MpsNode {
     /// The leaf through which processes are watched, signalled and reaped.
     fn processes(&self) -> &dyn Processes;
 
-    /// Reads the registry under its lock.
-    fn read<R>(&self, f: impl FnOnce(&Claims, &Restarts) -> R) -> R;
+    /// Runs `f` over the registry under its lock (see [`read`]).
+    fn read_with(&self, f: &mut dyn FnMut(&Claims, &Restarts));
 
-    /// Changes the registry under its lock; what changed is published, then written to the
-    /// claims' records (a failed write is the service's checkpoint error).
-    fn change<R>(&self, f: impl FnOnce(&mut Claims, &mut Restarts) -> R) -> R;
+    /// Runs `f` over the registry under its lock; what it changed is published, then
+    /// written to the claims' records (a failed write is the service's checkpoint error).
+    /// See [`change`].
+    fn change_with(&self, f: &mut dyn FnMut(&mut Claims, &mut Restarts));
 
     /// Rewrites claim `uid`'s host record (`claims/<uid>/claim.json`) from the registry.
     fn write_host_record(&self, uid: &str);
@@ -41,6 +42,30 @@ pub trait MpsNode {
     /// Whether every MIG slice `claim` records is there as recorded (a daemon on a slice
     /// that vanished cannot serve).
     fn slices_intact(&self, claim: &Claim) -> bool;
+}
+
+/// Reads `node`'s registry under its lock.
+pub fn read<R>(node: &dyn MpsNode, f: impl FnOnce(&Claims, &Restarts) -> R) -> R {
+    let mut f = Some(f);
+    let mut out = None;
+    node.read_with(&mut |claims, restarts| {
+        if let Some(f) = f.take() {
+            out = Some(f(claims, restarts));
+        }
+    });
+    out.expect("MpsNode::read_with runs its function once")
+}
+
+/// Changes `node`'s registry under its lock, then makes the change durable.
+pub fn change<R>(node: &dyn MpsNode, f: impl FnOnce(&mut Claims, &mut Restarts) -> R) -> R {
+    let mut f = Some(f);
+    let mut out = None;
+    node.change_with(&mut |claims, restarts| {
+        if let Some(f) = f.take() {
+            out = Some(f(claims, restarts));
+        }
+    });
+    out.expect("MpsNode::change_with runs its function once")
 }
 
 /// Why a restart failed: the claim's message, which names the failure and why the daemon
@@ -57,12 +82,12 @@ pub struct RestartFailed(pub String);
 /// [`RestartFailed`]: the claim is `Degraded` with the failure, and a retry is scheduled
 /// with backoff.
 pub fn restart_group(
-    node: &impl MpsNode,
+    node: &dyn MpsNode,
     uid: &str,
     pipe_dir: &str,
     counted: bool,
 ) -> Result<(), RestartFailed> {
-    let old = node.read(|claims, _| {
+    let old = read(node, |claims, _| {
         claims
             .get(uid)
             .and_then(|c| c.mps_daemons().find(|m| m.pipe_dir == pipe_dir).cloned())
@@ -71,7 +96,7 @@ pub fn restart_group(
         return Ok(());
     };
     let result = node.mps().restart(&launch_of(&old));
-    let outcome = node.change(|claims, restarts| {
+    let outcome = change(node, |claims, restarts| {
         // No longer recorded: callers hold the claim's lock, so no release runs meanwhile.
         claims.contains_key(uid).then(|| match result {
             Ok(new) => {
@@ -97,8 +122,8 @@ pub fn restart_group(
 /// Starts every dead MPS control daemon of `uid` again in place (the caller holds the
 /// claim's lock). Returns whether the claim is `Prepared` with all of them running
 /// afterwards.
-pub fn restart_dead(node: &impl MpsNode, uid: &str) -> bool {
-    let Some(c) = node.read(|claims, _| claims.get(uid).cloned()) else {
+pub fn restart_dead(node: &dyn MpsNode, uid: &str) -> bool {
+    let Some(c) = read(node, |claims, _| claims.get(uid).cloned()) else {
         return false;
     };
     for m in c.mps_daemons() {
@@ -109,7 +134,7 @@ pub fn restart_dead(node: &impl MpsNode, uid: &str) -> bool {
             return false;
         }
     }
-    node.read(|claims, _| {
+    read(node, |claims, _| {
         claims
             .get(uid)
             .is_some_and(|c| c.phase == Phase::Prepared && all_run(node.mps(), c))
@@ -118,13 +143,13 @@ pub fn restart_dead(node: &impl MpsNode, uid: &str) -> bool {
 
 /// Restarts the daemons of `uid` that do not run, its restart being due (the caller holds
 /// the claim's lock); a claim gone or no longer `Degraded` has nothing due any more.
-pub fn restart_due(node: &impl MpsNode, uid: &str) {
-    let Some(c) = node.read(|claims, _| claims.get(uid).cloned()) else {
-        node.change(|_, restarts| restarts.forget(uid));
+pub fn restart_due(node: &dyn MpsNode, uid: &str) {
+    let Some(c) = read(node, |claims, _| claims.get(uid).cloned()) else {
+        change(node, |_, restarts| restarts.forget(uid));
         return;
     };
     if c.phase != Phase::Degraded {
-        node.change(|_, restarts| restarts.settle(uid));
+        change(node, |_, restarts| restarts.settle(uid));
         return;
     }
     for m in c.mps_daemons() {
@@ -140,8 +165,8 @@ pub fn restart_due(node: &impl MpsNode, uid: &str) {
 /// The supervisor saw MPS control daemon `pid` of claim `uid` exit (its pidfd became
 /// readable). A daemon still running, or no longer the claim's, is ignored. Otherwise the
 /// claim becomes `Degraded` with the reason, and a restart is scheduled with backoff.
-pub fn daemon_exited(node: &impl MpsNode, uid: &str, pid: i32) {
-    node.change(|claims, restarts| {
+pub fn daemon_exited(node: &dyn MpsNode, uid: &str, pid: i32) {
+    change(node, |claims, restarts| {
         let Some(c) = claims.get(uid) else {
             return;
         };
@@ -177,7 +202,7 @@ pub fn daemon_exited(node: &impl MpsNode, uid: &str, pid: i32) {
 /// causes go. It stays `Degraded` while another cause stands (a missing GPU, a lost MIG
 /// slice: one found gone now, a slice that vanished while gpushared ran, is recorded as such,
 /// since a daemon on it cannot serve). Called under the registry's lock, with its claims.
-pub fn daemons_running(node: &impl MpsNode, claims: &mut Claims, uid: &str) {
+pub fn daemons_running(node: &dyn MpsNode, claims: &mut Claims, uid: &str) {
     let Some(c) = claims.get(uid) else {
         return;
     };
