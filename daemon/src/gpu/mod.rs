@@ -104,7 +104,7 @@ pub struct DeviceNode {
 }
 
 /// Why a backend call failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum GpuError {
     /// No GPU with this UUID.
     #[error("no GPU with UUID {0}")]

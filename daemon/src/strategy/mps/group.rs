@@ -141,7 +141,7 @@ pub fn start_recorded(fx: &GroupEffects<'_>, launch: &MpsLaunch) -> Result<MpsIn
     let started = fx
         .mps
         .start(launch)
-        .map_err(|e| ServiceError::internal(format!("claim {}: {e}", fx.uid)))?;
+        .map_err(|e| ServiceError::internal(format!("claim {}: {e}", fx.uid)).with_source(e))?;
     crate::crash::point("prepare.mps_started");
     fx.record.mps(&started);
     Ok(started)
@@ -162,7 +162,7 @@ pub fn stop_recorded(fx: &GroupEffects<'_>, group: &Group) -> Result<(), Service
     let pid = (m.control_daemon_pid > 0).then_some(m.control_daemon_pid);
     fx.mps
         .stop(&dirs, pid)
-        .map_err(|e| ServiceError::internal(format!("claim {}: {e}", fx.uid)))
+        .map_err(|e| ServiceError::internal(format!("claim {}: {e}", fx.uid)).with_source(e))
 }
 
 /// What a container of request `request` gets of the MPS control daemon `group` records (an
