@@ -206,3 +206,6 @@ pub fn names_a_mig_device(name: &str) -> bool {
 pub fn gpu_err(what: &str, e: GpuError) -> ServiceError {
     ServiceError::gpu(what, &e)
 }
+
+#[cfg(test)]
+mod tests;
