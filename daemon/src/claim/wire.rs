@@ -114,7 +114,7 @@ pub fn claim_of(info: ClaimInfo) -> Claim {
 /// missing GPU (the only other way to `Degraded`). Each keeps the old message as its detail.
 /// The start checks each again and clears what is not so: a daemon re-adopted or started
 /// again (`service/revive.rs`), slices that are there or made again
-/// (`service/mig_recover.rs`); a GPU still missing is found again
+/// (`strategy/mig/recover.rs`); a GPU still missing is found again
 /// (`service/missing_gpus.rs`).
 pub fn causes_of_old(claim: &Claim) -> BTreeMap<Cause, String> {
     let mut causes = Vec::new();

@@ -8,6 +8,7 @@ use super::Service;
 use crate::cdi::{self, ContainerEdits};
 use crate::claim::{Claim, Group, Phase};
 use crate::error::ServiceError;
+use crate::strategy::mig::driver_name_of;
 
 impl Service {
     pub(super) fn write_cdi(
@@ -294,18 +295,6 @@ pub(super) enum DriverLookup {
     /// In the installed spec only ([`crate::driver_spec::DriverSpecs::installed_ids`]): the
     /// start's, which generated it once after making every slice again.
     InstalledOnly,
-}
-
-/// The driver spec's device name a claim's IDs use for slice `m`: its first MIG UUID when it
-/// was made again since ([`MigInstanceInfo::original_uuid`]), else its MIG UUID.
-///
-/// [`MigInstanceInfo::original_uuid`]: gpushare_proto::MigInstanceInfo::original_uuid
-pub(super) fn driver_name_of(m: &gpushare_proto::MigInstanceInfo) -> &str {
-    if m.original_uuid.is_empty() {
-        &m.uuid
-    } else {
-        &m.original_uuid
-    }
 }
 
 /// The aliases (old name → device now) the driver's spec needs for `claims`: every slice of

@@ -6,9 +6,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::mig::MigIntents;
 use crate::admission::GpuModes;
 use crate::gpu::GpuBackend;
+use crate::strategy::mig::MigIntents;
 use crate::strategy::mps::{MpsControl, Watches};
 use crate::sys::{DeviceFiles, Processes};
 
@@ -28,6 +28,7 @@ pub(super) struct Host {
     /// Held while a claim's host record is written, and while a release removes the claim's
     /// directory: see `write_host_record`.
     pub(super) host_record_writes: Mutex<()>,
-    /// The MIG slices being made or taken now, on disk before each is (see `mig::intents`).
+    /// The MIG slices being made or taken now, on disk before each is (see
+    /// `strategy/mig/intents.rs`).
     pub(super) mig_intents: MigIntents,
 }

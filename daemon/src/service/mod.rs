@@ -43,7 +43,7 @@ mod host;
 mod liveness;
 mod locks;
 mod mig;
-mod mig_recover;
+mod mig_effects;
 mod missing_gpus;
 mod ops;
 mod orphans;
@@ -213,7 +213,7 @@ impl Service {
                 watches: Watches::default(),
                 modes,
                 host_record_writes: Mutex::new(()),
-                mig_intents: mig::MigIntents::new(&cfg_run_dir),
+                mig_intents: crate::strategy::mig::MigIntents::new(&cfg_run_dir),
             },
             changes: ClaimLocks::default(),
             in_flight: (Mutex::new(0), Condvar::new()),

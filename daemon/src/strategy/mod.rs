@@ -1,6 +1,7 @@
 //! Sharing strategies, one file (or folder) each: [`exclusive`], [`time_slicing`], [`mps`]
 //! (per-claim MPS control daemons; [`mps_support`], which GPUs can keep an MPS claim's
-//! settings) and [`mig`] (MIG devices made and destroyed per claim).
+//! settings) and [`mig`] (MIG devices made and destroyed per claim, and everything else MIG:
+//! its intents, MIG mode, `mig apply`'s layouts, the start-up sweep and recovery).
 //!
 //! What a strategy does for a claim's device group is [`group`]'s two traits: what a prepare
 //! makes for it ([`GroupStrategy`]: planned, applied, recorded), and everything after, read

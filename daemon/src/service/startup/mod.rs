@@ -3,20 +3,20 @@
 //! reconcile", written once there; [`Service::reconcile`] is that order, one named step per
 //! line, each step's doc saying which of the document's it is. The records are read and
 //! checked in [`records`]; each kept claim is brought back by `service/revive.rs`, its MIG
-//! slices by `service/mig_recover.rs`.
+//! slices by `strategy/mig/recover.rs`.
 
 mod records;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::mig::{self, Intent};
 use super::persisted::{Quarantine, HOST_RECORD};
 use super::revive::SpecListing;
 use super::{reapply_gpu_settings, wants_of, Service};
 use crate::claim::{Claim, Phase};
 use crate::parallel::in_parallel;
 use crate::store::{ClaimRecord, Loaded};
+use crate::strategy::mig::{self, Intent};
 use crate::strategy::mps::MpsDirs;
 use records::ToReconcile;
 
@@ -140,7 +140,7 @@ impl Service {
     }
 
     /// What the last run was making when it ended, and for which claims, as far as the
-    /// records vouch for it (`service/mig/start.rs`): a GPU instance such an intent names that
+    /// records vouch for it (`strategy/mig/start.rs`): a GPU instance such an intent names that
     /// no record owns and that holds no compute instance is what a crash between making and
     /// recording it leaves, and is destroyed now, while the records that vouch for it are
     /// still there (a start killed after the rollbacks finds it gone). Returns the honoured

@@ -127,7 +127,7 @@ impl GroupLife for Mig {
     }
 
     /// The MPS control daemon on the slices, if the group records one, re-adopted or
-    /// started again (the slices are checked later in the start, `service::mig_recover`).
+    /// started again (the slices are checked later in the start, `recover.rs`).
     fn revive(&self, fx: &Revival<'_>, group: &Group) -> bool {
         group
             .mps()

@@ -8,27 +8,75 @@
 //! (NVIDIA/k8s-dra-driver-gpu: its DynamicMIG code in `cmd/gpu-kubelet-plugin`, and its
 //! issue #1452).
 //!
-//! Everything here goes through [`GpuBackend`]; the service decides when. [`resolve`] and
-//! [`check`] decide, touching nothing; [`create`] and [`destroy`] act on one slice;
-//! [`MigGroup`] is a claim's group of slices, made at prepare and destroyed at release;
-//! [`Claimed`] is what the claims record; [`sweep`] is the start-up cleanup.
+//! # A MIG claim's prepare, in order, and what undoes it
+//!
+//! Three files tell it: `plan.rs`, `group.rs` and `slice.rs`.
+//!
+//! 1. Planned, touching nothing ([`plan_group`]): each device resolved against the node and
+//!    checked ([`resolve`], [`check`]), counting the slices other claims record
+//!    ([`Claimed`]) as taken; a [`MigGroup`] of [`MigTarget`]s.
+//! 2. Made ([`MigGroup`]'s `GroupStrategy::apply`), slice by slice: its intent written to
+//!    the run directory first ([`reserve_slice`], [`MigIntents`]), a chosen placement chosen
+//!    again under the intents' lock; then [`create`]: MIG mode turned on where it is off and
+//!    the GPU needs no reset (the intent marked first), the GPU instance made and recorded in
+//!    the claim on disk at once, then its compute instance; an MPS control daemon started on
+//!    the slices where the claim asks for one. The intents are struck once the prepare's
+//!    record is on disk.
+//! 3. Undone by the release (`GroupLife` for [`Mig`]): the daemon stopped, then each slice
+//!    [`destroy`]ed (marked `destroying` on disk first), then MIG mode turned off where
+//!    gpushare turned it on and nothing is left on the GPU ([`leave_mig_mode_after`],
+//!    `mode.rs`). A failed prepare is undone by the same release.
+//!
+//! A crash anywhere is finished at the next start: the intents the records vouch for have
+//! the bare GPU instances a crash left destroyed (`start.rs`), and the slices of prepared
+//! claims that vanished meanwhile are made again or the claim is `Degraded` (`recover.rs`).
+//!
+//! # Files
+//!
+//! [`resolve`] and [`check`] decide, touching nothing; [`create`] and [`destroy`] act on one
+//! slice (`slice.rs`); [`MigGroup`] is a claim's group of slices (`group.rs`); [`Claimed`] is
+//! what the claims record; `intents.rs` the intents; `mode.rs` MIG mode; `live.rs` the
+//! node's MIG devices with their owners; `layout_apply.rs` the operator's `mig apply`;
+//! [`sweep_unowned`] and `start.rs` the start-up cleanup; `recover.rs` the start-up recovery.
+//! Everything goes through [`crate::gpu::GpuBackend`]; what the service lends beyond one
+//! group (its claims, the registry, CDI specs, MPS daemons) is `effects.rs`, and the service
+//! decides when.
 
 mod claimed;
+mod effects;
 mod group;
+mod intents;
+mod layout_apply;
+mod live;
+mod mode;
+mod plan;
+mod recover;
 mod resolve;
 mod slice;
+mod start;
 mod sweep;
 
 pub use claimed::Claimed;
+pub use effects::{ClaimsView, RecoverEffects, RecoveredClaims};
 pub use group::MigGroup;
+pub use intents::{Intent, MigIntents, Quiet, StrikeOnDrop};
+pub use layout_apply::{apply_layout, layout_holds, plan_layout, refuse_held};
+pub use live::{gpu_states, live_mig};
+pub use mode::{
+    check_whole_gpu, leave_mig_mode, leave_mig_mode_after, mode_off_if_bare, toggles_without_reset,
+    ModeOffFor,
+};
+pub use plan::{plan_group, reserve_slice, MpsOnSlices};
+pub use recover::{recreate_slices, settle_recovered, slices_intact, MigRecovery};
 pub use resolve::{check, repick, resolve};
-pub use slice::{create, destroy, is_instance_of, is_whole_instance_of};
+pub use slice::{create, destroy, driver_name_of, is_instance_of, is_whole_instance_of};
+pub use start::{honoured_intents, leave_mig_mode_at_start, sweep_at_start, LeftIntents};
 pub use sweep::{sweep_unowned, Swept};
 
 use gpushare_proto::{ErrorCode, MigInstanceInfo, MigOrigin};
 
 use crate::error::ServiceError;
-use crate::gpu::{Gpu, GpuBackend, GpuError, MigInstance};
+use crate::gpu::{Gpu, GpuError, MigInstance};
 use crate::mig::{GiProfile, MigModel};
 
 /// MIG's hold on a GPU: no setting of the GPU itself. MIG mode is entered where the GPU
@@ -154,60 +202,10 @@ pub fn names_a_mig_device(name: &str) -> bool {
     name.starts_with("MIG-") || name.contains("-mig-")
 }
 
-/// Whether `gpu` enters and leaves MIG mode without a GPU reset (Hopper and later): the one
-/// place that says where gpushare may change a GPU's MIG mode at all.
-pub fn toggles_without_reset(gpu: &Gpu) -> bool {
-    model_of(gpu).is_ok_and(MigModel::reset_free_mode_toggle)
-}
-
-/// Why MIG mode was turned off, for the log line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ModeOffFor {
-    /// The last claim whose slice it was turned on for is released.
-    LastRelease,
-    /// A prepare that crashed had turned it on, and nothing is left on the GPU.
-    CrashedPrepare,
-}
-
-/// The one "MIG mode off" path for a GPU gpushare turned MIG mode on for: turned off when
-/// the GPU leaves MIG mode without a reset ([`toggles_without_reset`]), it is on, and no MIG
-/// instance is left on it (one made by others keeps the mode as it is). The caller has
-/// checked that no claim records or is making a slice there. Logged whatever happens; never
-/// an error (the release or start stands).
-pub fn mode_off_if_bare(backend: &dyn GpuBackend, gpu: &Gpu, why: ModeOffFor) {
-    let name = gpu.device_name();
-    if !toggles_without_reset(gpu) {
-        return;
-    }
-    // Off already (a start finishing a release that a kill cut short after this).
-    if backend.mig_mode(&gpu.uuid).is_ok_and(|m| !m.current) {
-        return;
-    }
-    match backend.mig_instances(&gpu.uuid) {
-        Ok(live) if !live.is_empty() => {
-            tracing::info!(gpu = %name, instances = live.len(), "MIG mode stays on: MIG instances gpushare did not make are there");
-            return;
-        }
-        Ok(_) => {}
-        Err(e) => {
-            tracing::warn!(gpu = %name, error = %e, "reading MIG instances before turning MIG mode off");
-            return;
-        }
-    }
-    let what = match why {
-        ModeOffFor::LastRelease => "the last MIG claim it was enabled for is released",
-        ModeOffFor::CrashedPrepare => {
-            "a prepare that crashed had turned it on, and nothing is left on the GPU"
-        }
-    };
-    match backend.set_mig_mode(&gpu.uuid, false) {
-        Ok(m) if !m.current => tracing::info!(gpu = %name, "MIG mode disabled: {what}"),
-        Ok(_) => tracing::warn!(gpu = %name, "disabling MIG mode stays pending a reset; left so"),
-        Err(e) => tracing::error!(gpu = %name, error = %e, "disabling MIG mode ({what})"),
-    }
-}
-
 /// A backend error as the service's answer ([`ServiceError::gpu`], the one mapping).
 pub fn gpu_err(what: &str, e: GpuError) -> ServiceError {
     ServiceError::gpu(what, &e)
 }
+
+#[cfg(test)]
+mod tests;

@@ -243,3 +243,13 @@ pub fn is_instance_of(rec: &MigInstanceInfo, inst: &MigInstance) -> bool {
 pub fn is_whole_instance_of(rec: &MigInstanceInfo, inst: &MigInstance) -> bool {
     rec.ci_id.is_some() && inst.compute.is_some() && is_instance_of(rec, inst)
 }
+
+/// The driver spec's device name a claim's IDs use for slice `m`: its first MIG UUID when it
+/// was made again since ([`MigInstanceInfo::original_uuid`]), else its MIG UUID.
+pub fn driver_name_of(m: &MigInstanceInfo) -> &str {
+    if m.original_uuid.is_empty() {
+        &m.uuid
+    } else {
+        &m.original_uuid
+    }
+}

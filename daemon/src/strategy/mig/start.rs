@@ -8,7 +8,7 @@
 //! UID that is one, of a claim the records know as interrupted (its prepare or release cut
 //! short: `PrepareStarted` or `Unpreparing`) that planned exactly that slice, or of a prepared
 //! claim that records a slice at exactly that place (one being made again at start,
-//! `mig_recover.rs`). And even an honoured intent destroys only a GPU instance without a
+//! `recover.rs`). And even an honoured intent destroys only a GPU instance without a
 //! compute instance: gpushare records a GPU instance on disk the moment it exists, before it
 //! makes its compute instance, so what a crash leaves with only an intent naming it is bare,
 //! while every layout (`gpushare mig apply`, mig-parted, `nvidia-smi mig -cgi … -C`) makes
@@ -27,7 +27,7 @@ use crate::strategy::mig::{self as strategy, Claimed};
 
 /// The intents the last run left, as the start takes them.
 #[derive(Debug, Default)]
-pub(in crate::service) struct LeftIntents {
+pub struct LeftIntents {
     /// Those the claims' records vouch for: acted on.
     pub honoured: Vec<Intent>,
     /// Those of claims whose records were refused at this start: nothing vouches for them, so
@@ -40,7 +40,7 @@ pub(in crate::service) struct LeftIntents {
 /// vouch for, as above; every other one is logged with why and left out, those of the claims
 /// whose records were refused at this start (`refused`) kept apart. Intents of slices taken
 /// as they existed (static MIG) are left out silently: nothing was made for them.
-pub(in crate::service) fn honoured_intents<'a>(
+pub fn honoured_intents<'a>(
     left: Vec<Intent>,
     claims: impl IntoIterator<Item = &'a Claim> + Clone,
     refused: &BTreeSet<String>,
@@ -166,7 +166,7 @@ fn names(x: &Intent, gpu: &str, inst: &MigInstance) -> bool {
 /// operator has checked it: a refused record's word is not taken, and without it the intent
 /// alone cannot tell gpushare's bare instance from an administrator's `nvidia-smi mig -cgi`
 /// without `-C` at that place.
-pub(in crate::service) fn sweep_at_start<'a>(
+pub fn sweep_at_start<'a>(
     backend: &dyn GpuBackend,
     left: &LeftIntents,
     claims: impl IntoIterator<Item = &'a Claim>,
@@ -219,7 +219,7 @@ pub(in crate::service) fn sweep_at_start<'a>(
 /// `honoured` intent says so) goes off again where no claim records a slice on the GPU and
 /// nothing is left there, as a release would have done; only where the GPU leaves MIG mode
 /// without a reset.
-pub(in crate::service) fn leave_mig_mode_at_start<'a>(
+pub fn leave_mig_mode_at_start<'a>(
     backend: &dyn GpuBackend,
     honoured: &[Intent],
     claims: impl IntoIterator<Item = &'a Claim>,

@@ -26,10 +26,10 @@ use std::sync::{Mutex, MutexGuard};
 use gpushare_proto::ErrorCode;
 use serde::{Deserialize, Serialize};
 
+use super::MigTarget;
 use crate::error::ServiceError;
 use crate::fsutil::{self, ReadRefusal};
 use crate::mig::{GiProfileId, MigPlacement, Occupied};
-use crate::strategy::mig::MigTarget;
 
 /// Largest intents file read back (a few hundred bytes per slice being made).
 const MAX_BYTES: u64 = 1 << 20;
@@ -37,7 +37,7 @@ const MAX_BYTES: u64 = 1 << 20;
 /// One MIG slice about to be made for a claim.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(in crate::service) struct Intent {
+pub struct Intent {
     /// The claim it is made for.
     pub claim: String,
     /// Parent GPU UUID.
@@ -89,13 +89,14 @@ impl Intent {
 
 /// The intents file and its in-memory copy.
 #[derive(Debug)]
-pub(in crate::service) struct MigIntents {
+pub struct MigIntents {
     path: PathBuf,
     live: Mutex<Vec<Intent>>,
 }
 
 /// The intents lock held: no slice is reserved or struck meanwhile.
-pub(in crate::service) struct Quiet<'a>(MutexGuard<'a, Vec<Intent>>);
+#[derive(Debug)]
+pub struct Quiet<'a>(MutexGuard<'a, Vec<Intent>>);
 
 impl Quiet<'_> {
     /// Whether a claim other than `claim` is making a slice on GPU `gpu_uuid` now.
@@ -117,7 +118,8 @@ impl Quiet<'_> {
 }
 
 /// See [`MigIntents::strike_on_drop`].
-pub(in crate::service) struct StrikeOnDrop<'a>(&'a MigIntents, String);
+#[derive(Debug)]
+pub struct StrikeOnDrop<'a>(&'a MigIntents, String);
 
 impl Drop for StrikeOnDrop<'_> {
     fn drop(&mut self) {
