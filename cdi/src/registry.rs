@@ -177,6 +177,12 @@ impl Registry {
         &self.errors
     }
 
+    /// Takes the errors of the last scan out of the registry (leaving none), keyed as
+    /// [`Registry::errors`]: for a caller that returns one as its own error's source.
+    pub fn take_errors(&mut self) -> BTreeMap<PathBuf, Vec<RegistryError>> {
+        std::mem::take(&mut self.errors)
+    }
+
     /// Qualified names of every device, sorted.
     pub fn device_names(&self) -> Vec<&str> {
         self.devices.keys().map(String::as_str).collect()
@@ -572,8 +578,12 @@ mod tests {
     fn unreadable_directory_is_an_error_for_that_directory() {
         let root = tempfile::tempdir().unwrap();
         let file = write(root.path(), "plain", "x");
-        let reg = Registry::load(&[&file]);
+        let mut reg = Registry::load(&[&file]);
         assert!(matches!(reg.errors()[&file][0], RegistryError::Dir { .. }));
+        // Taken out whole, leaving none.
+        let taken = reg.take_errors();
+        assert!(matches!(taken[&file][0], RegistryError::Dir { .. }));
+        assert!(reg.errors().is_empty());
     }
 
     #[test]

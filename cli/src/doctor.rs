@@ -621,7 +621,14 @@ fn check_driver_spec(
     }
     let spec = match split_kind(&cfg.cdi.driver_kind) {
         Ok((vendor, class)) => cfg.paths.cdi_dir.join(format!("{vendor}-{class}.json")),
-        Err(e) => return check("driver-spec", Status::Fail, e, "fix [cdi] driver_kind"),
+        Err(e) => {
+            return check(
+                "driver-spec",
+                Status::Fail,
+                e.to_string(),
+                "fix [cdi] driver_kind",
+            )
+        }
     };
     let generator = if simulate.is_some() && cfg.cdi.nvidia_ctk.as_os_str().is_empty() {
         "the simulated toolkit".to_string()
@@ -711,7 +718,7 @@ fn check_mps_control(ctx: &Context<'_>) -> Check {
             );
             match chosen {
                 Ok(p) => (p, "what gpushared would run".to_string()),
-                Err(e) => return check("mps-control", Status::Fail, e, hint),
+                Err(e) => return check("mps-control", Status::Fail, e.to_string(), hint),
             }
         }
     };

@@ -16,7 +16,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-pub use checks::{check_layout, check_metrics_address, parse_mode};
+pub use checks::{
+    check_layout, check_metrics_address, parse_mode, LayoutError, MetricsAddressError, ModeError,
+};
 pub use sections::{
     CdiConfig, DriverSpecMode, GpusConfig, HookSettings, LogConfig, MetricsConfig, MpsConfig,
     NodeConfig, PathsConfig, SocketConfig, DEFAULT_METRICS_ADDRESS, MAX_GENERATE_TIMEOUT_SECONDS,

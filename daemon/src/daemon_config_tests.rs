@@ -201,6 +201,41 @@ fn a_generation_is_bounded_below_the_plugins_claim_timeout() {
     );
 }
 
+/// The messages config errors and gpushared's flags show, with the parse error kept as the
+/// source.
+#[test]
+fn mode_and_metrics_address_errors_say_what_is_wrong() {
+    assert_eq!(parse_mode("0660").unwrap(), 0o660);
+    let e = parse_mode("0968").unwrap_err();
+    assert!(matches!(e, ModeError::NotOctal { .. }), "{e:?}");
+    let source = std::error::Error::source(&e).expect("the parse error");
+    assert_eq!(
+        e.to_string(),
+        format!(r#""0968" is not an octal mode: {source}"#)
+    );
+    let e = parse_mode("17777").unwrap_err();
+    assert_eq!(e.to_string(), r#""17777" has bits beyond 07777"#);
+
+    let mut m = MetricsConfig {
+        address: "localhost:9471".into(),
+        ..MetricsConfig::default()
+    };
+    let e = check_metrics_address(&m).unwrap_err();
+    assert!(std::error::Error::source(&e).is_some());
+    assert!(
+        e.to_string()
+            .starts_with(r#""localhost:9471" is not host:port: "#),
+        "{e}"
+    );
+    m.address = "0.0.0.0:9471".into();
+    assert_eq!(
+        check_metrics_address(&m).unwrap_err().to_string(),
+        "0.0.0.0:9471 is not a loopback address; set metrics.allow_non_loopback = true to serve it"
+    );
+    m.allow_non_loopback = true;
+    assert!(check_metrics_address(&m).is_ok());
+}
+
 #[test]
 fn run_and_state_may_share_a_directory_the_cdi_directory_may_not() {
     let p = Path::new;
@@ -208,19 +243,27 @@ fn run_and_state_may_share_a_directory_the_cdi_directory_may_not() {
     check_layout(p("/tmp/gs"), p("/tmp/gs"), p("/tmp/gs/cdi")).unwrap();
     // Beside claims/ is fine; in it is not.
     check_layout(p("/tmp/gs"), p("/tmp/gs/state"), p("/tmp/gs/claimsx")).unwrap();
-    let e = check_layout(p("/tmp/gs"), p("/tmp/x"), p("/tmp/x")).unwrap_err();
+    let e = check_layout(p("/tmp/gs"), p("/tmp/x"), p("/tmp/x"))
+        .unwrap_err()
+        .to_string();
     assert!(
         e.starts_with("the CDI directory /tmp/x is also the state directory: container runtimes"),
         "{e}"
     );
-    let e = check_layout(p("/tmp/x"), p("/tmp/s"), p("/tmp/x")).unwrap_err();
+    let e = check_layout(p("/tmp/x"), p("/tmp/s"), p("/tmp/x"))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("is also the run directory"), "{e}");
-    let e = check_layout(p("/tmp/gs"), p("/tmp/gs/claims/s"), p("/tmp/c")).unwrap_err();
+    let e = check_layout(p("/tmp/gs"), p("/tmp/gs/claims/s"), p("/tmp/c"))
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("the state directory /tmp/gs/claims/s lies in /tmp/gs/claims"),
         "{e}"
     );
-    let e = check_layout(p("/tmp/gs"), p("/tmp/s"), p("/tmp/gs/claims")).unwrap_err();
+    let e = check_layout(p("/tmp/gs"), p("/tmp/s"), p("/tmp/gs/claims"))
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("the CDI directory /tmp/gs/claims lies in"),
         "{e}"

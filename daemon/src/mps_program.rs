@@ -12,16 +12,25 @@ pub const NVIDIA: &str = "nvidia-cuda-mps-control";
 /// only good for simulated GPUs.
 pub const EMULATOR: &str = "gpushare-mps-control";
 
+/// Neither NVIDIA's MPS control program nor our emulator is there ([`default_program`]);
+/// the message names both places.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("no MPS control program: {} is not in PATH and {} does not exist", NVIDIA, emulator.display())]
+pub struct NoMpsProgram {
+    /// Where the emulator was looked for, beside `gpushared`.
+    pub emulator: PathBuf,
+}
+
 /// The program for an empty `[mps] control`: `which(NVIDIA)` when it finds one, else
 /// `<gpushared_dir>/gpushare-mps-control` when `exists` says it is there.
 ///
 /// # Errors
-/// Neither is there; the message names both places.
+/// [`NoMpsProgram`] when neither is there.
 pub fn default_program(
     which: impl Fn(&str) -> Option<PathBuf>,
     gpushared_dir: &Path,
     exists: impl Fn(&Path) -> bool,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, NoMpsProgram> {
     if let Some(p) = which(NVIDIA) {
         return Ok(p);
     }
@@ -29,10 +38,7 @@ pub fn default_program(
     if exists(&emulator) {
         return Ok(emulator);
     }
-    Err(format!(
-        "no MPS control program: {NVIDIA} is not in PATH and {} does not exist",
-        emulator.display()
-    ))
+    Err(NoMpsProgram { emulator })
 }
 
 /// Whether `program` is our emulator (by its file name).
@@ -57,6 +63,8 @@ mod tests {
         assert_eq!(emu, Path::new("/usr/bin/gpushare-mps-control"));
         assert!(is_emulator(&emu));
         let e = default_program(none, dir, |_| false).unwrap_err();
+        assert_eq!(e.emulator, Path::new("/usr/bin/gpushare-mps-control"));
+        let e = e.to_string();
         assert!(
             e.contains("nvidia-cuda-mps-control is not in PATH")
                 && e.contains("/usr/bin/gpushare-mps-control does not exist"),

@@ -34,7 +34,7 @@ use crate::service::Service;
 
 pub use decode::{decode_request, nesting_exceeds};
 pub use dispatch::{handle, Answer};
-pub use peer::{authorize, Peer};
+pub use peer::{authorize, AuthorizeError, Peer};
 
 use decode::{error_response, MALFORMED};
 use peer::DeniedPeers;

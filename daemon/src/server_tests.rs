@@ -232,10 +232,52 @@ fn authorize_by_uid_and_group() {
                 "{m}"
             );
         }
-        let stranger = authorize(&cfg, Some(&peer(1001, 1001, &[4])), m).unwrap_err();
+        let stranger = authorize(&cfg, Some(&peer(1001, 1001, &[4])), m)
+            .unwrap_err()
+            .to_string();
         assert!(stranger.contains("peer uid 1001"), "{stranger}");
         assert!(authorize(&cfg, None, m).is_err());
     }
+}
+
+/// The denials' messages are the `PermissionDenied` answers operators read: each names the
+/// method, what it needs and the peer's uid, as they did when they were strings.
+#[test]
+fn denials_say_what_the_method_needs() {
+    let cfg = policy(2000, &[1500]);
+    let member = peer(1000, 2000, &[]);
+    let stranger = peer(1001, 1001, &[4]);
+    let changing = authorize(&cfg, Some(&member), Method::Prepare).unwrap_err();
+    assert_eq!(
+        changing,
+        AuthorizeError::ChangeRefused {
+            method: Method::Prepare,
+            uid: 1000
+        }
+    );
+    assert_eq!(
+        changing.to_string(),
+        format!(
+            "{} needs root or a uid in socket.changing_uids (peer uid 1000)",
+            Method::Prepare
+        )
+    );
+    let reading = authorize(&cfg, Some(&stranger), Method::Health).unwrap_err();
+    assert_eq!(
+        reading.to_string(),
+        format!(
+            "{} needs root, a uid in socket.changing_uids or membership of the socket's group 2000 (peer uid 1001)",
+            Method::Health
+        )
+    );
+    let unknown = authorize(&cfg, None, Method::Health).unwrap_err();
+    assert_eq!(
+        unknown.to_string(),
+        format!(
+            "{} refused: the peer's credentials are unknown",
+            Method::Health
+        )
+    );
 }
 
 #[test]

@@ -1,38 +1,116 @@
 //! The checks of the config file's values that TOML types cannot express (ranges, modes,
 //! addresses, kinds), and of how the run, state and CDI directories sit together.
 
-use std::path::Path;
+use std::net::SocketAddr;
+use std::num::ParseIntError;
+use std::path::{Path, PathBuf};
 
 use super::{DaemonConfig, DaemonConfigError, MetricsConfig};
+
+/// Why a file mode is refused ([`parse_mode`]); the message quotes it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModeError {
+    /// Not octal digits (or empty, or too large for a `u32`).
+    #[error("{text:?} is not an octal mode: {source}")]
+    NotOctal {
+        /// The mode as written.
+        text: String,
+        /// Why it does not parse.
+        #[source]
+        source: ParseIntError,
+    },
+    /// Octal, but with bits beyond `0o7777`.
+    #[error("{text:?} has bits beyond 07777")]
+    BeyondPermissions {
+        /// The mode as written.
+        text: String,
+    },
+}
 
 /// Parses an octal file mode such as `"0660"` or `"660"`.
 ///
 /// # Errors
-/// Not octal digits, or bits beyond `0o7777`.
-pub fn parse_mode(s: &str) -> Result<u32, String> {
-    let mode = u32::from_str_radix(s, 8).map_err(|e| format!("{s:?} is not an octal mode: {e}"))?;
+/// [`ModeError::NotOctal`] for what are not octal digits, [`ModeError::BeyondPermissions`]
+/// for bits beyond `0o7777`.
+pub fn parse_mode(s: &str) -> Result<u32, ModeError> {
+    let mode = u32::from_str_radix(s, 8).map_err(|source| ModeError::NotOctal {
+        text: s.to_string(),
+        source,
+    })?;
     if mode > 0o7777 {
-        return Err(format!("{s:?} has bits beyond 07777"));
+        return Err(ModeError::BeyondPermissions {
+            text: s.to_string(),
+        });
     }
     Ok(mode)
+}
+
+/// Why `[metrics] address` is refused ([`check_metrics_address`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MetricsAddressError {
+    /// Not `host:port` with a numeric host.
+    #[error("{address:?} is not host:port: {source}")]
+    NotHostPort {
+        /// The address as written.
+        address: String,
+        /// Why it does not parse.
+        #[source]
+        source: std::net::AddrParseError,
+    },
+    /// Not a loopback address, and `allow_non_loopback` is not set.
+    #[error("{addr} is not a loopback address; set metrics.allow_non_loopback = true to serve it")]
+    NotLoopback {
+        /// The address.
+        addr: SocketAddr,
+    },
 }
 
 /// Checks `[metrics] address`: `host:port` with a numeric host, loopback unless
 /// `allow_non_loopback`.
 ///
 /// # Errors
-/// The message says what is wrong.
-pub fn check_metrics_address(m: &MetricsConfig) -> Result<std::net::SocketAddr, String> {
-    let addr: std::net::SocketAddr = m
-        .address
-        .parse()
-        .map_err(|e| format!("{:?} is not host:port: {e}", m.address))?;
+/// [`MetricsAddressError`], saying what is wrong.
+pub fn check_metrics_address(m: &MetricsConfig) -> Result<SocketAddr, MetricsAddressError> {
+    let addr: SocketAddr =
+        m.address
+            .parse()
+            .map_err(|source| MetricsAddressError::NotHostPort {
+                address: m.address.clone(),
+                source,
+            })?;
     if !addr.ip().is_loopback() && !m.allow_non_loopback {
-        return Err(format!(
-            "{addr} is not a loopback address; set metrics.allow_non_loopback = true to serve it"
-        ));
+        return Err(MetricsAddressError::NotLoopback { addr });
     }
     Ok(addr)
+}
+
+/// Why the run, state and CDI directories cannot sit as they do ([`check_layout`]); one line
+/// naming the directories, why, and the setting to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    /// The CDI directory is the run or state directory: container runtimes read every
+    /// `.json` and `.yaml` file in a CDI directory as a spec, and gpushared's own files would
+    /// break them.
+    #[error("the CDI directory {} is also the {which}: container runtimes read every .json and .yaml file in a CDI directory as a CDI spec, and gpushared's own files there (claim records, mig-intents.json) would break them; give --cdi-dir (paths.cdi_dir) a directory of its own", cdi.display())]
+    CdiIsOurs {
+        /// The CDI directory.
+        cdi: PathBuf,
+        /// Which of ours it is: `run directory` or `state directory`.
+        which: &'static str,
+    },
+    /// The state or CDI directory lies in the run directory's `claims/`, whose entries no
+    /// claim owns are removed at start.
+    #[error("the {which} {} lies in {}, where gpushared removes at start what no claim owns; move {flag} out of it", dir.display(), claims.display())]
+    InClaims {
+        /// Which directory: `state directory` or `CDI directory`.
+        which: &'static str,
+        /// That directory.
+        dir: PathBuf,
+        /// The run directory's `claims/`.
+        claims: PathBuf,
+        /// The flag and key that set it, e.g. `--state-dir (paths.state_dir)`.
+        flag: &'static str,
+    },
 }
 
 /// Checks how the run, state and CDI directories (resolved, real paths) sit together.
@@ -41,17 +119,16 @@ pub fn check_metrics_address(m: &MetricsConfig) -> Result<std::net::SocketAddr, 
 /// directory's (`checkpoint.json`) do not collide, and the single-instance lock is taken once.
 ///
 /// # Errors
-/// One line naming the directories and why they cannot be so: the CDI directory is the run or
-/// state directory (container runtimes read every `.json` and `.yaml` file in a CDI directory
-/// as a spec, and gpushared's own files would break them), or the state or CDI directory lies
-/// in the run directory's `claims/` (whose entries no claim owns are removed at start).
-pub fn check_layout(run: &Path, state: &Path, cdi: &Path) -> Result<(), String> {
+/// [`LayoutError::CdiIsOurs`] when the CDI directory is the run or state directory,
+/// [`LayoutError::InClaims`] when the state or CDI directory lies in the run directory's
+/// `claims/`.
+pub fn check_layout(run: &Path, state: &Path, cdi: &Path) -> Result<(), LayoutError> {
     for (dir, which) in [(run, "run directory"), (state, "state directory")] {
         if cdi == dir {
-            return Err(format!(
-                "the CDI directory {} is also the {which}: container runtimes read every .json and .yaml file in a CDI directory as a CDI spec, and gpushared's own files there (claim records, mig-intents.json) would break them; give --cdi-dir (paths.cdi_dir) a directory of its own",
-                cdi.display()
-            ));
+            return Err(LayoutError::CdiIsOurs {
+                cdi: cdi.to_path_buf(),
+                which,
+            });
         }
     }
     let claims = run.join("claims");
@@ -60,11 +137,12 @@ pub fn check_layout(run: &Path, state: &Path, cdi: &Path) -> Result<(), String> 
         (cdi, "CDI directory", "--cdi-dir (paths.cdi_dir)"),
     ] {
         if dir.starts_with(&claims) {
-            return Err(format!(
-                "the {which} {} lies in {}, where gpushared removes at start what no claim owns; move {flag} out of it",
-                dir.display(),
-                claims.display()
-            ));
+            return Err(LayoutError::InClaims {
+                which,
+                dir: dir.to_path_buf(),
+                claims,
+                flag,
+            });
         }
     }
     Ok(())
@@ -77,7 +155,7 @@ impl DaemonConfig {
             key,
             message,
         };
-        parse_mode(&self.socket.mode).map_err(|m| invalid("socket.mode", m))?;
+        parse_mode(&self.socket.mode).map_err(|e| invalid("socket.mode", e.to_string()))?;
         if self.socket.group.is_empty() {
             return Err(invalid("socket.group", "must name a group or a gid".into()));
         }
@@ -146,7 +224,7 @@ impl DaemonConfig {
             ));
         }
         crate::driver_spec::split_kind(&self.cdi.driver_kind)
-            .map_err(|m| invalid("cdi.driver_kind", m))?;
+            .map_err(|e| invalid("cdi.driver_kind", e.to_string()))?;
         if self.cdi.driver_kind == gpushare_proto::CDI_KIND {
             return Err(invalid(
                 "cdi.driver_kind",
@@ -162,7 +240,8 @@ impl DaemonConfig {
                 "must name at least one driver, none empty".into(),
             ));
         }
-        check_metrics_address(&self.metrics).map_err(|m| invalid("metrics.address", m))?;
+        check_metrics_address(&self.metrics)
+            .map_err(|e| invalid("metrics.address", e.to_string()))?;
         tracing_subscriber::EnvFilter::try_new(&self.log.level)
             .map_err(|e| invalid("log.level", format!("{:?}: {e}", self.log.level)))?;
         for (key, p) in [

@@ -67,16 +67,41 @@ pub const NVIDIA_CTK_DIRS: &[&str] = &[
     "/usr/local/nvidia/toolkit",
 ];
 
+/// Why a CDI kind is refused ([`split_kind`]); the message names the kind as written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KindError {
+    /// The kind has no `/` between vendor and class.
+    #[error("{kind:?} is not vendor/class")]
+    NotVendorClass {
+        /// The kind as written.
+        kind: String,
+    },
+    /// Its vendor or class is not a valid CDI name.
+    #[error("{kind:?}: {source}")]
+    Name {
+        /// The kind as written.
+        kind: String,
+        /// Which part, and why CDI refuses it.
+        #[source]
+        source: gpushare_cdi::NameError,
+    },
+}
+
 /// Splits a CDI kind `vendor/class` into its parts, checked as CDI names them.
 ///
 /// # Errors
-/// Not `vendor/class`, or a part that is not a valid CDI vendor or class name.
-pub fn split_kind(kind: &str) -> Result<(&str, &str), String> {
+/// [`KindError::NotVendorClass`] when it is not `vendor/class`, [`KindError::Name`] when a
+/// part is not a valid CDI vendor or class name.
+pub fn split_kind(kind: &str) -> Result<(&str, &str), KindError> {
     let (vendor, class) = kind
         .split_once('/')
-        .ok_or_else(|| format!("{kind:?} is not vendor/class"))?;
-    gpushare_cdi::validate_vendor_name(vendor).map_err(|e| format!("{kind:?}: {e}"))?;
-    gpushare_cdi::validate_class_name(class).map_err(|e| format!("{kind:?}: {e}"))?;
+        .ok_or_else(|| KindError::NotVendorClass { kind: kind.into() })?;
+    let named = |source| KindError::Name {
+        kind: kind.into(),
+        source,
+    };
+    gpushare_cdi::validate_vendor_name(vendor).map_err(named)?;
+    gpushare_cdi::validate_class_name(class).map_err(named)?;
     Ok((vendor, class))
 }
 
@@ -189,13 +214,13 @@ impl DriverSpecs {
     /// failing generator is run again as [`RetryPolicy::default`] says.
     ///
     /// # Errors
-    /// `kind` is not a valid `vendor/class`.
+    /// [`KindError`]: `kind` is not a valid `vendor/class`.
     pub fn new(
         generator: Arc<dyn SpecGenerator>,
         kind: &str,
         cdi_dir: &Path,
         staging: &Path,
-    ) -> Result<DriverSpecs, String> {
+    ) -> Result<DriverSpecs, KindError> {
         let (vendor, class) = split_kind(kind)?;
         Ok(DriverSpecs {
             generator,

@@ -59,8 +59,8 @@ impl NvidiaCtk {
     /// The program to run.
     ///
     /// # Errors
-    /// Where it was looked for, when it is not there.
-    pub fn program(&self) -> Result<PathBuf, String> {
+    /// [`FindError`], saying where it was looked for, when it is not there.
+    pub fn program(&self) -> Result<PathBuf, FindError> {
         find(&self.configured, is_executable)
     }
 
@@ -90,27 +90,37 @@ impl NvidiaCtk {
     }
 }
 
+/// Why no `nvidia-ctk` can be run ([`find`]); the message says where it was looked for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FindError {
+    /// `[cdi] nvidia_ctk` names this path, and it is not an executable file.
+    #[error("[cdi] nvidia_ctk {} is not an executable file", .0.display())]
+    NotExecutable(PathBuf),
+    /// `[cdi] nvidia_ctk` is empty and no directory of [`NVIDIA_CTK_DIRS`] has an
+    /// executable `nvidia-ctk`.
+    #[error("nvidia-ctk is in none of {}", NVIDIA_CTK_DIRS.join(", "))]
+    NotInDirs,
+}
+
 /// `configured` when set (it must be executable), else the first `nvidia-ctk` of
 /// [`NVIDIA_CTK_DIRS`] that `executable` accepts.
 ///
 /// # Errors
-/// Where it was looked for.
-pub fn find(configured: &Path, executable: impl Fn(&Path) -> bool) -> Result<PathBuf, String> {
+/// [`FindError::NotExecutable`] when `configured` is set and not executable,
+/// [`FindError::NotInDirs`] when it is empty and no directory has the program.
+pub fn find(configured: &Path, executable: impl Fn(&Path) -> bool) -> Result<PathBuf, FindError> {
     if !configured.as_os_str().is_empty() {
         return if executable(configured) {
             Ok(configured.to_path_buf())
         } else {
-            Err(format!(
-                "[cdi] nvidia_ctk {} is not an executable file",
-                configured.display()
-            ))
+            Err(FindError::NotExecutable(configured.to_path_buf()))
         };
     }
     NVIDIA_CTK_DIRS
         .iter()
         .map(|d| Path::new(d).join("nvidia-ctk"))
         .find(|p| executable(p))
-        .ok_or_else(|| format!("nvidia-ctk is in none of {}", NVIDIA_CTK_DIRS.join(", ")))
+        .ok_or(FindError::NotInDirs)
 }
 
 fn is_executable(p: &Path) -> bool {
@@ -141,9 +151,10 @@ impl SpecGenerator for NvidiaCtk {
     /// ([`LIBRARY_CACHE`]) and the kernel module's version ([`KERNEL_MODULE_VERSION`]).
     fn inputs(&self) -> String {
         use std::io::Read;
-        let program = self
-            .program()
-            .map_or_else(|e| e, |p| format!("{}@{}", p.display(), stamp(&p)));
+        let program = self.program().map_or_else(
+            |e| e.to_string(),
+            |p| format!("{}@{}", p.display(), stamp(&p)),
+        );
         let libraries = stamp(&self.driver_root.join(LIBRARY_CACHE));
         let mut module = String::new();
         if std::fs::File::open(KERNEL_MODULE_VERSION)
@@ -171,7 +182,9 @@ impl SpecGenerator for NvidiaCtk {
     }
 
     fn generate(&self, vendor: &str, class: &str, output: &Path) -> Result<(), GenerateError> {
-        let program = self.program().map_err(GenerateError::NotInstalled)?;
+        let program = self
+            .program()
+            .map_err(|e| GenerateError::NotInstalled(e.to_string()))?;
         let spec = CommandSpec {
             program: program.clone(),
             args: self.args(vendor, class, output),
@@ -322,9 +335,17 @@ mod tests {
             "{e}"
         );
         let searched = find(Path::new(""), |_| false).unwrap_err();
+        assert_eq!(searched, FindError::NotInDirs);
+        let searched = searched.to_string();
         assert!(
             searched.contains("/usr/bin") && searched.contains("/usr/local/nvidia/toolkit"),
             "{searched}"
+        );
+        assert_eq!(
+            find(Path::new("/opt/ctk"), |_| false)
+                .unwrap_err()
+                .to_string(),
+            "[cdi] nvidia_ctk /opt/ctk is not an executable file"
         );
         assert_eq!(
             find(Path::new(""), |p| p

@@ -97,6 +97,22 @@ fn kinds_are_vendor_slash_class() {
     assert!(split_kind("gp u/gpu").is_err());
 }
 
+/// The messages `[cdi] driver_kind` errors and `gpushare doctor` show, and the CDI name error
+/// kept as the source.
+#[test]
+fn a_refused_kind_names_it_and_keeps_why() {
+    let e = split_kind("gpushare.io").unwrap_err();
+    assert_eq!(e.to_string(), r#""gpushare.io" is not vendor/class"#);
+    let e = split_kind("gp u/gpu").unwrap_err();
+    let source = std::error::Error::source(&e).expect("the CDI name error");
+    assert!(
+        e.to_string()
+            .starts_with(r#""gp u/gpu": invalid vendor "gp u""#),
+        "{e}"
+    );
+    assert_eq!(e.to_string(), format!(r#""gp u/gpu": {source}"#));
+}
+
 #[test]
 fn the_hosts_mps_pipe_is_removed_wherever_it_is_mounted() {
     let mut spec = gpushare_cdi::parse_spec(

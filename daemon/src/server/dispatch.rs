@@ -96,8 +96,12 @@ async fn respond(
     method: Method,
 ) -> Answer {
     let id = request.id;
-    if let Err(message) = authorize(cfg, peer, method) {
-        return Answer::Whole(error_response(id, ErrorCode::PermissionDenied, message));
+    if let Err(denied) = authorize(cfg, peer, method) {
+        return Answer::Whole(error_response(
+            id,
+            ErrorCode::PermissionDenied,
+            denied.to_string(),
+        ));
     }
     let started = Instant::now();
     if method == Method::ListClaims {

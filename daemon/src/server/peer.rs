@@ -46,34 +46,68 @@ impl Peer {
     }
 }
 
+/// Why [`authorize`] refused a call. Its message is the `PermissionDenied` answer's, naming
+/// the method and, where known, the peer's uid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthorizeError {
+    /// The kernel gave no credentials for the connection (SO_PEERCRED failed).
+    #[error("{method} refused: the peer's credentials are unknown")]
+    UnknownPeer {
+        /// The method called.
+        method: Method,
+    },
+    /// A changing method called by a uid that is neither root nor in `socket.changing_uids`.
+    #[error("{method} needs root or a uid in socket.changing_uids (peer uid {uid})")]
+    ChangeRefused {
+        /// The method called.
+        method: Method,
+        /// The peer's uid.
+        uid: u32,
+    },
+    /// A reading method called by a uid that is neither root nor in `socket.changing_uids`
+    /// nor a member of the socket's group.
+    #[error("{method} needs root, a uid in socket.changing_uids or membership of the socket's group {group} (peer uid {uid})")]
+    ReadRefused {
+        /// The method called.
+        method: Method,
+        /// The socket's group.
+        group: u32,
+        /// The peer's uid.
+        uid: u32,
+    },
+}
+
 /// May `peer` call `method`? Root and `changing_uids` may call everything; members of the
 /// socket's group may call reading methods; nobody else anything (an unknown peer included).
 ///
 /// # Errors
-/// The message for `PermissionDenied`, naming the method and the peer's uid.
-pub fn authorize(cfg: &ServerConfig, peer: Option<&Peer>, method: Method) -> Result<(), String> {
+/// [`AuthorizeError`], whose message the `PermissionDenied` answer carries.
+pub fn authorize(
+    cfg: &ServerConfig,
+    peer: Option<&Peer>,
+    method: Method,
+) -> Result<(), AuthorizeError> {
     let Some(peer) = peer else {
-        return Err(format!(
-            "{method} refused: the peer's credentials are unknown"
-        ));
+        return Err(AuthorizeError::UnknownPeer { method });
     };
     if peer.uid == 0 || cfg.changing_uids.contains(&peer.uid) {
         return Ok(());
     }
     let in_group = peer.gid == cfg.group || peer.groups.contains(&cfg.group);
     if method.is_changing() {
-        return Err(format!(
-            "{method} needs root or a uid in socket.changing_uids (peer uid {})",
-            peer.uid
-        ));
+        return Err(AuthorizeError::ChangeRefused {
+            method,
+            uid: peer.uid,
+        });
     }
     if in_group {
         return Ok(());
     }
-    Err(format!(
-        "{method} needs root, a uid in socket.changing_uids or membership of the socket's group {} (peer uid {})",
-        cfg.group, peer.uid
-    ))
+    Err(AuthorizeError::ReadRefused {
+        method,
+        group: cfg.group,
+        uid: peer.uid,
+    })
 }
 
 /// Uids already logged as denied, so a client retrying in a loop does not flood the journal.

@@ -8,7 +8,43 @@ use super::Service;
 use crate::cdi::{self, ContainerEdits};
 use crate::claim::{Claim, Group, Phase};
 use crate::error::ServiceError;
+use crate::gpu::nodes::NodeProblem;
 use crate::strategy::mig::driver_name_of;
+
+/// Device nodes a claim's CDI spec names that the host lacks ([`Service::check_nodes`]): one
+/// line naming every such node, and how the driver creates them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}; containers cannot be given a device node the host lacks (the NVIDIA driver creates them: nvidia-modprobe, or nvidia-ctk system create-device-nodes --control-devices --load-kernel-modules)", listed(problems))]
+pub struct MissingNodes {
+    /// Every node that failed its check, in order.
+    pub problems: Vec<NodeProblem>,
+}
+
+fn listed(problems: &[NodeProblem]) -> String {
+    let list: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    list.join("; ")
+}
+
+/// Why a claim's CDI device IDs would not work in its containers ([`Service::verify_cdi`]).
+#[derive(Debug, thiserror::Error)]
+pub enum CdiCheckError {
+    /// The claim's or the driver's spec cannot be loaded as the runtime reads it (or two
+    /// specs define one device).
+    #[error(transparent)]
+    Spec(gpushare_cdi::RegistryError),
+    /// A request's IDs do not all resolve against those specs.
+    #[error("request {request}: {source}")]
+    Unresolved {
+        /// The request's name.
+        request: String,
+        /// The IDs that do not resolve.
+        #[source]
+        source: gpushare_cdi::ResolveError,
+    },
+    /// A device node the resolved edits name is missing on the host.
+    #[error(transparent)]
+    Nodes(#[from] MissingNodes),
+}
 
 impl Service {
     pub(super) fn write_cdi(
@@ -46,11 +82,14 @@ impl Service {
     }
 
     /// Checks that every device node `edits` name exists on the host as the device the driver
-    /// gives it (see [`crate::gpu::nodes`]); `Err` is one line naming every node that does not.
+    /// gives it (see [`crate::gpu::nodes`]).
+    ///
+    /// # Errors
+    /// [`MissingNodes`], naming every node that does not.
     pub(super) fn check_nodes<'a>(
         &self,
         edits: impl IntoIterator<Item = &'a ContainerEdits>,
-    ) -> Result<(), String> {
+    ) -> Result<(), MissingNodes> {
         let nodes: Vec<cdi::DeviceNode> = edits
             .into_iter()
             .flat_map(|e| e.device_nodes.iter().cloned())
@@ -60,32 +99,36 @@ impl Service {
             self.host.devices.as_ref(),
             &self.host.backend.device_majors(),
         )
-        .map_err(|problems| {
-            let list: Vec<String> = problems.iter().map(ToString::to_string).collect();
-            format!(
-                "{}; containers cannot be given a device node the host lacks (the NVIDIA driver creates them: nvidia-modprobe, or nvidia-ctk system create-device-nodes --control-devices --load-kernel-modules)",
-                list.join("; ")
-            )
-        })
+        .map_err(|problems| MissingNodes { problems })
     }
 
     /// Checks, against the claim's spec and the driver's as the runtime will read them, that
     /// every CDI device ID of `requests` resolves and every device node they name exists
-    /// (see [`Service::check_nodes`]). `Err` is one line saying what is wrong.
-    pub(super) fn verify_cdi(&self, uid: &str, requests: &[RequestDevices]) -> Result<(), String> {
+    /// (see [`Service::check_nodes`]).
+    ///
+    /// # Errors
+    /// [`CdiCheckError`]: the first thing found wrong, in one line.
+    pub(super) fn verify_cdi(
+        &self,
+        uid: &str,
+        requests: &[RequestDevices],
+    ) -> Result<(), CdiCheckError> {
         let mut files = Vec::new();
         if let Some(d) = &self.cfg.driver_spec {
             files.push(d.spec_path());
         }
         files.push(cdi::spec_path(&self.cfg.cdi_dir, uid));
-        let registry = gpushare_cdi::Registry::load_files(&files);
-        if let Some(e) = registry.errors().values().flatten().next() {
-            return Err(e.to_string());
+        let mut registry = gpushare_cdi::Registry::load_files(&files);
+        if let Some(e) = registry.take_errors().into_values().flatten().next() {
+            return Err(CdiCheckError::Spec(e));
         }
         for x in requests {
-            let edits = registry
-                .resolve(&x.cdi_device_ids)
-                .map_err(|e| format!("request {}: {e}", x.request))?;
+            let edits = registry.resolve(&x.cdi_device_ids).map_err(|source| {
+                CdiCheckError::Unresolved {
+                    request: x.request.clone(),
+                    source,
+                }
+            })?;
             self.check_nodes([&edits])?;
         }
         Ok(())
@@ -319,4 +362,44 @@ pub(super) fn driver_spec_error(uid: &str, e: crate::driver_spec::DriverSpecErro
         _ => ErrorCode::Internal,
     };
     ServiceError::new(code, format!("claim {uid}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one line a claim's error carries: every node, then how the driver creates them;
+    /// an unresolved request keeps the CDI library's error as its source.
+    #[test]
+    fn check_errors_say_every_node_and_keep_the_cdi_error() {
+        let node = |path: &str, problem: &str| NodeProblem {
+            path: path.into(),
+            host_path: path.into(),
+            problem: problem.into(),
+        };
+        let e = MissingNodes {
+            problems: vec![
+                node("/dev/nvidia3", "does not exist"),
+                node(
+                    "/dev/nvidiactl",
+                    "is a regular file, not a character device",
+                ),
+            ],
+        };
+        assert_eq!(
+            e.to_string(),
+            "device node /dev/nvidia3 does not exist; device node /dev/nvidiactl is a regular file, not a character device; containers cannot be given a device node the host lacks (the NVIDIA driver creates them: nvidia-modprobe, or nvidia-ctk system create-device-nodes --control-devices --load-kernel-modules)"
+        );
+        let e = CdiCheckError::Unresolved {
+            request: "gpu".into(),
+            source: gpushare_cdi::ResolveError {
+                unresolved: vec!["gpushare.io/gpu=GPU-x".into()],
+            },
+        };
+        assert_eq!(
+            e.to_string(),
+            "request gpu: unresolvable CDI devices gpushare.io/gpu=GPU-x"
+        );
+        assert!(std::error::Error::source(&e).is_some());
+    }
 }

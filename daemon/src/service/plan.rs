@@ -207,7 +207,7 @@ impl Service {
         let pinned = settings.default_pinned_limit_mib.is_some()
             || !settings.per_device_pinned_limit_mib.is_empty();
         crate::strategy::mps_support::check(gpu, pinned)
-            .map_err(|m| ServiceError::new(ErrorCode::Unsupported, m))
+            .map_err(|e| ServiceError::new(ErrorCode::Unsupported, e.to_string()))
     }
 
     /// The size of each MPS group's shm tmpfs, in bytes: `[mps] shm_size_mib` or half the host's

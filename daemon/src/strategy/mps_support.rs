@@ -31,28 +31,39 @@ fn cuda_version(text: &str) -> Option<(u32, u32)> {
     Some((major.parse().ok()?, minor.parse().ok()?))
 }
 
+/// Why MPS on a GPU cannot keep what a claim asks ([`check`]); the caller answers
+/// `Unsupported` with this message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MpsUnsupported {
+    /// The GPU is older than [`MIN_COMPUTE_CAPABILITY`] (Volta).
+    #[error("MPS on {gpu} is not supported: NVIDIA's MPS enforces active thread percentages and pinned memory limits only on compute capability {}.{} (Volta) or newer, and its servers fail at start on older GPUs; use time-slicing or a whole GPU", MIN_COMPUTE_CAPABILITY.0, MIN_COMPUTE_CAPABILITY.1)]
+    BeforeVolta {
+        /// The GPU: its name, product, compute capability, driver and CUDA versions.
+        gpu: String,
+    },
+    /// The claim sets pinned device memory limits and the driver is older than
+    /// [`PINNED_LIMITS_MIN_CUDA`].
+    #[error("MPS pinned device memory limits on {gpu} are not supported: they need a driver of CUDA {}.{} or newer; upgrade the driver or leave out the pinned memory limits", PINNED_LIMITS_MIN_CUDA.0, PINNED_LIMITS_MIN_CUDA.1)]
+    PinnedLimits {
+        /// The GPU: its name, product, compute capability, driver and CUDA versions.
+        gpu: String,
+    },
+}
+
 /// Checks that an MPS control daemon on `gpu` (the parent GPU of a MIG device) keeps what the
 /// claim asks: MPS at all, and `pinned_limits` when the claim sets any.
 ///
 /// # Errors
-/// What the GPU or its driver cannot do, naming the GPU, its compute capability and driver:
-/// the caller answers `Unsupported`.
-pub fn check(gpu: &Gpu, pinned_limits: bool) -> Result<(), String> {
-    let (want_major, want_minor) = MIN_COMPUTE_CAPABILITY;
+/// [`MpsUnsupported`], naming the GPU, its compute capability and driver: the caller answers
+/// `Unsupported`.
+pub fn check(gpu: &Gpu, pinned_limits: bool) -> Result<(), MpsUnsupported> {
     if gpu.compute_capability < MIN_COMPUTE_CAPABILITY {
-        return Err(format!(
-            "MPS on {} is not supported: NVIDIA's MPS enforces active thread percentages and pinned memory limits only on compute capability {want_major}.{want_minor} (Volta) or newer, and its servers fail at start on older GPUs; use time-slicing or a whole GPU",
-            describe(gpu)
-        ));
+        return Err(MpsUnsupported::BeforeVolta { gpu: describe(gpu) });
     }
     if pinned_limits {
         if let Some(cuda) = cuda_version(&gpu.cuda_driver_version) {
             if cuda < PINNED_LIMITS_MIN_CUDA {
-                let (major, minor) = PINNED_LIMITS_MIN_CUDA;
-                return Err(format!(
-                    "MPS pinned device memory limits on {} are not supported: they need a driver of CUDA {major}.{minor} or newer; upgrade the driver or leave out the pinned memory limits",
-                    describe(gpu)
-                ));
+                return Err(MpsUnsupported::PinnedLimits { gpu: describe(gpu) });
             }
         }
     }
@@ -81,12 +92,37 @@ mod tests {
         assert!(check(&gpu((10, 0), "13.0"), true).is_ok());
         assert!(check(&gpu((6, 1), "12.2"), false)
             .unwrap_err()
+            .to_string()
             .contains("compute capability 6.1"));
         assert!(check(&gpu((7, 0), "11.4"), true)
             .unwrap_err()
+            .to_string()
             .contains("CUDA 11.4"));
         assert!(check(&gpu((7, 0), "10.2"), true).is_err());
         // An unreadable CUDA version is not taken for an old one.
         assert!(check(&gpu((7, 0), ""), true).is_ok());
+    }
+
+    /// The `Unsupported` answers' messages, as they were when they were strings.
+    #[test]
+    fn the_refusals_name_the_gpu_and_what_it_lacks() {
+        let old = gpu((6, 1), "12.2");
+        let e = check(&old, false).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "MPS on {} is not supported: NVIDIA's MPS enforces active thread percentages and pinned memory limits only on compute capability 7.0 (Volta) or newer, and its servers fail at start on older GPUs; use time-slicing or a whole GPU",
+                describe(&old)
+            )
+        );
+        let driver = gpu((7, 0), "11.4");
+        let e = check(&driver, true).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "MPS pinned device memory limits on {} are not supported: they need a driver of CUDA 11.5 or newer; upgrade the driver or leave out the pinned memory limits",
+                describe(&driver)
+            )
+        );
     }
 }

@@ -100,16 +100,53 @@ impl NvmlLib {
     }
 }
 
+/// Why the MIG devices of a GPU in MIG mode cannot be listed ([`mig_devices`]); the GPU's
+/// full use is unaffected, and the log says this.
+#[derive(Debug, thiserror::Error)]
+enum MigListError {
+    /// The loaded NVML lacks a GPU-instance call (an old driver); the loader's error is kept
+    /// as text, since the library holds it.
+    #[error("{library} lacks a GPU-instance call: {0}", library = NVML_LIBRARY)]
+    MissingCall(String),
+    /// An NVML call failed; `call` names it and what it was asked, as
+    /// `nvmlDeviceGetGpuInstanceById(3)` or `MIG device 2 uuid`.
+    #[error("{call}: {source}")]
+    Nvml {
+        /// The call, and the device or index it was about.
+        call: String,
+        /// NVML's error.
+        #[source]
+        source: NvmlError,
+    },
+    /// The MIG device's name has no profile (`… MIG 3g.20gb`).
+    #[error("MIG device {uuid}: no profile in its name {name:?}")]
+    NoProfile {
+        /// The MIG device.
+        uuid: String,
+        /// Its name as NVML gives it.
+        name: String,
+    },
+    /// The MIG device's GPU instance has a profile the GPU does not list.
+    #[error("MIG device {uuid}: unknown GPU-instance profile {profile_id}")]
+    UnknownProfile {
+        /// The MIG device.
+        uuid: String,
+        /// The GPU-instance profile ID.
+        profile_id: u32,
+    },
+}
+
 /// The MIG devices of a GPU in MIG mode, each with its GPU-instance profile and placement.
 /// nvml-wrapper does not wrap the GPU-instance calls, so they are made on its raw bindings.
 fn mig_devices(
     nvml: &'static Nvml,
     parent: &Device<'static>,
-) -> Result<Vec<MigDeviceInfo>, String> {
+) -> Result<Vec<MigDeviceInfo>, MigListError> {
     let lib = nvml.lib();
-    fn missing(e: impl std::fmt::Display) -> String {
-        format!("{NVML_LIBRARY} lacks a GPU-instance call: {e}")
+    fn missing(e: impl std::fmt::Display) -> MigListError {
+        MigListError::MissingCall(e.to_string())
     }
+    let failed = |call: String| move |source: NvmlError| MigListError::Nvml { call, source };
     let gi_id_of = lib.nvmlDeviceGetGpuInstanceId.as_ref().map_err(missing)?;
     let gi_by_id = lib.nvmlDeviceGetGpuInstanceById.as_ref().map_err(missing)?;
     let gi_info = lib.nvmlGpuInstanceGetInfo.as_ref().map_err(missing)?;
@@ -120,26 +157,29 @@ fn mig_devices(
         .collect();
     let max = parent
         .mig_device_count()
-        .map_err(|e| format!("nvmlDeviceGetMaxMigDeviceCount: {e}"))?;
+        .map_err(failed("nvmlDeviceGetMaxMigDeviceCount".into()))?;
     let mut out = Vec::new();
     for index in 0..max {
         let mig = match parent.mig_device_by_index(index) {
             Ok(m) => m,
             // Indices without a MIG device behind them.
             Err(NvmlError::NotFound | NvmlError::InvalidArg) => continue,
-            Err(e) => return Err(format!("nvmlDeviceGetMigDeviceHandleByIndex({index}): {e}")),
+            Err(e) => {
+                return Err(failed(format!(
+                    "nvmlDeviceGetMigDeviceHandleByIndex({index})"
+                ))(e))
+            }
         };
         let uuid = mig
             .uuid()
-            .map_err(|e| format!("MIG device {index} uuid: {e}"))?;
+            .map_err(failed(format!("MIG device {index} uuid")))?;
         // "NVIDIA A100-SXM4-40GB MIG 3g.20gb": the profile name is NVML's last word.
         let name = mig
             .name()
-            .map_err(|e| format!("MIG device {uuid} name: {e}"))?;
-        let profile = name
-            .rsplit_once("MIG ")
-            .map(|(_, p)| p.trim().to_string())
-            .ok_or_else(|| format!("MIG device {uuid}: no profile in its name {name:?}"))?;
+            .map_err(failed(format!("MIG device {uuid} name")))?;
+        let Some(profile) = name.rsplit_once("MIG ").map(|(_, p)| p.trim().to_string()) else {
+            return Err(MigListError::NoProfile { uuid, name });
+        };
         let mut gi_id: std::os::raw::c_uint = 0;
         let mut gi: nvmlGpuInstance_t = std::ptr::null_mut();
         // SAFETY: zeroed is a valid value of this plain C struct (integers and pointers).
@@ -149,21 +189,18 @@ fn mig_devices(
         // type the C signature names.
         unsafe {
             nvml_try(gi_id_of(mig.handle(), &mut gi_id))
-                .map_err(|e| format!("nvmlDeviceGetGpuInstanceId({uuid}): {e}"))?;
+                .map_err(failed(format!("nvmlDeviceGetGpuInstanceId({uuid})")))?;
             nvml_try(gi_by_id(parent.handle(), gi_id, &mut gi))
-                .map_err(|e| format!("nvmlDeviceGetGpuInstanceById({gi_id}): {e}"))?;
+                .map_err(failed(format!("nvmlDeviceGetGpuInstanceById({gi_id})")))?;
             nvml_try(gi_info(gi, &mut info))
-                .map_err(|e| format!("nvmlGpuInstanceGetInfo({gi_id}): {e}"))?;
+                .map_err(failed(format!("nvmlGpuInstanceGetInfo({gi_id})")))?;
         }
-        let p = profiles
-            .iter()
-            .find(|p| p.id == info.profileId)
-            .ok_or_else(|| {
-                format!(
-                    "MIG device {uuid}: unknown GPU-instance profile {}",
-                    info.profileId
-                )
-            })?;
+        let Some(p) = profiles.iter().find(|p| p.id == info.profileId) else {
+            return Err(MigListError::UnknownProfile {
+                uuid,
+                profile_id: info.profileId,
+            });
+        };
         out.push(MigDeviceInfo {
             uuid,
             profile,

@@ -150,7 +150,8 @@ impl Service {
         }
         // A GPU's node removed since (a driver reload, an administrator) would fail the
         // container's start.
-        self.verify_cdi(&spec.uid, &requests).map_err(not_ready)?;
+        self.verify_cdi(&spec.uid, &requests)
+            .map_err(|e| not_ready(e.to_string()))?;
         if requests != existing.requests {
             self.record_requests(&spec.uid, &requests)?;
         }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use gpushare_proto::MpsInfo;
 
 use super::{launch_of, percentage_display, pinned_limit_display, set_commands};
-use super::{MpsDirs, MpsError, MpsLaunch};
+use super::{AdoptError, MpsDirs, MpsError, MpsLaunch};
 use crate::fsutil;
 use crate::sys::{CommandSpec, HostOps};
 
@@ -335,38 +335,38 @@ impl MpsControl {
     /// another process), and a control round trip reads back the limits it was asked for.
     ///
     /// # Errors
-    /// Why it cannot be adopted, in one line.
-    pub fn check_adoptable(&self, info: &MpsInfo) -> Result<(), String> {
+    /// [`AdoptError`]: why it cannot be adopted, in one line.
+    pub fn check_adoptable(&self, info: &MpsInfo) -> Result<(), AdoptError> {
         let launch = launch_of(info);
         let pid = info.control_daemon_pid;
         match self.holder(&launch.dirs) {
             Ok(Some(h)) if h == pid => {}
-            Ok(Some(h)) => {
-                return Err(format!(
-                    "pid {h}, not the recorded {pid}, holds {}",
-                    launch.dirs.pipe.display()
-                ))
+            Ok(Some(holder)) => {
+                return Err(AdoptError::OtherHolder {
+                    holder,
+                    pid,
+                    pipe: launch.dirs.pipe.clone(),
+                })
             }
-            Ok(None) => return Err(format!("MPS control daemon (pid {pid}) is not running")),
-            Err(e) => return Err(format!("asking who holds its control_lock: {e}")),
+            Ok(None) => return Err(AdoptError::NotRunning { pid }),
+            Err(source) => return Err(AdoptError::Holder { source }),
         }
         let started = self.ops.processes.start_time(pid);
-        if info.control_daemon_start_time != 0 && started != Some(info.control_daemon_start_time) {
-            return Err(format!(
-                "pid {pid} started at tick {started:?}, not at the recorded {}: another process",
-                info.control_daemon_start_time
-            ));
+        let recorded = info.control_daemon_start_time;
+        if recorded != 0 && started != Some(recorded) {
+            return Err(AdoptError::Recycled {
+                pid,
+                started,
+                recorded,
+            });
         }
         // A stopped daemon (SIGSTOP, a tracer) cannot answer the round trip: asking would
         // only run out the timeout, and the restart that follows kills it without asking.
         if self.ops.processes.stopped(pid) {
-            return Err(format!(
-                "pid {pid} is stopped (state T or t in /proc/{pid}/stat) and can answer no control command"
-            ));
+            return Err(AdoptError::Stopped { pid });
         }
-        self.read_back(&launch)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        self.read_back(&launch)?;
+        Ok(())
     }
 
     fn wait_for_pid(&self, dirs: &MpsDirs) -> Result<i32, MpsError> {

@@ -86,3 +86,56 @@ pub enum MpsError {
         actual: String,
     },
 }
+
+/// Why a running MPS control daemon recorded for a claim cannot be re-adopted as it runs
+/// ([`MpsControl::check_adoptable`](super::MpsControl::check_adoptable)): it is restarted
+/// instead. One line each.
+#[derive(Debug, thiserror::Error)]
+pub enum AdoptError {
+    /// Another process holds the pipe directory's `control_lock`.
+    #[error("pid {holder}, not the recorded {pid}, holds {}", pipe.display())]
+    OtherHolder {
+        /// The process holding the lock.
+        holder: i32,
+        /// The recorded daemon's pid.
+        pid: i32,
+        /// The pipe directory.
+        pipe: PathBuf,
+    },
+    /// No process holds the lock: the daemon is gone.
+    #[error("MPS control daemon (pid {pid}) is not running")]
+    NotRunning {
+        /// The recorded daemon's pid.
+        pid: i32,
+    },
+    /// Who holds the lock cannot be asked.
+    #[error("asking who holds its control_lock: {source}")]
+    Holder {
+        /// Why the lock could not be tested.
+        #[source]
+        source: io::Error,
+    },
+    /// The recorded pid started at another time: a recycled pid, another process.
+    #[error(
+        "pid {pid} started at tick {started:?}, not at the recorded {recorded}: another process"
+    )]
+    Recycled {
+        /// The recorded daemon's pid.
+        pid: i32,
+        /// When the process with that pid started (clock ticks since boot), if it runs.
+        started: Option<u64>,
+        /// The recorded start time.
+        recorded: u64,
+    },
+    /// The daemon is stopped (SIGSTOP, a tracer) and can answer no control command.
+    #[error(
+        "pid {pid} is stopped (state T or t in /proc/{pid}/stat) and can answer no control command"
+    )]
+    Stopped {
+        /// The recorded daemon's pid.
+        pid: i32,
+    },
+    /// The control round trip failed or read back other limits than recorded.
+    #[error(transparent)]
+    ReadBack(#[from] MpsError),
+}

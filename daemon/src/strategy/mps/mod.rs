@@ -33,7 +33,7 @@ mod stop;
 mod supervise;
 
 pub use control::MpsControl;
-pub use error::MpsError;
+pub use error::{AdoptError, MpsError};
 pub use group::{
     daemon_edits, plan_launch, planned_record, start_recorded, stop_recorded, MpsGroup,
 };

@@ -133,7 +133,8 @@ fn a_daemon_that_did_not_answer_the_probe_is_killed_without_being_asked_to_quit(
         .for_each(|d| d.hung = true);
     host.state().timeline.clear();
     let why = mps.check_adoptable(&info).unwrap_err();
-    assert!(why.contains("timed out"), "{why}");
+    assert!(matches!(why, AdoptError::ReadBack(_)), "{why:?}");
+    assert!(why.to_string().contains("timed out"), "{why}");
     let again = mps.restart(&launch).unwrap();
     assert_ne!(again.control_daemon_pid, pid);
     let timeline = host.state().timeline.clone();
@@ -174,7 +175,16 @@ fn a_stopped_daemon_is_neither_probed_nor_asked_to_quit() {
         .for_each(|d| d.stopped = true);
     host.state().timeline.clear();
     let why = mps.check_adoptable(&info).unwrap_err();
-    assert!(why.contains("stopped"), "{why}");
+    assert!(
+        matches!(why, AdoptError::Stopped { pid: p } if p == pid),
+        "{why:?}"
+    );
+    assert_eq!(
+        why.to_string(),
+        format!(
+            "pid {pid} is stopped (state T or t in /proc/{pid}/stat) and can answer no control command"
+        )
+    );
     let again = mps.restart(&launch).unwrap();
     assert_ne!(again.control_daemon_pid, pid);
     assert_eq!(again.active_thread_percentage, "50.0", "read back");
