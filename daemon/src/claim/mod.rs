@@ -1,7 +1,9 @@
 //! A claim: the daemon's model of it ([`model`]: its phase and its device groups, each with
 //! its strategy), its lifecycle ([`lifecycle`]: the one transition function) and the
 //! protocol's view of it ([`wire`]: `ClaimInfo` and `ClaimState`, converted there alone).
-//! Its durable records are `crate::store::record`.
+//! Its durable records are `crate::store::record` (their leaf facts `crate::store::leaf`),
+//! converted there alone; the registry it lives in is `crate::registry`, held by the
+//! service's `Records` (`service/records.rs`: published view, group commit).
 //!
 //! The registry (`crate::registry`) holds [`Claim`]s; what may change a claim's phase is only
 //! [`lifecycle::transition`], through the registry.
