@@ -44,12 +44,12 @@ pub use launch::{
 pub use liveness::Watches;
 pub use orphans::{kill_strays, stop_orphan_groups};
 pub use restart::{
-    all_run, change, daemon_exited, daemons_running, dead_daemon, read, record_restart_failed,
-    restart_dead, restart_due, restart_group, MpsNode, RestartFailed,
+    change, daemon_exited, daemons_running, dead_daemon, read, record_restart_failed, restart_dead,
+    restart_due, restart_group, MpsNode, RestartFailed,
 };
 pub use revive::revive_daemon;
 pub use stop::Liveness;
-pub use supervise::{not_running, restart_backoff, supervised, Restarts, SupervisedDaemon};
+pub use supervise::{restart_backoff, supervised, Restarts, SupervisedDaemon};
 
 /// MPS's hold on a whole GPU: compute mode `EXCLUSIVE_PROCESS`, so that the claim's control
 /// daemon is the GPU's only client and every CUDA process of the claim goes through it. One

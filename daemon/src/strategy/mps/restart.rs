@@ -227,7 +227,7 @@ pub fn daemons_running(node: &dyn MpsNode, claims: &mut Claims, uid: &str) {
 }
 
 /// Whether no MPS control daemon of `claim` is known to be gone.
-pub fn all_run(mps: &MpsControl, claim: &Claim) -> bool {
+fn all_run(mps: &MpsControl, claim: &Claim) -> bool {
     claim.mps_daemons().all(|m| {
         mps.liveness(
             &MpsDirs::from_pipe(Path::new(&m.pipe_dir)),

@@ -150,7 +150,7 @@ pub(super) fn now_secs() -> u64 {
 }
 
 /// The cause of a restart of a daemon found dead when gpushared started.
-pub fn not_running(old: &MpsInfo) -> String {
+pub(super) fn not_running(old: &MpsInfo) -> String {
     format!(
         "at {} s after the epoch: MPS control daemon (pid {}) on {} was not running when gpushared started",
         now_secs(),
