@@ -104,6 +104,17 @@ pub enum Sharing {
     },
 }
 
+impl Sharing {
+    /// Most containers attached to the claim at once, where the config caps them
+    /// (`replicas`, the short form's); a MIG slice or a whole GPU has no cap.
+    pub fn replicas(&self) -> Option<u32> {
+        match self {
+            Sharing::TimeSlicing { replicas, .. } | Sharing::Mps { replicas, .. } => *replicas,
+            Sharing::Exclusive | Sharing::Mig { .. } => None,
+        }
+    }
+}
+
 /// MPS limits as configured (NVIDIA `MpsConfig`, normalized).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct MpsSettings {

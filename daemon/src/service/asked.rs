@@ -2,17 +2,16 @@
 //! prepare of a claim that is already prepared can be compared with what was prepared: a
 //! claim's allocation does not change under it, so a retry that asks for other devices or
 //! another configuration is a `Conflict` naming both, never "already prepared" with the old
-//! devices.
+//! devices. What each group asked of its strategy is the strategy's
+//! (`crate::strategy::asked`); this compares whole claims.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
-use gpushare_proto::TimeSliceInterval;
-
-use crate::claim::{Claim, Group, Sharing as Held};
-
-use crate::config::{ClaimSpec, MpsSettings, Sharing};
-use crate::strategy::mps::{percentage_display, pinned_limit_display};
+use super::plan::group_requests;
+use crate::claim::Claim;
+use crate::config::ClaimSpec;
+use crate::strategy::asked::{self, AskedSharing};
 
 /// A claim's allocation and configuration, as comparable between a prepared record and a
 /// request: per request, its devices (in allocation order) and the sharing of the group(s) it
@@ -21,101 +20,6 @@ use crate::strategy::mps::{percentage_display, pinned_limit_display};
 pub(super) struct Asked {
     requests: BTreeMap<String, (Vec<String>, Vec<AskedSharing>)>,
     replicas: Option<u32>,
-}
-
-/// The sharing applied to one group, as asked.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum AskedSharing {
-    /// The devices alone (a whole GPU, or a MIG slice without MPS).
-    Exclusive,
-    /// Time-slicing with this interval.
-    TimeSlicing(TimeSliceInterval),
-    /// An MPS control daemon with these limits.
-    Mps(AskedMps),
-    /// A configuration that does not fit the prepared devices at all (say, a per-device key
-    /// naming a GPU the group does not have).
-    Unfit(String),
-}
-
-/// MPS limits as asked. Compared exactly when both sides know what was asked (every record
-/// since checkpoint version 2 does); a version 1 record only knows the limits as read back,
-/// which are compared as the daemon shows them.
-#[derive(Debug, Clone, Eq)]
-struct AskedMps {
-    /// Active thread percentage as the daemon shows it (`"50.0"`).
-    atp_shown: String,
-    /// Pinned device memory limit per CUDA ordinal as the daemon shows it (`"8G"`, `""`).
-    pinned_shown: Vec<String>,
-    /// What was asked exactly: (active thread percentage, pinned MiB per ordinal, multi-user);
-    /// `None` for a version 1 record.
-    exact: Option<(Option<u32>, Vec<Option<u64>>, bool)>,
-}
-
-impl PartialEq for AskedMps {
-    fn eq(&self, other: &AskedMps) -> bool {
-        match (&self.exact, &other.exact) {
-            (Some(a), Some(b)) => a == b,
-            _ => self.atp_shown == other.atp_shown && self.pinned_shown == other.pinned_shown,
-        }
-    }
-}
-
-impl AskedMps {
-    fn asked(atp: Option<u32>, pinned: Vec<Option<u64>>, multi_user: bool) -> AskedMps {
-        AskedMps {
-            atp_shown: percentage_display(atp),
-            pinned_shown: pinned.iter().map(|m| pinned_limit_display(*m)).collect(),
-            exact: Some((atp, pinned, multi_user)),
-        }
-    }
-}
-
-impl fmt::Display for AskedSharing {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            AskedSharing::Exclusive => f.write_str("exclusive"),
-            AskedSharing::TimeSlicing(i) => write!(f, "time-slicing {}", i.as_str()),
-            AskedSharing::Unfit(why) => write!(f, "a configuration that does not fit ({why})"),
-            AskedSharing::Mps(m) => {
-                let mut parts = Vec::new();
-                match &m.exact {
-                    Some((atp, pinned, multi_user)) => {
-                        parts.push(match atp {
-                            Some(p) => format!("active thread percentage {p}"),
-                            None => "default active thread percentage".to_string(),
-                        });
-                        let limits: Vec<String> = pinned
-                            .iter()
-                            .enumerate()
-                            .filter_map(|(i, m)| m.map(|m| format!("{i}: {m} MiB")))
-                            .collect();
-                        if !limits.is_empty() {
-                            parts
-                                .push(format!("pinned device memory limits {}", limits.join(", ")));
-                        }
-                        if *multi_user {
-                            parts.push("multi-user".into());
-                        }
-                    }
-                    None => {
-                        parts.push(format!("active thread percentage {}", m.atp_shown));
-                        let limits: Vec<String> = m
-                            .pinned_shown
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, v)| !v.is_empty())
-                            .map(|(i, v)| format!("{i}: {v}"))
-                            .collect();
-                        if !limits.is_empty() {
-                            parts
-                                .push(format!("pinned device memory limits {}", limits.join(", ")));
-                        }
-                    }
-                }
-                write!(f, "MPS ({})", parts.join(", "))
-            }
-        }
-    }
 }
 
 impl fmt::Display for Asked {
@@ -137,18 +41,6 @@ impl fmt::Display for Asked {
             write!(f, "; replicas {r}")?;
         }
         Ok(())
-    }
-}
-
-/// The keys a group's per-device MPS limits are resolved against, as the prepare did: the
-/// MIG device names of a MIG group (in allocation order), else the GPU UUIDs (sorted).
-fn group_keys(g: &Group) -> Vec<String> {
-    if !g.is_mig() {
-        let mut uuids: Vec<String> = g.devices.iter().map(|d| d.uuid.clone()).collect();
-        uuids.sort();
-        uuids
-    } else {
-        g.devices.iter().map(|d| d.device.clone()).collect()
     }
 }
 
@@ -182,36 +74,7 @@ impl Asked {
             .map(|r| (r.request.clone(), (r.devices.clone(), Vec::new())))
             .collect();
         for g in &info.groups {
-            let sharing = match (&g.sharing, g.mps()) {
-                (_, Some(m)) => {
-                    // Version 1 records have no `requested` (its shm size is then 0).
-                    let exact = (m.requested.shm_bytes != 0).then(|| {
-                        let mut pinned = m.requested.pinned_limits_mib.clone();
-                        pinned.resize(g.devices.len().max(pinned.len()), None);
-                        (
-                            m.requested.active_thread_percentage,
-                            pinned,
-                            m.requested.multi_user,
-                        )
-                    });
-                    let pinned_shown = (0..g.devices.len())
-                        .map(|i| {
-                            m.pinned_device_memory_limits
-                                .get(&i.to_string())
-                                .cloned()
-                                .unwrap_or_default()
-                        })
-                        .collect();
-                    AskedSharing::Mps(AskedMps {
-                        atp_shown: m.active_thread_percentage.clone(),
-                        pinned_shown,
-                        exact,
-                    })
-                }
-                (Held::TimeSlicing { interval }, None) => AskedSharing::TimeSlicing(*interval),
-                (Held::Exclusive | Held::Mps(_) | Held::Mig(_), None) => AskedSharing::Exclusive,
-            };
-            push_sharing(&mut requests, &g.requests, &sharing);
+            push_sharing(&mut requests, &g.requests, &asked::of_group(g));
         }
         sorted(Asked {
             requests,
@@ -232,82 +95,22 @@ impl Asked {
                 .push(r.device.clone());
         }
         let mut replicas: Option<u32> = None;
-        let mut cap = |r: &Option<u32>| {
-            if let Some(r) = *r {
+        for group in &spec.groups {
+            if let Some(r) = group.sharing.replicas() {
                 replicas = Some(replicas.map_or(r, |l| l.min(r)));
             }
-        };
-        for group in &spec.groups {
             let names = group_requests(spec, group);
-            let sharing = asked_sharing(&group.sharing, &mut cap, || {
-                let mut want = names.clone();
-                want.sort();
-                info.groups
-                    .iter()
-                    .find(|g| {
-                        let mut have = g.requests.clone();
-                        have.sort();
-                        have == want
-                    })
-                    .map(group_keys)
+            let mut want = names.clone();
+            want.sort();
+            let prepared = info.groups.iter().find(|g| {
+                let mut have = g.requests.clone();
+                have.sort();
+                have == want
             });
-            for r in &names {
-                let list = &mut requests.entry(r.clone()).or_default().1;
-                if !list.contains(&sharing) {
-                    list.push(sharing.clone());
-                }
-            }
+            let sharing = asked::of_config(&group.sharing, prepared);
+            push_sharing(&mut requests, &names, &sharing);
         }
         sorted(Asked { requests, replicas })
-    }
-}
-
-/// The requests of `group`'s results, in order of first appearance.
-fn group_requests(spec: &ClaimSpec, group: &crate::config::DeviceGroup) -> Vec<String> {
-    let mut names: Vec<String> = Vec::new();
-    for &i in &group.results {
-        if let Some(r) = spec.results.get(i) {
-            if !names.contains(&r.request) {
-                names.push(r.request.clone());
-            }
-        }
-    }
-    names
-}
-
-/// What a group's config asks: its sharing, its `replicas` given to `cap`. An MPS group's
-/// per-device limits are resolved against the keys of the prepared group of the same
-/// requests (`keys`; `None`: no prepared group has them).
-fn asked_sharing(
-    sharing: &Sharing,
-    cap: &mut impl FnMut(&Option<u32>),
-    keys: impl Fn() -> Option<Vec<String>>,
-) -> AskedSharing {
-    let mps = |settings: &MpsSettings| match keys() {
-        None => AskedSharing::Unfit("no prepared group has these requests".into()),
-        Some(keys) => match settings.resolve_pinned_limits(&keys) {
-            Ok(pinned) => AskedSharing::Mps(AskedMps::asked(
-                settings.active_thread_percentage,
-                pinned,
-                settings.multi_user,
-            )),
-            Err(e) => AskedSharing::Unfit(e.message),
-        },
-    };
-    match sharing {
-        Sharing::Exclusive | Sharing::Mig { mps: None, .. } => AskedSharing::Exclusive,
-        Sharing::TimeSlicing { interval, replicas } => {
-            cap(replicas);
-            AskedSharing::TimeSlicing(*interval)
-        }
-        Sharing::Mps { settings, replicas } => {
-            cap(replicas);
-            mps(settings)
-        }
-        Sharing::Mig {
-            mps: Some(settings),
-            ..
-        } => mps(settings),
     }
 }
 

@@ -8,46 +8,15 @@ use gpushare_proto::{ClaimDevice, MigApplyParams, MigApplyResult, MigDeviceInfo}
 use super::mig_effects::Recovering;
 use super::Service;
 use crate::claim::Claim;
-use crate::config::{ClaimSpec, MpsSettings};
 use crate::error::ServiceError;
 use crate::gpu::{Gpu, MigMode};
 use crate::mig::layout::GpuPlan;
-use crate::strategy::mig::{
-    self as strategy, Claimed, ClaimsView, MigGroup, MigRecovery, MigTarget, MpsOnSlices,
-    RecoverEffects,
-};
+use crate::strategy::mig::{self as strategy, Claimed, MigRecovery, MigTarget, RecoverEffects};
 
 /// The claim UID `mig_apply` holds GPUs under while it changes them.
 const LAYOUT_HOLDER: &str = "mig-layout";
 
 impl Service {
-    /// Resolves a MIG group's devices and checks they can be created now, touching nothing;
-    /// with `mps`, plans the daemon on them too ([`strategy::plan_group`]).
-    pub(super) fn plan_mig(
-        &self,
-        spec: &ClaimSpec,
-        results: &[usize],
-        profile: Option<&str>,
-        mps: Option<&MpsSettings>,
-        requests: &[String],
-    ) -> Result<MigGroup, ServiceError> {
-        let claim_dir = self.claim_dir(&spec.uid);
-        let mps = mps.map(|settings| MpsOnSlices {
-            settings,
-            requests,
-            claim_dir: &claim_dir,
-            shm_bytes: self.shm_bytes(),
-        });
-        strategy::plan_group(
-            self.host.backend.as_ref(),
-            &self.claimed(None),
-            spec,
-            results,
-            profile,
-            mps,
-        )
-    }
-
     /// Writes the intent of slice `t` of claim `uid` ([`strategy::reserve_slice`]).
     pub(super) fn reserve_slice(
         &self,
@@ -72,12 +41,6 @@ impl Service {
             self,
             info,
         );
-    }
-
-    /// Checks, touching nothing, that a whole-GPU claim can have `gpu`
-    /// ([`strategy::check_whole_gpu`]).
-    pub(super) fn check_whole_gpu(&self, gpu: &Gpu) -> Result<(), ServiceError> {
-        strategy::check_whole_gpu(self.host.backend.as_ref(), self, gpu)
     }
 
     /// Turns MIG mode off on a whole-GPU claim's GPU where it is on

@@ -1,6 +1,6 @@
-//! A claim resolved into per-group plans, touching nothing: devices found, configurations
-//! checked, each group's config mapped onto its strategy (`strategy::group`: MPS directories
-//! and limits computed, MIG slices resolved).
+//! A claim resolved into per-group plans, touching nothing: its devices found on the node,
+//! then each group handed to its strategy's planning (`strategy::select::plan`: MPS
+//! directories and limits computed, MIG slices resolved).
 
 use std::collections::BTreeSet;
 
@@ -9,14 +9,12 @@ use gpushare_proto::{ClaimDevice, ErrorCode, PreparedDevice, RequestDevices};
 use super::Service;
 use crate::cdi;
 use crate::claim::Group;
-use crate::config::Sharing;
-use crate::config::{self, ClaimSpec};
+use crate::config::{ClaimSpec, DeviceGroup};
 use crate::error::ServiceError;
 use crate::gpu::Gpu;
 use crate::strategy::group::{Applied, GroupStrategy};
 use crate::strategy::mps::default_shm_bytes;
-use crate::strategy::mps::{self, MpsGroup};
-use crate::strategy::{Exclusive, TimeSlicing};
+use crate::strategy::select::{self, GroupAsk, Planning};
 
 impl Service {
     /// Resolves devices and configs into per-group plans, touching nothing; with the claim's
@@ -26,6 +24,13 @@ impl Service {
         spec: &ClaimSpec,
     ) -> Result<(Vec<GroupPlan>, Option<u32>), ServiceError> {
         let gpus = self.find_gpus(spec)?;
+        let claim_dir = self.claim_dir(&spec.uid);
+        let planning = Planning {
+            backend: self.host.backend.as_ref(),
+            claims: self,
+            claim_dir: &claim_dir,
+            shm_bytes: self.shm_bytes(),
+        };
         let mut plans = Vec::new();
         let mut limit: Option<u32> = None;
         for group in &spec.groups {
@@ -40,22 +45,23 @@ impl Service {
                 })
                 .collect();
             devices.sort_by(|a, b| a.uuid.cmp(&b.uuid));
-            let mut requests: Vec<String> = Vec::new();
-            for &i in &group.results {
-                if !requests.contains(&spec.results[i].request) {
-                    requests.push(spec.results[i].request.clone());
-                }
-            }
-            let (sharing, replicas) = group_sharing(spec, group, &requests)?;
-            if let Some(r) = replicas {
+            let requests = group_requests(spec, group);
+            let group_gpus: Vec<&Gpu> = group.results.iter().map(|&i| gpus[i]).collect();
+            let ask = GroupAsk {
+                spec,
+                results: &group.results,
+                gpus: &group_gpus,
+                requests: &requests,
+                devices: &devices,
+            };
+            let planned = select::plan(&planning, &ask, &group.sharing)?;
+            if let Some(r) = planned.replicas {
                 limit = Some(limit.map_or(r, |l| l.min(r)));
             }
-            let strategy =
-                self.group_strategy(spec, group, &gpus, &sharing, &requests, &mut devices)?;
             plans.push(GroupPlan {
                 requests,
-                devices,
-                strategy,
+                devices: planned.devices,
+                strategy: planned.strategy,
             });
         }
         Ok((plans, limit))
@@ -129,87 +135,6 @@ impl Service {
         Ok(gpus)
     }
 
-    /// The plan of a group whose config is `sharing`, mapped onto its strategy (its GPUs
-    /// checked first: whole GPUs for a whole-GPU strategy, MPS support for an MPS daemon). A
-    /// MIG group's `devices` become its MIG devices, named canonically.
-    fn group_strategy(
-        &self,
-        spec: &ClaimSpec,
-        group: &config::DeviceGroup,
-        gpus: &[&Gpu],
-        sharing: &Sharing,
-        requests: &[String],
-        devices: &mut Vec<ClaimDevice>,
-    ) -> Result<Box<dyn GroupStrategy>, ServiceError> {
-        if !matches!(sharing, Sharing::Mig { .. }) {
-            for &i in &group.results {
-                self.check_whole_gpu(gpus[i])?;
-            }
-        }
-        let mps_settings = match sharing {
-            Sharing::Mps { settings, .. } => Some(settings),
-            Sharing::Mig { mps, .. } => mps.as_ref(),
-            _ => None,
-        };
-        if let Some(settings) = mps_settings {
-            for &i in &group.results {
-                self.check_mps_support(gpus[i], settings)?;
-            }
-        }
-        let strategy: Box<dyn GroupStrategy> = match sharing {
-            Sharing::Exclusive => Box::new(Exclusive),
-            Sharing::TimeSlicing { interval, .. } => Box::new(TimeSlicing {
-                interval: *interval,
-            }),
-            Sharing::Mps { settings, .. } => {
-                let uuids: Vec<String> = devices.iter().map(|d| d.uuid.clone()).collect();
-                let launch = mps::plan_launch(
-                    &spec.uid,
-                    &self.claim_dir(&spec.uid),
-                    &uuids,
-                    requests,
-                    settings,
-                    self.shm_bytes(),
-                )?;
-                Box::new(MpsGroup { launch })
-            }
-            Sharing::Mig { profile, mps } => {
-                let mig = self.plan_mig(
-                    spec,
-                    &group.results,
-                    profile.as_deref(),
-                    mps.as_ref(),
-                    requests,
-                )?;
-                *devices = mig
-                    .targets
-                    .iter()
-                    .map(|t| ClaimDevice {
-                        request: t.request.clone(),
-                        device: t.device.clone(),
-                        uuid: t.gpu_uuid.clone(),
-                        minor: t.gpu_minor,
-                    })
-                    .collect();
-                Box::new(mig)
-            }
-        };
-        Ok(strategy)
-    }
-
-    /// Refuses (`Unsupported`) an MPS group on a GPU whose MPS cannot keep the claim's
-    /// settings (see [`crate::strategy::mps_support`]).
-    pub(super) fn check_mps_support(
-        &self,
-        gpu: &Gpu,
-        settings: &config::MpsSettings,
-    ) -> Result<(), ServiceError> {
-        let pinned = settings.default_pinned_limit_mib.is_some()
-            || !settings.per_device_pinned_limit_mib.is_empty();
-        crate::strategy::mps_support::check(gpu, pinned)
-            .map_err(|e| ServiceError::new(ErrorCode::Unsupported, e.to_string()))
-    }
-
     /// The size of each MPS group's shm tmpfs, in bytes: `[mps] shm_size_mib` or half the host's
     /// memory.
     pub(super) fn shm_bytes(&self) -> u64 {
@@ -280,57 +205,13 @@ impl GroupPlan {
     }
 }
 
-/// A group's config as it applies to its devices, with its `replicas`: MIG devices get MIG
-/// whatever the config says (no config: the slice alone; MPS: a daemon on the slice).
-///
-/// # Errors
-/// MIG devices and whole GPUs under one config (`InvalidRequest`), time-slicing of MIG
-/// devices (`InvalidConfig`).
-fn group_sharing(
-    spec: &ClaimSpec,
-    group: &config::DeviceGroup,
-    requests: &[String],
-) -> Result<(Sharing, Option<u32>), ServiceError> {
-    let migs = group
-        .results
-        .iter()
-        .filter(|&&i| crate::mig::MigDeviceName::parse(&spec.results[i].device).is_some())
-        .count();
-    let replicas = match &group.sharing {
-        Sharing::TimeSlicing { replicas, .. } | Sharing::Mps { replicas, .. } => *replicas,
-        Sharing::Exclusive | Sharing::Mig { .. } => None,
-    };
-    if migs == 0 {
-        return Ok((group.sharing.clone(), replicas));
-    }
-    if migs != group.results.len() {
-        return Err(ServiceError::new(
-            ErrorCode::InvalidRequest,
-            format!(
-                "request(s) {} mix MIG devices and whole GPUs under one config",
-                requests.join(", ")
-            ),
-        ));
-    }
-    let sharing = match &group.sharing {
-        Sharing::Exclusive => Sharing::Mig {
-            profile: None,
-            mps: None,
-        },
-        Sharing::Mps { settings, .. } => Sharing::Mig {
-            profile: None,
-            mps: Some(settings.clone()),
-        },
-        Sharing::TimeSlicing { .. } => {
-            return Err(ServiceError::new(
-                ErrorCode::InvalidConfig,
-                format!(
-                    "request(s) {}: time-slicing applies to whole GPUs, not MIG devices (use MPS or no sharing)",
-                    requests.join(", ")
-                ),
-            ))
+/// The requests of `group`'s results, in order of first appearance.
+pub(super) fn group_requests(spec: &ClaimSpec, group: &DeviceGroup) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for r in group.results.iter().filter_map(|&i| spec.results.get(i)) {
+        if !names.contains(&r.request) {
+            names.push(r.request.clone());
         }
-        m @ Sharing::Mig { .. } => m.clone(),
-    };
-    Ok((sharing, replicas))
+    }
+    names
 }

@@ -5,13 +5,26 @@
 
 use gpushare_core::Want;
 
-use super::group::{whole_gpu_holds, GpuHold, GroupLife, GroupStrategy};
+use super::group::{check_whole_gpus, whole_gpu_holds, GpuHold, GroupLife, GroupStrategy};
+use super::select::{GroupAsk, Planning};
 use super::Strategy;
 use crate::claim::{Group, Sharing};
+use crate::error::ServiceError;
 
 /// One claim, the whole GPU, no setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Exclusive;
+
+impl Exclusive {
+    /// Plans a group of whole GPUs held exclusively: each GPU checked to be had whole.
+    ///
+    /// # Errors
+    /// A GPU that cannot be had whole now ([`check_whole_gpus`]).
+    pub fn plan(p: &Planning<'_>, group: &GroupAsk<'_>) -> Result<Exclusive, ServiceError> {
+        check_whole_gpus(p, group)?;
+        Ok(Exclusive)
+    }
+}
 
 impl Strategy for Exclusive {}
 

@@ -7,16 +7,18 @@
 //! ([`GroupStrategy`]: the config resolved, e.g. an MPS daemon's directories and limits, the
 //! MIG slices to make); after it, it may be only a record read back from disk after a
 //! restart, so everything else the strategy does for it ([`GroupLife`]: the GPUs it holds,
-//! its containers' edits, its release) is read from the record alone ([`life_of`]). Effects
+//! its containers' edits, its release) is read from the record alone
+//! ([`super::select::life_of`]). Effects
 //! reach the group through [`GroupEffects`], the few the service lends it.
 
 use std::fmt;
 
 use gpushare_proto::{MigInstanceInfo, MpsInfo};
 
-use super::mig::{Mig, MigTarget};
-use super::mps::{Mps, MpsControl, MpsNode};
-use super::{Exclusive, Strategy, TimeSlicing};
+use super::mig::MigTarget;
+use super::mps::{MpsControl, MpsNode};
+use super::select::{GroupAsk, Planning};
+use super::Strategy;
 use gpushare_core::Want;
 
 use crate::cdi::{self, ContainerEdits};
@@ -104,20 +106,6 @@ pub trait GroupLife {
     /// claim.
     fn destroy(&self, _fx: &GroupEffects<'_>, _group: &Group) -> Result<(), ServiceError> {
         Ok(())
-    }
-}
-
-/// The strategy of recorded `group`, by its sharing: the one constructor from a group, and
-/// the one place that maps a group onto its strategy (as `super::of_want` does for a GPU's
-/// hold).
-pub fn life_of(group: &Group) -> Box<dyn GroupLife> {
-    match &group.sharing {
-        Sharing::Exclusive => Box::new(Exclusive),
-        Sharing::TimeSlicing { interval } => Box::new(TimeSlicing {
-            interval: *interval,
-        }),
-        Sharing::Mps(_) => Box::new(Mps),
-        Sharing::Mig(_) => Box::new(Mig),
     }
 }
 
@@ -261,4 +249,16 @@ pub fn node_edit(node: &crate::gpu::DeviceNode) -> ContainerEdits {
         device_nodes: vec![cdi::device_node(&node.path, &node.host_path)],
         ..ContainerEdits::default()
     }
+}
+
+/// Refuses a whole-GPU group's GPUs where a whole GPU cannot be had now (MIG instances on
+/// it, or MIG mode that cannot be left without a reset: [`super::mig::check_whole_gpu`]).
+///
+/// # Errors
+/// The first GPU's refusal: `Conflict` or `Unsupported`, naming it.
+pub fn check_whole_gpus(p: &Planning<'_>, group: &GroupAsk<'_>) -> Result<(), ServiceError> {
+    for gpu in group.gpus {
+        super::mig::check_whole_gpu(p.backend, p.claims, gpu)?;
+    }
+    Ok(())
 }

@@ -13,6 +13,7 @@ use crate::claim::{Group, MigSharing, Sharing};
 use crate::gpu::{SimFault, SimulatedBackend};
 use crate::strategy::mig::{self, Claimed, MigGroup};
 use crate::strategy::mps::{self, MpsDirs, MpsGroup, MpsLaunch};
+use crate::strategy::{life_of, Exclusive, TimeSlicing};
 use crate::sys::fake::FakeHost;
 use gpushare_proto::MpsInfo;
 

@@ -7,26 +7,31 @@
 //! makes for it ([`GroupStrategy`]: planned, applied, recorded), and everything after, read
 //! from the group's record alone ([`GroupLife`]: the GPUs it holds, what its containers get,
 //! what a release stops and destroys), each through the few effects the service lends
-//! ([`GroupEffects`]). [`life_of`] is the one constructor from a recorded group; [`of_want`]
-//! the one from a GPU's hold.
+//! ([`GroupEffects`]). [`select`] is the one place a strategy is chosen: from a claim's config
+//! ([`select::plan`], which hands the group to the strategy's own `plan`), from a recorded
+//! group ([`life_of`]), from a GPU's hold ([`of_want`]); [`asked`] is what a prepare of each
+//! asked, to refuse a retry that changes it.
 //!
 //! # Adding a sharing strategy
 //!
 //! The files a new strategy touches, and nothing else (the compiler finds every `match` on
-//! [`crate::claim::Sharing`] that needs its arm):
+//! [`crate::claim::Sharing`] and the protocol's `StrategyInfo` that needs its arm):
 //!
 //! 1. `config/mod.rs` (its `config::Sharing` variant) and its parser (`config/nvidia.rs` for
 //!    NVIDIA's `GpuConfig`, `config/short.rs` for the short form);
-//! 2. `gpushare-proto`'s `StrategyInfo`: how the socket reports it;
+//! 2. `gpushare-proto`'s `StrategyInfo` (`types.rs`, with its summary) and the CLI's
+//!    `describe` (`cli/src/lib.rs`): how the socket and the CLI report it;
 //! 3. `gpushare-core`'s `Want` (the lock-free mode word), with `placement.rs`'s `Hold`, only
 //!    when it shares a GPU in a way no existing mode does;
 //! 4. `claim/model.rs`: its `Sharing` variant, what a group of it holds on the host;
 //! 5. `claim/wire.rs` and `store/record.rs`: that variant on the wire and on disk;
-//! 6. `strategy/<name>.rs`: [`Strategy`] (its GPU setting), [`GroupStrategy`] and
-//!    [`GroupLife`];
-//! 7. `strategy/group.rs` ([`life_of`]) and this file ([`of_want`]): its constructors;
-//! 8. `service/plan.rs`: its config mapped onto its [`GroupStrategy`], and
-//!    `service/asked.rs`: what a prepare of it asked, to refuse a changed config.
+//! 6. `strategy/<name>.rs`: its `plan` (its GPUs checked, its config resolved, touching
+//!    nothing), [`Strategy`] (its GPU setting), [`GroupStrategy`] and [`GroupLife`];
+//! 7. `strategy/select.rs` (its arm in each constructor: from a config, a record, a hold) and
+//!    `strategy/asked.rs` (what a prepare of it asked).
+//!
+//! Nothing under `service/` names a strategy: it plans, applies, revives and releases a
+//! claim's groups through these traits alone.
 //!
 //! `CONTRIBUTING.md` keeps this list; the next strategy (fractional GPUs) is held to it.
 //!
@@ -36,23 +41,23 @@
 //! holder. The service and admission reach a GPU's setting through it only, never through a
 //! match on the strategy; which claims may share a GPU is admission's (`crate::admission`).
 
-use gpushare_core::Want;
-use gpushare_proto::TimeSliceInterval;
-
 use crate::error::ServiceError;
 use crate::gpu::GpuBackend;
 
+pub mod asked;
 pub mod exclusive;
 pub mod group;
 pub mod mig;
 pub mod mps;
 pub mod mps_support;
+pub mod select;
 pub mod time_slicing;
 
 pub use exclusive::Exclusive;
-pub use group::{life_of, Applied, GpuHold, GroupEffects, GroupLife, GroupStrategy, Revival};
+pub use group::{Applied, GpuHold, GroupEffects, GroupLife, GroupStrategy, Revival};
 pub use mig::Mig;
 pub use mps::Mps;
+pub use select::{life_of, of_want};
 pub use time_slicing::TimeSlicing;
 
 /// A strategy's hold on one whole GPU. `uuid` names the GPU to the backend, `device` (its DRA
@@ -90,19 +95,6 @@ pub trait Strategy: Send + Sync {
     /// The GPU's last holder is gone: puts the setting back to the node's default (logged on
     /// failure; the GPU is free either way).
     fn restore(&self, _backend: &dyn GpuBackend, _uuid: &str, _device: &str) {}
-}
-
-/// The strategy that holds a GPU as `want` says (admission's word for it). An interval code
-/// the proto does not know is time-slicing at `Default`, which only a restore reads.
-pub fn of_want(want: Want) -> Box<dyn Strategy> {
-    match want {
-        Want::Exclusive => Box::new(Exclusive),
-        Want::TimeSliced(code) => Box::new(TimeSlicing {
-            interval: TimeSliceInterval::from_int(code).unwrap_or(TimeSliceInterval::Default),
-        }),
-        Want::Mps => Box::new(Mps),
-        Want::Mig => Box::new(Mig),
-    }
 }
 
 #[cfg(test)]

@@ -6,6 +6,10 @@
 //! newer. A claim that asks for more than the GPU honours is refused up front instead of being
 //! prepared with limits the hardware ignores.
 
+use gpushare_proto::ErrorCode;
+
+use crate::config::MpsSettings;
+use crate::error::ServiceError;
 use crate::gpu::Gpu;
 
 /// The lowest compute capability whose MPS gpushare serves (Volta).
@@ -66,6 +70,19 @@ pub fn check(gpu: &Gpu, pinned_limits: bool) -> Result<(), MpsUnsupported> {
                 return Err(MpsUnsupported::PinnedLimits { gpu: describe(gpu) });
             }
         }
+    }
+    Ok(())
+}
+
+/// [`check`] for each of `gpus` under `settings`, as a prepare answers it.
+///
+/// # Errors
+/// `Unsupported`, with [`MpsUnsupported`]'s message for the first GPU that cannot keep them.
+pub fn check_gpus(gpus: &[&Gpu], settings: &MpsSettings) -> Result<(), ServiceError> {
+    let pinned = settings.default_pinned_limit_mib.is_some()
+        || !settings.per_device_pinned_limit_mib.is_empty();
+    for gpu in gpus {
+        check(gpu, pinned).map_err(|e| ServiceError::new(ErrorCode::Unsupported, e.to_string()))?;
     }
     Ok(())
 }

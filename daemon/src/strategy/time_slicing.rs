@@ -10,7 +10,8 @@ use crate::claim::{Group, Sharing};
 
 use gpushare_core::Want;
 
-use super::group::{whole_gpu_holds, GpuHold, GroupLife, GroupStrategy};
+use super::group::{check_whole_gpus, whole_gpu_holds, GpuHold, GroupLife, GroupStrategy};
+use super::select::{GroupAsk, Planning};
 use super::Strategy;
 use crate::error::ServiceError;
 use crate::gpu::GpuBackend;
@@ -20,6 +21,22 @@ use crate::gpu::GpuBackend;
 pub struct TimeSlicing {
     /// The interval the claims asked.
     pub interval: TimeSliceInterval,
+}
+
+impl TimeSlicing {
+    /// Plans a group of whole GPUs time-sliced at `interval`: each GPU checked to be had
+    /// whole (the interval is set at apply).
+    ///
+    /// # Errors
+    /// A GPU that cannot be had whole now ([`check_whole_gpus`]).
+    pub fn plan(
+        p: &Planning<'_>,
+        group: &GroupAsk<'_>,
+        interval: TimeSliceInterval,
+    ) -> Result<TimeSlicing, ServiceError> {
+        check_whole_gpus(p, group)?;
+        Ok(TimeSlicing { interval })
+    }
 }
 
 impl Strategy for TimeSlicing {

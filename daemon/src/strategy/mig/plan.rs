@@ -5,13 +5,15 @@
 
 use std::path::Path;
 
-use gpushare_proto::ErrorCode;
+use gpushare_proto::{ClaimDevice, ErrorCode};
 
 use super::{check, repick, resolve, Claimed, ClaimsView, MigGroup, MigIntents, MigTarget};
 use crate::config::{ClaimSpec, MpsSettings};
 use crate::error::ServiceError;
 use crate::gpu::GpuBackend;
 use crate::strategy::mps::{plan_launch, MpsLaunch};
+use crate::strategy::mps_support;
+use crate::strategy::select::{GroupAsk, Planning};
 
 /// An MPS control daemon asked for on a MIG group's slices.
 #[derive(Debug, Clone, Copy)]
@@ -24,6 +26,47 @@ pub struct MpsOnSlices<'a> {
     pub claim_dir: &'a Path,
     /// The size of the daemon's shm.
     pub shm_bytes: u64,
+}
+
+impl MigGroup {
+    /// Plans a MIG group as its config asks (the short form's `profile`; `mps`, a daemon on
+    /// the slices, each parent GPU checked to keep its settings first), touching nothing
+    /// ([`plan_group`], against every claim's slices).
+    ///
+    /// # Errors
+    /// `Unsupported` for a GPU whose MPS cannot keep the settings; else [`plan_group`]'s.
+    pub fn plan(
+        p: &Planning<'_>,
+        group: &GroupAsk<'_>,
+        profile: Option<&str>,
+        mps: Option<&MpsSettings>,
+    ) -> Result<MigGroup, ServiceError> {
+        if let Some(settings) = mps {
+            mps_support::check_gpus(group.gpus, settings)?;
+        }
+        let mps = mps.map(|settings| MpsOnSlices {
+            settings,
+            requests: group.requests,
+            claim_dir: p.claim_dir,
+            shm_bytes: p.shm_bytes,
+        });
+        let claimed = p.claims.claimed(None);
+        plan_group(p.backend, &claimed, group.spec, group.results, profile, mps)
+    }
+
+    /// The group's devices as its claim records them: its MIG devices, named canonically,
+    /// each with its parent GPU, in the order of its slices.
+    pub fn devices(&self) -> Vec<ClaimDevice> {
+        self.targets
+            .iter()
+            .map(|t| ClaimDevice {
+                request: t.request.clone(),
+                device: t.device.clone(),
+                uuid: t.gpu_uuid.clone(),
+                minor: t.gpu_minor,
+            })
+            .collect()
+    }
 }
 
 /// Resolves a MIG group's devices (results `results` of `spec`, with the short form's

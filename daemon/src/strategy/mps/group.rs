@@ -16,10 +16,11 @@ use gpushare_core::Want;
 use crate::cdi::{self, ContainerEdits};
 use crate::gpu::GpuBackend;
 use crate::strategy::group::{
-    whole_gpu_edits, whole_gpu_holds, Applied, GpuHold, GroupEffects, GroupLife, GroupStrategy,
-    Revival,
+    check_whole_gpus, whole_gpu_edits, whole_gpu_holds, Applied, GpuHold, GroupEffects, GroupLife,
+    GroupStrategy, Revival,
 };
-use crate::strategy::Strategy;
+use crate::strategy::select::{GroupAsk, Planning};
+use crate::strategy::{mps_support, Strategy};
 
 /// An MPS group of whole GPUs: compute mode `EXCLUSIVE_PROCESS` on each ([`Mps`]), then one
 /// control daemon for the group.
@@ -27,6 +28,34 @@ use crate::strategy::Strategy;
 pub struct MpsGroup {
     /// The group's daemon; `visible_devices` are the group's sorted GPU UUIDs.
     pub launch: MpsLaunch,
+}
+
+impl MpsGroup {
+    /// Plans an MPS group of whole GPUs as `settings` ask: each GPU checked to be had whole
+    /// and to keep the settings ([`mps_support`]), then the daemon's launch ([`plan_launch`],
+    /// keyed by the group's sorted GPU UUIDs).
+    ///
+    /// # Errors
+    /// A GPU that cannot be had whole now, `Unsupported` for one whose MPS cannot keep the
+    /// settings, or the launch's refusal.
+    pub fn plan(
+        p: &Planning<'_>,
+        group: &GroupAsk<'_>,
+        settings: &MpsSettings,
+    ) -> Result<MpsGroup, ServiceError> {
+        check_whole_gpus(p, group)?;
+        mps_support::check_gpus(group.gpus, settings)?;
+        let uuids: Vec<String> = group.devices.iter().map(|d| d.uuid.clone()).collect();
+        let launch = plan_launch(
+            &group.spec.uid,
+            p.claim_dir,
+            &uuids,
+            group.requests,
+            settings,
+            p.shm_bytes,
+        )?;
+        Ok(MpsGroup { launch })
+    }
 }
 
 impl GroupStrategy for MpsGroup {
