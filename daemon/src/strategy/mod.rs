@@ -30,8 +30,11 @@
 //! 7. `strategy/select.rs` (its arm in each constructor: from a config, a record, a hold) and
 //!    `strategy/asked.rs` (what a prepare of it asked).
 //!
-//! Nothing under `service/` names a strategy: it plans, applies, revives and releases a
-//! claim's groups through these traits alone.
+//! The service plans, applies, revives and releases a claim's groups through these traits
+//! alone, and never matches on a strategy. What it still names of MPS and MIG is glue to
+//! what is node-wide rather than per group (MPS supervision, lent its effects in
+//! `service/restarts.rs`; `mig apply`, `list_gpus` and the start-up sweep in `service/mig.rs`),
+//! which a strategy without such work does not touch.
 //!
 //! `CONTRIBUTING.md` keeps this list; the next strategy (fractional GPUs) is held to it.
 //!
