@@ -3,7 +3,7 @@
 //! and are loom-checked), all or nothing, and a release restores a GPU's settings as its last
 //! holder leaves, outside every lock.
 //!
-//! [`Placement`] under the registry mutex only remembers who holds what, for listings and
+//! [`Placement`](crate::placement::Placement) under the registry mutex only remembers who holds what, for listings and
 //! error messages. A prepare is admitted on all its GPUs (in UUID order, undoing the ones
 //! taken when a later one refuses) before it touches the registry, so two prepares of
 //! different claims never wait on each other to be refused, and a release restores time-slice

@@ -63,7 +63,7 @@ pub enum SimFault {
 /// A node of simulated GPUs: deterministic UUIDs derived from the node name, settings held in
 /// memory, and real character device nodes (major 195) under `dev_root` so that CDI injection
 /// and runc see real devices. MIG state is kept in `dev_root` too when the node is built with
-/// [`SimulatedBackend::new`] (see the [`state`] module: `mig-state.json`, and the
+/// [`SimulatedBackend::new`] (see the `state` module: `mig-state.json`, and the
 /// `reset-gpus` switch that makes MIG instances vanish before the next start).
 #[derive(Debug)]
 pub struct SimulatedBackend {

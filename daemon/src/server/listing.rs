@@ -51,7 +51,7 @@ impl ClaimSource for Service {
     }
 }
 
-/// One `list_claims` request, checked, to be answered by [`write`].
+/// One `list_claims` request, checked, to be answered by [`write()`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listing {
     /// The request's protocol version (the answer's).

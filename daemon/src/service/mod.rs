@@ -115,8 +115,8 @@ pub(crate) struct State {
     change: u64,
 }
 
-/// The claim service, in two parts with their own invariants ([`Records`]: the claims as
-/// recorded, in memory, published and on disk; [`Host`]: the leaves through which it changes
+/// The claim service, in two parts with their own invariants (`Records`: the claims as
+/// recorded, in memory, published and on disk; `Host`: the leaves through which it changes
 /// the node) and what coordinates requests (per-claim locks, requests in flight, the
 /// supervisor's wake-up).
 #[derive(Debug)]

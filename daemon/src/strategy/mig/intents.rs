@@ -352,7 +352,7 @@ impl MigIntents {
         StrikeOnDrop(self, claim.to_string())
     }
 
-    /// Holds the intents still (see [`Quiet::busy`]).
+    /// Holds the intents still (see [`Quiet::busy_for_others`]).
     pub fn quiet(&self) -> Quiet<'_> {
         Quiet(self.lock())
     }

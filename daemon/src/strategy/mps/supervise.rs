@@ -77,7 +77,7 @@ pub struct Restarts(BTreeMap<String, RestartPlan>);
 
 impl Restarts {
     /// A daemon of `uid` died at `now`: schedules a restart after the claim's backoff, which
-    /// starts over when the last restarted daemon ran [`RESTART_STABLE`] or more.
+    /// starts over when the last restarted daemon ran a minute (`RESTART_STABLE`) or more.
     pub fn died(&mut self, uid: &str, now: Instant) {
         let plan = self.0.entry(uid.to_string()).or_default();
         let ran_long = plan
