@@ -12,9 +12,11 @@
 //!
 //! Three files tell it: `plan.rs`, `group.rs` and `slice.rs`.
 //!
-//! 1. Planned, touching nothing ([`plan_group`]): each device resolved against the node and
-//!    checked ([`resolve`], [`check`]), counting the slices other claims record
-//!    ([`Claimed`]) as taken; a [`MigGroup`] of [`MigTarget`]s.
+//! 1. Planned, touching nothing (`MigGroup::plan`, which `super::select::plan` hands a
+//!    group of MIG devices; [`plan_group`]): each parent GPU checked to keep the MPS settings
+//!    where the config asks for a daemon, each device resolved against the node and checked
+//!    ([`resolve`], [`check`]), counting the slices other claims record ([`Claimed`]) as
+//!    taken; a [`MigGroup`] of [`MigTarget`]s.
 //! 2. Made ([`MigGroup`]'s `GroupStrategy::apply`), slice by slice: its intent written to
 //!    the run directory first ([`reserve_slice`], [`MigIntents`]), a chosen placement chosen
 //!    again under the intents' lock; then [`create`]: MIG mode turned on where it is off and
