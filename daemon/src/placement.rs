@@ -44,14 +44,16 @@ impl Hold {
 
     /// The strategy that holds the GPU, for its GPU setting.
     pub fn strategy(&self) -> Box<dyn crate::strategy::Strategy> {
-        use crate::strategy::{Exclusive, Mig, Mps, TimeSlicing};
+        crate::strategy::of_want(self.want())
+    }
+
+    /// How the GPU is held, in admission's word.
+    pub fn want(&self) -> Want {
         match self {
-            Hold::Exclusive(_) => Box::new(Exclusive),
-            Hold::TimeSliced { interval, .. } => Box::new(TimeSlicing {
-                interval: *interval,
-            }),
-            Hold::Mps(_) => Box::new(Mps),
-            Hold::Mig(_) => Box::new(Mig),
+            Hold::Exclusive(_) => Want::Exclusive,
+            Hold::TimeSliced { interval, .. } => Want::TimeSliced(interval.as_int()),
+            Hold::Mps(_) => Want::Mps,
+            Hold::Mig(_) => Want::Mig,
         }
     }
 

@@ -294,31 +294,18 @@ impl Registry for Service {
 /// what it set, from Default at each start), so there only compute mode, which NVML reads,
 /// is caught; the simulation reads both.
 fn reapply_gpu_settings(backend: &dyn GpuBackend, placement: &Placement) {
-    use gpushare_proto::{ComputeMode, TimeSliceInterval};
     for gpu in backend.gpus() {
         let name = gpu.device_name();
         let hold = placement.hold(&gpu.uuid);
         if let Some(hold) = hold {
             hold.strategy().check_again(backend, &gpu.uuid, &name);
         }
-        let time_sliced = matches!(hold, Some(crate::placement::Hold::TimeSliced { .. }));
-        let mps = matches!(hold, Some(crate::placement::Hold::Mps(_)));
-        if !time_sliced {
-            if let Ok(left) = backend.time_slice(&gpu.uuid) {
-                if left != TimeSliceInterval::Default {
-                    tracing::warn!(gpu = %name, interval = left.as_str(), "time-slice interval that no claim holds (an interrupted prepare or release left it); back to Default");
-                    if let Err(e) = backend.set_time_slice(&gpu.uuid, TimeSliceInterval::Default) {
-                        tracing::error!(gpu = %name, error = %e, "putting the time-slice interval back to Default");
-                    }
-                }
-            }
-        }
-        if !mps && backend.compute_mode(&gpu.uuid).ok() == Some(ComputeMode::ExclusiveProcess) {
-            tracing::warn!(gpu = %name, "compute mode EXCLUSIVE_PROCESS that no MPS claim holds (an interrupted prepare or release left it); back to DEFAULT");
-            if let Err(e) = backend.set_compute_mode(&gpu.uuid, ComputeMode::Default) {
-                tracing::error!(gpu = %name, error = %e, "putting the compute mode back to DEFAULT");
-            }
-        }
+        crate::strategy::select::clear_leftovers(
+            backend,
+            &gpu.uuid,
+            &name,
+            hold.map(crate::placement::Hold::want),
+        );
     }
 }
 

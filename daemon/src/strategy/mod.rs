@@ -19,10 +19,14 @@
 //!
 //! 1. `config/mod.rs` (its `config::Sharing` variant) and its parser (`config/nvidia.rs` for
 //!    NVIDIA's `GpuConfig`, `config/short.rs` for the short form);
-//! 2. `gpushare-proto`'s `StrategyInfo` (`types.rs`, with its summary) and the CLI's
-//!    `describe` (`cli/src/lib.rs`): how the socket and the CLI report it;
-//! 3. `gpushare-core`'s `Want` (the lock-free mode word), with `placement.rs`'s `Hold`, only
-//!    when it shares a GPU in a way no existing mode does;
+//! 2. `gpushare-proto`'s `StrategyInfo` (`types.rs`, with its summary), its schema and
+//!    reference (`docs/protocol.schema.json`, `docs/protocol.md`, checked against each other
+//!    by `cdi-hook/tests/schema.rs`), and the CLI's `claim_detail` (`cli/src/lib.rs`): how
+//!    the socket and the CLI report it;
+//! 3. only when it shares a GPU in a way no existing mode does: `gpushare-core`'s `Want`
+//!    (the lock-free mode word), with `placement.rs`'s `Hold`, admission's words for it
+//!    (`admission.rs`), and the protocol's `GpuSharing` with its metric label
+//!    (`metrics/collector.rs`);
 //! 4. `claim/model.rs`: its `Sharing` variant, what a group of it holds on the host;
 //! 5. `claim/wire.rs` and `store/record.rs`: that variant on the wire and on disk;
 //! 6. `strategy/<name>.rs`: its `plan` (its GPUs checked, its config resolved, touching
@@ -30,11 +34,11 @@
 //! 7. `strategy/select.rs` (its arm in each constructor: from a config, a record, a hold) and
 //!    `strategy/asked.rs` (what a prepare of it asked).
 //!
-//! The service plans, applies, revives and releases a claim's groups through these traits
-//! alone, and never matches on a strategy. What it still names of MPS and MIG is glue to
-//! what is node-wide rather than per group (MPS supervision, lent its effects in
-//! `service/restarts.rs`; `mig apply`, `list_gpus` and the start-up sweep in `service/mig.rs`),
-//! which a strategy without such work does not touch.
+//! The service plans, applies, revives and releases a claim's groups through these traits,
+//! and never matches on a strategy. It does call into MPS and MIG for what is node-wide
+//! rather than one group's (MPS supervision and stray daemons; MIG device names, `mig
+//! apply`, `list_gpus`, MIG mode after a release, the start-up sweep), which a strategy
+//! without such work does not touch.
 //!
 //! `CONTRIBUTING.md` keeps this list; the next strategy (fractional GPUs) is held to it.
 //!
@@ -98,6 +102,13 @@ pub trait Strategy: Send + Sync {
     /// The GPU's last holder is gone: puts the setting back to the node's default (logged on
     /// failure; the GPU is free either way).
     fn restore(&self, _backend: &dyn GpuBackend, _uuid: &str, _device: &str) {}
+
+    /// At start, on a GPU no claim of this strategy holds: puts this strategy's setting back
+    /// to the node's default where it reads back otherwise (logged), as the last holder's
+    /// release would have: a gpushared killed between changing a GPU and recording its
+    /// claim, or between a release and the restore, leaves one behind
+    /// ([`select::clear_leftovers`] calls it).
+    fn clear_leftover(&self, _backend: &dyn GpuBackend, _uuid: &str, _device: &str) {}
 }
 
 #[cfg(test)]

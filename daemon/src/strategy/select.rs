@@ -1,8 +1,10 @@
 //! Which strategy a group has: the one place each is chosen, from each of the three things
 //! that name one. At prepare, a claim's config ([`plan`]: the config as it applies to the
 //! group's devices, handed to its strategy's own planning); after it, a recorded group
-//! ([`life_of`]); for a GPU's setting, admission's hold on it ([`of_want`]). A new strategy
-//! adds its arm to each `match` here, and nowhere else in the daemon's logic.
+//! ([`life_of`]); for a GPU's setting, admission's hold on it ([`of_want`], and at start
+//! [`clear_leftovers`]: each strategy's setting that no holder asked for). A new strategy
+//! adds its arm here to each; what a group of it holds is matched where it is modelled, sent
+//! and stored (the list in `strategy/mod.rs`).
 
 use std::path::Path;
 
@@ -22,9 +24,10 @@ use crate::gpu::{Gpu, GpuBackend};
 /// anything.
 #[derive(Clone, Copy)]
 pub struct Planning<'a> {
-    /// The GPUs (MIG mode and instances, a GPU's MPS support).
+    /// The GPUs (MIG mode and instances).
     pub backend: &'a dyn GpuBackend,
-    /// Every claim's records: the MIG slices they hold, whole GPUs' owners in errors.
+    /// Every claim's records: the MIG slices they hold (taken, for a MIG group; named as
+    /// the owners of a GPU's instances when a whole-GPU group is refused it).
     pub claims: &'a dyn ClaimsView,
     /// The claim's directory, under which an MPS control daemon's directories are.
     pub claim_dir: &'a Path,
@@ -127,6 +130,23 @@ pub fn of_want(want: Want) -> Box<dyn Strategy> {
         }),
         Want::Mps => Box::new(Mps),
         Want::Mig => Box::new(Mig),
+    }
+}
+
+/// At start, on a GPU held as `held` (`None`: by no claim): every other strategy's setting
+/// that an interrupted prepare or release left on it put back to the node's default
+/// ([`Strategy::clear_leftover`]); the holder's own is its [`Strategy::check_again`].
+pub fn clear_leftovers(backend: &dyn GpuBackend, uuid: &str, device: &str, held: Option<Want>) {
+    // Each strategy once (an interval code stands for time-slicing at any interval).
+    let every = [
+        Want::Exclusive,
+        Want::TimeSliced(TimeSliceInterval::Default.as_int()),
+        Want::Mps,
+        Want::Mig,
+    ];
+    let same = |a: &Want, b: &Want| std::mem::discriminant(a) == std::mem::discriminant(b);
+    for want in every.iter().filter(|w| !held.is_some_and(|h| same(&h, w))) {
+        of_want(*want).clear_leftover(backend, uuid, device);
     }
 }
 

@@ -73,6 +73,18 @@ impl Strategy for TimeSlicing {
             tracing::error!(gpu = %device, error = %e, "restoring time-slice Default");
         }
     }
+
+    fn clear_leftover(&self, backend: &dyn GpuBackend, uuid: &str, device: &str) {
+        let Ok(left) = backend.time_slice(uuid) else {
+            return;
+        };
+        if left != TimeSliceInterval::Default {
+            tracing::warn!(gpu = %device, interval = left.as_str(), "time-slice interval that no claim holds (an interrupted prepare or release left it); back to Default");
+            if let Err(e) = backend.set_time_slice(uuid, TimeSliceInterval::Default) {
+                tracing::error!(gpu = %device, error = %e, "putting the time-slice interval back to Default");
+            }
+        }
+    }
 }
 
 impl GroupStrategy for TimeSlicing {

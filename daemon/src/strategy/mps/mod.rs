@@ -92,6 +92,15 @@ impl Strategy for Mps {
             tracing::error!(gpu = %device, error = %e, "restoring compute mode DEFAULT");
         }
     }
+
+    fn clear_leftover(&self, backend: &dyn GpuBackend, uuid: &str, device: &str) {
+        if backend.compute_mode(uuid).ok() == Some(ComputeMode::ExclusiveProcess) {
+            tracing::warn!(gpu = %device, "compute mode EXCLUSIVE_PROCESS that no MPS claim holds (an interrupted prepare or release left it); back to DEFAULT");
+            if let Err(e) = backend.set_compute_mode(uuid, ComputeMode::Default) {
+                tracing::error!(gpu = %device, error = %e, "putting the compute mode back to DEFAULT");
+            }
+        }
+    }
 }
 
 #[cfg(test)]
