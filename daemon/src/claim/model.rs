@@ -5,15 +5,17 @@
 //! This is the daemon's own model. The protocol's `ClaimInfo` (which has no MIG strategy: a
 //! MIG group there is `Exclusive` or `Mps` beside its `mig` instances) is made from it only
 //! in [`super::wire`], for the socket's answers; the durable records are made from it only
-//! in `crate::store::record`. The leaf facts a group holds (a device, an MPS control daemon
-//! as read back, a MIG instance) are the protocol's records of the same facts.
+//! in `crate::store::record`. The leaf facts it holds (a device, a request's CDI device IDs,
+//! an MPS control daemon as read back, a MIG slice, a container) are the daemon's own too
+//! ([`super::leaf`]), converted to the protocol's records of them in [`super::wire`] and to
+//! their records on disk in `crate::store::leaf`. Only the time-slice interval, a code of
+//! four values, is the protocol's `TimeSliceInterval`.
 
-use gpushare_proto::{
-    Attachment, ClaimDevice, MigInstanceInfo, MpsInfo, RequestDevices, TimeSliceInterval,
-};
+use gpushare_proto::TimeSliceInterval;
 
 use std::collections::BTreeMap;
 
+use super::leaf::{Attachment, Device, MigSlice, MpsDaemon, Request};
 use super::lifecycle::{Cause, Causes};
 use super::Phase;
 
@@ -32,7 +34,7 @@ pub struct Claim {
     /// Device groups (results that share one config), each with its strategy.
     pub groups: Vec<Group>,
     /// CDI device IDs per request, as the prepare answered them.
-    pub requests: Vec<RequestDevices>,
+    pub requests: Vec<Request>,
     /// Path of the claim's CDI spec file (derived from the UID and the CDI directory).
     pub cdi_spec: String,
     /// Most containers attached at once (`replicas`), if limited.
@@ -59,7 +61,7 @@ pub struct Group {
     /// Requests whose devices form the group.
     pub requests: Vec<String>,
     /// Its devices (whole GPUs, or the MIG devices a MIG group holds), sorted by GPU UUID.
-    pub devices: Vec<ClaimDevice>,
+    pub devices: Vec<Device>,
     /// Its strategy and what the strategy holds on the host.
     pub sharing: Sharing,
 }
@@ -77,7 +79,7 @@ pub enum Sharing {
         interval: TimeSliceInterval,
     },
     /// One MPS control daemon for the group's whole GPUs (compute mode `EXCLUSIVE_PROCESS`).
-    Mps(MpsInfo),
+    Mps(MpsDaemon),
     /// MIG slices made (or taken, static MIG) for the group's MIG devices.
     Mig(MigSharing),
 }
@@ -87,14 +89,14 @@ pub enum Sharing {
 pub struct MigSharing {
     /// Its slices, in the order of the group's devices, each recorded the moment its GPU
     /// instance exists.
-    pub slices: Vec<MigInstanceInfo>,
+    pub slices: Vec<MigSlice>,
     /// The MPS control daemon on the slices, where the claim's config asks for one.
-    pub mps: Option<MpsInfo>,
+    pub mps: Option<MpsDaemon>,
 }
 
 impl Group {
     /// The group's MPS control daemon: an MPS group's, or the one on a MIG group's slices.
-    pub fn mps(&self) -> Option<&MpsInfo> {
+    pub fn mps(&self) -> Option<&MpsDaemon> {
         match &self.sharing {
             Sharing::Mps(m) => Some(m),
             Sharing::Mig(MigSharing { mps, .. }) => mps.as_ref(),
@@ -103,7 +105,7 @@ impl Group {
     }
 
     /// As [`Group::mps`], to change (a restarted daemon's record).
-    pub fn mps_mut(&mut self) -> Option<&mut MpsInfo> {
+    pub fn mps_mut(&mut self) -> Option<&mut MpsDaemon> {
         match &mut self.sharing {
             Sharing::Mps(m) => Some(m),
             Sharing::Mig(MigSharing { mps, .. }) => mps.as_mut(),
@@ -113,7 +115,7 @@ impl Group {
 
     /// Records `mps` as the group's MPS control daemon: a MIG group's on its slices, else the
     /// group's own (an MPS group).
-    pub fn set_mps(&mut self, mps: MpsInfo) {
+    pub fn set_mps(&mut self, mps: MpsDaemon) {
         match &mut self.sharing {
             Sharing::Mig(m) => m.mps = Some(mps),
             other => *other = Sharing::Mps(mps),
@@ -121,7 +123,7 @@ impl Group {
     }
 
     /// The MIG slices the group holds; empty for a group of whole GPUs.
-    pub fn slices(&self) -> &[MigInstanceInfo] {
+    pub fn slices(&self) -> &[MigSlice] {
         match &self.sharing {
             Sharing::Mig(m) => &m.slices,
             _ => &[],
@@ -129,7 +131,7 @@ impl Group {
     }
 
     /// The MIG slices, to change; `None` for a group of whole GPUs.
-    pub fn slices_mut(&mut self) -> Option<&mut Vec<MigInstanceInfo>> {
+    pub fn slices_mut(&mut self) -> Option<&mut Vec<MigSlice>> {
         match &mut self.sharing {
             Sharing::Mig(m) => Some(&mut m.slices),
             _ => None,
@@ -167,12 +169,12 @@ impl Claim {
     }
 
     /// Every MPS control daemon of the claim, group by group.
-    pub fn mps_daemons(&self) -> impl Iterator<Item = &MpsInfo> {
+    pub fn mps_daemons(&self) -> impl Iterator<Item = &MpsDaemon> {
         self.groups.iter().filter_map(Group::mps)
     }
 
     /// Every MIG slice of the claim, group by group.
-    pub fn slices(&self) -> impl Iterator<Item = &MigInstanceInfo> {
+    pub fn slices(&self) -> impl Iterator<Item = &MigSlice> {
         self.groups.iter().flat_map(|g| g.slices().iter())
     }
 }

@@ -4,14 +4,25 @@
 //! disk (the version 2 checkpoint, format 3 records, host records before format 4: read
 //! back in `crate::store` and `crate::service`, and the version 2 downgrade export).
 //!
+//! The leaf facts ([`super::leaf`]) are converted here too, field for field, to and from the
+//! protocol's records of them (`ClaimDevice`, `RequestDevices`, `MpsInfo`, `MigInstanceInfo`,
+//! `Attachment`): the socket answers with those, and the old formats hold them.
+//!
 //! The protocol has no MIG strategy: a MIG group is `Exclusive` (the slices alone) or `Mps`
-//! (a daemon on them) beside its `mig` instances. [`claim_of`] is the one place that tells a
-//! MIG group from those, by its instances or its devices' names.
+//! (a daemon on them) beside its `mig` instances. [`group_of_old`] is the one place that
+//! tells a MIG group from those, by its instances or its devices' names.
 
-use gpushare_proto::{ClaimInfo, ClaimState, GroupInfo, StrategyInfo};
+use gpushare_proto::{
+    Attachment as AttachmentInfo, ClaimDevice, ClaimInfo, ClaimState, GroupInfo, MigInstanceInfo,
+    MigOrigin, MpsInfo, MpsRequested, PreparedDevice as PreparedDeviceInfo, RequestDevices,
+    StrategyInfo,
+};
 
 use std::collections::BTreeMap;
 
+use super::leaf::{
+    Attachment, Device, MigSlice, MpsAsked, MpsDaemon, PreparedDevice, Request, SliceOrigin,
+};
 use super::lifecycle::Cause;
 use super::model::{Claim, Group, MigSharing, Sharing};
 use super::Phase;
@@ -46,10 +57,10 @@ pub fn claim_info(claim: &Claim) -> ClaimInfo {
         name: claim.name.clone(),
         state: claim.phase.into(),
         groups: claim.groups.iter().map(group_info).collect(),
-        requests: claim.requests.clone(),
+        requests: claim.requests.iter().map(RequestDevices::from).collect(),
         cdi_spec: claim.cdi_spec.clone(),
         attach_limit: claim.attach_limit,
-        attached: claim.attached.clone(),
+        attached: claim.attached.iter().map(AttachmentInfo::from).collect(),
         last_error: claim.last_error.clone(),
         restarts: claim.restarts,
         resource_version: claim.resource_version.clone(),
@@ -67,16 +78,16 @@ pub fn group_info(group: &Group) -> GroupInfo {
             },
             Vec::new(),
         ),
-        Sharing::Mps(m) => (StrategyInfo::Mps(m.clone()), Vec::new()),
+        Sharing::Mps(m) => (StrategyInfo::Mps(m.into()), Vec::new()),
         Sharing::Mig(MigSharing { slices, mps }) => (
-            mps.clone()
-                .map_or(StrategyInfo::Exclusive, StrategyInfo::Mps),
-            slices.clone(),
+            mps.as_ref()
+                .map_or(StrategyInfo::Exclusive, |m| StrategyInfo::Mps(m.into())),
+            slices.iter().map(MigInstanceInfo::from).collect(),
         ),
     };
     GroupInfo {
         requests: group.requests.clone(),
-        devices: group.devices.clone(),
+        devices: group.devices.iter().map(ClaimDevice::from).collect(),
         sharing,
         mig,
     }
@@ -92,10 +103,10 @@ pub fn claim_of(info: ClaimInfo) -> Claim {
         name: info.name,
         phase: info.state.into(),
         groups: info.groups.into_iter().map(group_of).collect(),
-        requests: info.requests,
+        requests: info.requests.into_iter().map(Into::into).collect(),
         cdi_spec: info.cdi_spec,
         attach_limit: info.attach_limit,
-        attached: info.attached,
+        attached: info.attached.into_iter().map(Into::into).collect(),
         degraded: BTreeMap::new(),
         last_error: info.last_error,
         restarts: info.restarts,
@@ -136,33 +147,232 @@ pub fn causes_of_old(claim: &Claim) -> BTreeMap<Cause, String> {
         .collect()
 }
 
-/// The group a group in the protocol's shape describes: a MIG group when it records MIG
-/// instances or its devices are MIG devices (`gpu-<minor>-mig-…`), its sharing then the
-/// daemon on the slices (if `Mps`); otherwise its sharing as it says.
+/// The group a group in the protocol's shape describes ([`group_of_old`]).
 pub fn group_of(g: GroupInfo) -> Group {
-    let mig_devices = g
-        .devices
+    let stated = match g.sharing {
+        StrategyInfo::Exclusive => Sharing::Exclusive,
+        StrategyInfo::TimeSlicing { interval } => Sharing::TimeSlicing { interval },
+        StrategyInfo::Mps(m) => Sharing::Mps(m.into()),
+    };
+    group_of_old(
+        g.requests,
+        g.devices.into_iter().map(Into::into).collect(),
+        stated,
+        g.mig.into_iter().map(Into::into).collect(),
+    )
+}
+
+/// The group an old record describes, which said only `Exclusive`, `TimeSlicing` or `Mps`
+/// (`stated`) beside its MIG instances (`slices`): a MIG group when it has slices or its
+/// devices are MIG devices (`gpu-<minor>-mig-…`), its sharing then the daemon on the slices
+/// (if `Mps`); otherwise its sharing as stated. Taken in the model's terms, so that the
+/// records on disk (`crate::store::record`) ask this too without the protocol's types. An old
+/// record cannot state `Mig`; were it given, its daemon is kept and `slices` are the slices.
+pub fn group_of_old(
+    requests: Vec<String>,
+    devices: Vec<Device>,
+    stated: Sharing,
+    slices: Vec<MigSlice>,
+) -> Group {
+    let mig_devices = devices
         .iter()
         .any(|d| crate::mig::MigDeviceName::parse(&d.device).is_some());
-    let sharing = if mig_devices || !g.mig.is_empty() {
+    let sharing = if mig_devices || !slices.is_empty() {
         Sharing::Mig(MigSharing {
-            slices: g.mig,
-            mps: match g.sharing {
-                StrategyInfo::Mps(m) => Some(m),
-                StrategyInfo::Exclusive | StrategyInfo::TimeSlicing { .. } => None,
+            slices,
+            mps: match stated {
+                Sharing::Mps(m) => Some(m),
+                Sharing::Mig(m) => m.mps,
+                Sharing::Exclusive | Sharing::TimeSlicing { .. } => None,
             },
         })
     } else {
-        match g.sharing {
-            StrategyInfo::Exclusive => Sharing::Exclusive,
-            StrategyInfo::TimeSlicing { interval } => Sharing::TimeSlicing { interval },
-            StrategyInfo::Mps(m) => Sharing::Mps(m),
-        }
+        stated
     };
     Group {
-        requests: g.requests,
-        devices: g.devices,
+        requests,
+        devices,
         sharing,
+    }
+}
+
+impl From<&Device> for ClaimDevice {
+    fn from(d: &Device) -> ClaimDevice {
+        ClaimDevice {
+            request: d.request.clone(),
+            device: d.device.clone(),
+            uuid: d.uuid.clone(),
+            minor: d.minor,
+        }
+    }
+}
+
+impl From<ClaimDevice> for Device {
+    fn from(d: ClaimDevice) -> Device {
+        Device {
+            request: d.request,
+            device: d.device,
+            uuid: d.uuid,
+            minor: d.minor,
+        }
+    }
+}
+
+impl From<&Request> for RequestDevices {
+    fn from(r: &Request) -> RequestDevices {
+        RequestDevices {
+            request: r.request.clone(),
+            cdi_device_ids: r.cdi_device_ids.clone(),
+            devices: r.devices.clone(),
+            per_device: r
+                .per_device
+                .iter()
+                .map(|p| PreparedDeviceInfo {
+                    device: p.device.clone(),
+                    pool: p.pool.clone(),
+                    cdi_device_ids: p.cdi_device_ids.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl From<RequestDevices> for Request {
+    fn from(r: RequestDevices) -> Request {
+        Request {
+            request: r.request,
+            cdi_device_ids: r.cdi_device_ids,
+            devices: r.devices,
+            per_device: r
+                .per_device
+                .into_iter()
+                .map(|p| PreparedDevice {
+                    device: p.device,
+                    pool: p.pool,
+                    cdi_device_ids: p.cdi_device_ids,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl From<&MpsDaemon> for MpsInfo {
+    fn from(m: &MpsDaemon) -> MpsInfo {
+        MpsInfo {
+            control_daemon_pid: m.control_daemon_pid,
+            pipe_dir: m.pipe_dir.clone(),
+            log_dir: m.log_dir.clone(),
+            shm_dir: m.shm_dir.clone(),
+            visible_devices: m.visible_devices.clone(),
+            active_thread_percentage: m.active_thread_percentage.clone(),
+            pinned_device_memory_limits: m.pinned_device_memory_limits.clone(),
+            control_daemon_start_time: m.control_daemon_start_time,
+            requested: MpsRequested {
+                multi_user: m.requested.multi_user,
+                active_thread_percentage: m.requested.active_thread_percentage,
+                pinned_limits_mib: m.requested.pinned_limits_mib.clone(),
+                shm_bytes: m.requested.shm_bytes,
+            },
+            restarts: m.restarts,
+        }
+    }
+}
+
+impl From<MpsInfo> for MpsDaemon {
+    fn from(m: MpsInfo) -> MpsDaemon {
+        MpsDaemon {
+            control_daemon_pid: m.control_daemon_pid,
+            pipe_dir: m.pipe_dir,
+            log_dir: m.log_dir,
+            shm_dir: m.shm_dir,
+            visible_devices: m.visible_devices,
+            active_thread_percentage: m.active_thread_percentage,
+            pinned_device_memory_limits: m.pinned_device_memory_limits,
+            control_daemon_start_time: m.control_daemon_start_time,
+            requested: MpsAsked {
+                multi_user: m.requested.multi_user,
+                active_thread_percentage: m.requested.active_thread_percentage,
+                pinned_limits_mib: m.requested.pinned_limits_mib,
+                shm_bytes: m.requested.shm_bytes,
+            },
+            restarts: m.restarts,
+        }
+    }
+}
+
+impl From<&MigSlice> for MigInstanceInfo {
+    fn from(s: &MigSlice) -> MigInstanceInfo {
+        MigInstanceInfo {
+            request: s.request.clone(),
+            device: s.device.clone(),
+            gpu_uuid: s.gpu_uuid.clone(),
+            gpu_minor: s.gpu_minor,
+            profile: s.profile.clone(),
+            gi_profile_id: s.gi_profile_id,
+            placement_start: s.placement_start,
+            memory_slices: s.memory_slices,
+            gi_id: s.gi_id,
+            ci_id: s.ci_id,
+            uuid: s.uuid.clone(),
+            original_uuid: s.original_uuid.clone(),
+            origin: match s.origin {
+                SliceOrigin::Created => MigOrigin::Created,
+                SliceOrigin::Existing => MigOrigin::Existing,
+            },
+            enabled_mig_mode: s.enabled_mig_mode,
+            destroying: s.destroying,
+        }
+    }
+}
+
+impl From<MigInstanceInfo> for MigSlice {
+    fn from(s: MigInstanceInfo) -> MigSlice {
+        MigSlice {
+            request: s.request,
+            device: s.device,
+            gpu_uuid: s.gpu_uuid,
+            gpu_minor: s.gpu_minor,
+            profile: s.profile,
+            gi_profile_id: s.gi_profile_id,
+            placement_start: s.placement_start,
+            memory_slices: s.memory_slices,
+            gi_id: s.gi_id,
+            ci_id: s.ci_id,
+            uuid: s.uuid,
+            original_uuid: s.original_uuid,
+            origin: match s.origin {
+                MigOrigin::Created => SliceOrigin::Created,
+                MigOrigin::Existing => SliceOrigin::Existing,
+            },
+            enabled_mig_mode: s.enabled_mig_mode,
+            destroying: s.destroying,
+        }
+    }
+}
+
+impl From<&Attachment> for AttachmentInfo {
+    fn from(a: &Attachment) -> AttachmentInfo {
+        AttachmentInfo {
+            claim_uid: a.claim_uid.clone(),
+            container_id: a.container_id.clone(),
+            pid: a.pid,
+            cgroup: a.cgroup.clone(),
+            bundle: a.bundle.clone(),
+            attached_at: a.attached_at,
+        }
+    }
+}
+
+impl From<AttachmentInfo> for Attachment {
+    fn from(a: AttachmentInfo) -> Attachment {
+        Attachment {
+            claim_uid: a.claim_uid,
+            container_id: a.container_id,
+            pid: a.pid,
+            cgroup: a.cgroup,
+            bundle: a.bundle,
+            attached_at: a.attached_at,
+        }
     }
 }
 

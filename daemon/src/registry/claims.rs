@@ -5,11 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Deref;
 
-use gpushare_proto::Attachment;
-
 use crate::checkpoint::Tombstone;
 use crate::claim::lifecycle::take;
-use crate::claim::{Cause, Claim, Event, IllegalTransition, Next, Phase};
+use crate::claim::{Attachment, Cause, Claim, Event, IllegalTransition, Next, Phase};
 
 /// Why [`Claims::transition`] changed nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -320,7 +318,7 @@ mod tests {
         c.groups.push(Group {
             requests: vec!["gpu".into()],
             devices: vec![],
-            sharing: Sharing::Mps(gpushare_proto::MpsInfo {
+            sharing: Sharing::Mps(crate::claim::MpsDaemon {
                 control_daemon_pid: 7,
                 pipe_dir: format!("/run/gpushare/claims/{uid}/mps-00000/pipe"),
                 log_dir: String::new(),

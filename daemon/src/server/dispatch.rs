@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpushare_proto::{
-    AttachParams, DetachParams, ErrorCode, Method, PrepareParams, Response, UidParams, VersionInfo,
-    OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION,
+    AttachParams, Attachment, DetachParams, ErrorCode, Method, PrepareParams, Response, UidParams,
+    VersionInfo, OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -212,7 +212,7 @@ fn dispatch(service: &Service, method: Method, p: Option<Value>) -> Result<Value
         Method::Attach => {
             let p = params::<AttachParams>(method, p)?;
             claim_uid_param(method, "claim_uid", &p.claim_uid)?;
-            to_value(service.attach(&p)?)
+            to_value(Attachment::from(&service.attach(&p)?))
         }
         Method::Detach => {
             let p = params::<DetachParams>(method, p)?;

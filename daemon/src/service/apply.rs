@@ -6,10 +6,9 @@ use super::cdi_spec::driver_spec_error;
 use super::effects::ClaimGroup;
 use super::plan::GroupPlan;
 use super::Service;
-use crate::claim::{Claim, Group};
+use crate::claim::{Claim, Group, Request};
 use crate::config::ClaimSpec;
 use crate::error::ServiceError;
-use gpushare_proto::RequestDevices;
 
 impl Service {
     /// Applies every group's strategy, then writes the CDI spec. Returns the groups as
@@ -19,7 +18,7 @@ impl Service {
         spec: &ClaimSpec,
         plans: &[GroupPlan],
         info: &Claim,
-    ) -> Result<(Vec<Group>, Vec<RequestDevices>), ServiceError> {
+    ) -> Result<(Vec<Group>, Vec<Request>), ServiceError> {
         let mut groups = Vec::with_capacity(plans.len());
         for plan in plans {
             // Whole GPUs first leave MIG mode and get what their strategy needs of them (a MIG

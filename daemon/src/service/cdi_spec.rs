@@ -1,12 +1,12 @@
 //! A claim CDI spec: written from its groups, its device nodes checked against the host, its
 //! IDs resolved against the NVIDIA driver spec as the CDI library reads them.
 
-use gpushare_proto::{ErrorCode, PreparedDevice, RequestDevices};
+use gpushare_proto::ErrorCode;
 
 use super::plan::GroupPlan;
 use super::Service;
 use crate::cdi::{self, ContainerEdits};
-use crate::claim::{Claim, Group, Phase};
+use crate::claim::{Claim, Group, Phase, PreparedDevice, Request};
 use crate::error::ServiceError;
 use crate::gpu::nodes::NodeProblem;
 use crate::strategy::mig::driver_name_of;
@@ -108,11 +108,7 @@ impl Service {
     ///
     /// # Errors
     /// [`CdiCheckError`]: the first thing found wrong, in one line.
-    pub(super) fn verify_cdi(
-        &self,
-        uid: &str,
-        requests: &[RequestDevices],
-    ) -> Result<(), CdiCheckError> {
+    pub(super) fn verify_cdi(&self, uid: &str, requests: &[Request]) -> Result<(), CdiCheckError> {
         let mut files = Vec::new();
         if let Some(d) = &self.cfg.driver_spec {
             files.push(d.spec_path());
@@ -145,8 +141,8 @@ impl Service {
         &self,
         uid: &str,
         groups: &[Group],
-        requests: &[RequestDevices],
-    ) -> Result<Vec<RequestDevices>, crate::driver_spec::DriverSpecError> {
+        requests: &[Request],
+    ) -> Result<Vec<Request>, crate::driver_spec::DriverSpecError> {
         self.prepared_requests_with(uid, groups, requests, DriverLookup::MayGenerate)
     }
 
@@ -156,9 +152,9 @@ impl Service {
         &self,
         uid: &str,
         groups: &[Group],
-        requests: &[RequestDevices],
+        requests: &[Request],
         lookup: DriverLookup,
-    ) -> Result<Vec<RequestDevices>, crate::driver_spec::DriverSpecError> {
+    ) -> Result<Vec<Request>, crate::driver_spec::DriverSpecError> {
         let mut out = self.bare_requests(requests);
         if let Some(driver) = &self.cfg.driver_spec {
             let (wanted, slots) = self.driver_devices_wanted(groups, &out)?;
@@ -188,7 +184,7 @@ impl Service {
 
     /// `requests` with every prepared device listed (records of daemons older than
     /// `per_device` have only the device names) and no CDI device ID yet.
-    fn bare_requests(&self, requests: &[RequestDevices]) -> Vec<RequestDevices> {
+    fn bare_requests(&self, requests: &[Request]) -> Vec<Request> {
         let mut out = requests.to_vec();
         for x in &mut out {
             if x.per_device.is_empty() {
@@ -219,13 +215,13 @@ impl Service {
     fn driver_devices_wanted(
         &self,
         groups: &[Group],
-        requests: &[RequestDevices],
+        requests: &[Request],
     ) -> Result<(Vec<(String, String)>, Vec<(usize, usize)>), crate::driver_spec::DriverSpecError>
     {
         let mut wanted: Vec<(String, String)> = Vec::new();
         let mut slots: Vec<(usize, usize)> = Vec::new();
         for (ri, x) in requests.iter().enumerate() {
-            let migs: Vec<&gpushare_proto::MigInstanceInfo> = groups
+            let migs: Vec<&crate::claim::MigSlice> = groups
                 .iter()
                 .flat_map(|g| g.slices())
                 .filter(|m| m.request == x.request)
@@ -319,7 +315,7 @@ impl Service {
     pub(super) fn record_requests(
         &self,
         uid: &str,
-        requests: &[RequestDevices],
+        requests: &[Request],
     ) -> Result<(), ServiceError> {
         let mut st = self.state();
         if let Some(c) = st.claims.get_mut(uid) {

@@ -2,9 +2,8 @@
 //! release: the GPUs, MPS control, the group's record in its claim (in the registry: published
 //! at once, written with the claim's next change) and the MIG intents.
 
-use gpushare_proto::{ClaimDevice, MigInstanceInfo, MpsInfo};
-
 use super::Service;
+use crate::claim::{Device, MigSlice, MpsDaemon};
 use crate::error::ServiceError;
 use crate::strategy::group::{GroupEffects, GroupRecorder, SliceIntents};
 use crate::strategy::mig::MigTarget;
@@ -14,12 +13,12 @@ use crate::strategy::mig::MigTarget;
 pub(super) struct ClaimGroup<'s> {
     service: &'s Service,
     uid: &'s str,
-    devices: &'s [ClaimDevice],
+    devices: &'s [Device],
 }
 
 impl<'s> ClaimGroup<'s> {
     /// The group of claim `uid` whose devices are `devices`.
-    pub(super) fn new(service: &'s Service, uid: &'s str, devices: &'s [ClaimDevice]) -> Self {
+    pub(super) fn new(service: &'s Service, uid: &'s str, devices: &'s [Device]) -> Self {
         ClaimGroup {
             service,
             uid,
@@ -40,7 +39,7 @@ impl<'s> ClaimGroup<'s> {
 }
 
 impl GroupRecorder for ClaimGroup<'_> {
-    fn mps(&self, mps: &MpsInfo) {
+    fn mps(&self, mps: &MpsDaemon) {
         if let Some(c) = self.service.state().claims.get_mut(self.uid) {
             if let Some(g) = c.groups.iter_mut().find(|g| g.devices == self.devices) {
                 g.set_mps(mps.clone());
@@ -48,7 +47,7 @@ impl GroupRecorder for ClaimGroup<'_> {
         }
     }
 
-    fn mig_made(&self, rec: &MigInstanceInfo) -> Result<(), ServiceError> {
+    fn mig_made(&self, rec: &MigSlice) -> Result<(), ServiceError> {
         self.mig(rec);
         self.service.commit(self.service.state()).map_err(|e| {
             ServiceError::new(
@@ -58,7 +57,7 @@ impl GroupRecorder for ClaimGroup<'_> {
         })
     }
 
-    fn mig(&self, rec: &MigInstanceInfo) {
+    fn mig(&self, rec: &MigSlice) {
         let mut st = self.service.state();
         if let Some(c) = st.claims.get_mut(self.uid) {
             if let Some(g) = c.groups.iter_mut().find(|g| g.devices == self.devices) {
@@ -76,7 +75,7 @@ impl GroupRecorder for ClaimGroup<'_> {
     }
 
     /// Looks for `rec` in every group of the claim: a record names one MIG instance.
-    fn mig_destroying(&self, rec: &MigInstanceInfo) -> Result<(), ServiceError> {
+    fn mig_destroying(&self, rec: &MigSlice) -> Result<(), ServiceError> {
         let mut st = self.service.state();
         let Some(m) = st
             .claims
@@ -117,7 +116,7 @@ impl SliceIntents for ClaimGroup<'_> {
         self.service.reserve_slice(self.uid, target)
     }
 
-    fn made(&self, rec: &MigInstanceInfo) {
+    fn made(&self, rec: &MigSlice) {
         self.service.host.mig_intents.made(self.uid, rec);
     }
 

@@ -3,11 +3,11 @@
 //! strategy what it reads and changes of the service (`mig_effects.rs`), and the holds and
 //! stop guard `mig apply` takes.
 
-use gpushare_proto::{ClaimDevice, MigApplyParams, MigApplyResult, MigDeviceInfo};
+use gpushare_proto::{MigApplyParams, MigApplyResult, MigDeviceInfo};
 
 use super::mig_effects::Recovering;
 use super::Service;
-use crate::claim::Claim;
+use crate::claim::{Claim, Device};
 use crate::error::ServiceError;
 use crate::gpu::{Gpu, MigMode};
 use crate::mig::layout::GpuPlan;
@@ -45,7 +45,7 @@ impl Service {
 
     /// Turns MIG mode off on a whole-GPU claim's GPU where it is on
     /// ([`strategy::leave_mig_mode`]).
-    pub(super) fn leave_mig_mode(&self, d: &ClaimDevice) -> Result<(), ServiceError> {
+    pub(super) fn leave_mig_mode(&self, d: &Device) -> Result<(), ServiceError> {
         strategy::leave_mig_mode(self.host.backend.as_ref(), d)
     }
 

@@ -3,10 +3,8 @@
 //! slices, the registry, the claims' CDI specs and host records, and the MPS control daemons
 //! on slices made again.
 
-use gpushare_proto::MigInstanceInfo;
-
 use super::{cdi_spec, now_secs, Service};
-use crate::claim::{Cause, Claim, Event};
+use crate::claim::{Cause, Claim, Event, MigSlice};
 use crate::error::ServiceError;
 use crate::strategy::mig::{Claimed, ClaimsView, RecoveredClaims};
 use crate::strategy::mps::launch_of;
@@ -47,7 +45,7 @@ impl RecoveredClaims for Recovering<'_> {
         self.0.state().claims.get(uid).cloned()
     }
 
-    fn set_slice(&self, uid: &str, gi: usize, ri: usize, rec: &MigInstanceInfo) {
+    fn set_slice(&self, uid: &str, gi: usize, ri: usize, rec: &MigSlice) {
         let mut st = self.0.state();
         if let Some(m) = st
             .claims

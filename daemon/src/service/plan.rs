@@ -4,11 +4,11 @@
 
 use std::collections::BTreeSet;
 
-use gpushare_proto::{ClaimDevice, ErrorCode, PreparedDevice, RequestDevices};
+use gpushare_proto::ErrorCode;
 
 use super::Service;
 use crate::cdi;
-use crate::claim::Group;
+use crate::claim::{Device, Group, PreparedDevice, Request};
 use crate::config::{ClaimSpec, DeviceGroup};
 use crate::error::ServiceError;
 use crate::gpu::Gpu;
@@ -34,10 +34,10 @@ impl Service {
         let mut plans = Vec::new();
         let mut limit: Option<u32> = None;
         for group in &spec.groups {
-            let mut devices: Vec<ClaimDevice> = group
+            let mut devices: Vec<Device> = group
                 .results
                 .iter()
-                .map(|&i| ClaimDevice {
+                .map(|&i| Device {
                     request: spec.results[i].request.clone(),
                     device: spec.results[i].device.clone(),
                     uuid: gpus[i].uuid.clone(),
@@ -143,8 +143,8 @@ impl Service {
             .unwrap_or_else(|| default_shm_bytes(self.host.mps.ops().machine.mem_total_kib()))
     }
 
-    pub(super) fn request_devices(&self, spec: &ClaimSpec) -> Vec<RequestDevices> {
-        let mut out: Vec<RequestDevices> = Vec::new();
+    pub(super) fn request_devices(&self, spec: &ClaimSpec) -> Vec<Request> {
+        let mut out: Vec<Request> = Vec::new();
         for r in &spec.results {
             let device = PreparedDevice {
                 device: r.device.clone(),
@@ -156,7 +156,7 @@ impl Service {
                     x.devices.push(r.device.clone());
                     x.per_device.push(device);
                 }
-                None => out.push(RequestDevices {
+                None => out.push(Request {
                     request: r.request.clone(),
                     cdi_device_ids: vec![],
                     devices: vec![r.device.clone()],
@@ -182,7 +182,7 @@ impl Service {
 #[derive(Debug)]
 pub(super) struct GroupPlan {
     pub(super) requests: Vec<String>,
-    pub(super) devices: Vec<ClaimDevice>,
+    pub(super) devices: Vec<Device>,
     /// What its strategy needs of the group's GPUs, makes for it and records.
     pub(super) strategy: Box<dyn GroupStrategy>,
 }

@@ -5,10 +5,8 @@
 
 use std::time::Instant;
 
-use gpushare_proto::MpsInfo;
-
 use super::Service;
-use crate::claim::Claim;
+use crate::claim::{Claim, MpsDaemon};
 use crate::registry::Claims;
 use crate::strategy::mps::{self, MpsControl, MpsError, MpsNode, Restarts, SupervisedDaemon};
 use crate::sys::Processes;
@@ -129,7 +127,7 @@ impl Service {
 pub(super) fn record_restart_failed(
     st: &mut super::State,
     uid: &str,
-    old: &MpsInfo,
+    old: &MpsDaemon,
     e: &MpsError,
     down: Option<String>,
 ) -> String {

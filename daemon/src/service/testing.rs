@@ -48,7 +48,11 @@ impl RecordsOnDisk {
         let (mut checkpoint, problems) = crate::store::snapshot(dir);
         for (uid, c) in &mut checkpoint.claims {
             c.cdi_spec = cdi::spec_path(&root.join("cdi"), uid).display().to_string();
-            c.attached = persisted::host_record_read(&root.join("run"), uid).0;
+            c.attached = persisted::host_record_read(&root.join("run"), uid)
+                .0
+                .iter()
+                .map(Into::into)
+                .collect();
         }
         let quarantined = (!problems.is_empty()).then(|| problems.join("; "));
         Ok(OnDisk {

@@ -3,15 +3,15 @@
 //! own, so that a change of the protocol never changes what is on disk: their JSON is what
 //! format 3 wrote (the protocol's records of the same facts then), field for field, and a
 //! test holds them to it (`record.rs`: a record this build writes still reads as format 3's
-//! `ClaimInfo`). Converted to and from the daemon's claim here alone.
+//! `ClaimInfo`). Converted to and from the daemon's own leaf facts (`crate::claim::leaf`)
+//! here alone; the protocol's types appear only in the test that holds the JSON to theirs.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use gpushare_proto::{
-    Attachment, ClaimDevice, MigInstanceInfo, MigOrigin, MpsInfo, MpsRequested, PreparedDevice,
-    RequestDevices,
+use crate::claim::{
+    Attachment, Device, MigSlice, MpsAsked, MpsDaemon, PreparedDevice, Request, SliceOrigin,
 };
 
 /// A device of a group: the request it was allocated for, its DRA device name, its GPU.
@@ -75,7 +75,7 @@ pub struct MpsRecord {
     pub control_daemon_start_time: u64,
     /// What it was started with, as configured.
     #[serde(default)]
-    pub requested: MpsRequestedRecord,
+    pub requested: MpsAskedRecord,
     /// Restarts after it died.
     #[serde(default)]
     pub restarts: u32,
@@ -83,7 +83,7 @@ pub struct MpsRecord {
 
 /// What an MPS control daemon was started with.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct MpsRequestedRecord {
+pub struct MpsAskedRecord {
     /// Started with `-M`.
     #[serde(default)]
     pub multi_user: bool,
@@ -167,8 +167,8 @@ pub struct AttachmentRecord {
     pub attached_at: u64,
 }
 
-impl From<&ClaimDevice> for DeviceRecord {
-    fn from(d: &ClaimDevice) -> DeviceRecord {
+impl From<&Device> for DeviceRecord {
+    fn from(d: &Device) -> DeviceRecord {
         DeviceRecord {
             request: d.request.clone(),
             device: d.device.clone(),
@@ -178,9 +178,9 @@ impl From<&ClaimDevice> for DeviceRecord {
     }
 }
 
-impl From<DeviceRecord> for ClaimDevice {
-    fn from(d: DeviceRecord) -> ClaimDevice {
-        ClaimDevice {
+impl From<DeviceRecord> for Device {
+    fn from(d: DeviceRecord) -> Device {
+        Device {
             request: d.request,
             device: d.device,
             uuid: d.uuid,
@@ -189,8 +189,8 @@ impl From<DeviceRecord> for ClaimDevice {
     }
 }
 
-impl From<&RequestDevices> for RequestRecord {
-    fn from(r: &RequestDevices) -> RequestRecord {
+impl From<&Request> for RequestRecord {
+    fn from(r: &Request) -> RequestRecord {
         RequestRecord {
             request: r.request.clone(),
             cdi_device_ids: r.cdi_device_ids.clone(),
@@ -208,9 +208,9 @@ impl From<&RequestDevices> for RequestRecord {
     }
 }
 
-impl From<RequestRecord> for RequestDevices {
-    fn from(r: RequestRecord) -> RequestDevices {
-        RequestDevices {
+impl From<RequestRecord> for Request {
+    fn from(r: RequestRecord) -> Request {
+        Request {
             request: r.request,
             cdi_device_ids: r.cdi_device_ids,
             devices: r.devices,
@@ -227,8 +227,8 @@ impl From<RequestRecord> for RequestDevices {
     }
 }
 
-impl From<&MpsInfo> for MpsRecord {
-    fn from(m: &MpsInfo) -> MpsRecord {
+impl From<&MpsDaemon> for MpsRecord {
+    fn from(m: &MpsDaemon) -> MpsRecord {
         MpsRecord {
             control_daemon_pid: m.control_daemon_pid,
             pipe_dir: m.pipe_dir.clone(),
@@ -238,7 +238,7 @@ impl From<&MpsInfo> for MpsRecord {
             active_thread_percentage: m.active_thread_percentage.clone(),
             pinned_device_memory_limits: m.pinned_device_memory_limits.clone(),
             control_daemon_start_time: m.control_daemon_start_time,
-            requested: MpsRequestedRecord {
+            requested: MpsAskedRecord {
                 multi_user: m.requested.multi_user,
                 active_thread_percentage: m.requested.active_thread_percentage,
                 pinned_limits_mib: m.requested.pinned_limits_mib.clone(),
@@ -249,9 +249,9 @@ impl From<&MpsInfo> for MpsRecord {
     }
 }
 
-impl From<MpsRecord> for MpsInfo {
-    fn from(m: MpsRecord) -> MpsInfo {
-        MpsInfo {
+impl From<MpsRecord> for MpsDaemon {
+    fn from(m: MpsRecord) -> MpsDaemon {
+        MpsDaemon {
             control_daemon_pid: m.control_daemon_pid,
             pipe_dir: m.pipe_dir,
             log_dir: m.log_dir,
@@ -260,7 +260,7 @@ impl From<MpsRecord> for MpsInfo {
             active_thread_percentage: m.active_thread_percentage,
             pinned_device_memory_limits: m.pinned_device_memory_limits,
             control_daemon_start_time: m.control_daemon_start_time,
-            requested: MpsRequested {
+            requested: MpsAsked {
                 multi_user: m.requested.multi_user,
                 active_thread_percentage: m.requested.active_thread_percentage,
                 pinned_limits_mib: m.requested.pinned_limits_mib,
@@ -271,8 +271,8 @@ impl From<MpsRecord> for MpsInfo {
     }
 }
 
-impl From<&MigInstanceInfo> for MigSliceRecord {
-    fn from(s: &MigInstanceInfo) -> MigSliceRecord {
+impl From<&MigSlice> for MigSliceRecord {
+    fn from(s: &MigSlice) -> MigSliceRecord {
         MigSliceRecord {
             request: s.request.clone(),
             device: s.device.clone(),
@@ -287,8 +287,8 @@ impl From<&MigInstanceInfo> for MigSliceRecord {
             uuid: s.uuid.clone(),
             original_uuid: s.original_uuid.clone(),
             origin: match s.origin {
-                MigOrigin::Created => OriginRecord::Created,
-                MigOrigin::Existing => OriginRecord::Existing,
+                SliceOrigin::Created => OriginRecord::Created,
+                SliceOrigin::Existing => OriginRecord::Existing,
             },
             enabled_mig_mode: s.enabled_mig_mode,
             destroying: s.destroying,
@@ -296,9 +296,9 @@ impl From<&MigInstanceInfo> for MigSliceRecord {
     }
 }
 
-impl From<MigSliceRecord> for MigInstanceInfo {
-    fn from(s: MigSliceRecord) -> MigInstanceInfo {
-        MigInstanceInfo {
+impl From<MigSliceRecord> for MigSlice {
+    fn from(s: MigSliceRecord) -> MigSlice {
+        MigSlice {
             request: s.request,
             device: s.device,
             gpu_uuid: s.gpu_uuid,
@@ -312,8 +312,8 @@ impl From<MigSliceRecord> for MigInstanceInfo {
             uuid: s.uuid,
             original_uuid: s.original_uuid,
             origin: match s.origin {
-                OriginRecord::Created => MigOrigin::Created,
-                OriginRecord::Existing => MigOrigin::Existing,
+                OriginRecord::Created => SliceOrigin::Created,
+                OriginRecord::Existing => SliceOrigin::Existing,
             },
             enabled_mig_mode: s.enabled_mig_mode,
             destroying: s.destroying,
@@ -350,40 +350,47 @@ impl From<AttachmentRecord> for Attachment {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpushare_proto::{
+        Attachment as AttachmentInfo, ClaimDevice, MigInstanceInfo, MigOrigin, MpsInfo,
+        MpsRequested, PreparedDevice as PreparedDeviceInfo, RequestDevices,
+    };
     use serde_json::{to_value, Value};
 
     /// A leaf record writes what the protocol's type of the same fact wrote (format 3 read
-    /// it so), every field set, and gives the same fact back.
-    fn same_json<P, R>(proto: P)
+    /// it so), every field set, and gives the same fact back. The fact is given in the
+    /// protocol's type, whose JSON is the reference, and taken through the daemon's own
+    /// (`M`, converted in `crate::claim::wire`), which is what the records are made from.
+    fn same_json<M, P, R>(proto: P)
     where
-        P: Serialize + Clone + PartialEq + std::fmt::Debug + From<R>,
-        R: Serialize + for<'p> From<&'p P>,
+        P: Serialize + Clone + PartialEq + std::fmt::Debug + for<'m> From<&'m M>,
+        M: From<P> + From<R>,
+        R: Serialize + for<'m> From<&'m M>,
     {
-        let rec = R::from(&proto);
+        let rec = R::from(&M::from(proto.clone()));
         let want: Value = to_value(&proto).unwrap();
         assert_eq!(to_value(&rec).unwrap(), want);
-        assert_eq!(P::from(rec), proto);
+        assert_eq!(P::from(&M::from(rec)), proto);
     }
 
     #[test]
     fn every_leaf_record_is_written_as_the_protocol_wrote_it() {
-        same_json::<_, DeviceRecord>(ClaimDevice {
+        same_json::<Device, _, DeviceRecord>(ClaimDevice {
             request: "r".into(),
             device: "gpu-1".into(),
             uuid: "GPU-1".into(),
             minor: 1,
         });
-        same_json::<_, RequestRecord>(RequestDevices {
+        same_json::<Request, _, RequestRecord>(RequestDevices {
             request: "r".into(),
             cdi_device_ids: vec!["gpushare.io/claim=u-r".into()],
             devices: vec!["gpu-1".into()],
-            per_device: vec![PreparedDevice {
+            per_device: vec![PreparedDeviceInfo {
                 device: "gpu-1".into(),
                 pool: "node".into(),
                 cdi_device_ids: vec!["gpushare.io/claim=u-r".into()],
             }],
         });
-        same_json::<_, MpsRecord>(MpsInfo {
+        same_json::<MpsDaemon, _, MpsRecord>(MpsInfo {
             control_daemon_pid: 7,
             pipe_dir: "/run/gpushare/claims/u/mps-0a1b2/pipe".into(),
             log_dir: "/run/gpushare/claims/u/mps-0a1b2/log".into(),
@@ -401,7 +408,7 @@ mod tests {
             restarts: 2,
         });
         for origin in [MigOrigin::Created, MigOrigin::Existing] {
-            same_json::<_, MigSliceRecord>(MigInstanceInfo {
+            same_json::<MigSlice, _, MigSliceRecord>(MigInstanceInfo {
                 request: "r".into(),
                 device: "gpu-0-mig-3g20gb-9-4".into(),
                 gpu_uuid: "GPU-0".into(),
@@ -419,7 +426,7 @@ mod tests {
                 destroying: true,
             });
         }
-        same_json::<_, AttachmentRecord>(Attachment {
+        same_json::<Attachment, _, AttachmentRecord>(AttachmentInfo {
             claim_uid: "u".into(),
             container_id: "c".into(),
             pid: Some(42),

@@ -10,7 +10,7 @@
 //! were the protocol's `GroupInfo`: a MIG group as `Exclusive` or `Mps` beside its `mig`
 //! instances), so that a downgrade after a crash still finds every claim; format 4 adds each
 //! group's `kind`, so that a MIG group is read back as one, never inferred. A record of
-//! format 3 or older (no `kind`) is read through `crate::claim::wire::group_of`, the one
+//! format 3 or older (no `kind`) is read through `crate::claim::wire::group_of_old`, the one
 //! place that infers it. The leaf facts (a device, an MPS control daemon, a MIG slice, the
 //! CDI device IDs of a request, a container) are record types too (`leaf.rs`), so a change
 //! of the protocol never changes the disk; a record is checked as input when read
@@ -18,7 +18,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use gpushare_proto::{GroupInfo, StrategyInfo, TimeSliceInterval};
+use gpushare_proto::TimeSliceInterval;
 
 use super::leaf::{AttachmentRecord, DeviceRecord, MigSliceRecord, MpsRecord, RequestRecord};
 
@@ -263,7 +263,8 @@ impl GroupRecord {
     }
 
     /// The group this record describes. Without `kind` (format 3 and older) it is read as
-    /// the protocol's group it was ([`crate::claim::wire::group_of`]). A `kind` that
+    /// the protocol's group it was, inferred as one of those is
+    /// ([`crate::claim::wire::group_of_old`]). A `kind` that
     /// disagrees with the sharing recorded (a `TimeSlicing` group holding MPS) keeps what was
     /// recorded: what the group holds on the host is what a release must find.
     pub fn into_group(self) -> Group {
@@ -285,18 +286,14 @@ impl GroupRecord {
             }
             (Some(_), SharingRecord::Mps(m)) if slices.is_empty() => Sharing::Mps(m.into()),
             (_, sharing) => {
-                return crate::claim::wire::group_of(GroupInfo {
-                    requests: self.requests,
-                    devices,
-                    sharing: match sharing {
-                        SharingRecord::Exclusive => StrategyInfo::Exclusive,
-                        SharingRecord::TimeSlicing { interval } => StrategyInfo::TimeSlicing {
-                            interval: interval.into(),
-                        },
-                        SharingRecord::Mps(m) => StrategyInfo::Mps(m.into()),
+                let stated = match sharing {
+                    SharingRecord::Exclusive => Sharing::Exclusive,
+                    SharingRecord::TimeSlicing { interval } => Sharing::TimeSlicing {
+                        interval: interval.into(),
                     },
-                    mig: slices,
-                })
+                    SharingRecord::Mps(m) => Sharing::Mps(m.into()),
+                };
+                return crate::claim::wire::group_of_old(self.requests, devices, stated, slices);
             }
         };
         Group {
@@ -418,7 +415,7 @@ pub struct TombstoneRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpushare_proto::ClaimInfo;
+    use gpushare_proto::{ClaimInfo, StrategyInfo};
 
     fn v2_claims() -> Vec<ClaimInfo> {
         let v: serde_json::Value =

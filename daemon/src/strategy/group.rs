@@ -13,8 +13,6 @@
 
 use std::fmt;
 
-use gpushare_proto::{MigInstanceInfo, MpsInfo};
-
 use super::mig::MigTarget;
 use super::mps::{MpsControl, MpsNode};
 use super::select::{GroupAsk, Planning};
@@ -22,7 +20,7 @@ use super::Strategy;
 use gpushare_core::Want;
 
 use crate::cdi::{self, ContainerEdits};
-use crate::claim::{Group, Sharing};
+use crate::claim::{Group, MigSlice, MpsDaemon, Sharing};
 use crate::error::ServiceError;
 use crate::gpu::GpuBackend;
 
@@ -122,7 +120,7 @@ pub struct Applied {
 pub trait GroupRecorder {
     /// Records `mps` as the group's MPS control daemon (just started, with its pid): an MPS
     /// group's, or the one on a MIG group's slices.
-    fn mps(&self, mps: &MpsInfo);
+    fn mps(&self, mps: &MpsDaemon);
 
     /// Records `rec`, a GPU instance just made, as one of the group's MIG instances and
     /// writes the claim's record to disk before anything else happens to the instance: a
@@ -131,21 +129,21 @@ pub trait GroupRecorder {
     ///
     /// # Errors
     /// `Internal` when the record cannot be written (the caller destroys the GPU instance).
-    fn mig_made(&self, rec: &MigInstanceInfo) -> Result<(), ServiceError>;
+    fn mig_made(&self, rec: &MigSlice) -> Result<(), ServiceError>;
 
     /// Records `rec` as one of the group's MIG instances, replacing the record of the same
     /// GPU instance (the one [`GroupRecorder::mig_made`] recorded, now with its compute
     /// instance); written with the claim's next change.
-    fn mig(&self, rec: &MigInstanceInfo);
+    fn mig(&self, rec: &MigSlice);
 
-    /// Marks `rec` as being destroyed ([`MigInstanceInfo::destroying`]) and writes the claim's
+    /// Marks `rec` as being destroyed ([`MigSlice::destroying`]) and writes the claim's
     /// record to disk, before its compute instance is destroyed: a crash between that and the
     /// destroy of its GPU instance leaves a record that still names the GPU instance, which
     /// the next start's release destroys.
     ///
     /// # Errors
     /// `Internal` when the record cannot be written (then nothing is destroyed).
-    fn mig_destroying(&self, rec: &MigInstanceInfo) -> Result<(), ServiceError>;
+    fn mig_destroying(&self, rec: &MigSlice) -> Result<(), ServiceError>;
 }
 
 /// The intents written before a MIG slice is made or taken (how a restarted gpushared knows
@@ -161,7 +159,7 @@ pub trait SliceIntents {
 
     /// Marks the intent of the slice `rec` names with its GPU-instance ID, the moment the GPU
     /// instance exists (before its record is on disk).
-    fn made(&self, rec: &MigInstanceInfo);
+    fn made(&self, rec: &MigSlice);
 
     /// Records in `target`'s intent that its prepare turns the GPU's MIG mode on, before the
     /// mode changes: a crash before the slice is recorded then still has the next start turn

@@ -6,16 +6,15 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpushare_proto::{ClaimDevice, ErrorCode, TimeSliceInterval};
+use gpushare_proto::{ErrorCode, TimeSliceInterval};
 
 use super::*;
-use crate::claim::{Group, MigSharing, Sharing};
+use crate::claim::{Device, Group, MigSharing, MpsDaemon, Sharing};
 use crate::gpu::{SimFault, SimulatedBackend};
 use crate::strategy::mig::{self, Claimed, MigGroup};
 use crate::strategy::mps::{self, MpsDirs, MpsGroup, MpsLaunch};
 use crate::strategy::{life_of, Exclusive, TimeSlicing};
 use crate::sys::fake::FakeHost;
-use gpushare_proto::MpsInfo;
 
 /// What a group's strategy did to its record and the intents, in order.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,11 +25,11 @@ enum Seen {
     /// The intent marked with the GPU-instance ID.
     Marked(u32),
     /// An MPS control daemon recorded as started.
-    Mps(MpsInfo),
+    Mps(MpsDaemon),
     /// Recorded on disk (a GPU instance just made).
-    Saved(MigInstanceInfo),
-    Mig(MigInstanceInfo),
-    Destroying(MigInstanceInfo),
+    Saved(MigSlice),
+    Mig(MigSlice),
+    Destroying(MigSlice),
 }
 
 #[derive(Default)]
@@ -46,17 +45,17 @@ impl Recorder {
 }
 
 impl GroupRecorder for Recorder {
-    fn mps(&self, mps: &MpsInfo) {
+    fn mps(&self, mps: &MpsDaemon) {
         self.push(Seen::Mps(mps.clone()));
     }
-    fn mig_made(&self, rec: &MigInstanceInfo) -> Result<(), ServiceError> {
+    fn mig_made(&self, rec: &MigSlice) -> Result<(), ServiceError> {
         self.push(Seen::Saved(rec.clone()));
         Ok(())
     }
-    fn mig(&self, rec: &MigInstanceInfo) {
+    fn mig(&self, rec: &MigSlice) {
         self.push(Seen::Mig(rec.clone()));
     }
-    fn mig_destroying(&self, rec: &MigInstanceInfo) -> Result<(), ServiceError> {
+    fn mig_destroying(&self, rec: &MigSlice) -> Result<(), ServiceError> {
         self.push(Seen::Destroying(rec.clone()));
         Ok(())
     }
@@ -67,7 +66,7 @@ impl SliceIntents for Recorder {
         self.push(Seen::Reserved(target.device.clone()));
         Ok(target.clone())
     }
-    fn made(&self, rec: &MigInstanceInfo) {
+    fn made(&self, rec: &MigSlice) {
         self.push(Seen::Marked(rec.gi_id));
     }
     fn entering_mig_mode(&self, target: &MigTarget) -> Result<(), ServiceError> {
@@ -157,7 +156,7 @@ impl Node {
 }
 
 /// The record a prepare writes of a group, as the service builds it from `applied`.
-fn record(devices: Vec<ClaimDevice>, applied: Applied) -> Group {
+fn record(devices: Vec<Device>, applied: Applied) -> Group {
     Group {
         requests: vec!["gpu".into()],
         devices,
@@ -165,8 +164,8 @@ fn record(devices: Vec<ClaimDevice>, applied: Applied) -> Group {
     }
 }
 
-fn device(name: &str, uuid: &str) -> ClaimDevice {
-    ClaimDevice {
+fn device(name: &str, uuid: &str) -> Device {
+    Device {
         request: "gpu".into(),
         device: name.into(),
         uuid: uuid.into(),

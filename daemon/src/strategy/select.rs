@@ -9,13 +9,13 @@
 use std::path::Path;
 
 use gpushare_core::Want;
-use gpushare_proto::{ClaimDevice, ErrorCode, TimeSliceInterval};
+use gpushare_proto::{ErrorCode, TimeSliceInterval};
 
 use super::group::{GroupLife, GroupStrategy};
 use super::mig::{ClaimsView, Mig, MigGroup};
 use super::mps::{Mps, MpsGroup};
 use super::{Exclusive, Strategy, TimeSlicing};
-use crate::claim::{Group, Sharing as Held};
+use crate::claim::{Device, Group, Sharing as Held};
 use crate::config::{ClaimSpec, Sharing};
 use crate::error::ServiceError;
 use crate::gpu::{Gpu, GpuBackend};
@@ -57,7 +57,7 @@ pub struct GroupAsk<'a> {
     /// The requests the group serves, in order of first appearance.
     pub requests: &'a [String],
     /// The group's devices as allocated, sorted by GPU UUID.
-    pub devices: &'a [ClaimDevice],
+    pub devices: &'a [Device],
 }
 
 /// A group planned: its strategy, its devices (a MIG group's are its MIG devices, named
@@ -67,7 +67,7 @@ pub struct Planned {
     /// What its strategy needs of the group's GPUs, makes for it and records.
     pub strategy: Box<dyn GroupStrategy>,
     /// The group's devices as its claim records them.
-    pub devices: Vec<ClaimDevice>,
+    pub devices: Vec<Device>,
     /// `replicas`, where the config caps attached containers.
     pub replicas: Option<u32>,
 }

@@ -3,10 +3,10 @@
 
 use std::path::Path;
 
-use gpushare_proto::{ClaimDevice, ErrorCode, TimeSliceInterval};
+use gpushare_proto::{ErrorCode, TimeSliceInterval};
 
 use super::{plan, GroupAsk, Planned, Planning};
-use crate::claim::Sharing as Held;
+use crate::claim::{Device, Sharing as Held};
 use crate::config::{AllocatedDevice, ClaimSpec, DeviceGroup, MpsSettings, Sharing};
 use crate::error::ServiceError;
 use crate::gpu::{Gpu, GpuBackend, SimulatedBackend};
@@ -56,11 +56,11 @@ fn plan_of(
             backend.find(&format!("gpu-{minor}")).unwrap()
         })
         .collect();
-    let mut claimed: Vec<ClaimDevice> = spec
+    let mut claimed: Vec<Device> = spec
         .results
         .iter()
         .zip(&gpus)
-        .map(|(r, g)| ClaimDevice {
+        .map(|(r, g)| Device {
             request: r.request.clone(),
             device: r.device.clone(),
             uuid: g.uuid.clone(),

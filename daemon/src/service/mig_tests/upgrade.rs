@@ -80,7 +80,9 @@ fn records_of_the_previous_format_keep_every_claim_daemon_and_slice() {
                         ),
                     ]),
                 );
-                for cmd in crate::strategy::mps::set_commands(&crate::strategy::mps::launch_of(m)) {
+                for cmd in crate::strategy::mps::set_commands(&crate::strategy::mps::launch_of(
+                    &m.clone().into(),
+                )) {
                     d.execute(&cmd);
                 }
                 if c.state == ClaimState::Degraded {
@@ -207,7 +209,9 @@ fn an_old_degraded_mig_mps_claim_whose_daemon_and_slices_are_there_comes_up_prep
         m.control_daemon_pid,
         BTreeMap::from([("CUDA_MPS_PIPE_DIRECTORY".to_string(), m.pipe_dir.clone())]),
     );
-    for cmd in crate::strategy::mps::set_commands(&crate::strategy::mps::launch_of(m)) {
+    for cmd in
+        crate::strategy::mps::set_commands(&crate::strategy::mps::launch_of(&m.clone().into()))
+    {
         d.execute(&cmd);
     }
     host.state().daemons.insert(PathBuf::from(&m.pipe_dir), d);

@@ -8,11 +8,10 @@
 //! Nothing here waits for a disk flush, and the MPS control daemon's liveness is its pidfd's
 //! (`Service::daemon_gone`), not a scan of `/proc/locks`.
 
-use gpushare_proto::{AttachParams, Attachment, ErrorCode};
-
-use crate::claim::{Cause, Phase};
+use gpushare_proto::{AttachParams, ErrorCode};
 
 use super::super::{now_secs, Service, State};
+use crate::claim::{Attachment, Cause, Phase};
 use crate::config;
 use crate::error::ServiceError;
 use crate::registry::Txn;

@@ -13,13 +13,13 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use gpushare_proto::{Attachment, ErrorCode, PrepareResult, RequestDevices};
+use gpushare_proto::{ErrorCode, PrepareResult, RequestDevices};
 use serde_json::Value;
 
 use super::super::plan::GroupPlan;
 use super::super::{asked, wants_of, Service, State};
 use crate::cdi;
-use crate::claim::{Claim, Event, Group, Phase};
+use crate::claim::{Attachment, Claim, Event, Group, Phase, Request};
 use crate::config::{self, ClaimSpec};
 use crate::error::ServiceError;
 use crate::registry::Txn;
@@ -98,7 +98,7 @@ impl Service {
                 }
                 return Ok(Again::Answered(PrepareResult {
                     uid: again.uid.clone(),
-                    requests: again.requests.clone(),
+                    requests: again.requests.iter().map(RequestDevices::from).collect(),
                     already_prepared: false,
                 }));
             }
@@ -157,7 +157,7 @@ impl Service {
         }
         Ok(PrepareResult {
             uid: existing.uid.clone(),
-            requests,
+            requests: requests.iter().map(RequestDevices::from).collect(),
             already_prepared: true,
         })
     }
@@ -218,7 +218,7 @@ impl Service {
         &self,
         spec: &ClaimSpec,
         groups: Vec<Group>,
-        requests: Vec<RequestDevices>,
+        requests: Vec<Request>,
         carried: Vec<Attachment>,
     ) -> Result<PrepareResult, ServiceError> {
         let mut tx = Txn::begin(self);
@@ -257,7 +257,7 @@ impl Service {
         tracing::info!(claim = %spec.uid, "claim prepared");
         Ok(PrepareResult {
             uid: spec.uid.clone(),
-            requests,
+            requests: requests.iter().map(RequestDevices::from).collect(),
             already_prepared: false,
         })
     }

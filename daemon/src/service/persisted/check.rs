@@ -4,9 +4,7 @@
 
 use std::path::Path;
 
-use gpushare_proto::{MigInstanceInfo, MpsInfo, RequestDevices};
-
-use crate::claim::{Claim, Group, Phase};
+use crate::claim::{Claim, Group, MigSlice, MpsDaemon, Phase, Request};
 use crate::config;
 
 /// Why a claim record read back from disk is refused: one line naming the field at fault.
@@ -182,7 +180,7 @@ fn check_requests(info: &Claim) -> Result<Vec<&str>, Refused> {
 
 /// A request's CDI device IDs: the claim's own device, or the driver's device of one of the
 /// claim's own GPUs or MIG devices.
-fn check_request_ids(info: &Claim, r: &RequestDevices, single: bool) -> Result<(), Refused> {
+fn check_request_ids(info: &Claim, r: &Request, single: bool) -> Result<(), Refused> {
     let own = crate::cdi::qualified_name(&crate::cdi::device_name(&info.uid, &r.request, single));
     let ids = r
         .cdi_device_ids
@@ -228,7 +226,7 @@ fn check_group(info: &Claim, g: &Group, names: &[&str], claim_dir: &Path) -> Res
 
 /// A MIG slice: names of safe characters, marked as being destroyed only on a claim being
 /// released.
-fn check_slice(m: &MigInstanceInfo, phase: Phase) -> Result<(), Refused> {
+fn check_slice(m: &MigSlice, phase: Phase) -> Result<(), Refused> {
     safe_name("MIG device name", &m.device)?;
     safe_name("GPU UUID", &m.gpu_uuid)?;
     if !m.uuid.is_empty() {
@@ -252,7 +250,7 @@ fn check_slice(m: &MigInstanceInfo, phase: Phase) -> Result<(), Refused> {
 
 /// A group's MPS control daemon: its directories this claim's, its visible devices among the
 /// group's, a process id, an active thread percentage from 1 to 100.
-fn check_mps(g: &Group, m: &MpsInfo, claim_dir: &Path) -> Result<(), Refused> {
+fn check_mps(g: &Group, m: &MpsDaemon, claim_dir: &Path) -> Result<(), Refused> {
     check_mps_dirs(claim_dir, m)?;
     let known = |v: &String| {
         g.devices.iter().any(|d| &d.uuid == v) || g.slices().iter().any(|x| &x.uuid == v)
@@ -330,7 +328,7 @@ fn safe_name(what: &'static str, s: &str) -> Result<(), Refused> {
 
 /// The MPS directories a record names must be exactly the ones this daemon makes for the
 /// claim: `<claim-dir>/mps-<5 hex digits>/{pipe,log,shm}`.
-fn check_mps_dirs(claim_dir: &Path, m: &MpsInfo) -> Result<(), Refused> {
+fn check_mps_dirs(claim_dir: &Path, m: &MpsDaemon) -> Result<(), Refused> {
     let pipe = Path::new(&m.pipe_dir);
     let root = pipe.parent().unwrap_or(pipe);
     let group_ok = root.parent() == Some(claim_dir)

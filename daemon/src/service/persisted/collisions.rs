@@ -19,11 +19,10 @@ pub(in crate::service) fn mig_collisions<'a>(
         let settled = matches!(c.phase, Phase::Prepared | Phase::Degraded);
         (!settled, *rebuilt, c.generation, c.uid.clone())
     });
-    let mut held: Vec<(&str, &gpushare_proto::MigInstanceInfo)> = Vec::new();
+    let mut held: Vec<(&str, &crate::claim::MigSlice)> = Vec::new();
     let mut refused = Vec::new();
     for (c, _) in order {
-        let mine: Vec<&gpushare_proto::MigInstanceInfo> =
-            c.groups.iter().flat_map(|g| g.slices()).collect();
+        let mine: Vec<&crate::claim::MigSlice> = c.groups.iter().flat_map(|g| g.slices()).collect();
         let hit = mine.iter().find_map(|m| {
             held.iter()
                 .find(|(_, h)| {
@@ -32,7 +31,7 @@ pub(in crate::service) fn mig_collisions<'a>(
                         && h.placement_start < m.placement_start + m.memory_slices;
                     // A name the driver's spec gives the slice (its MIG UUID, or the
                     // first one it keeps after being made again) names one device only.
-                    let names = |x: &'a gpushare_proto::MigInstanceInfo| {
+                    let names = |x: &'a crate::claim::MigSlice| {
                         [x.uuid.as_str(), x.original_uuid.as_str()]
                             .into_iter()
                             .filter(|n| !n.is_empty())

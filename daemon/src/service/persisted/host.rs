@@ -18,7 +18,7 @@ use crate::store::{HostRecord, RECORD_FORMAT};
 pub(in crate::service) fn host_record_read(
     run_dir: &Path,
     uid: &str,
-) -> (Vec<gpushare_proto::Attachment>, Option<Claim>) {
+) -> (Vec<crate::claim::Attachment>, Option<Claim>) {
     let path = run_dir.join("claims").join(uid).join(HOST_RECORD);
     let record = fsutil::read_own_file(&path, MAX_HOST_RECORD_BYTES)
         .ok()

@@ -42,7 +42,9 @@ fn a_version_2_checkpoint_is_migrated_with_every_claim_and_mps_daemon_kept() {
                     BTreeMap::from([("CUDA_MPS_PIPE_DIRECTORY".to_string(), m.pipe_dir.clone())]),
                 );
                 // Configured as the previous release configured it.
-                for cmd in crate::strategy::mps::set_commands(&crate::strategy::mps::launch_of(m)) {
+                for cmd in crate::strategy::mps::set_commands(&crate::strategy::mps::launch_of(
+                    &m.clone().into(),
+                )) {
                     d.execute(&cmd);
                 }
                 host.state().daemons.insert(PathBuf::from(&m.pipe_dir), d);

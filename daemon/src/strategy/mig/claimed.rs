@@ -3,10 +3,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpushare_proto::MigInstanceInfo;
-
 use super::is_instance_of;
-use crate::claim::Claim;
+use crate::claim::{Claim, MigSlice};
 use crate::gpu::MigInstance;
 use crate::mig::{self, Occupied};
 
@@ -15,13 +13,13 @@ use crate::mig::{self, Occupied};
 /// to its claim until the claim is released), and what tells whose a live instance is.
 #[derive(Debug, Default, Clone)]
 pub struct Claimed {
-    by_gpu: BTreeMap<String, Vec<(String, MigInstanceInfo)>>,
+    by_gpu: BTreeMap<String, Vec<(String, MigSlice)>>,
 }
 
 impl Claimed {
     /// The slices every claim in `claims` records, whatever the claim's state.
     pub fn of<'a>(claims: impl IntoIterator<Item = &'a Claim>) -> Claimed {
-        let mut by_gpu: BTreeMap<String, Vec<(String, MigInstanceInfo)>> = BTreeMap::new();
+        let mut by_gpu: BTreeMap<String, Vec<(String, MigSlice)>> = BTreeMap::new();
         for c in claims {
             for m in c.slices() {
                 by_gpu
@@ -43,7 +41,7 @@ impl Claimed {
     }
 
     /// Whether a slice recorded on GPU `gpu_uuid` carries
-    /// [`MigInstanceInfo::enabled_mig_mode`]: gpushare turned MIG mode on there.
+    /// [`MigSlice::enabled_mig_mode`]: gpushare turned MIG mode on there.
     pub fn mode_enabled_by_gpushare(&self, gpu_uuid: &str) -> bool {
         self.by_gpu
             .get(gpu_uuid)

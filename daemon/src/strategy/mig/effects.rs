@@ -7,10 +7,8 @@
 
 use std::fmt;
 
-use gpushare_proto::MigInstanceInfo;
-
 use super::{Claimed, MigIntents};
-use crate::claim::Claim;
+use crate::claim::{Claim, MigSlice};
 use crate::driver_spec::DriverSpecs;
 use crate::error::ServiceError;
 use crate::gpu::GpuBackend;
@@ -34,7 +32,7 @@ pub trait RecoveredClaims: ClaimsView {
 
     /// Sets slice `ri` of group `gi` of claim `uid` to `rec` in the registry (published at
     /// once, on disk with the next commit).
-    fn set_slice(&self, uid: &str, gi: usize, ri: usize, rec: &MigInstanceInfo);
+    fn set_slice(&self, uid: &str, gi: usize, ri: usize, rec: &MigSlice);
 
     /// Writes the registry's changes to disk.
     ///

@@ -2,10 +2,8 @@
 //! moment its GPU instance exists, then an MPS control daemon on them where the claim asks
 //! for one; a release stops that daemon and then destroys the slices it ran on.
 
-use gpushare_proto::MigInstanceInfo;
-
 use super::{create, destroy, Mig, MigTarget};
-use crate::claim::{Group, MigSharing, Sharing};
+use crate::claim::{Group, MigSharing, MigSlice, Sharing};
 use crate::error::ServiceError;
 use gpushare_core::Want;
 
@@ -72,8 +70,8 @@ impl GroupStrategy for MigGroup {
 fn make_slices(
     fx: &GroupEffects<'_>,
     targets: &[MigTarget],
-) -> Result<Vec<MigInstanceInfo>, ServiceError> {
-    let mut done: Vec<MigInstanceInfo> = Vec::with_capacity(targets.len());
+) -> Result<Vec<MigSlice>, ServiceError> {
+    let mut done: Vec<MigSlice> = Vec::with_capacity(targets.len());
     for t in targets {
         let mut t = fx.intents.reserve(t)?;
         // A slice after one that turned MIG mode on carries the flag as well.

@@ -280,7 +280,7 @@ impl MigIntents {
 
     /// Marks `claim`'s intent for the slice `rec` names with its GPU-instance ID, the moment
     /// the instance exists: the sweep then takes for ours only the instance with that ID.
-    pub fn made(&self, claim: &str, rec: &gpushare_proto::MigInstanceInfo) {
+    pub fn made(&self, claim: &str, rec: &crate::claim::MigSlice) {
         let mut live = self.lock();
         let Some(i) = live.iter_mut().find(|i| {
             i.claim == claim

@@ -75,8 +75,9 @@ pub use slice::{create, destroy, driver_name_of, is_instance_of, is_whole_instan
 pub use start::{honoured_intents, leave_mig_mode_at_start, sweep_at_start, LeftIntents};
 pub use sweep::{sweep_unowned, Swept};
 
-use gpushare_proto::{ErrorCode, MigInstanceInfo, MigOrigin};
+use gpushare_proto::ErrorCode;
 
+use crate::claim::{MigSlice, SliceOrigin};
 use crate::error::ServiceError;
 use crate::gpu::{Gpu, GpuError, MigInstance};
 use crate::mig::{GiProfile, MigModel};
@@ -113,15 +114,15 @@ pub struct MigTarget {
     /// The placement was chosen here (a whole GPU with `migProfile`), not named by the
     /// allocation: another may be chosen if a concurrent prepare takes this one first.
     pub chosen: bool,
-    /// Another claim's slice on the GPU carries [`MigInstanceInfo::enabled_mig_mode`]: so will
+    /// Another claim's slice on the GPU carries [`MigSlice::enabled_mig_mode`]: so will
     /// this one's, so that the last of them turns MIG mode off.
     pub carries_mode_flag: bool,
 }
 
 impl MigTarget {
     /// The claim record of this target before anything exists.
-    pub fn record(&self, gi_id: u32) -> MigInstanceInfo {
-        MigInstanceInfo {
+    pub fn record(&self, gi_id: u32) -> MigSlice {
+        MigSlice {
             request: self.request.clone(),
             device: self.device.clone(),
             gpu_uuid: self.gpu_uuid.clone(),
@@ -134,7 +135,7 @@ impl MigTarget {
             ci_id: None,
             uuid: String::new(),
             original_uuid: String::new(),
-            origin: MigOrigin::Created,
+            origin: SliceOrigin::Created,
             enabled_mig_mode: self.carries_mode_flag,
             destroying: false,
         }
@@ -152,13 +153,13 @@ impl MigTarget {
     }
 
     /// The claim record of the existing instance this target takes, if it takes one.
-    pub fn existing_record(&self) -> Option<MigInstanceInfo> {
+    pub fn existing_record(&self) -> Option<MigSlice> {
         let inst = self.existing.as_ref()?;
         let ci = inst.compute.as_ref()?;
-        Some(MigInstanceInfo {
+        Some(MigSlice {
             ci_id: Some(ci.ci_id),
             uuid: ci.uuid.clone(),
-            origin: MigOrigin::Existing,
+            origin: SliceOrigin::Existing,
             ..self.record(inst.gi_id)
         })
     }

@@ -6,10 +6,10 @@
 
 use std::collections::BTreeSet;
 
-use gpushare_proto::{ClaimDevice, ErrorCode};
+use gpushare_proto::ErrorCode;
 
 use super::{gpu_err, model_of, ClaimsView, MigIntents};
-use crate::claim::Claim;
+use crate::claim::{Claim, Device};
 use crate::error::ServiceError;
 use crate::gpu::{Gpu, GpuBackend};
 use crate::mig::MigModel;
@@ -160,7 +160,7 @@ pub fn check_whole_gpu(
 /// # Errors
 /// The backend's, naming the device; `Unsupported` where turning MIG mode off stays pending
 /// a GPU reset.
-pub fn leave_mig_mode(backend: &dyn GpuBackend, d: &ClaimDevice) -> Result<(), ServiceError> {
+pub fn leave_mig_mode(backend: &dyn GpuBackend, d: &Device) -> Result<(), ServiceError> {
     let Ok(mode) = backend.mig_mode(&d.uuid) else {
         return Ok(());
     };

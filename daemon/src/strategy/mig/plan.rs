@@ -5,9 +5,10 @@
 
 use std::path::Path;
 
-use gpushare_proto::{ClaimDevice, ErrorCode};
+use gpushare_proto::ErrorCode;
 
 use super::{check, repick, resolve, Claimed, ClaimsView, MigGroup, MigIntents, MigTarget};
+use crate::claim::Device;
 use crate::config::{ClaimSpec, MpsSettings};
 use crate::error::ServiceError;
 use crate::gpu::GpuBackend;
@@ -56,10 +57,10 @@ impl MigGroup {
 
     /// The group's devices as its claim records them: its MIG devices, named canonically,
     /// each with its parent GPU, in the order of its slices.
-    pub fn devices(&self) -> Vec<ClaimDevice> {
+    pub fn devices(&self) -> Vec<Device> {
         self.targets
             .iter()
-            .map(|t| ClaimDevice {
+            .map(|t| Device {
                 request: t.request.clone(),
                 device: t.device.clone(),
                 uuid: t.gpu_uuid.clone(),

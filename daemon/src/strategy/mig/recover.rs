@@ -9,10 +9,8 @@
 //! a reused GI ID from its own instance (NVIDIA/k8s-dra-driver-gpu, its DynamicMIG code in
 //! `cmd/gpu-kubelet-plugin`).
 
-use gpushare_proto::{MigInstanceInfo, MigOrigin};
-
 use super::{driver_name_of, is_whole_instance_of, RecoverEffects};
-use crate::claim::{Claim, Phase};
+use crate::claim::{Claim, MigSlice, Phase, SliceOrigin};
 use crate::driver_spec::DriverSpecs;
 use crate::gpu::GpuBackend;
 
@@ -23,7 +21,7 @@ enum Slice {
     /// Its instance is there, as recorded.
     Intact,
     /// Its instance was gone and is made again: the new record.
-    Recreated(MigInstanceInfo),
+    Recreated(MigSlice),
     /// Gone, and why it cannot be made again.
     Lost(String),
 }
@@ -122,12 +120,12 @@ fn take_recreated(
     fx: &RecoverEffects<'_>,
     uid: &str,
     (gi, ri): (usize, usize),
-    rec: &MigInstanceInfo,
-    mut new: MigInstanceInfo,
+    rec: &MigSlice,
+    mut new: MigSlice,
 ) {
     // The claim's CDI IDs keep the name it was prepared with.
     new.original_uuid = driver_name_of(rec).to_string();
-    if new.origin == MigOrigin::Existing {
+    if new.origin == SliceOrigin::Existing {
         tracing::warn!(claim = %uid, device = %rec.device, old_uuid = %rec.uuid, uuid = %new.uuid, gi = new.gi_id, "MIG slice vanished while gpushared was away; one made again at its placement by someone else is taken as it is");
     } else {
         tracing::warn!(claim = %uid, device = %rec.device, old_uuid = %rec.uuid, uuid = %new.uuid, gi = new.gi_id, "MIG slice vanished while gpushared was away; recreated at its placement");

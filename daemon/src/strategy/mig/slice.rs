@@ -1,9 +1,10 @@
 //! Making and destroying one claim's MIG slice, and telling a live instance is the one a
 //! record names.
 
-use gpushare_proto::{ErrorCode, MigInstanceInfo, MigOrigin};
+use gpushare_proto::ErrorCode;
 
 use super::{err, gpu_err, MigTarget};
+use crate::claim::{MigSlice, SliceOrigin};
 use crate::error::ServiceError;
 use crate::gpu::{GpuBackend, GpuError, MigInstance};
 
@@ -29,8 +30,8 @@ pub fn create(
     backend: &dyn GpuBackend,
     target: &MigTarget,
     entering_mig_mode: impl FnOnce() -> Result<(), ServiceError>,
-    mut created: impl FnMut(&MigInstanceInfo) -> Result<(), ServiceError>,
-) -> Result<MigInstanceInfo, ServiceError> {
+    mut created: impl FnMut(&MigSlice) -> Result<(), ServiceError>,
+) -> Result<MigSlice, ServiceError> {
     if let Some(inst) = &target.existing {
         return take(backend, target, inst);
     }
@@ -136,7 +137,7 @@ fn take(
     backend: &dyn GpuBackend,
     target: &MigTarget,
     inst: &MigInstance,
-) -> Result<MigInstanceInfo, ServiceError> {
+) -> Result<MigSlice, ServiceError> {
     let live = backend
         .mig_instances(&target.gpu_uuid)
         .map_err(|e| gpu_err(&target.device, e))?;
@@ -156,23 +157,23 @@ fn take(
 
 /// Destroys a claim's MIG instance: its compute instance, then its GPU instance. Before
 /// either goes, `begin` records on disk that the destroy has begun
-/// ([`MigInstanceInfo::destroying`]; not again for a record that says so already), so that a
+/// ([`MigSlice::destroying`]; not again for a record that says so already), so that a
 /// crash between the two leaves a record that still names the GPU instance left without its
 /// compute instance, and the next start finishes the job. Only the instance whose identity
 /// matches `rec` ([`is_instance_of`]) is touched: the driver reuses GPU-instance IDs, so an
 /// instance made since at the same ID and placement (by hand, by a layout) is another's.
 /// Instances already gone count as destroyed (idempotent), and so does a GPU no longer in MIG
-/// mode. An instance the claim took as it existed ([`MigOrigin::Existing`]) is left as it is.
+/// mode. An instance the claim took as it existed ([`SliceOrigin::Existing`]) is left as it is.
 ///
 /// # Errors
 /// `begin`'s error (then nothing is destroyed); as [`gpu_err`] (e.g. `Conflict` while
 /// processes use the instance).
 pub fn destroy(
     backend: &dyn GpuBackend,
-    rec: &MigInstanceInfo,
+    rec: &MigSlice,
     begin: impl FnOnce() -> Result<(), ServiceError>,
 ) -> Result<(), ServiceError> {
-    if rec.origin == MigOrigin::Existing {
+    if rec.origin == SliceOrigin::Existing {
         tracing::info!(device = %rec.device, gi = rec.gi_id, uuid = %rec.uuid, "MIG device existed before the claim; left as it is");
         return Ok(());
     }
@@ -224,9 +225,9 @@ pub fn destroy(
 /// instance is recorded) matches its GPU instance whatever it holds now. A record with its
 /// compute instance does not match a GPU instance without one (the driver reuses GI IDs, and
 /// an operator half-way through making a new instance there is not to be undone), unless the
-/// record says its destroy had begun ([`MigInstanceInfo::destroying`], on disk before the
+/// record says its destroy had begun ([`MigSlice::destroying`], on disk before the
 /// compute instance went): then the GPU instance left without it is the record's.
-pub fn is_instance_of(rec: &MigInstanceInfo, inst: &MigInstance) -> bool {
+pub fn is_instance_of(rec: &MigSlice, inst: &MigInstance) -> bool {
     inst.gi_id == rec.gi_id
         && inst.profile.0 == rec.gi_profile_id
         && inst.placement.start == rec.placement_start
@@ -240,13 +241,13 @@ pub fn is_instance_of(rec: &MigInstanceInfo, inst: &MigInstance) -> bool {
 
 /// Whether `inst` is `rec`'s instance, whole: as [`is_instance_of`], with the compute
 /// instance recorded and there.
-pub fn is_whole_instance_of(rec: &MigInstanceInfo, inst: &MigInstance) -> bool {
+pub fn is_whole_instance_of(rec: &MigSlice, inst: &MigInstance) -> bool {
     rec.ci_id.is_some() && inst.compute.is_some() && is_instance_of(rec, inst)
 }
 
 /// The driver spec's device name a claim's IDs use for slice `m`: its first MIG UUID when it
-/// was made again since ([`MigInstanceInfo::original_uuid`]), else its MIG UUID.
-pub fn driver_name_of(m: &MigInstanceInfo) -> &str {
+/// was made again since ([`MigSlice::original_uuid`]), else its MIG UUID.
+pub fn driver_name_of(m: &MigSlice) -> &str {
     if m.original_uuid.is_empty() {
         &m.uuid
     } else {

@@ -4,12 +4,13 @@
 use std::cell::Cell;
 use std::path::Path;
 
-use gpushare_proto::{ClaimDevice, ErrorCode};
+use gpushare_proto::ErrorCode;
 
 use super::{
     check_whole_gpu, leave_mig_mode, live_mig, reserve_slice, resolve, Claimed, ClaimsView,
     MigIntents, MigTarget,
 };
+use crate::claim::Device;
 use crate::gpu::{GpuBackend, SimulatedBackend};
 use crate::mig::{CiProfileIndex, GiProfileId};
 
@@ -65,7 +66,7 @@ fn a_whole_gpu_claim_takes_an_idle_h100_out_of_mig_mode_without_reading_the_clai
     let claims = NoClaims::default();
     check_whole_gpu(&backend, &claims, &gpu).unwrap();
     assert_eq!(claims.0.get(), 0);
-    let d = ClaimDevice {
+    let d = Device {
         request: "gpu".into(),
         device: gpu.device_name(),
         uuid: gpu.uuid.clone(),

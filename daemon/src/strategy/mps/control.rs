@@ -6,10 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gpushare_proto::MpsInfo;
-
 use super::{launch_of, percentage_display, pinned_limit_display, set_commands};
 use super::{AdoptError, MpsDirs, MpsError, MpsLaunch};
+use crate::claim::MpsDaemon;
 use crate::fsutil;
 use crate::sys::{CommandSpec, HostOps};
 
@@ -128,7 +127,7 @@ impl MpsControl {
     ///
     /// # Errors
     /// Any [`MpsError`]; nothing is left behind.
-    pub fn start(&self, launch: &MpsLaunch) -> Result<MpsInfo, MpsError> {
+    pub fn start(&self, launch: &MpsLaunch) -> Result<MpsDaemon, MpsError> {
         self.start_with(launch, false)
     }
 
@@ -139,11 +138,11 @@ impl MpsControl {
     ///
     /// # Errors
     /// Any [`MpsError`]; a daemon started by the failed attempt is stopped.
-    pub fn restart(&self, launch: &MpsLaunch) -> Result<MpsInfo, MpsError> {
+    pub fn restart(&self, launch: &MpsLaunch) -> Result<MpsDaemon, MpsError> {
         self.start_with(launch, true)
     }
 
-    fn start_with(&self, launch: &MpsLaunch, keep_dirs: bool) -> Result<MpsInfo, MpsError> {
+    fn start_with(&self, launch: &MpsLaunch, keep_dirs: bool) -> Result<MpsDaemon, MpsError> {
         let mut pid = None;
         let result = self.start_inner(launch, &mut pid, keep_dirs);
         if result.is_err() {
@@ -164,7 +163,7 @@ impl MpsControl {
         launch: &MpsLaunch,
         pid_out: &mut Option<i32>,
         keep_dirs: bool,
-    ) -> Result<MpsInfo, MpsError> {
+    ) -> Result<MpsDaemon, MpsError> {
         let dirs = &launch.dirs;
         dirs.check_socket_paths()?;
         self.stop_leftover(dirs, keep_dirs)?;
@@ -179,7 +178,7 @@ impl MpsControl {
             self.ui(dirs, &cmds)?;
         }
         let (atp, limits) = self.read_back(launch)?;
-        Ok(MpsInfo {
+        Ok(MpsDaemon {
             control_daemon_pid: pid,
             pipe_dir: dirs.pipe.display().to_string(),
             log_dir: dirs.log.display().to_string(),
@@ -336,7 +335,7 @@ impl MpsControl {
     ///
     /// # Errors
     /// [`AdoptError`]: why it cannot be adopted, in one line.
-    pub fn check_adoptable(&self, info: &MpsInfo) -> Result<(), AdoptError> {
+    pub fn check_adoptable(&self, info: &MpsDaemon) -> Result<(), AdoptError> {
         let launch = launch_of(info);
         let pid = info.control_daemon_pid;
         match self.holder(&launch.dirs) {

@@ -5,10 +5,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use gpushare_proto::{ErrorCode, MpsInfo};
+use gpushare_proto::ErrorCode;
 
 use super::{Mps, MpsDirs, MpsLaunch};
-use crate::claim::{Group, Sharing};
+use crate::claim::{Group, MpsDaemon, Sharing};
 use crate::config::MpsSettings;
 use crate::error::ServiceError;
 use gpushare_core::Want;
@@ -146,8 +146,8 @@ pub fn plan_launch(
 
 /// The record of `launch`'s daemon before it runs: its directories (so that a rollback or a
 /// restarted gpushared can clean them), pid 0, nothing read back yet, what was asked.
-pub fn planned_record(launch: &MpsLaunch) -> MpsInfo {
-    MpsInfo {
+pub fn planned_record(launch: &MpsLaunch) -> MpsDaemon {
+    MpsDaemon {
         control_daemon_pid: 0,
         pipe_dir: launch.dirs.pipe.display().to_string(),
         log_dir: launch.dirs.log.display().to_string(),
@@ -166,7 +166,10 @@ pub fn planned_record(launch: &MpsLaunch) -> MpsInfo {
 ///
 /// # Errors
 /// `Internal`, naming the claim, when the daemon did not start (nothing of it is left).
-pub fn start_recorded(fx: &GroupEffects<'_>, launch: &MpsLaunch) -> Result<MpsInfo, ServiceError> {
+pub fn start_recorded(
+    fx: &GroupEffects<'_>,
+    launch: &MpsLaunch,
+) -> Result<MpsDaemon, ServiceError> {
     let started = fx
         .mps
         .start(launch)

@@ -3,10 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-use gpushare_proto::{MpsInfo, MpsRequested};
 use sha2::{Digest, Sha256};
 
 use super::MpsError;
+use crate::claim::{MpsAsked, MpsDaemon};
 
 /// The longest socket the control daemon creates in its pipe directory.
 pub(super) const SOCKET_NAME: &str = "control_privileged";
@@ -95,8 +95,8 @@ pub struct MpsLaunch {
 
 impl MpsLaunch {
     /// What the claim asked of its daemon, as recorded beside what was read back.
-    pub fn requested(&self) -> MpsRequested {
-        MpsRequested {
+    pub fn requested(&self) -> MpsAsked {
+        MpsAsked {
             multi_user: self.multi_user,
             active_thread_percentage: self.active_thread_percentage,
             pinned_limits_mib: self.pinned_limits_mib.clone(),
@@ -107,7 +107,7 @@ impl MpsLaunch {
 
 /// The launch that (re)creates the daemon recorded in `info`: same directories, devices,
 /// options and limits as asked.
-pub fn launch_of(info: &MpsInfo) -> MpsLaunch {
+pub fn launch_of(info: &MpsDaemon) -> MpsLaunch {
     MpsLaunch {
         dirs: MpsDirs::from_pipe(Path::new(&info.pipe_dir)),
         visible_devices: info.visible_devices.clone(),

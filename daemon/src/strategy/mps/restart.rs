@@ -7,11 +7,9 @@
 use std::path::Path;
 use std::time::Instant;
 
-use gpushare_proto::MpsInfo;
-
 use super::supervise::{self, not_running, Restarts, RESTART_FAILED};
 use super::{launch_of, Liveness, MpsControl, MpsDirs, MpsError};
-use crate::claim::{Cause, Causes, Claim, Event, Phase};
+use crate::claim::{Cause, Causes, Claim, Event, MpsDaemon, Phase};
 use crate::registry::Claims;
 use crate::sys::Processes;
 
@@ -260,8 +258,8 @@ fn record_restarted(
     claims: &mut Claims,
     restarts: &mut Restarts,
     uid: &str,
-    old: &MpsInfo,
-    mut new: MpsInfo,
+    old: &MpsDaemon,
+    mut new: MpsDaemon,
     counted: bool,
 ) {
     let Some(c) = claims.get_mut(uid) else {
@@ -293,7 +291,7 @@ pub fn record_restart_failed(
     claims: &mut Claims,
     restarts: &mut Restarts,
     uid: &str,
-    old: &MpsInfo,
+    old: &MpsDaemon,
     e: &MpsError,
     down: Option<String>,
 ) -> String {

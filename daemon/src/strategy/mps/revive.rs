@@ -3,15 +3,14 @@
 //! otherwise; the claim's daemon causes go once all of its daemons run. What an MPS group's
 //! and a MIG group's [`crate::strategy::GroupLife::revive`] do.
 
-use gpushare_proto::MpsInfo;
-
 use super::restart::{change, daemons_running, restart_group, MpsNode};
+use crate::claim::MpsDaemon;
 
 /// Re-adopts or restarts `daemon`, an MPS control daemon of claim `uid` (after a reboot it
 /// is started again: none survived). Returns whether it was started again (which rewrote
 /// the claim's host record); a failure is recorded in the claim (`Degraded`, a retry
 /// scheduled).
-pub fn revive_daemon(node: &dyn MpsNode, uid: &str, daemon: &MpsInfo, rebooted: bool) -> bool {
+pub fn revive_daemon(node: &dyn MpsNode, uid: &str, daemon: &MpsDaemon, rebooted: bool) -> bool {
     if !rebooted && daemon.control_daemon_pid > 0 {
         match node.mps().check_adoptable(daemon) {
             Ok(()) => {

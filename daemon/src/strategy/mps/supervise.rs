@@ -6,9 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use gpushare_proto::MpsInfo;
-
-use crate::claim::{Claim, Phase};
+use crate::claim::{Claim, MpsDaemon, Phase};
 
 /// First delay before restarting a dead MPS control daemon; doubled after each failure.
 const RESTART_BASE: Duration = Duration::from_millis(500);
@@ -150,7 +148,7 @@ pub(super) fn now_secs() -> u64 {
 }
 
 /// The cause of a restart of a daemon found dead when gpushared started.
-pub(super) fn not_running(old: &MpsInfo) -> String {
+pub(super) fn not_running(old: &MpsDaemon) -> String {
     format!(
         "at {} s after the epoch: MPS control daemon (pid {}) on {} was not running when gpushared started",
         now_secs(),

@@ -2,9 +2,8 @@
 //! again at its placement where it is gone: the steps of [`check_slice`], for
 //! [`super::recreate_slices`].
 
-use gpushare_proto::{MigInstanceInfo, MigOrigin};
-
 use super::Slice;
+use crate::claim::{MigSlice, SliceOrigin};
 use crate::gpu::{GpuBackend, GpuError, MigInstance};
 use crate::mig::{GiProfileId, MigPlacement};
 use crate::strategy::mig::{self as strategy, Claimed, MigTarget, RecoverEffects};
@@ -16,7 +15,7 @@ pub(super) fn check_slice(
     uid: &str,
     gi: usize,
     ri: usize,
-    rec: &MigInstanceInfo,
+    rec: &MigSlice,
 ) -> Slice {
     if let Some(found) = slice_as_recorded(fx.backend, uid, rec) {
         return found;
@@ -40,7 +39,7 @@ pub(super) fn check_slice(
 /// GPU whole, `Lost` when the GPU's instances cannot be read or a half-made instance of it
 /// cannot be destroyed; `None` when it is to be made again (a half-made one destroyed
 /// first, so that it is made again whole).
-fn slice_as_recorded(backend: &dyn GpuBackend, uid: &str, rec: &MigInstanceInfo) -> Option<Slice> {
+fn slice_as_recorded(backend: &dyn GpuBackend, uid: &str, rec: &MigSlice) -> Option<Slice> {
     let gpu_name = format!("gpu-{}", rec.gpu_minor);
     let live = match backend.mig_instances(&rec.gpu_uuid) {
         Ok(v) => v,
@@ -73,7 +72,7 @@ fn slice_as_recorded(backend: &dyn GpuBackend, uid: &str, rec: &MigInstanceInfo)
 /// free for the slice to be made again.
 fn slice_at_placement(
     backend: &dyn GpuBackend,
-    rec: &MigInstanceInfo,
+    rec: &MigSlice,
     placement: &MigPlacement,
     others: &Claimed,
 ) -> Option<Slice> {
@@ -95,12 +94,7 @@ fn slice_at_placement(
 /// Why `rec`'s place cannot be had: live instance `o` overlaps it, named with its profile
 /// and who holds it (a claim of `others`, or the node's MIG layout), for the claim's
 /// `Degraded` reason.
-fn taken_by(
-    backend: &dyn GpuBackend,
-    rec: &MigInstanceInfo,
-    o: &MigInstance,
-    others: &Claimed,
-) -> String {
+fn taken_by(backend: &dyn GpuBackend, rec: &MigSlice, o: &MigInstance, others: &Claimed) -> String {
     let gpu_name = format!("gpu-{}", rec.gpu_minor);
     let by = others.owner(&rec.gpu_uuid, o).map_or_else(
         || "no claim: the node's MIG layout".to_string(),
@@ -119,7 +113,7 @@ fn taken_by(
 
 /// The instance to make `rec` again with, at its recorded placement on its GPU; or why
 /// there is none (the GPU, its MIG model or the slice's profile is gone).
-fn target_of(backend: &dyn GpuBackend, rec: &MigInstanceInfo) -> Result<MigTarget, String> {
+fn target_of(backend: &dyn GpuBackend, rec: &MigSlice) -> Result<MigTarget, String> {
     let Some(gpu) = backend.find(&rec.gpu_uuid) else {
         return Err(format!("the node has no GPU {}", rec.gpu_uuid));
     };
@@ -154,7 +148,7 @@ fn make_slice_again(
     fx: &RecoverEffects<'_>,
     uid: &str,
     (gi, ri): (usize, usize),
-    rec: &MigInstanceInfo,
+    rec: &MigSlice,
     target: &MigTarget,
 ) -> Slice {
     // Its intent first (a crash before the record names the new instance leaves it for
@@ -171,7 +165,7 @@ fn make_slice_again(
         // control daemon still name (a record naming a device it does not hold is refused
         // at start); without its compute instance it matches the new GPU instance by IDs
         // alone, so a crash now finds it half made and makes it again.
-        let half = MigInstanceInfo {
+        let half = MigSlice {
             uuid: rec.uuid.clone(),
             original_uuid: rec.original_uuid.clone(),
             ..partial.clone()
@@ -192,12 +186,7 @@ fn make_slice_again(
 /// After a failed [`make_slice_again`]: the record of slice `ri` of group `gi`
 /// of claim `uid` is set back to `rec`, unless the GPU instance it names now is still
 /// there.
-fn roll_back_slice(
-    fx: &RecoverEffects<'_>,
-    uid: &str,
-    (gi, ri): (usize, usize),
-    rec: &MigInstanceInfo,
-) {
+fn roll_back_slice(fx: &RecoverEffects<'_>, uid: &str, (gi, ri): (usize, usize), rec: &MigSlice) {
     // Back to the old record unless the GPU instance made is still there (its
     // rollback failed): then the record names it, for the release to destroy.
     let still = fx
@@ -217,25 +206,25 @@ fn roll_back_slice(
 }
 
 /// The live instance (of `live`) at exactly `rec`'s profile and `placement` that no claim of
-/// `others` records, as the slice's new record taken as it is (`MigOrigin::Existing`); only
+/// `others` records, as the slice's new record taken as it is (`SliceOrigin::Existing`); only
 /// one with its compute instance will do.
 fn existing_at(
-    rec: &MigInstanceInfo,
+    rec: &MigSlice,
     live: &[MigInstance],
     placement: &MigPlacement,
     others: &Claimed,
-) -> Option<MigInstanceInfo> {
+) -> Option<MigSlice> {
     let found = live.iter().find(|i| {
         i.profile.0 == rec.gi_profile_id
             && i.placement == *placement
             && others.owner(&rec.gpu_uuid, i).is_none()
     })?;
     let ci = found.compute.as_ref()?;
-    Some(MigInstanceInfo {
+    Some(MigSlice {
         gi_id: found.gi_id,
         ci_id: Some(ci.ci_id),
         uuid: ci.uuid.clone(),
-        origin: MigOrigin::Existing,
+        origin: SliceOrigin::Existing,
         ..rec.clone()
     })
 }
