@@ -118,7 +118,11 @@ impl Group {
     pub fn set_mps(&mut self, mps: MpsDaemon) {
         match &mut self.sharing {
             Sharing::Mig(m) => m.mps = Some(mps),
-            other => *other = Sharing::Mps(mps),
+            // A group of whole GPUs that runs a daemon is an MPS group (its planned record
+            // is already one: this replaces the daemon's record with the started one).
+            whole @ (Sharing::Mps(_) | Sharing::Exclusive | Sharing::TimeSlicing { .. }) => {
+                *whole = Sharing::Mps(mps);
+            }
         }
     }
 
@@ -126,7 +130,7 @@ impl Group {
     pub fn slices(&self) -> &[MigSlice] {
         match &self.sharing {
             Sharing::Mig(m) => &m.slices,
-            _ => &[],
+            Sharing::Exclusive | Sharing::TimeSlicing { .. } | Sharing::Mps(_) => &[],
         }
     }
 
@@ -134,7 +138,7 @@ impl Group {
     pub fn slices_mut(&mut self) -> Option<&mut Vec<MigSlice>> {
         match &mut self.sharing {
             Sharing::Mig(m) => Some(&mut m.slices),
-            _ => None,
+            Sharing::Exclusive | Sharing::TimeSlicing { .. } | Sharing::Mps(_) => None,
         }
     }
 

@@ -4,6 +4,7 @@
 
 use super::Slice;
 use crate::claim::{MigSlice, SliceOrigin};
+use crate::error::ServiceError;
 use crate::gpu::{GpuBackend, GpuError, MigInstance};
 use crate::mig::{GiProfileId, MigPlacement};
 use crate::strategy::mig::{self as strategy, Claimed, MigTarget, RecoverEffects};
@@ -30,7 +31,7 @@ pub(super) fn check_slice(
     }
     let target = match target_of(fx.backend, rec) {
         Ok(t) => t,
-        Err(why) => return Slice::Lost(why),
+        Err(why) => return Slice::Lost(why.to_string()),
     };
     make_slice_again(fx, uid, (gi, ri), rec, &target)
 }
@@ -111,22 +112,45 @@ fn taken_by(backend: &dyn GpuBackend, rec: &MigSlice, o: &MigInstance, others: &
     )
 }
 
+/// Why a recorded slice cannot be made again ([`target_of`]): the claim is `Degraded` with
+/// this as its slice's cause.
+#[derive(Debug, thiserror::Error)]
+enum NoTarget {
+    /// The GPU the slice was on is gone from the node.
+    #[error("the node has no GPU {uuid}")]
+    GpuGone {
+        /// The recorded GPU UUID.
+        uuid: String,
+    },
+    /// The GPU no longer has a MIG model gpushare knows: the refusal a prepare would answer,
+    /// whose message says it all (not a source: a chain would print it twice).
+    #[error("{}", .0.message)]
+    NoModel(ServiceError),
+    /// The GPU's MIG model has no such GPU-instance profile.
+    #[error("{product} has no GPU-instance profile {id}")]
+    NoProfile {
+        /// The GPU's product name.
+        product: String,
+        /// The recorded GPU-instance profile ID.
+        id: u32,
+    },
+}
+
 /// The instance to make `rec` again with, at its recorded placement on its GPU; or why
 /// there is none (the GPU, its MIG model or the slice's profile is gone).
-fn target_of(backend: &dyn GpuBackend, rec: &MigSlice) -> Result<MigTarget, String> {
-    let Some(gpu) = backend.find(&rec.gpu_uuid) else {
-        return Err(format!("the node has no GPU {}", rec.gpu_uuid));
-    };
-    let model = match strategy::model_of(gpu) {
-        Ok(m) => m,
-        Err(e) => return Err(e.message),
-    };
-    let Some(profile) = model.profile_by_id(GiProfileId(rec.gi_profile_id)) else {
-        return Err(format!(
-            "{} has no GPU-instance profile {}",
-            gpu.product_name, rec.gi_profile_id
-        ));
-    };
+fn target_of(backend: &dyn GpuBackend, rec: &MigSlice) -> Result<MigTarget, NoTarget> {
+    let gpu = backend
+        .find(&rec.gpu_uuid)
+        .ok_or_else(|| NoTarget::GpuGone {
+            uuid: rec.gpu_uuid.clone(),
+        })?;
+    let model = strategy::model_of(gpu).map_err(NoTarget::NoModel)?;
+    let profile = model
+        .profile_by_id(GiProfileId(rec.gi_profile_id))
+        .ok_or_else(|| NoTarget::NoProfile {
+            product: gpu.product_name.clone(),
+            id: rec.gi_profile_id,
+        })?;
     Ok(MigTarget {
         request: rec.request.clone(),
         device: rec.device.clone(),
