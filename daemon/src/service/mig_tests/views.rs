@@ -191,3 +191,32 @@ fn gpu_models_are_named_as_users_know_them() {
     }
     assert_eq!(MigModel::H200.to_string(), "NVIDIA H200");
 }
+
+#[test]
+fn a_mig_claims_strategy_metric_says_mig_with_or_without_a_daemon_on_its_slice() {
+    let f = fixture("p5.48xlarge", &[]);
+    let mps = json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 40}}});
+    f.service
+        .prepare(&claim("alone", &["gpu-1-mig-1g10gb-19-0"], None))
+        .unwrap();
+    f.service
+        .prepare(&claim("with-mps", &["gpu-1-mig-1g10gb-19-1"], Some(mps)))
+        .unwrap();
+    let Fixture { _dir, service, .. } = f;
+    let collector = crate::metrics::ServiceCollector::new(Arc::new(service), Arc::new(|_| true));
+    let registry = crate::metrics::registry(
+        &Arc::new(crate::metrics::RequestMetrics::default()),
+        collector,
+    );
+    let text = crate::metrics::render(&registry).unwrap();
+    for uid in ["alone", "with-mps"] {
+        let line = text
+            .lines()
+            .find(|l| {
+                l.starts_with("gpushare_claim_strategy{") && l.contains(&format!("claim=\"{uid}\""))
+            })
+            .unwrap_or_else(|| panic!("no strategy line for {uid}: {text}"));
+        assert!(line.ends_with("strategy=\"MIG\"} 1"), "{line}");
+    }
+}
