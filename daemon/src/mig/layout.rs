@@ -182,8 +182,9 @@ pub struct GpuState {
     pub minor: u32,
     /// Device name, `gpu-<minor>`.
     pub name: String,
-    /// The model, when the GPU is MIG-capable with known tables.
-    pub model: Option<MigModel>,
+    /// The model, when the GPU is MIG-capable with known tables; else why it has none (the
+    /// wording a prepare gives too: `strategy::mig::mig_model`).
+    pub model: Result<MigModel, String>,
     /// MIG mode in effect now.
     pub mig_enabled: bool,
     /// MIG mode after the next GPU reset (equal to `mig_enabled` unless a change is pending).
@@ -297,13 +298,14 @@ pub fn plan(
         let passes = |g: &GpuState| {
             wanted_ids.is_empty()
                 || g.model
-                    .is_some_and(|m| m.pci_device_ids().iter().any(|id| wanted_ids.contains(id)))
+                    .as_ref()
+                    .is_ok_and(|m| m.pci_device_ids().iter().any(|id| wanted_ids.contains(id)))
         };
         let selected: Vec<&GpuState> = match &e.devices {
             // As mig-parted: `all` passes over GPUs without MIG.
             Devices::All(_) => gpus
                 .iter()
-                .filter(|g| g.model.is_some() && passes(g))
+                .filter(|g| g.model.is_ok() && passes(g))
                 .collect(),
             Devices::List(minors) => {
                 let mut v = Vec::new();
@@ -314,10 +316,9 @@ pub fn plan(
                     if !passes(g) {
                         continue;
                     }
-                    if g.model.is_none() {
+                    if let Err(why) = &g.model {
                         return Err(LayoutError::Invalid(format!(
-                            "{at}: cannot set MIG mode on non MIG-capable GPU {}",
-                            g.name
+                            "{at}: cannot set MIG mode: {why}"
                         )));
                     }
                     v.push(g);
@@ -339,7 +340,7 @@ pub fn plan(
         let Some(g) = gpus.iter().find(|g| g.minor == minor) else {
             continue;
         };
-        let Some(model) = g.model else { continue };
+        let Ok(model) = g.model.clone() else { continue };
         let mut p = plan_gpu(g, model, entry)?;
         if !p.is_noop() {
             p.held_by.clone_from(&g.claims);

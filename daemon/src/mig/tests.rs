@@ -144,7 +144,7 @@ fn gpus() -> Vec<GpuState> {
         .map(|minor| GpuState {
             minor,
             name: format!("gpu-{minor}"),
-            model: Some(MigModel::A100Sxm4_40),
+            model: Ok(MigModel::A100Sxm4_40),
             mig_enabled: minor == 2,
             mig_pending: minor == 2,
             instances: Vec::new(),
@@ -289,7 +289,7 @@ fn plans_compare_with_the_pending_mode() {
     assert!(plan[1].note.is_some());
     // On Hopper the change is in effect at once: no note.
     for g in &mut now {
-        g.model = Some(MigModel::H100_80);
+        g.model = Ok(MigModel::H100_80);
     }
     let h100 = on
         .replace("3g.20gb", "3g.40gb")

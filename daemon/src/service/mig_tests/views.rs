@@ -173,7 +173,7 @@ fn gpu_models_are_named_as_users_know_them() {
             &[crate::mig::layout::GpuState {
                 minor: 0,
                 name: "gpu-0".into(),
-                model: Some(MigModel::A100Sxm4_40),
+                model: Ok(MigModel::A100Sxm4_40),
                 mig_enabled: true,
                 mig_pending: true,
                 instances: Vec::new(),
@@ -219,4 +219,33 @@ fn a_mig_claims_strategy_metric_says_mig_with_or_without_a_daemon_on_its_slice()
             .unwrap_or_else(|| panic!("no strategy line for {uid}: {text}"));
         assert!(line.ends_with("strategy=\"MIG\"} 1"), "{line}");
     }
+}
+
+#[test]
+fn a_mig_capable_gpu_without_profile_tables_is_named_alike_by_mig_plan_and_prepare() {
+    // A B200 supports MIG; gpushare has no profile tables for it (yet). The trial saw `mig
+    // plan` call it "non MIG-capable" while a prepare said "no MIG profile tables".
+    let f = fixture("p6-b200.48xlarge", &[]);
+    let plan = f
+        .service
+        .mig_apply(&MigApplyParams {
+            layout: "version: v1\nmig-configs:\n  on:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {\"1g.23gb\": 1}\n".into(),
+            config: "on".into(),
+            dry_run: true,
+        })
+        .unwrap_err();
+    let prepare = f
+        .service
+        .prepare(&claim("b200", &["gpu-0-mig-1g23gb-19-0"], None))
+        .unwrap_err();
+    let why = "gpu-0 (NVIDIA B200): gpushare has no MIG profile tables for this GPU";
+    assert_eq!(plan.code, ErrorCode::InvalidConfig, "{}", plan.message);
+    assert!(plan.message.contains(why), "{}", plan.message);
+    assert!(
+        !plan.message.contains("non MIG-capable"),
+        "{}",
+        plan.message
+    );
+    assert_eq!(prepare.code, ErrorCode::Unsupported, "{}", prepare.message);
+    assert!(prepare.message.contains(why), "{}", prepare.message);
 }

@@ -53,13 +53,11 @@ pub fn gpu_states(
         .gpus()
         .iter()
         .map(|g| {
-            let model = g
-                .mig_capable
-                .then(|| MigModel::from_product_name(&g.product_name))
-                .flatten();
+            let model = super::mig_model(g);
             let mode = backend.mig_mode(&g.uuid).unwrap_or_default();
             let instances = model
-                .map(|m| {
+                .as_ref()
+                .map(|&m| {
                     backend
                         .mig_instances(&g.uuid)
                         .unwrap_or_default()

@@ -169,30 +169,27 @@ fn err(code: ErrorCode, msg: impl Into<String>) -> ServiceError {
     ServiceError::new(code, msg)
 }
 
-/// The GPU's MIG model, or `Unsupported` naming why it has none.
+/// The GPU's MIG model, or `Unsupported` naming why it has none ([`mig_model`]).
 ///
 /// # Errors
 /// `Unsupported` for GPUs without MIG or without profile tables here.
 pub fn model_of(gpu: &Gpu) -> Result<MigModel, ServiceError> {
+    mig_model(gpu).map_err(|why| err(ErrorCode::Unsupported, why))
+}
+
+/// The GPU's MIG model, or why it has none, in the one wording a prepare and `mig plan`/`mig
+/// apply` both give: a GPU without MIG, or a MIG-capable GPU gpushare has no profile tables
+/// for (a newer model, such as a B200).
+///
+/// # Errors
+/// Why, naming the GPU and its product.
+pub fn mig_model(gpu: &Gpu) -> Result<MigModel, String> {
+    let (name, product) = (gpu.device_name(), &gpu.product_name);
     if !gpu.mig_capable {
-        return Err(err(
-            ErrorCode::Unsupported,
-            format!(
-                "{} ({}) does not support MIG",
-                gpu.device_name(),
-                gpu.product_name
-            ),
-        ));
+        return Err(format!("{name} ({product}) does not support MIG"));
     }
-    MigModel::from_product_name(&gpu.product_name).ok_or_else(|| {
-        err(
-            ErrorCode::Unsupported,
-            format!(
-                "{} ({}): gpushare has no MIG profile tables for this GPU",
-                gpu.device_name(),
-                gpu.product_name
-            ),
-        )
+    MigModel::from_product_name(product).ok_or_else(|| {
+        format!("{name} ({product}): gpushare has no MIG profile tables for this GPU")
     })
 }
 
