@@ -15,6 +15,7 @@
 mod decode;
 mod dispatch;
 pub mod listing;
+mod mig_audit;
 mod peer;
 mod shape;
 pub mod slots;

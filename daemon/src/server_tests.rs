@@ -637,3 +637,59 @@ async fn an_answer_naming_a_huge_value_is_not_as_huge() {
     let r = call(&mut s, r#"{"version":1,"id":5,"method":"version"}"#).await;
     assert!(r.result.is_some());
 }
+
+/// The trial of issue 29: `mig apply` changed a node's MIG layout with no line in the log
+/// saying so. Each apply and plan now gets one, as prepares do.
+#[test]
+fn each_mig_apply_is_logged_with_what_it_changed_and_its_outcome() {
+    use super::mig_audit::{log_mig_apply, MigAsk};
+    let out = Captured::default();
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let answer = serde_json::json!({"config": "all-3g", "dry_run": false, "gpus": [
+        {"gpu": "gpu-0", "set_mig_mode": true, "destroy": [], "create": ["gpu-0-mig-3g40gb-9-0=MIG-a", "gpu-0-mig-3g40gb-9-4=MIG-b"]},
+        {"gpu": "gpu-1", "destroy": ["gpu-1-mig-1g10gb-19-0"], "create": []},
+        {"gpu": "gpu-2", "destroy": [], "create": []}]});
+    let params = serde_json::json!({"layout": "…", "config": "all-3g", "dry_run": false});
+    tracing::subscriber::with_default(subscriber, || {
+        log_mig_apply(
+            &MigAsk::of(Some(&params)),
+            Some(&answer),
+            None,
+            Duration::from_millis(12),
+        );
+        log_mig_apply(
+            &MigAsk {
+                config: "busy".into(),
+                dry_run: false,
+            },
+            None,
+            Some((ErrorCode::Conflict, "gpu-3 is held by claim c")),
+            Duration::from_millis(1),
+        );
+    });
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    for field in [
+        "mig_apply",
+        "config=\"all-3g\"",
+        "gpus=gpu-0,gpu-1",
+        "mig_mode_changes=1",
+        "destroyed=1",
+        "created=2",
+        "outcome=ok",
+    ] {
+        assert!(lines[0].contains(field), "{field}: {}", lines[0]);
+    }
+    assert!(lines[1].contains("WARN"), "{}", lines[1]);
+    assert!(lines[1].contains("outcome=Conflict"), "{}", lines[1]);
+    assert!(
+        lines[1].contains("gpu-3 is held by claim c"),
+        "{}",
+        lines[1]
+    );
+}

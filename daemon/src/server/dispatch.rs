@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use super::decode::{decode_request, error_response};
 use super::listing::Listing;
+use super::mig_audit::{log_mig_apply, MigAsk};
 use super::{authorize, shape, Peer, ServerConfig};
 use crate::claim::wire::claim_info;
 use crate::error::ServiceError;
@@ -116,6 +117,7 @@ async fn respond(
         };
     }
     let claim_uid = claim_uid_of(method, request.params.as_ref());
+    let mig_ask = (method == Method::MigApply).then(|| MigAsk::of(request.params.as_ref()));
     let service = Arc::clone(service);
     let p = request.params;
     let uid = claim_uid.clone();
@@ -162,6 +164,13 @@ async fn respond(
     if matches!(method, Method::Prepare | Method::Unprepare) {
         let uid = claim_uid.as_deref().unwrap_or("?");
         log_claim_event(method, uid, info.as_deref(), error, took);
+    }
+    if let Some(ask) = &mig_ask {
+        let answer = match &outcome {
+            Ok(Ok(v)) => Some(v),
+            _ => None,
+        };
+        log_mig_apply(ask, answer, error, took);
     }
     Answer::Whole(match outcome {
         Ok(Ok(result)) => Response {

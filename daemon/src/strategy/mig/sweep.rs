@@ -34,7 +34,7 @@ pub fn sweep_unowned(
                 continue;
             }
             if !made_by_us(&gpu.uuid, &inst) {
-                tracing::info!(gpu = %gpu.device_name(), gi = inst.gi_id, placement = %inst.placement, profile = inst.profile.0, "MIG instance no claim holds, not made by gpushare (static MIG); left as it is");
+                tracing::info!(gpu = %gpu.device_name(), gi = inst.gi_id, placement = %inst.placement, profile = inst.profile.0, "MIG instance no claim holds and no claim's prepare made (static MIG: a layout from `gpushare mig apply`, mig-parted or nvidia-smi); left as it is");
                 continue;
             }
             let mut error = None;
