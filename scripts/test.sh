@@ -15,6 +15,8 @@ echo "== layout (no research/ citations, no daemon file over 500 production line
 ./scripts/check-layout.sh
 echo "== cargo clippy (service/ and strategy/: no function over 60 lines)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== rustdoc (every library's docs build: no broken or private intra-doc link)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --lib --locked
 echo "== minimum Rust version (Cargo.toml's rust-version is what the locked dependencies need)"
 ./scripts/check-msrv.sh
 echo "== cargo build"
