@@ -250,8 +250,10 @@ fn profiles(profile: Option<&str>, output: Output) -> Result<()> {
 
 /// Output into a closed pipe (`gpushare completion bash | head -1`) ends the process quietly,
 /// as it does for other command-line tools: Rust ignores SIGPIPE, so every `print!` would
-/// panic on EPIPE instead. Not for `demo`, which must live on to release its claims and stop
-/// its daemon (its output is diagnostics; losing the rest of it is harmless).
+/// panic on EPIPE instead. Chosen over handling each write's error because no command but
+/// `demo` holds anything of its own to undo when its reader goes. Not for `demo`, which must
+/// live on to release its claims and stop its daemon: it writes through `demo::emit`, which
+/// drops a failed write (its output is diagnostics; losing the rest of it is harmless).
 fn die_on_sigpipe() {
     use nix::sys::signal::{signal, SigHandler, Signal};
     // SAFETY: SIG_DFL installs no handler of ours, and no other thread exists yet.

@@ -574,3 +574,20 @@ fn an_mps_daemon_started_again_while_gpushared_starts_leaves_no_zombie() {
     let (status, log) = stop(p, daemon);
     assert!(status.success(), "{log}");
 }
+
+#[test]
+fn gpushared_prints_its_default_config_into_a_closed_pipe_quietly() {
+    // `gpushared --print-default-config | head`, once head has gone: the write fails with
+    // EPIPE (the daemon keeps SIGPIPE ignored), which must end it without a panic.
+    let (read, write) = nix::unistd::pipe().unwrap();
+    drop(read);
+    let out = Command::new(bin("gpushared"))
+        .arg("--print-default-config")
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(write))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(stderr_of(&out), "", "nothing on stderr, no panic");
+    assert!(out.status.success(), "{:?}", out.status);
+}
