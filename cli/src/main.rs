@@ -60,7 +60,8 @@ enum Command {
         file: PathBuf,
     },
     /// Release a claim, or with --all every claim of the node (one line per claim; asks
-    /// nothing: drain the node's pods first).
+    /// nothing: drain the node's pods first). A UID that names no prepared claim fails
+    /// (exit status 1): nothing was released.
     Unprepare {
         /// The claim's UID.
         #[arg(required_unless_present = "all", conflicts_with = "all")]
@@ -183,6 +184,13 @@ fn unprepared_line(r: &UnprepareResult) -> String {
     } else {
         format!("claim {} was not prepared; nothing to do\n", r.uid)
     }
+}
+
+/// The error of `gpushare unprepare <uid>` when gpushared holds no claim of that UID.
+fn no_claim_released(uid: &str) -> String {
+    format!(
+        "no claim with UID {uid:?} is prepared on this node: nothing was released (`gpushare claims` lists the claims gpushared holds)"
+    )
 }
 
 /// `gpushare unprepare --all`: every claim gpushared lists, released one by one with one
@@ -497,6 +505,15 @@ fn run(args: Args) -> Result<()> {
             require_root("unprepare")?;
             let r: UnprepareResult =
                 client.call(Method::Unprepare, Some(&UidParams { uid: uid.clone() }))?;
+            if !r.released {
+                // The socket's unprepare of an unknown claim is a success (kubelet retries
+                // it), but an operator who named one expected it released: a typo must not
+                // pass for done. -o json/yaml still print the answer.
+                if output != Output::Table {
+                    print_structured_or(&r, output, unprepared_line)?;
+                }
+                anyhow::bail!("{}", no_claim_released(uid));
+            }
             print_structured_or(&r, output, unprepared_line)?;
         }
         Command::Unprepare { uid: None, .. } => {
