@@ -123,6 +123,22 @@ fn expected_files() -> Vec<(&'static str, u32, bool)> {
         ),
         ("/usr/share/licenses/gpushare/LICENSE", 0o644, false),
         ("/usr/share/doc/gpushare/README.md", 0o644, false),
+        // The README's and docs/'s examples, at the same path relative to them.
+        (
+            "/usr/share/doc/gpushare/docs/examples/mig-layout.yaml",
+            0o644,
+            false,
+        ),
+        (
+            "/usr/share/doc/gpushare/docs/examples/guide-mig-3g20gb.yaml",
+            0o644,
+            false,
+        ),
+        (
+            "/usr/share/doc/gpushare/docs/examples/node-profile-mig.toml",
+            0o644,
+            false,
+        ),
         (
             "/usr/share/doc/gpushare/deployments/deviceclasses.yaml",
             0o644,
@@ -172,6 +188,15 @@ fn rpm_lists_every_file_with_modes_and_config_flags() {
             config,
             "{path}: flags {fflags:?} (config noreplace expected: {config})"
         );
+    }
+    // Every example of docs/examples/, which the README and docs/ name by relative path.
+    for e in fs::read_dir(workspace().join("docs/examples")).expect("docs/examples") {
+        let name = e.expect("entry").file_name();
+        let path = format!(
+            "/usr/share/doc/gpushare/docs/examples/{}",
+            name.to_string_lossy()
+        );
+        assert!(listed.contains(&path.as_str()), "{path} is not in the RPM");
     }
     // One man page per visible subcommand of the CLI, generated from its clap definition.
     let help = run(Command::new(bin("gpushare")).arg("--help"));
@@ -333,6 +358,27 @@ fn rpm_installs_upgrades_and_erases_in_a_root_and_units_verify() {
         let meta = fs::metadata(r.join(path.trim_start_matches('/')))
             .unwrap_or_else(|e| panic!("{path} not installed: {e}"));
         assert_eq!(meta.permissions().mode() & 0o7777, mode, "{path}");
+    }
+    // The preset, as systemd applies it to the installed tree: gpushared enabled; the
+    // plugin's unit installed but disabled (the plugin runs as the DaemonSet, and both
+    // would be two plugins for one driver on the node).
+    if need(which("systemctl").is_some(), "systemctl") {
+        let systemctl = || {
+            let mut c = Command::new("systemctl");
+            c.arg(format!("--root={}", r.display()));
+            c
+        };
+        run(systemctl().args(["preset", "gpushared.service", "gpushare-dra.service"]));
+        for (unit, want) in [
+            ("gpushared.service", "enabled"),
+            ("gpushare-dra.service", "disabled"),
+        ] {
+            let out = systemctl()
+                .args(["is-enabled", unit])
+                .output()
+                .expect("systemctl is-enabled");
+            assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), want, "{unit}");
+        }
     }
     // tmpfiles.d creates the directories with the modes the daemon expects.
     run(Command::new("systemd-tmpfiles")
