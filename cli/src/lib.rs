@@ -596,34 +596,50 @@ pub fn status_text(h: &HealthInfo, v: &VersionInfo) -> String {
     s
 }
 
-/// Writes `<name>.1` for `cmd` and `<name>-<sub>.1` for each visible subcommand into `dir`
-/// (man pages generated from the clap definitions, for packaging).
+/// Writes `<name>.1` for `cmd` and `<name>-<sub>.1` for each visible subcommand into `dir`,
+/// and so on down (`gpushare-mig-plan.1`): man pages generated from the clap definitions,
+/// for packaging.
 ///
 /// # Errors
 /// Rendering or writing failed.
 pub fn write_man_pages(cmd: &clap::Command, dir: &std::path::Path) -> anyhow::Result<()> {
-    use anyhow::Context as _;
     let mut cmd = cmd.clone();
+    // Global options (--socket, -o, --timeout) reach every subcommand's page.
     cmd.build();
-    let write = |c: &clap::Command, name: &str| -> anyhow::Result<()> {
-        let mut out = Vec::new();
-        clap_mangen::Man::new(
-            c.clone()
-                .display_name(name.to_string())
-                .bin_name(name.to_string()),
-        )
-        .render(&mut out)
-        .with_context(|| format!("rendering the man page of {name}"))?;
-        let path = dir.join(format!("{name}.1"));
-        std::fs::write(&path, out).with_context(|| format!("writing {}", path.display()))
-    };
     let top = cmd.get_name().to_string();
-    write(&cmd, &top)?;
-    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
-        if sub.get_name() == "help" {
-            continue;
-        }
-        write(sub, &format!("{top}-{}", sub.get_name()))?;
+    write_man_page(&cmd, &top, &top, dir)
+}
+
+/// `page.1` for `cmd`, whose synopsis is `typed` (`gpushare mig plan` on `gpushare-mig-plan`,
+/// as git's pages do), then one page per visible subcommand of it.
+fn write_man_page(
+    cmd: &clap::Command,
+    page: &str,
+    typed: &str,
+    dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let mut out = Vec::new();
+    clap_mangen::Man::new(
+        cmd.clone()
+            .display_name(page.to_string())
+            .bin_name(typed.to_string()),
+    )
+    .render(&mut out)
+    .with_context(|| format!("rendering the man page of {typed}"))?;
+    let path = dir.join(format!("{page}.1"));
+    std::fs::write(&path, out).with_context(|| format!("writing {}", path.display()))?;
+    for sub in cmd
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+    {
+        let name = sub.get_name();
+        write_man_page(
+            sub,
+            &format!("{page}-{name}"),
+            &format!("{typed} {name}"),
+            dir,
+        )?;
     }
     Ok(())
 }

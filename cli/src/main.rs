@@ -13,7 +13,8 @@ use gpushare_proto::{
     PrepareResult, UidParams, UnprepareResult, VersionInfo,
 };
 
-/// gpushare: inspect and control gpushared, the node's GPU sharing daemon.
+// The first line is the man page's NAME ("gpushare - <it>"): it does not start with the name.
+/// Inspect and control gpushared, the node's GPU sharing daemon.
 #[derive(Debug, Parser)]
 // The package is gpushare-cli; the command, its man pages and completions are `gpushare`.
 #[command(name = "gpushare", version)]

@@ -99,6 +99,9 @@ fn expected_files() -> Vec<(&'static str, u32, bool)> {
         ("/usr/share/man/man1/gpushare.1.gz", 0o644, false),
         ("/usr/share/man/man1/gpushare-doctor.1.gz", 0o644, false),
         ("/usr/share/man/man1/gpushare-prepare.1.gz", 0o644, false),
+        ("/usr/share/man/man1/gpushare-mig.1.gz", 0o644, false),
+        ("/usr/share/man/man1/gpushare-mig-plan.1.gz", 0o644, false),
+        ("/usr/share/man/man1/gpushare-mig-apply.1.gz", 0o644, false),
         (
             "/usr/share/bash-completion/completions/gpushare",
             0o644,
@@ -485,6 +488,58 @@ fn rpm_installs_upgrades_and_erases_in_a_root_and_units_verify() {
         fs::read_to_string(r.join("etc/gpushare/config.toml.rpmsave")).expect("rpmsave"),
         edited
     );
+}
+
+#[test]
+fn every_man_page_names_its_command_once() {
+    // What build-rpm.sh runs, each page's NAME line read: "<page> - <what it does>", never
+    // "gpushared - gpushared: …".
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    for (binary, args) in [
+        ("gpushare", &["generate-man"][..]),
+        ("gpushared", &["--generate-man"][..]),
+        ("gpushare-dra", &["--generate-man"][..]),
+        ("gpushare-cdi-hook", &["--generate-man"][..]),
+        ("gpushare-runtime", &["--generate-man"][..]),
+    ] {
+        run(Command::new(bin(binary)).args(args).arg(d));
+    }
+    let mut seen = Vec::new();
+    for e in fs::read_dir(d).expect("pages") {
+        let path = e.expect("entry").path();
+        let page = fs::read_to_string(&path).expect("page");
+        let file = path
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        let line = page
+            .split(".SH NAME\n")
+            .nth(1)
+            .and_then(|rest| rest.lines().next())
+            .unwrap_or_else(|| panic!("{file}: no NAME section"))
+            .replace("\\-", "-");
+        let (name, what) = line
+            .split_once(" - ")
+            .unwrap_or_else(|| panic!("{file}: {line}"));
+        assert!(file.starts_with(&format!("{name}.")), "{file}: {line}");
+        let first = what.split([':', ' ']).next().unwrap_or_default();
+        assert!(
+            !first.eq_ignore_ascii_case(name) && !what.trim().is_empty(),
+            "{file}: NAME repeats the name: {line}"
+        );
+        seen.push(file);
+    }
+    seen.sort();
+    for page in [
+        "gpushared.8",
+        "gpushare.1",
+        "gpushare-mig-plan.1",
+        "gpushare-dra.8",
+    ] {
+        assert!(seen.iter().any(|f| f == page), "{page} not among {seen:?}");
+    }
 }
 
 /// `(major, minor)` of every `GLIBC_x.y` symbol version `objdump -T` shows for `path`.
