@@ -46,6 +46,12 @@ enum Command {
         /// drops them gets, the devices that exist.
         #[arg(long, value_name = "KUBERNETES_VERSION", value_parser = kubernetes_minor)]
         partitionable: Option<u32>,
+        /// With `-o resourceslice`: the API version written, `resource.k8s.io/v1` (Kubernetes
+        /// 1.34+), `resource.k8s.io/v1beta2` (1.33+) or `resource.k8s.io/v1beta1` (1.32+; each
+        /// device's attributes and capacity under `basic`). Default: the best one the version
+        /// of `--partitionable` serves, else `resource.k8s.io/v1`.
+        #[arg(long, value_name = "API_VERSION", value_parser = cli::parse_api_version)]
+        api_version: Option<gpushare_slice::ApiVersion>,
     },
     /// All claims.
     Claims,
@@ -321,14 +327,20 @@ fn run(args: Args) -> Result<()> {
             "-o resourceslice applies to `gpushare gpus` only; use -o table, json or yaml here"
         );
     }
-    if matches!(
-        args.command,
-        Command::Gpus {
-            partitionable: Some(_)
-        }
-    ) && args.output != Some(Output::ResourceSlice)
+    // The version `-o resourceslice` writes, checked before anything is asked.
+    let mut slice_version = gpushare_slice::ApiVersion::V1;
+    if let Command::Gpus {
+        partitionable,
+        api_version,
+    } = &args.command
     {
-        anyhow::bail!("--partitionable applies to `gpushare gpus -o resourceslice` only");
+        if args.output == Some(Output::ResourceSlice) {
+            slice_version = cli::slice_api_version(*api_version, *partitionable)?;
+        } else if partitionable.is_some() {
+            anyhow::bail!("--partitionable applies to `gpushare gpus -o resourceslice` only");
+        } else if api_version.is_some() {
+            anyhow::bail!("--api-version applies to `gpushare gpus -o resourceslice` only");
+        }
     }
     match &args.command {
         Command::Doctor {
@@ -446,18 +458,23 @@ fn run(args: Args) -> Result<()> {
             let both = serde_json::json!({"health": h, "version": v});
             print_structured_or(&both, output, |_| cli::status_text(&h, &v))?;
         }
-        Command::Gpus { partitionable } => {
+        Command::Gpus { partitionable, .. } => {
+            let version = slice_version;
             let gpus: Vec<GpuInfo> = client.call(Method::ListGpus, none)?;
             if output == Output::ResourceSlice {
                 let h: HealthInfo = client.call(Method::Health, none)?;
                 match partitionable {
-                    None => print!("{}", cli::resource_slice_yaml(&gpus, &h.node_name)?),
+                    None => print!(
+                        "{}",
+                        cli::resource_slice_yaml(&gpus, &h.node_name, version)?
+                    ),
                     Some(minor) => print!(
                         "{}",
                         cli::resource_pool_yaml(
                             &gpus,
                             &h.node_name,
-                            gpushare_slice::Layout::partitionable(*minor)
+                            gpushare_slice::Layout::partitionable(*minor),
+                            version
                         )?
                     ),
                 }
