@@ -20,6 +20,28 @@ use serde_json::Value;
 use crate::{claim_detail, claims_table, container, gpus_table, mig_table};
 use gpushare::cli_api::{parse_claim_document, pid_alive, split_kind};
 
+/// Writes the demo's output to stdout, ignoring a failed write. The demo keeps Rust's
+/// ignored SIGPIPE (`main` restores the default for every other command): it must live on
+/// after `gpushare demo | head` closes the pipe, to release its claims and stop its
+/// gpushared, and `print!` would panic on the EPIPE instead. Its output is diagnostics, so
+/// losing the rest of it is harmless; the clean-up's checks still fail the command.
+fn emit(args: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    // A closed pipe (BrokenPipe) or any other failed write: nothing is left to tell.
+    let _ = out.write_fmt(args).and_then(|()| out.flush());
+}
+
+/// `print!` for the demo: [`emit`].
+macro_rules! say {
+    ($($arg:tt)*) => { emit(format_args!($($arg)*)) };
+}
+
+/// `println!` for the demo: [`emit`].
+macro_rules! sayln {
+    ($($arg:tt)*) => { emit(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
 /// Node name of the sample claims' allocations.
 pub const DEMO_NODE: &str = "ip-10-0-1-23.us-west-2.compute.internal";
 
@@ -141,7 +163,7 @@ fn short_id(id: &str) -> &str {
 }
 
 fn step(text: &str) {
-    println!("\n==> {text}");
+    sayln!("\n==> {text}");
 }
 
 /// Runs the demo.
@@ -244,7 +266,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         health.gpus, health.mps_control
     ));
     // As gpushared reports the claims' specs: resolved (/var/run/cdi is a link to /run/cdi).
-    println!(
+    sayln!(
         "  the driver's CDI spec (what NVIDIA's nvidia-ctk cdi generate writes, simulated): {}",
         fs::canonicalize(&driver_spec)
             .unwrap_or_else(|_| driver_spec.clone())
@@ -262,11 +284,11 @@ pub fn run(args: &DemoArgs) -> Result<()> {
                     .iter()
                     .flat_map(|q| q.cdi_device_ids.clone())
                     .collect();
-                println!("  {file:<26} prepared -> {}", ids.join(", "));
+                sayln!("  {file:<26} prepared -> {}", ids.join(", "));
                 prepared.push(r.uid);
             }
             Err(e) => match e.remote() {
-                Some(body) => println!("  {file:<26} refused: {} ({})", body.code, body.message),
+                Some(body) => sayln!("  {file:<26} refused: {} ({})", body.code, body.message),
                 None => bail!("{file}: {e}"),
             },
         }
@@ -274,12 +296,12 @@ pub fn run(args: &DemoArgs) -> Result<()> {
 
     step("GPUs (gpushare gpus)");
     let gpus: Vec<GpuInfo> = client.call(Method::ListGpus, None::<&()>)?;
-    print!("{}", gpus_table(&gpus));
+    say!("{}", gpus_table(&gpus));
     step("MIG devices (gpushare mig list)");
-    print!("{}", mig_table(&gpus));
+    say!("{}", mig_table(&gpus));
     step("Claims (gpushare claims)");
     let claims = client.list_claims()?;
-    print!("{}", claims_table(&claims));
+    say!("{}", claims_table(&claims));
     let mps_pids: Vec<i32> = claims
         .iter()
         .flat_map(|c| c.groups.iter())
@@ -297,7 +319,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         "One claim in detail (gpushare claim {})",
         mps_claim.uid
     ));
-    print!("{}", claim_detail(&mps_claim));
+    say!("{}", claim_detail(&mps_claim));
 
     container_step(
         engine,
@@ -312,7 +334,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     for uid in &prepared {
         let r: UnprepareResult =
             client.call(Method::Unprepare, Some(&UidParams { uid: uid.clone() }))?;
-        println!("  {uid} released: {}", r.released);
+        sayln!("  {uid} released: {}", r.released);
     }
     let claims = client.list_claims()?;
     let gpus: Vec<GpuInfo> = client.call(Method::ListGpus, None::<&()>)?;
@@ -346,7 +368,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     {
         bail!("left behind: claims {claims:?}, dirs {leftovers:?}, CDI specs {specs:?}, MPS daemons {alive:?}, mounts {mounted}");
     }
-    println!(
+    sayln!(
         "  nothing left behind: {} MPS control daemons quit, MIG devices destroyed, no mount, directory, CDI spec or checkpoint entry remains",
         mps_pids.len()
     );
@@ -357,7 +379,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
             driver_spec.display()
         );
     }
-    println!("\nDemo complete.");
+    sayln!("\nDemo complete.");
     Ok(())
 }
 
@@ -469,7 +491,7 @@ fn container_step(
         }
     }
     match &attached {
-        Some(a) => println!(
+        Some(a) => sayln!(
             "  gpushare claim {}: container {} attached (pid {}, cgroup {})",
             claim.uid,
             short_id(&a.container_id),
@@ -479,7 +501,7 @@ fn container_step(
         None => bail!("the container never attached to claim {}", claim.uid),
     }
     let out = child.wait_with_output()?;
-    print!("{}", String::from_utf8_lossy(&out.stdout));
+    say!("{}", String::from_utf8_lossy(&out.stdout));
     if !out.status.success() {
         bail!(
             "the container failed: {}",
@@ -493,7 +515,7 @@ fn container_step(
         }
         std::thread::sleep(Duration::from_millis(25));
     }
-    println!(
+    sayln!(
         "  container exited; gpushare claim {}: 0 containers attached",
         claim.uid
     );

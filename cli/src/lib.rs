@@ -320,13 +320,75 @@ pub fn profiles_table(rows: &[ProfileRow]) -> String {
 /// slice carries.
 pub const RESOURCE_SLICE_DRIVER: &str = "gpu.nvidia.com";
 
-/// `gpushare gpus -o resourceslice`: the slice as YAML, checked against the API server's
-/// rules first.
+/// The `resource.k8s.io` versions `-o resourceslice` writes, as `--api-version` takes them,
+/// with the first Kubernetes version serving each: the list its error gives.
+pub fn accepted_api_versions() -> String {
+    gpushare_slice::ApiVersion::PREFERENCE
+        .iter()
+        .map(|v| format!("{} (Kubernetes 1.{}+)", v.api_version(), v.first_served()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `--api-version`'s value: `resource.k8s.io/v1beta2`, or the version alone (`v1beta2`).
+///
+/// # Errors
+/// Not one of ours, naming the accepted ones.
+pub fn parse_api_version(s: &str) -> Result<gpushare_slice::ApiVersion, String> {
+    let v = s.strip_prefix("resource.k8s.io/").unwrap_or(s);
+    gpushare_slice::ApiVersion::parse(v).ok_or_else(|| {
+        format!(
+            "{s:?} is not a ResourceSlice API version gpushare writes; accepted: {}",
+            accepted_api_versions()
+        )
+    })
+}
+
+/// The version `gpushare gpus -o resourceslice` writes: `asked` (`--api-version`) when given,
+/// else the best one Kubernetes `1.<minor>` serves when the version is known
+/// (`--partitionable`), else `resource.k8s.io/v1` (Kubernetes 1.34 and later).
+///
+/// # Errors
+/// `asked` is not served by Kubernetes `1.<minor>`.
+pub fn slice_api_version(
+    asked: Option<gpushare_slice::ApiVersion>,
+    kubernetes_minor: Option<u32>,
+) -> anyhow::Result<gpushare_slice::ApiVersion> {
+    use gpushare_slice::ApiVersion;
+    match (asked, kubernetes_minor) {
+        (Some(v), Some(minor)) if v.first_served() > minor => anyhow::bail!(
+            "Kubernetes 1.{minor} does not serve {} (it came in 1.{}); give --api-version {}, or leave it out",
+            v.api_version(),
+            v.first_served(),
+            ApiVersion::for_kubernetes(minor).unwrap_or(ApiVersion::V1beta1).api_version()
+        ),
+        (Some(v), _) => Ok(v),
+        (None, Some(minor)) => Ok(ApiVersion::for_kubernetes(minor).unwrap_or(ApiVersion::V1beta1)),
+        (None, None) => Ok(ApiVersion::V1),
+    }
+}
+
+/// One slice as a YAML document of `version`, in the shape the DRA plugin publishes it
+/// ([`gpushare_slice::ResourceSlice::to_api_object`]: v1beta1 nests each device's
+/// attributes and capacity under `basic`).
+fn slice_document(
+    slice: &gpushare_slice::ResourceSlice,
+    version: gpushare_slice::ApiVersion,
+) -> anyhow::Result<String> {
+    Ok(serde_norway::to_string(&slice.to_api_object(version))?)
+}
+
+/// `gpushare gpus -o resourceslice`: the slice as YAML in `version`, checked against the API
+/// server's rules first.
 ///
 /// # Errors
 /// The slice breaks a rule (e.g. a node name that is not a DNS subdomain), or serialization
 /// failed.
-pub fn resource_slice_yaml(gpus: &[GpuInfo], node_name: &str) -> anyhow::Result<String> {
+pub fn resource_slice_yaml(
+    gpus: &[GpuInfo],
+    node_name: &str,
+    version: gpushare_slice::ApiVersion,
+) -> anyhow::Result<String> {
     let slice = gpushare_slice::build(gpus, node_name, RESOURCE_SLICE_DRIVER);
     gpushare_slice::validate(&slice).map_err(|errs| {
         anyhow::anyhow!(
@@ -334,12 +396,12 @@ pub fn resource_slice_yaml(gpus: &[GpuInfo], node_name: &str) -> anyhow::Result<
             errs.join("; ")
         )
     })?;
-    Ok(serde_norway::to_string(&slice)?)
+    slice_document(&slice, version)
 }
 
 /// `gpushare gpus -o resourceslice --partitionable <version>`: the pool a DRA driver
 /// publishes in `layout` (a server that keeps partitionable devices), as a YAML stream of
-/// ResourceSlices, checked against that server's rules first.
+/// ResourceSlices in `version`, checked against that server's rules first.
 ///
 /// # Errors
 /// A slice breaks a rule, or serialization failed.
@@ -347,6 +409,7 @@ pub fn resource_pool_yaml(
     gpus: &[GpuInfo],
     node_name: &str,
     layout: gpushare_slice::Layout,
+    version: gpushare_slice::ApiVersion,
 ) -> anyhow::Result<String> {
     let pool = gpushare_slice::build_pool_in(gpus, node_name, RESOURCE_SLICE_DRIVER, 1, layout);
     gpushare_slice::validate_pool(&pool, layout).map_err(|errs| {
@@ -358,7 +421,7 @@ pub fn resource_pool_yaml(
     let mut out = String::new();
     for s in &pool {
         out += "---\n";
-        out += &serde_norway::to_string(s)?;
+        out += &slice_document(s, version)?;
     }
     Ok(out)
 }
@@ -596,34 +659,50 @@ pub fn status_text(h: &HealthInfo, v: &VersionInfo) -> String {
     s
 }
 
-/// Writes `<name>.1` for `cmd` and `<name>-<sub>.1` for each visible subcommand into `dir`
-/// (man pages generated from the clap definitions, for packaging).
+/// Writes `<name>.1` for `cmd` and `<name>-<sub>.1` for each visible subcommand into `dir`,
+/// and so on down (`gpushare-mig-plan.1`): man pages generated from the clap definitions,
+/// for packaging.
 ///
 /// # Errors
 /// Rendering or writing failed.
 pub fn write_man_pages(cmd: &clap::Command, dir: &std::path::Path) -> anyhow::Result<()> {
-    use anyhow::Context as _;
     let mut cmd = cmd.clone();
+    // Global options (--socket, -o, --timeout) reach every subcommand's page.
     cmd.build();
-    let write = |c: &clap::Command, name: &str| -> anyhow::Result<()> {
-        let mut out = Vec::new();
-        clap_mangen::Man::new(
-            c.clone()
-                .display_name(name.to_string())
-                .bin_name(name.to_string()),
-        )
-        .render(&mut out)
-        .with_context(|| format!("rendering the man page of {name}"))?;
-        let path = dir.join(format!("{name}.1"));
-        std::fs::write(&path, out).with_context(|| format!("writing {}", path.display()))
-    };
     let top = cmd.get_name().to_string();
-    write(&cmd, &top)?;
-    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
-        if sub.get_name() == "help" {
-            continue;
-        }
-        write(sub, &format!("{top}-{}", sub.get_name()))?;
+    write_man_page(&cmd, &top, &top, dir)
+}
+
+/// `page.1` for `cmd`, whose synopsis is `typed` (`gpushare mig plan` on `gpushare-mig-plan`,
+/// as git's pages do), then one page per visible subcommand of it.
+fn write_man_page(
+    cmd: &clap::Command,
+    page: &str,
+    typed: &str,
+    dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let mut out = Vec::new();
+    clap_mangen::Man::new(
+        cmd.clone()
+            .display_name(page.to_string())
+            .bin_name(typed.to_string()),
+    )
+    .render(&mut out)
+    .with_context(|| format!("rendering the man page of {typed}"))?;
+    let path = dir.join(format!("{page}.1"));
+    std::fs::write(&path, out).with_context(|| format!("writing {}", path.display()))?;
+    for sub in cmd
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+    {
+        let name = sub.get_name();
+        write_man_page(
+            sub,
+            &format!("{page}-{name}"),
+            &format!("{typed} {name}"),
+            dir,
+        )?;
     }
     Ok(())
 }
@@ -728,6 +807,78 @@ mod tests {
             "config all-balanced: plan only, nothing is changed (gpushare mig apply makes it)\n"
         );
         assert_eq!(mig_plan_text(&r(false)), "config all-balanced applied\n");
+    }
+
+    /// Every document of a YAML stream.
+    fn documents(yaml: &str) -> Vec<serde_json::Value> {
+        serde_norway::Deserializer::from_str(yaml)
+            .map(|d| serde::Deserialize::deserialize(d).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_resource_slice_takes_the_shape_of_its_api_version() {
+        use gpushare_slice::ApiVersion;
+        let slice = |version| {
+            let docs = documents(&resource_slice_yaml(&[gpu(1)], "node-a", version).unwrap());
+            assert_eq!(docs.len(), 1, "{docs:?}");
+            docs.into_iter().next().unwrap()
+        };
+        for (version, api, nested) in [
+            (ApiVersion::V1, "resource.k8s.io/v1", false),
+            (ApiVersion::V1beta2, "resource.k8s.io/v1beta2", false),
+            (ApiVersion::V1beta1, "resource.k8s.io/v1beta1", true),
+        ] {
+            let s = slice(version);
+            assert_eq!(s["apiVersion"], api, "{s}");
+            assert_eq!(s["kind"], "ResourceSlice", "{s}");
+            assert_eq!(s["spec"]["nodeName"], "node-a", "{s}");
+            let device = &s["spec"]["devices"][0];
+            // v1beta1 nests attributes and capacity under `basic`; v1 and v1beta2 do not.
+            let (attributes, capacity) = if nested {
+                assert!(device.get("attributes").is_none(), "{device}");
+                (&device["basic"]["attributes"], &device["basic"]["capacity"])
+            } else {
+                assert!(device.get("basic").is_none(), "{device}");
+                (&device["attributes"], &device["capacity"])
+            };
+            assert!(attributes["uuid"].is_object(), "{api}: {device}");
+            assert!(capacity["memory"].is_object(), "{api}: {device}");
+        }
+    }
+
+    #[test]
+    fn the_api_version_is_checked_against_the_kubernetes_version() {
+        use gpushare_slice::ApiVersion;
+        assert_eq!(
+            parse_api_version("resource.k8s.io/v1beta2"),
+            Ok(ApiVersion::V1beta2)
+        );
+        assert_eq!(parse_api_version("v1beta1"), Ok(ApiVersion::V1beta1));
+        let e = parse_api_version("resource.k8s.io/v1alpha3").unwrap_err();
+        for accepted in [
+            "resource.k8s.io/v1 ",
+            "resource.k8s.io/v1beta2 ",
+            "resource.k8s.io/v1beta1 ",
+        ] {
+            assert!(e.contains(accepted), "{e}");
+        }
+        assert!(e.contains("\"resource.k8s.io/v1alpha3\""), "{e}");
+        // No Kubernetes version given: v1; given: the best it serves.
+        assert_eq!(slice_api_version(None, None).unwrap(), ApiVersion::V1);
+        assert_eq!(slice_api_version(None, Some(35)).unwrap(), ApiVersion::V1);
+        assert_eq!(
+            slice_api_version(Some(ApiVersion::V1beta1), Some(33)).unwrap(),
+            ApiVersion::V1beta1
+        );
+        let e = slice_api_version(Some(ApiVersion::V1), Some(33))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("Kubernetes 1.33 does not serve resource.k8s.io/v1 ")
+                && e.contains("--api-version resource.k8s.io/v1beta2"),
+            "{e}"
+        );
     }
 
     #[test]

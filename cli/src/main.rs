@@ -13,7 +13,8 @@ use gpushare_proto::{
     PrepareResult, UidParams, UnprepareResult, VersionInfo,
 };
 
-/// gpushare: inspect and control gpushared, the node's GPU sharing daemon.
+// The first line is the man page's NAME ("gpushare - <it>"): it does not start with the name.
+/// Inspect and control gpushared, the node's GPU sharing daemon.
 #[derive(Debug, Parser)]
 // The package is gpushare-cli; the command, its man pages and completions are `gpushare`.
 #[command(name = "gpushare", version)]
@@ -45,6 +46,12 @@ enum Command {
         /// drops them gets, the devices that exist.
         #[arg(long, value_name = "KUBERNETES_VERSION", value_parser = kubernetes_minor)]
         partitionable: Option<u32>,
+        /// With `-o resourceslice`: the API version written, `resource.k8s.io/v1` (Kubernetes
+        /// 1.34+), `resource.k8s.io/v1beta2` (1.33+) or `resource.k8s.io/v1beta1` (1.32+; each
+        /// device's attributes and capacity under `basic`). Default: the best one the version
+        /// of `--partitionable` serves, else `resource.k8s.io/v1`.
+        #[arg(long, value_name = "API_VERSION", value_parser = cli::parse_api_version)]
+        api_version: Option<gpushare_slice::ApiVersion>,
     },
     /// All claims.
     Claims,
@@ -60,7 +67,8 @@ enum Command {
         file: PathBuf,
     },
     /// Release a claim, or with --all every claim of the node (one line per claim; asks
-    /// nothing: drain the node's pods first).
+    /// nothing: drain the node's pods first). A UID that names no prepared claim fails
+    /// (exit status 1): nothing was released.
     Unprepare {
         /// The claim's UID.
         #[arg(required_unless_present = "all", conflicts_with = "all")]
@@ -185,6 +193,13 @@ fn unprepared_line(r: &UnprepareResult) -> String {
     }
 }
 
+/// The error of `gpushare unprepare <uid>` when gpushared holds no claim of that UID.
+fn no_claim_released(uid: &str) -> String {
+    format!(
+        "no claim with UID {uid:?} is prepared on this node: nothing was released (`gpushare claims` lists the claims gpushared holds)"
+    )
+}
+
 /// `gpushare unprepare --all`: every claim gpushared lists, released one by one with one
 /// line each, as it goes (a claim released meanwhile by kubelet reads "was not prepared").
 /// All are tried; each failure is a line on stderr, and the command then fails.
@@ -250,8 +265,10 @@ fn profiles(profile: Option<&str>, output: Output) -> Result<()> {
 
 /// Output into a closed pipe (`gpushare completion bash | head -1`) ends the process quietly,
 /// as it does for other command-line tools: Rust ignores SIGPIPE, so every `print!` would
-/// panic on EPIPE instead. Not for `demo`, which must live on to release its claims and stop
-/// its daemon (its output is diagnostics; losing the rest of it is harmless).
+/// panic on EPIPE instead. Chosen over handling each write's error because no command but
+/// `demo` holds anything of its own to undo when its reader goes. Not for `demo`, which must
+/// live on to release its claims and stop its daemon: it writes through `demo::emit`, which
+/// drops a failed write (its output is diagnostics; losing the rest of it is harmless).
 fn die_on_sigpipe() {
     use nix::sys::signal::{signal, SigHandler, Signal};
     // SAFETY: SIG_DFL installs no handler of ours, and no other thread exists yet.
@@ -310,14 +327,20 @@ fn run(args: Args) -> Result<()> {
             "-o resourceslice applies to `gpushare gpus` only; use -o table, json or yaml here"
         );
     }
-    if matches!(
-        args.command,
-        Command::Gpus {
-            partitionable: Some(_)
-        }
-    ) && args.output != Some(Output::ResourceSlice)
+    // The version `-o resourceslice` writes, checked before anything is asked.
+    let mut slice_version = gpushare_slice::ApiVersion::V1;
+    if let Command::Gpus {
+        partitionable,
+        api_version,
+    } = &args.command
     {
-        anyhow::bail!("--partitionable applies to `gpushare gpus -o resourceslice` only");
+        if args.output == Some(Output::ResourceSlice) {
+            slice_version = cli::slice_api_version(*api_version, *partitionable)?;
+        } else if partitionable.is_some() {
+            anyhow::bail!("--partitionable applies to `gpushare gpus -o resourceslice` only");
+        } else if api_version.is_some() {
+            anyhow::bail!("--api-version applies to `gpushare gpus -o resourceslice` only");
+        }
     }
     match &args.command {
         Command::Doctor {
@@ -435,18 +458,23 @@ fn run(args: Args) -> Result<()> {
             let both = serde_json::json!({"health": h, "version": v});
             print_structured_or(&both, output, |_| cli::status_text(&h, &v))?;
         }
-        Command::Gpus { partitionable } => {
+        Command::Gpus { partitionable, .. } => {
+            let version = slice_version;
             let gpus: Vec<GpuInfo> = client.call(Method::ListGpus, none)?;
             if output == Output::ResourceSlice {
                 let h: HealthInfo = client.call(Method::Health, none)?;
                 match partitionable {
-                    None => print!("{}", cli::resource_slice_yaml(&gpus, &h.node_name)?),
+                    None => print!(
+                        "{}",
+                        cli::resource_slice_yaml(&gpus, &h.node_name, version)?
+                    ),
                     Some(minor) => print!(
                         "{}",
                         cli::resource_pool_yaml(
                             &gpus,
                             &h.node_name,
-                            gpushare_slice::Layout::partitionable(*minor)
+                            gpushare_slice::Layout::partitionable(*minor),
+                            version
                         )?
                     ),
                 }
@@ -495,6 +523,15 @@ fn run(args: Args) -> Result<()> {
             require_root("unprepare")?;
             let r: UnprepareResult =
                 client.call(Method::Unprepare, Some(&UidParams { uid: uid.clone() }))?;
+            if !r.released {
+                // The socket's unprepare of an unknown claim is a success (kubelet retries
+                // it), but an operator who named one expected it released: a typo must not
+                // pass for done. -o json/yaml still print the answer.
+                if output != Output::Table {
+                    print_structured_or(&r, output, unprepared_line)?;
+                }
+                anyhow::bail!("{}", no_claim_released(uid));
+            }
             print_structured_or(&r, output, unprepared_line)?;
         }
         Command::Unprepare { uid: None, .. } => {

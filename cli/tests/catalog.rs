@@ -68,7 +68,8 @@ fn every_catalog_entry_yields_a_valid_resource_slice() {
 #[test]
 fn p4d_resource_slice_has_nvidia_s_attributes_and_round_trips() {
     let gpus = fresh_node("p4d.24xlarge");
-    let yaml = gpushare_cli::resource_slice_yaml(&gpus, NODE).unwrap();
+    let yaml =
+        gpushare_cli::resource_slice_yaml(&gpus, NODE, gpushare_slice::ApiVersion::V1).unwrap();
     let slice: resource_slice::ResourceSlice = serde_norway::from_str(&yaml).unwrap();
     resource_slice::validate(&slice).unwrap();
     assert_eq!(slice.api_version, "resource.k8s.io/v1");
@@ -144,4 +145,62 @@ fn mig_enabled_gpus_publish_their_mig_devices_instead() {
             "memorySlice3"
         ]
     );
+}
+
+/// Every document of a YAML stream.
+fn documents(yaml: &str) -> Vec<serde_json::Value> {
+    serde_norway::Deserializer::from_str(yaml)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_partitionable_pool_for_1_33_is_written_in_a_version_1_33_serves() {
+    use gpushare_slice::{ApiVersion, Layout};
+    // gpu-2 in MIG mode: its slices consume its counter set.
+    let profile = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../daemon/examples/profiles/p4d.24xlarge-mig2.toml");
+    // As a running gpushared lists them: with what each GPU can be cut into.
+    let gpus: Vec<GpuInfo> = fresh_node(profile.to_str().unwrap())
+        .into_iter()
+        .map(|mut g| {
+            g.mig_partitions = gpushare::mig::partitions::for_gpu(
+                &g.product_name,
+                g.mig_enabled,
+                g.mig_enabled,
+                &g.mig_devices,
+            );
+            g
+        })
+        .collect();
+    let version = gpushare_cli::slice_api_version(None, Some(33)).unwrap();
+    assert_eq!(version, ApiVersion::V1beta2);
+    let pool = |version| {
+        documents(
+            &gpushare_cli::resource_pool_yaml(&gpus, NODE, Layout::partitionable(33), version)
+                .unwrap(),
+        )
+    };
+    // How many devices consume counters, where `under_basic` says they are.
+    let consuming = |docs: &[serde_json::Value], under_basic: bool| -> usize {
+        docs.iter()
+            .flat_map(|d| d["spec"]["devices"].as_array().cloned().unwrap_or_default())
+            .filter(|d| {
+                let at = if under_basic { &d["basic"] } else { d };
+                at["consumesCounters"].is_array()
+            })
+            .count()
+    };
+    let v1beta2 = pool(version);
+    assert!(v1beta2
+        .iter()
+        .all(|d| d["apiVersion"] == "resource.k8s.io/v1beta2"));
+    assert!(consuming(&v1beta2, false) > 0, "{v1beta2:?}");
+    // v1beta1 (1.33 serves it too): counters consumed under `basic`, as the attributes.
+    let v1beta1 = pool(ApiVersion::V1beta1);
+    assert!(v1beta1
+        .iter()
+        .all(|d| d["apiVersion"] == "resource.k8s.io/v1beta1"));
+    assert_eq!(consuming(&v1beta1, false), 0, "{v1beta1:?}");
+    assert_eq!(consuming(&v1beta1, true), consuming(&v1beta2, false));
 }

@@ -148,12 +148,36 @@ pub async fn connect(kubeconfig: Option<&Path>) -> anyhow::Result<Api> {
 }
 
 async fn from_file(path: &Path) -> anyhow::Result<kube::Config> {
-    use anyhow::Context as _;
-    let kc = kube::config::Kubeconfig::read_from(path)
-        .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+    let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| match e {
+        // kube's message names the path again, in Debug quotes: ours names it once.
+        kube::config::KubeconfigError::ReadConfig(io, _) => {
+            anyhow::Error::new(io).context(format!("reading kubeconfig {}", path.display()))
+        }
+        other => anyhow::anyhow!(
+            "reading kubeconfig {}: {}",
+            path.display(),
+            one_line(&other)
+        ),
+    })?;
     kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
         .await
-        .with_context(|| format!("using kubeconfig {}", path.display()))
+        .map_err(|e| anyhow::anyhow!("using kubeconfig {}: {}", path.display(), one_line(&e)))
+}
+
+/// `error` and its causes as one line, each cause once: kube's errors print their source in
+/// their own message and return it as their `source()` too, so `{:#}` of an error chain
+/// holding one would say the OS error twice ("… (os error 2): … (os error 2)").
+fn one_line(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !line.contains(&text) {
+            line = format!("{line}: {text}");
+        }
+        cause = c.source();
+    }
+    line
 }
 
 /// The API server, with the `resource.k8s.io` version in use remembered.

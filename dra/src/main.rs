@@ -171,6 +171,34 @@ fn running_names(cli: &Cli, cfg: &Config) -> Option<gpushare_dra::probe::Running
     })
 }
 
+/// Writes `bytes` to stdout. A reader that is gone (`gpushare-dra --print-default-config |
+/// head`) ends the output quietly: the plugin keeps Rust's ignored SIGPIPE, since a kubelet
+/// or gpushared that hangs up on one of its sockets must never kill it, so the write fails
+/// with EPIPE, where `print!` would panic. (Restoring SIGPIPE's default for the one-shot
+/// commands alone would not do either: `probe` and `--remove-slices` write to sockets too.)
+///
+/// # Errors
+/// Writing failed for another reason.
+fn print_quietly(bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e).context("writing to stdout"),
+        _ => Ok(()),
+    }
+}
+
+/// The exit status of a command that only prints: failure with its one line on stderr.
+fn exit_code(outcome: anyhow::Result<()>) -> ExitCode {
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpushare-dra: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn init_logging(level: &str) {
     // kube's client logs every failed request at ERROR ("failed with error client error
     // (Connect)") beside our own line, which names the server and what was being done: off
@@ -201,8 +229,9 @@ async fn main_async(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Some(Command::Probe { json }) = cli.command {
         let running = running_names(&cli, &cfg);
         let checks = gpushare_dra::probe::probe(&cfg, running).await;
+        let mut text = String::new();
         if json {
-            println!("{}", serde_json::to_string(&checks)?);
+            text = serde_json::to_string(&checks)? + "\n";
         } else {
             for c in &checks {
                 let hint = if c.hint.is_empty() {
@@ -210,14 +239,15 @@ async fn main_async(cli: Cli) -> anyhow::Result<ExitCode> {
                 } else {
                     format!(" -> {}", c.hint)
                 };
-                println!(
-                    "{:<5} {:<13} {}{hint}",
+                text += &format!(
+                    "{:<5} {:<13} {}{hint}\n",
                     if c.ok() { "OK" } else { "FAIL" },
                     c.name,
                     c.detail
                 );
             }
         }
+        print_quietly(text.as_bytes())?;
         return Ok(if checks.iter().all(|c| c.ok()) {
             ExitCode::SUCCESS
         } else {
@@ -235,10 +265,13 @@ async fn main_async(cli: Cli) -> anyhow::Result<ExitCode> {
                     cfg.driver_name, cfg.node_name
                 )
             })?;
-        println!(
-            "removed {n} ResourceSlice(s) of driver {} on node {}",
-            cfg.driver_name, cfg.node_name
-        );
+        print_quietly(
+            format!(
+                "removed {n} ResourceSlice(s) of driver {} on node {}\n",
+                cfg.driver_name, cfg.node_name
+            )
+            .as_bytes(),
+        )?;
         return Ok(ExitCode::SUCCESS);
     }
     match gpushare_dra::run::run(cfg, api).await {
@@ -255,26 +288,21 @@ async fn main_async(cli: Cli) -> anyhow::Result<ExitCode> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if cli.print_default_config {
-        print!("{}", config::DEFAULT_CONFIG_TEXT);
-        return ExitCode::SUCCESS;
+        return exit_code(print_quietly(config::DEFAULT_CONFIG_TEXT.as_bytes()));
     }
     if let Some(dir) = &cli.generate_man {
-        return match write_man_pages(dir) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("gpushare-dra: {e:#}");
-                ExitCode::FAILURE
-            }
-        };
+        return exit_code(write_man_pages(dir));
     }
     if let Some(shell) = cli.completion {
+        // Into memory first: clap_complete panics on a failed write.
+        let mut script = Vec::new();
         clap_complete::generate(
             shell,
             &mut <Cli as clap::CommandFactory>::command(),
             "gpushare-dra",
-            &mut std::io::stdout(),
+            &mut script,
         );
-        return ExitCode::SUCCESS;
+        return exit_code(print_quietly(&script));
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

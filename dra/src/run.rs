@@ -1,6 +1,7 @@
-//! The plugin's life: check the sockets, serve the DRA socket, then the registration socket,
-//! watch gpushared, publish slices, and on SIGTERM or SIGINT remove our sockets (slices are
-//! left: kubelet wipes them 30 s after a plugin goes away, so a restart keeps them).
+//! The plugin's life: check gpushared's names (when it answers) and the sockets, serve the
+//! DRA socket, then the registration socket, watch gpushared, publish slices, and on SIGTERM
+//! or SIGINT remove our sockets (slices are left: kubelet wipes them 30 s after a plugin goes
+//! away, so a restart keeps them).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -76,6 +77,41 @@ fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))
 }
 
+/// gpushared's `health` answer `h` checked against our configuration: the node and driver
+/// names it serves, and our claim timeout against its bound on a generation of the driver's
+/// CDI spec.
+///
+/// # Errors
+/// [`Fatal::Config`], one line naming both sides.
+fn check_against(h: &serde_json::Value, cfg: &Config) -> Result<(), Fatal> {
+    Identity::of_health(h)
+        .check(&cfg.node_name, &cfg.driver_name)
+        .map_err(Fatal::Config)?;
+    crate::config::check_generate_timeout(cfg.claim_timeout, h).map_err(Fatal::Config)
+}
+
+/// How long the start waits for gpushared's first answer before it makes its sockets.
+const FIRST_HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The check of [`check_against`] once at start, before any socket or directory is made:
+/// a mismatch then ends the plugin before kubelet could see a registration socket of it.
+/// A gpushared that does not answer within [`FIRST_HEALTH_TIMEOUT`] is not waited for (the
+/// plugin starts as before and its watch checks once gpushared answers).
+///
+/// # Errors
+/// [`Fatal::Config`], as [`check_against`].
+async fn check_gpushared_first(cfg: &Config) -> Result<(), Fatal> {
+    let g = Gpushared::new(&cfg.gpushared_socket, FIRST_HEALTH_TIMEOUT);
+    match tokio::time::timeout(FIRST_HEALTH_TIMEOUT, g.health()).await {
+        Ok(Ok(h)) => check_against(&h, cfg),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "gpushared does not answer at start; its watch checks it once it does");
+            Ok(())
+        }
+        Err(_) => Ok(()),
+    }
+}
+
 /// Watches gpushared: `health` every 2 s while it answers, with backoff (250 ms doubling to
 /// 10 s) while it does not. Every answer's node and driver are checked against ours, and our
 /// claim timeout against its bound on a generation of the driver's CDI spec (so a gpushared
@@ -93,15 +129,11 @@ async fn watch_gpushared(
     loop {
         let wait = match g.health().await {
             Ok(h) => {
+                if let Err(f) = check_against(&h, &cfg) {
+                    let _ = fatal.send(f).await;
+                    return;
+                }
                 let id = Identity::of_health(&h);
-                if let Err(line) = id.check(&cfg.node_name, &cfg.driver_name) {
-                    let _ = fatal.send(Fatal::Config(line)).await;
-                    return;
-                }
-                if let Err(line) = crate::config::check_generate_timeout(cfg.claim_timeout, &h) {
-                    let _ = fatal.send(Fatal::Config(line)).await;
-                    return;
-                }
                 if was_up != Some(true) {
                     tracing::info!(node = %id.node_name, socket = %g.socket().display(), "gpushared answers");
                 }
@@ -179,13 +211,16 @@ pub async fn run(cfg: Config, api: Arc<Api>) -> anyhow::Result<()> {
     let dra_path = cfg.dra_socket();
     let reg_path = cfg.registration_socket();
 
+    // Every check that can fail comes before any socket or directory is made: a plugin
+    // that cannot run must leave nothing behind for kubelet to find.
+    check_gpushared_first(&cfg).await?;
+    let stop = stop_signal().context("installing signal handlers")?;
     // Our own registration socket first: a live one means another instance runs (it would
     // also be found by the driver check, which names it the same way).
     sockets::clear_stale(&reg_path).await?;
     check_no_other_plugin(&cfg).await?;
     sockets::clear_stale(&dra_path).await?;
 
-    let stop = stop_signal().context("installing signal handlers")?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let (fatal_tx, mut fatal_rx) = tokio::sync::mpsc::channel(1);
 

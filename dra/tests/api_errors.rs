@@ -63,3 +63,43 @@ fn remove_slices_fails_in_one_line_naming_the_server() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn a_missing_kubeconfig_is_named_with_its_os_error_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-kubeconfig");
+    let Err(e) = gpushare_dra::api::connect(Some(&missing)).await else {
+        panic!("a missing kubeconfig was used");
+    };
+    let e = format!("{e:#}");
+    assert_eq!(e.matches("os error 2").count(), 1, "{e}");
+    assert!(e.contains(&missing.display().to_string()), "{e}");
+}
+
+#[test]
+fn the_plugin_names_a_missing_kubeconfig_in_one_line_with_its_os_error_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-kubeconfig");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpushare-dra"))
+        .args(["--config", "/dev/null", "--node-name", "n1"])
+        .arg("--kubeconfig")
+        .arg(&missing)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].starts_with("gpushare-dra: reading kubeconfig ")
+            && lines[0].contains(&missing.display().to_string()),
+        "{stderr}"
+    );
+    assert_eq!(lines[0].matches("os error 2").count(), 1, "{stderr}");
+    assert_eq!(
+        lines[0].matches("No such file or directory").count(),
+        1,
+        "{stderr}"
+    );
+}

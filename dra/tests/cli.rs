@@ -65,3 +65,34 @@ fn the_man_page_and_completions_are_generated_from_the_command_line() {
     let script = String::from_utf8(out.stdout).unwrap();
     assert!(script.contains("gpushare-dra") && script.contains("--remove-slices"));
 }
+
+/// Runs `gpushare-dra <args>` with stdout a pipe whose read end is already closed (its
+/// first write fails with EPIPE, as under `| head` once head has gone); its stderr and
+/// whether it exited with status 0 or was ended by SIGPIPE.
+fn run_into_closed_pipe(args: &[&str]) -> (String, std::process::ExitStatus) {
+    let (read, write) = nix::unistd::pipe().unwrap();
+    drop(read);
+    let out = Command::new(env!("CARGO_BIN_EXE_gpushare-dra"))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(write))
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    (
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status,
+    )
+}
+
+#[test]
+fn printing_into_a_closed_pipe_exits_quietly() {
+    for args in [
+        &["--print-default-config"][..],
+        &["--completion", "bash"][..],
+    ] {
+        let (stderr, status) = run_into_closed_pipe(args);
+        assert_eq!(stderr, "", "{args:?}: nothing on stderr, no panic");
+        assert!(status.success(), "{args:?}: {status:?}");
+    }
+}

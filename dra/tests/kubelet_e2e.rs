@@ -917,6 +917,39 @@ async fn a_podman_container_started_with_exactly_the_kubelet_ids_attaches_and_no
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_name_mismatch_stops_the_plugin_before_it_makes_any_socket() {
+    if !need(is_root(), "root") {
+        return;
+    }
+    let d = daemon();
+    let api = ApiServer::start(NODE).await;
+    let dirs = Dirs::new(&api);
+    // Every name made in kubelet's directories while the plugin lives, even one removed
+    // again: kubelet's plugin watcher would have seen it.
+    let mut made = Creations::watch(&[&dirs.registry, &dirs.plugins]);
+    let mut wrong = Plugin::start(
+        &dirs,
+        &d.socket,
+        &["--node-name", "ip-10-0-9-9.us-west-2.compute.internal"],
+    );
+    let st = wrong.wait_exit(Duration::from_secs(15)).expect("stops");
+    assert_eq!(st.code(), Some(2), "{}", wrong.log());
+    let log = wrong.log();
+    assert!(
+        log.lines()
+            .any(|l| l.starts_with("gpushare-dra: node name mismatch")),
+        "{log}"
+    );
+    assert_eq!(made.paths(), Vec::<std::path::PathBuf>::new(), "{log}");
+    let left: Vec<_> = std::fs::read_dir(&dirs.registry)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "left in the registry: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probe_which_gpushare_doctor_runs_sees_the_plugin_and_name_mismatches() {
     if !need(is_root(), "root") {
         return;

@@ -42,6 +42,24 @@ impl ApiVersion {
         format!("resource.k8s.io/{}", self.as_str())
     }
 
+    /// The first Kubernetes minor version (`1.<minor>`) that serves this version: v1 from
+    /// 1.34, v1beta2 from 1.33, v1beta1 from 1.32.
+    pub fn first_served(self) -> u32 {
+        match self {
+            ApiVersion::V1 => 34,
+            ApiVersion::V1beta2 => 33,
+            ApiVersion::V1beta1 => 32,
+        }
+    }
+
+    /// The version to write for a server of Kubernetes `1.<minor>`: the most preferred one
+    /// it serves (v1 from 1.34, v1beta2 on 1.33), or `None` before 1.32.
+    pub fn for_kubernetes(minor: u32) -> Option<ApiVersion> {
+        Self::PREFERENCE
+            .into_iter()
+            .find(|v| v.first_served() <= minor)
+    }
+
     /// The most preferred of the versions a server serves (by name, e.g. from
     /// `GET /apis/resource.k8s.io`), or `None` when it serves none of ours.
     pub fn best_of<'a>(served: impl IntoIterator<Item = &'a str>) -> Option<ApiVersion> {
@@ -164,6 +182,15 @@ pub fn devices_of_object(object: &Value, version: ApiVersion) -> Result<Vec<Devi
 mod tests {
     use super::*;
     use crate::tests_support::{a10g, mig_a100};
+
+    #[test]
+    fn each_kubernetes_version_gets_the_best_version_it_serves() {
+        assert_eq!(ApiVersion::for_kubernetes(36), Some(ApiVersion::V1));
+        assert_eq!(ApiVersion::for_kubernetes(34), Some(ApiVersion::V1));
+        assert_eq!(ApiVersion::for_kubernetes(33), Some(ApiVersion::V1beta2));
+        assert_eq!(ApiVersion::for_kubernetes(32), Some(ApiVersion::V1beta1));
+        assert_eq!(ApiVersion::for_kubernetes(31), None);
+    }
 
     #[test]
     fn best_version_prefers_v1_then_v1beta2() {

@@ -89,3 +89,40 @@ fn demo_completes_as_root_and_refuses_in_one_line_otherwise() {
     assert!(stderr.contains("must run as root"), "{stderr}");
     assert!(out.stdout.is_empty());
 }
+
+/// The `/tmp/gsdemo-*` directories that exist now.
+fn demo_dirs() -> std::collections::BTreeSet<std::path::PathBuf> {
+    std::fs::read_dir("/tmp")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("gsdemo-"))
+        .map(|e| e.path())
+        .collect()
+}
+
+#[test]
+fn demo_into_a_closed_pipe_finishes_its_clean_up_without_a_panic() {
+    // `gpushare demo | head`: the reader is gone before the demo's first line. The demo must
+    // still release its claims and stop its gpushared, and say nothing of a panic.
+    if !need(is_root(), "root") {
+        return;
+    }
+    let _serial = global_lock();
+    let before = demo_dirs();
+    let (read, write) = nix::unistd::pipe().unwrap();
+    drop(read);
+    let out = Command::new(bin("gpushare"))
+        .args(["demo", "--engine", "none", "--mps-control"])
+        .arg(bin("gpushare-mps-control"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(write))
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    // It ran to its end: every check of its clean-up passed (a failed one exits 1).
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    let left: Vec<_> = demo_dirs().difference(&before).cloned().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}

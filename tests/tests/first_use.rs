@@ -574,3 +574,84 @@ fn an_mps_daemon_started_again_while_gpushared_starts_leaves_no_zombie() {
     let (status, log) = stop(p, daemon);
     assert!(status.success(), "{log}");
 }
+
+#[test]
+fn gpushared_prints_its_default_config_into_a_closed_pipe_quietly() {
+    // `gpushared --print-default-config | head`, once head has gone: the write fails with
+    // EPIPE (the daemon keeps SIGPIPE ignored), which must end it without a panic.
+    let (read, write) = nix::unistd::pipe().unwrap();
+    drop(read);
+    let out = Command::new(bin("gpushared"))
+        .arg("--print-default-config")
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(write))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(stderr_of(&out), "", "nothing on stderr, no panic");
+    assert!(out.status.success(), "{:?}", out.status);
+}
+
+#[test]
+fn unprepare_of_a_uid_no_claim_has_fails_naming_it_while_the_socket_stays_idempotent() {
+    let Some(cases) = setup() else {
+        return;
+    };
+    let base = tmp_base("gsn-");
+    let p = base.path();
+    let (run, state, cdi) = (p.join("run"), p.join("state"), p.join("cdi"));
+    let daemon = serve(p, gpushared(p, &run, &state, &cdi));
+    let gpushare = |args: &[&str]| {
+        Command::new(bin("gpushare"))
+            .arg("--socket")
+            .arg(p.join("s.sock"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let uid = unique_uid("typo");
+    let claim = with_uid(
+        &load_claim(&cases.join("claims").join("seed-timeslicing.yaml")),
+        &uid,
+    );
+    let _: gpushare_proto::PrepareResult = client(p)
+        .call(Method::Prepare, Some(&PrepareParams { claim }))
+        .unwrap();
+    // A typo of the UID: an error naming what was given, nothing released, exit status 1.
+    let typo = format!("{uid}x");
+    for args in [
+        &["unprepare", &typo][..],
+        &["-o", "json", "unprepare", &typo][..],
+    ] {
+        let out = gpushare(args);
+        let stderr = fails_in_one_line(
+            &out,
+            &[
+                &format!("no claim with UID \"{typo}\""),
+                "nothing was released",
+            ],
+        );
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+    }
+    // -o json still prints the daemon's answer.
+    let out = gpushare(&["-o", "json", "unprepare", &typo]);
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["released"], false, "{answer}");
+    let left: Vec<ClaimInfo> = client(p).call(Method::ListClaims, None::<&()>).unwrap();
+    assert_eq!(left.len(), 1, "{left:?}");
+    // kubelet's path, the socket, stays idempotent: an unknown claim is a success.
+    let r: gpushare_proto::UnprepareResult = client(p)
+        .call(Method::Unprepare, Some(&UidParams { uid: typo.clone() }))
+        .unwrap();
+    assert!(!r.released);
+    // The right UID releases it, once; the second time it is no claim either.
+    let out = gpushare(&["unprepare", &uid]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("claim {uid} released\n")
+    );
+    let out = gpushare(&["unprepare", &uid]);
+    fails_in_one_line(&out, &[&format!("no claim with UID \"{uid}\"")]);
+    stop(p, daemon);
+}

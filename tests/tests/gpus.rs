@@ -177,7 +177,69 @@ fn gpushare_gpus_resourceslice_partitionable_shows_each_servers_pool() {
     let static_: ResourceSlice = serde_norway::from_slice(&out.stdout).unwrap();
     assert!(static_.spec.shared_counters.is_empty());
     assert_eq!(static_.spec.devices.len(), 7);
+    // Kubernetes 1.33 serves no resource.k8s.io/v1: its pool is written in v1beta2, or in
+    // v1beta1 when asked, each in its own shape.
+    let docs = |args: &[&str]| -> Vec<serde_json::Value> {
+        let out = gpushare(&d, args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_norway::Deserializer::from_slice(&out.stdout)
+            .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+            .collect()
+    };
+    let k133 = docs(&["gpus", "-o", "resourceslice", "--partitionable", "1.33"]);
+    assert_eq!(k133.len(), 2);
+    for s in &k133 {
+        assert_eq!(s["apiVersion"], "resource.k8s.io/v1beta2", "{s}");
+        assert!(s["spec"]["devices"][0]["attributes"].is_object(), "{s}");
+    }
+    let beta1 = docs(&[
+        "gpus",
+        "-o",
+        "resourceslice",
+        "--partitionable",
+        "1.33",
+        "--api-version",
+        "resource.k8s.io/v1beta1",
+    ]);
+    for s in &beta1 {
+        assert_eq!(s["apiVersion"], "resource.k8s.io/v1beta1", "{s}");
+        let device = &s["spec"]["devices"][0];
+        assert!(
+            device["basic"]["attributes"].is_object() && device.get("attributes").is_none(),
+            "{s}"
+        );
+    }
+    let static_beta2 = docs(&["gpus", "-o", "resourceslice", "--api-version", "v1beta2"]);
+    assert_eq!(static_beta2[0]["apiVersion"], "resource.k8s.io/v1beta2");
+    assert_eq!(
+        static_beta2[0]["spec"]["devices"].as_array().unwrap().len(),
+        7
+    );
     for (args, why) in [
+        (
+            &["gpus", "--api-version", "resource.k8s.io/v1beta2"][..],
+            "--api-version applies to `gpushare gpus -o resourceslice` only",
+        ),
+        (
+            &["gpus", "-o", "resourceslice", "--api-version", "resource.k8s.io/v2"][..],
+            "accepted: resource.k8s.io/v1 (Kubernetes 1.34+), resource.k8s.io/v1beta2 (Kubernetes 1.33+), resource.k8s.io/v1beta1 (Kubernetes 1.32+)",
+        ),
+        (
+            &[
+                "gpus",
+                "-o",
+                "resourceslice",
+                "--partitionable",
+                "1.33",
+                "--api-version",
+                "resource.k8s.io/v1",
+            ][..],
+            "Kubernetes 1.33 does not serve resource.k8s.io/v1",
+        ),
         (
             &["gpus", "--partitionable", "1.35"][..],
             "applies to `gpushare gpus -o resourceslice` only",

@@ -99,6 +99,9 @@ fn expected_files() -> Vec<(&'static str, u32, bool)> {
         ("/usr/share/man/man1/gpushare.1.gz", 0o644, false),
         ("/usr/share/man/man1/gpushare-doctor.1.gz", 0o644, false),
         ("/usr/share/man/man1/gpushare-prepare.1.gz", 0o644, false),
+        ("/usr/share/man/man1/gpushare-mig.1.gz", 0o644, false),
+        ("/usr/share/man/man1/gpushare-mig-plan.1.gz", 0o644, false),
+        ("/usr/share/man/man1/gpushare-mig-apply.1.gz", 0o644, false),
         (
             "/usr/share/bash-completion/completions/gpushare",
             0o644,
@@ -123,6 +126,22 @@ fn expected_files() -> Vec<(&'static str, u32, bool)> {
         ),
         ("/usr/share/licenses/gpushare/LICENSE", 0o644, false),
         ("/usr/share/doc/gpushare/README.md", 0o644, false),
+        // The README's and docs/'s examples, at the same path relative to them.
+        (
+            "/usr/share/doc/gpushare/docs/examples/mig-layout.yaml",
+            0o644,
+            false,
+        ),
+        (
+            "/usr/share/doc/gpushare/docs/examples/guide-mig-3g20gb.yaml",
+            0o644,
+            false,
+        ),
+        (
+            "/usr/share/doc/gpushare/docs/examples/node-profile-mig.toml",
+            0o644,
+            false,
+        ),
         (
             "/usr/share/doc/gpushare/deployments/deviceclasses.yaml",
             0o644,
@@ -172,6 +191,15 @@ fn rpm_lists_every_file_with_modes_and_config_flags() {
             config,
             "{path}: flags {fflags:?} (config noreplace expected: {config})"
         );
+    }
+    // Every example of docs/examples/, which the README and docs/ name by relative path.
+    for e in fs::read_dir(workspace().join("docs/examples")).expect("docs/examples") {
+        let name = e.expect("entry").file_name();
+        let path = format!(
+            "/usr/share/doc/gpushare/docs/examples/{}",
+            name.to_string_lossy()
+        );
+        assert!(listed.contains(&path.as_str()), "{path} is not in the RPM");
     }
     // One man page per visible subcommand of the CLI, generated from its clap definition.
     let help = run(Command::new(bin("gpushare")).arg("--help"));
@@ -334,6 +362,27 @@ fn rpm_installs_upgrades_and_erases_in_a_root_and_units_verify() {
             .unwrap_or_else(|e| panic!("{path} not installed: {e}"));
         assert_eq!(meta.permissions().mode() & 0o7777, mode, "{path}");
     }
+    // The preset, as systemd applies it to the installed tree: gpushared enabled; the
+    // plugin's unit installed but disabled (the plugin runs as the DaemonSet, and both
+    // would be two plugins for one driver on the node).
+    if need(which("systemctl").is_some(), "systemctl") {
+        let systemctl = || {
+            let mut c = Command::new("systemctl");
+            c.arg(format!("--root={}", r.display()));
+            c
+        };
+        run(systemctl().args(["preset", "gpushared.service", "gpushare-dra.service"]));
+        for (unit, want) in [
+            ("gpushared.service", "enabled"),
+            ("gpushare-dra.service", "disabled"),
+        ] {
+            let out = systemctl()
+                .args(["is-enabled", unit])
+                .output()
+                .expect("systemctl is-enabled");
+            assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), want, "{unit}");
+        }
+    }
     // tmpfiles.d creates the directories with the modes the daemon expects.
     run(Command::new("systemd-tmpfiles")
         .arg(format!("--root={}", r.display()))
@@ -439,6 +488,58 @@ fn rpm_installs_upgrades_and_erases_in_a_root_and_units_verify() {
         fs::read_to_string(r.join("etc/gpushare/config.toml.rpmsave")).expect("rpmsave"),
         edited
     );
+}
+
+#[test]
+fn every_man_page_names_its_command_once() {
+    // What build-rpm.sh runs, each page's NAME line read: "<page> - <what it does>", never
+    // "gpushared - gpushared: …".
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    for (binary, args) in [
+        ("gpushare", &["generate-man"][..]),
+        ("gpushared", &["--generate-man"][..]),
+        ("gpushare-dra", &["--generate-man"][..]),
+        ("gpushare-cdi-hook", &["--generate-man"][..]),
+        ("gpushare-runtime", &["--generate-man"][..]),
+    ] {
+        run(Command::new(bin(binary)).args(args).arg(d));
+    }
+    let mut seen = Vec::new();
+    for e in fs::read_dir(d).expect("pages") {
+        let path = e.expect("entry").path();
+        let page = fs::read_to_string(&path).expect("page");
+        let file = path
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        let line = page
+            .split(".SH NAME\n")
+            .nth(1)
+            .and_then(|rest| rest.lines().next())
+            .unwrap_or_else(|| panic!("{file}: no NAME section"))
+            .replace("\\-", "-");
+        let (name, what) = line
+            .split_once(" - ")
+            .unwrap_or_else(|| panic!("{file}: {line}"));
+        assert!(file.starts_with(&format!("{name}.")), "{file}: {line}");
+        let first = what.split([':', ' ']).next().unwrap_or_default();
+        assert!(
+            !first.eq_ignore_ascii_case(name) && !what.trim().is_empty(),
+            "{file}: NAME repeats the name: {line}"
+        );
+        seen.push(file);
+    }
+    seen.sort();
+    for page in [
+        "gpushared.8",
+        "gpushare.1",
+        "gpushare-mig-plan.1",
+        "gpushare-dra.8",
+    ] {
+        assert!(seen.iter().any(|f| f == page), "{page} not among {seen:?}");
+    }
 }
 
 /// `(major, minor)` of every `GLIBC_x.y` symbol version `objdump -T` shows for `path`.

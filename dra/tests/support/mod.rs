@@ -180,3 +180,86 @@ pub fn invalid_cases() -> Option<Vec<(String, serde_json::Value, String)>> {
 pub fn mps_program() -> PathBuf {
     mps_programs().into_iter().next().map(|(_, p)| p).unwrap()
 }
+
+/// The names created in some directories since [`Creations::watch`], seen through inotify:
+/// a socket made and removed again before anyone looked still shows.
+#[derive(Debug)]
+pub struct Creations {
+    inotify: std::fs::File,
+    /// Each watch descriptor's directory.
+    dirs: Vec<(i32, PathBuf)>,
+}
+
+impl Creations {
+    /// Starts watching `dirs` (which exist) for names created in them.
+    pub fn watch(dirs: &[&Path]) -> Creations {
+        use nix::libc;
+        use std::os::fd::{AsRawFd, FromRawFd};
+        use std::os::unix::ffi::OsStrExt;
+        // SAFETY: a system call with flags only; the descriptor it returns is owned by the
+        // File made from it below, and by nothing else.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        assert!(
+            fd >= 0,
+            "inotify_init1: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: `fd` is the open inotify descriptor just returned, owned by no one else.
+        let inotify = unsafe { std::fs::File::from_raw_fd(fd) };
+        let mut watched = Vec::new();
+        for dir in dirs {
+            let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+            // SAFETY: `path` is NUL-terminated and outlives the call; the descriptor is an
+            // open inotify instance.
+            let wd = unsafe {
+                libc::inotify_add_watch(inotify.as_raw_fd(), path.as_ptr(), libc::IN_CREATE)
+            };
+            assert!(
+                wd >= 0,
+                "watching {}: {}",
+                dir.display(),
+                std::io::Error::last_os_error()
+            );
+            watched.push((wd, dir.to_path_buf()));
+        }
+        Creations {
+            inotify,
+            dirs: watched,
+        }
+    }
+
+    /// Every path created in the watched directories so far.
+    pub fn paths(&mut self) -> Vec<PathBuf> {
+        use std::io::Read;
+        // struct inotify_event: wd (i32), mask, cookie, len (u32), then `len` bytes of name.
+        const HEADER: usize = 16;
+        let mut bytes = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match self.inotify.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => bytes.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("reading inotify events: {e}"),
+            }
+        }
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at + HEADER <= bytes.len() {
+            let wd = i32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap());
+            let len = u32::from_ne_bytes(bytes[at + 12..at + 16].try_into().unwrap()) as usize;
+            let name = &bytes[at + HEADER..at + HEADER + len];
+            let name = String::from_utf8_lossy(name)
+                .trim_end_matches('\0')
+                .to_string();
+            let dir = self
+                .dirs
+                .iter()
+                .find(|(w, _)| *w == wd)
+                .map_or_else(PathBuf::new, |(_, d)| d.clone());
+            out.push(dir.join(name));
+            at += HEADER + len;
+        }
+        out
+    }
+}

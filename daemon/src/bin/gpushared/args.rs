@@ -8,8 +8,9 @@ use clap::Parser;
 
 use gpushare::daemon_config::{parse_mode, DaemonConfig, DEFAULT_CONFIG_PATH};
 
-/// gpushared: per-claim MPS control daemons, time-slicing and exclusive GPUs for Kubernetes DRA
-/// claims, with one CDI spec per claim.
+// The first line is the man page's NAME ("gpushared - <it>"): it does not start with the name.
+/// The node's GPU sharing daemon: per-claim MPS control daemons, time-slicing and exclusive
+/// GPUs for Kubernetes DRA claims, with one CDI spec per claim.
 ///
 /// Settings come from the config file (default /etc/gpushare/config.toml; see
 /// --print-default-config); each flag below overrides its key.

@@ -32,13 +32,24 @@ fn limit_malloc_arenas() {
     }
 }
 
+/// Prints `text` on stdout. A reader that is gone (`gpushared --print-default-config | head`)
+/// ends the output quietly: the daemon keeps Rust's ignored SIGPIPE (a client that hangs up
+/// must never kill it), so the write fails with EPIPE, where `print!` would panic.
+fn print_quietly(text: &str) -> Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e).context("writing to stdout"),
+        _ => Ok(()),
+    }
+}
+
 /// Parses the command line and the config file, drops capabilities while the process has
 /// one thread (they are per thread), then runs the daemon.
 fn start() -> Result<()> {
     let args = Args::parse();
     if args.print_default_config {
-        print!("{DEFAULT_CONFIG}");
-        return Ok(());
+        return print_quietly(DEFAULT_CONFIG);
     }
     if let Some(dir) = &args.generate_man {
         let mut out = Vec::new();
