@@ -113,6 +113,68 @@ pub struct DaemonView {
     pub claims: Vec<ClaimInfo>,
 }
 
+/// Why the daemon at the socket gave doctor no answer: each kind has a hint of its own (a
+/// daemon this user may not connect to runs, and needs no "start it").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DaemonError {
+    /// Nothing listens there: no socket file, or a socket nobody accepts on (what a stopped
+    /// daemon leaves, `ECONNREFUSED`).
+    NotRunning(String),
+    /// The socket exists, but this user may not connect to it (`EACCES`/`EPERM`): the
+    /// daemon's `[socket] mode` and `group` let only root and that group in.
+    PermissionDenied(String),
+    /// No connection or no answer within the timeout.
+    TimedOut(String),
+    /// The path is no socket (a directory, a regular file).
+    NotASocket(String),
+    /// Connected, but the answer was an error or not gpushared's protocol.
+    Protocol(String),
+    /// Anything else the connection or the exchange failed with.
+    Other(String),
+}
+
+impl DaemonError {
+    /// What went wrong, in the words of the error met.
+    pub fn message(&self) -> &str {
+        match self {
+            DaemonError::NotRunning(m)
+            | DaemonError::PermissionDenied(m)
+            | DaemonError::TimedOut(m)
+            | DaemonError::NotASocket(m)
+            | DaemonError::Protocol(m)
+            | DaemonError::Other(m) => m,
+        }
+    }
+
+    /// The kind of a client's error: connecting, by its `io::ErrorKind`; an answer that is an
+    /// error or unreadable, [`DaemonError::Protocol`].
+    pub fn from_client(e: &gpushare_proto::ClientError) -> DaemonError {
+        use gpushare_proto::ClientError as E;
+        use std::io::ErrorKind as K;
+        let m = e.to_string();
+        match e {
+            E::Connect { error, .. } => match error.kind() {
+                K::NotFound | K::ConnectionRefused => DaemonError::NotRunning(m),
+                K::PermissionDenied => DaemonError::PermissionDenied(m),
+                K::TimedOut | K::WouldBlock => DaemonError::TimedOut(m),
+                _ => DaemonError::Other(m),
+            },
+            E::NotASocket { .. } => DaemonError::NotASocket(m),
+            E::Io { error, .. } => match error.kind() {
+                K::TimedOut | K::WouldBlock => DaemonError::TimedOut(m),
+                _ => DaemonError::Other(m),
+            },
+            E::Protocol(_) | E::Remote(_) | E::TooLarge { .. } => DaemonError::Protocol(m),
+        }
+    }
+}
+
+impl std::fmt::Display for DaemonError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
 /// The effects `doctor` needs beyond reading files.
 pub trait DoctorHost {
     /// The NVIDIA driver version, from NVML's library and the kernel module; `Err` says what
@@ -128,8 +190,9 @@ pub trait DoctorHost {
     /// Asks the daemon at `socket` for its health, GPUs and claims.
     ///
     /// # Errors
-    /// Not reachable, or an error answer.
-    fn daemon(&self, socket: &Path) -> Result<DaemonView, String>;
+    /// Not reachable (not running, no permission, timed out, no socket), or an error answer;
+    /// the kind decides the socket check's hint.
+    fn daemon(&self, socket: &Path) -> Result<DaemonView, DaemonError>;
     /// The directory `gpushared` is installed in (where it finds its MPS control emulator);
     /// the CLI's own, as the package installs both side by side.
     fn gpushared_dir(&self) -> PathBuf;
@@ -345,12 +408,15 @@ pub struct Context<'a> {
     /// The config file (defaults when it is absent or broken), with `--state-dir`,
     /// `--run-dir` and `--cdi-dir` applied and the directories resolved where they exist.
     pub cfg: DaemonConfig,
-    /// The node profile the GPU checks simulate (`--simulate`, else `gpus.simulate`).
+    /// The node profile the GPU checks simulate (`--simulate`, else the running daemon's
+    /// simulated backend, else `gpus.simulate` while no daemon answers); `None`: NVML.
     pub simulate: Option<String>,
+    /// Set when `simulate` was taken from the running daemon's backend: a line saying so.
+    pub simulate_source: Option<String>,
     /// The socket asked.
     pub socket: PathBuf,
     /// The daemon's answer, or why there is none.
-    pub daemon: Result<DaemonView, String>,
+    pub daemon: Result<DaemonView, DaemonError>,
     /// Where the directories came from when not from doctor's flags or config file (the
     /// daemon's command line), for the paths check to say.
     pub paths_source: Option<String>,
@@ -364,6 +430,7 @@ impl std::fmt::Debug for Context<'_> {
             .field("paths", &self.paths)
             .field("cfg", &self.cfg)
             .field("simulate", &self.simulate)
+            .field("simulate_source", &self.simulate_source)
             .field("socket", &self.socket)
             .field("paths_source", &self.paths_source)
             .field("daemon", &self.daemon.as_ref().map(|_| "answered"))
@@ -376,7 +443,7 @@ pub type CheckFn = fn(&Context<'_>) -> Check;
 
 /// Every check after the config file's, in the order printed.
 pub const CHECKS: &[CheckFn] = &[
-    |c| check_driver(c.simulate.as_deref(), c.host),
+    |c| check_driver(c.simulate.as_deref(), c.simulate_source.as_deref(), c.host),
     check_mps_control,
     |c| {
         check_driver_spec(
@@ -435,6 +502,49 @@ fn resolved(p: &Path) -> PathBuf {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
+/// The GPU backend the checks look at without `--simulate`, and, when the running daemon
+/// told it, a line saying so: the daemon's own (`health.backend`) where it answers, since
+/// that is what serves claims (a simulated one is no reason to ask NVML), else the config's
+/// `gpus.simulate`. A simulated daemon's profile is the `--simulate` of its command line
+/// (resolved from its working directory), else the config's when it is the same profile,
+/// else the name its backend reports (a catalog name, or the `name` of a profile file, which
+/// the nvml check then cannot read and skips).
+fn backend_of(
+    daemon: &Result<DaemonView, DaemonError>,
+    command_line: Option<&(Vec<String>, PathBuf)>,
+    cfg: &DaemonConfig,
+    socket: &Path,
+) -> (Option<String>, Option<String>) {
+    let configured = (!cfg.gpus.simulate.is_empty()).then(|| cfg.gpus.simulate.clone());
+    let Ok(d) = daemon else {
+        return (configured, None);
+    };
+    let Some(name) = d.health.backend.strip_prefix("simulated:") else {
+        // `nvml` (or a backend this release does not know): the real driver.
+        return (None, None);
+    };
+    let from_args = command_line.and_then(|(args, cwd)| {
+        daemon_flag(args, "--simulate").map(|v| {
+            if v.contains('/') {
+                cwd.join(v).display().to_string()
+            } else {
+                v.to_string()
+            }
+        })
+    });
+    let from_config =
+        configured.filter(|c| c == name || catalog::resolve(c).is_ok_and(|p| p.name == name));
+    let profile = from_args
+        .or(from_config)
+        .unwrap_or_else(|| name.to_string());
+    let source = format!(
+        "the running gpushared at {} uses the simulated backend {}",
+        socket.display(),
+        d.health.backend
+    );
+    (Some(profile), Some(source))
+}
+
 /// Runs every check. `simulate` names a node profile: the GPU checks then use the simulated
 /// GPUs (as `gpushared --simulate` does) instead of NVML.
 pub fn run(paths: &DoctorPaths, simulate: Option<&str>, host: &dyn DoctorHost) -> Report {
@@ -470,36 +580,38 @@ pub fn run(paths: &DoctorPaths, simulate: Option<&str>, host: &dyn DoctorHost) -
     }
     let socket = paths.socket.clone().unwrap_or(cfg.paths.socket.clone());
     let daemon = host.daemon(&socket);
+    let command_line = match &daemon {
+        Ok(DaemonView { pid: Some(pid), .. }) => host.daemon_command_line(*pid).map(|c| (*pid, c)),
+        _ => None,
+    };
     // Without doctor's own directory flags, a gpushared started by hand says where it runs:
     // its command line (which overrides its config file, as it does for the daemon).
     let mut paths_source = None;
     let no_dir_flags =
         paths.state_dir.is_none() && paths.run_dir.is_none() && paths.cdi_dir.is_none();
-    if let (true, Ok(DaemonView { pid: Some(pid), .. })) = (no_dir_flags, &daemon) {
-        if let Some((args, cwd)) = host.daemon_command_line(*pid) {
-            let before = cfg.paths.clone();
-            let mut theirs_note = String::new();
-            if let Some(file) = daemon_flag(&args, "--config").filter(|_| !paths.config_required) {
-                let file = cwd.join(file);
-                if let Ok(theirs) = DaemonConfig::load(&file, true) {
-                    cfg = theirs;
-                    theirs_note = format!(", its config file {}", file.display());
-                }
+    if let (true, Some((pid, (args, cwd)))) = (no_dir_flags, &command_line) {
+        let before = cfg.paths.clone();
+        let mut theirs_note = String::new();
+        if let Some(file) = daemon_flag(args, "--config").filter(|_| !paths.config_required) {
+            let file = cwd.join(file);
+            if let Ok(theirs) = DaemonConfig::load(&file, true) {
+                cfg = theirs;
+                theirs_note = format!(", its config file {}", file.display());
             }
-            for (dst, flag) in [
-                (&mut cfg.paths.state_dir, "--state-dir"),
-                (&mut cfg.paths.run_dir, "--run-dir"),
-                (&mut cfg.paths.cdi_dir, "--cdi-dir"),
-            ] {
-                if let Some(v) = daemon_flag(&args, flag) {
-                    *dst = cwd.join(v);
-                }
+        }
+        for (dst, flag) in [
+            (&mut cfg.paths.state_dir, "--state-dir"),
+            (&mut cfg.paths.run_dir, "--run-dir"),
+            (&mut cfg.paths.cdi_dir, "--cdi-dir"),
+        ] {
+            if let Some(v) = daemon_flag(args, flag) {
+                *dst = cwd.join(v);
             }
-            if cfg.paths != before || !theirs_note.is_empty() {
-                paths_source = Some(format!(
-                    "directories from gpushared's command line (pid {pid}{theirs_note})"
-                ));
-            }
+        }
+        if cfg.paths != before || !theirs_note.is_empty() {
+            paths_source = Some(format!(
+                "directories from gpushared's command line (pid {pid}{theirs_note})"
+            ));
         }
     }
     for dst in [
@@ -509,14 +621,21 @@ pub fn run(paths: &DoctorPaths, simulate: Option<&str>, host: &dyn DoctorHost) -
     ] {
         *dst = resolved(dst);
     }
-    let simulate = simulate
-        .map(str::to_string)
-        .or_else(|| (!cfg.gpus.simulate.is_empty()).then(|| cfg.gpus.simulate.clone()));
+    let (simulate, simulate_source) = match simulate {
+        Some(profile) => (Some(profile.to_string()), None),
+        None => backend_of(
+            &daemon,
+            command_line.as_ref().map(|(_, c)| c),
+            &cfg,
+            &socket,
+        ),
+    };
     let ctx = Context {
         paths,
         daemon,
         cfg,
         simulate,
+        simulate_source,
         socket,
         paths_source,
         host,
@@ -533,7 +652,11 @@ fn check_socket(ctx: &Context<'_>) -> Check {
     match &ctx.daemon {
         Ok(v) => check(
             "socket",
-            if v.health.ready { Status::Ok } else { Status::Fail },
+            if v.health.ready {
+                Status::Ok
+            } else {
+                Status::Fail
+            },
             format!(
                 "{} answers: {}, backend {}, {} GPUs, {} claims",
                 socket.display(),
@@ -547,13 +670,63 @@ fn check_socket(ctx: &Context<'_>) -> Check {
         Err(e) => check(
             "socket",
             Status::Fail,
-            format!("{}: {e}", socket.display()),
-            "start it: systemctl enable --now gpushared; then systemctl status gpushared and journalctl -u gpushared",
+            socket_detail(socket, e),
+            &socket_hint(ctx, e),
         ),
     }
 }
 
-fn check_driver(simulate: Option<&str>, host: &dyn DoctorHost) -> Check {
+/// The socket check's detail: the error, and for a refused permission the socket's own mode
+/// and group (what the running daemon set), where the file can be looked at.
+fn socket_detail(socket: &Path, e: &DaemonError) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let mut detail = format!("{}: {e}", socket.display());
+    if let (DaemonError::PermissionDenied(_), Ok(m)) = (e, std::fs::metadata(socket)) {
+        let gid = nix::unistd::Gid::from_raw(m.gid());
+        let group = match nix::unistd::Group::from_gid(gid) {
+            Ok(Some(g)) => g.name,
+            _ => format!("gid {gid}"),
+        };
+        detail += &format!(
+            " (the socket is mode {:04o}, group {group}; doctor runs as uid {})",
+            m.mode() & 0o7777,
+            nix::unistd::geteuid()
+        );
+    }
+    detail
+}
+
+/// The socket check's hint for why the daemon did not answer.
+fn socket_hint(ctx: &Context<'_>, e: &DaemonError) -> String {
+    let journal = "systemctl status gpushared; journalctl -u gpushared";
+    match e {
+        DaemonError::NotRunning(_) => format!(
+            "start it: systemctl enable --now gpushared; then {journal} (for a gpushared started by hand, give doctor its --socket)"
+        ),
+        DaemonError::PermissionDenied(_) => format!(
+            "gpushared runs, but this user may not connect to its socket: run doctor as root (sudo gpushare doctor), or as a member of the socket's group: [socket] group (now {:?}) and mode (now {:?}) in {} set them",
+            ctx.cfg.socket.group,
+            ctx.cfg.socket.mode,
+            ctx.paths.config.display()
+        ),
+        DaemonError::TimedOut(_) => format!(
+            "gpushared accepted no connection or did not answer in time: it may be stuck, or busy with every connection it serves ([socket] max_connections); {journal}"
+        ),
+        DaemonError::NotASocket(_) => format!(
+            "--socket names the socket file itself ([paths] socket of gpushared's config; default {})",
+            gpushare_proto::DEFAULT_SOCKET
+        ),
+        DaemonError::Protocol(_) => format!(
+            "something answered, but not as this release's gpushared does: gpushare --version and gpushared --version should agree; {journal}"
+        ),
+        DaemonError::Other(_) => journal.to_string(),
+    }
+}
+
+/// NVML and the driver version, or the simulated node profile's GPUs. `source` says that the
+/// profile is the running daemon's backend (then one doctor cannot read is skipped, not
+/// failed: the daemon read it).
+fn check_driver(simulate: Option<&str>, source: Option<&str>, host: &dyn DoctorHost) -> Check {
     if let Some(profile) = simulate {
         return match catalog::resolve(profile) {
             Ok(p) => {
@@ -574,13 +747,27 @@ fn check_driver(simulate: Option<&str>, host: &dyn DoctorHost) -> Check {
                         m => format!("{count} x {name} (MIG mode on for {m})"),
                     })
                     .collect();
+                let from = source.map_or_else(String::new, |s| format!("; {s}"));
                 check(
                     "nvml",
                     Status::Ok,
-                    format!("simulated {}: {} (no NVML used)", p.name, gpus.join(", ")),
+                    format!(
+                        "simulated {}: {} (no NVML used{from})",
+                        p.name,
+                        gpus.join(", ")
+                    ),
                     "",
                 )
             }
+            Err(e) if source.is_some() => check(
+                "nvml",
+                Status::Skip,
+                format!(
+                    "{}, whose node profile doctor cannot read ({e}): NVML not checked",
+                    source.unwrap_or_default()
+                ),
+                "give doctor the profile gpushared was started with: gpushare doctor --simulate <profile file>",
+            ),
             Err(e) => check(
                 "nvml",
                 Status::Fail,
@@ -1434,21 +1621,16 @@ impl DoctorHost for RealHost {
         std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
     }
 
-    fn daemon(&self, socket: &Path) -> Result<DaemonView, String> {
+    fn daemon(&self, socket: &Path) -> Result<DaemonView, DaemonError> {
         use gpushare_proto::{Client, Method};
-        let mut client = Client::connect(socket, self.timeout).map_err(|e| e.to_string())?;
+        let e = |e: gpushare_proto::ClientError| DaemonError::from_client(&e);
+        let mut client = Client::connect(socket, self.timeout).map_err(e)?;
         let none = None::<&()>;
         Ok(DaemonView {
             pid: daemon_pid(socket),
-            health: client
-                .call(Method::Health, none)
-                .map_err(|e| e.to_string())?,
-            gpus: client
-                .call(Method::ListGpus, none)
-                .map_err(|e| e.to_string())?,
-            claims: client
-                .call(Method::ListClaims, none)
-                .map_err(|e| e.to_string())?,
+            health: client.call(Method::Health, none).map_err(e)?,
+            gpus: client.call(Method::ListGpus, none).map_err(e)?,
+            claims: client.call(Method::ListClaims, none).map_err(e)?,
         })
     }
 }
@@ -1469,6 +1651,8 @@ mod tests {
         beside: Vec<&'static str>,
         /// The daemon's command line and working directory.
         command_line: Option<(Vec<String>, PathBuf)>,
+        /// Why the daemon does not answer, without `daemon` (default: not running).
+        daemon_error: Option<DaemonError>,
     }
 
     impl DoctorHost for FakeHost {
@@ -1494,10 +1678,12 @@ mod tests {
             assert!(path.ends_with("gpushared.lock"), "{}", path.display());
             Ok(self.lock_pid)
         }
-        fn daemon(&self, _socket: &Path) -> Result<DaemonView, String> {
-            self.daemon
-                .clone()
-                .ok_or_else(|| "connection refused".to_string())
+        fn daemon(&self, _socket: &Path) -> Result<DaemonView, DaemonError> {
+            match (&self.daemon, &self.daemon_error) {
+                (Some(v), _) => Ok(v.clone()),
+                (None, Some(e)) => Err(e.clone()),
+                (None, None) => Err(DaemonError::NotRunning("connection refused".into())),
+            }
         }
         fn daemon_command_line(&self, pid: i32) -> Option<(Vec<String>, PathBuf)> {
             assert_eq!(pid, 4242);
@@ -2053,7 +2239,7 @@ mod tests {
             env!("CARGO_MANIFEST_DIR"),
             "/../daemon/examples/profiles/p4d.24xlarge-mig2.toml"
         );
-        let c = check_driver(Some(profile), &FakeHost::default());
+        let c = check_driver(Some(profile), None, &FakeHost::default());
         assert_eq!(c.status, Status::Ok, "{c:?}");
         assert!(
             c.detail
@@ -2121,6 +2307,146 @@ mod tests {
     }
 
     #[test]
+    fn a_socket_this_user_may_not_open_is_no_daemon_to_start() {
+        let n = node(CDI_ON);
+        let mut text = std::fs::read_to_string(&n.paths.config).unwrap();
+        text += "[socket]\ngroup = \"gpu-ops\"\nmode = \"0660\"\n";
+        std::fs::write(&n.paths.config, text).unwrap();
+        let denied = |error| {
+            DaemonError::from_client(&gpushare_proto::ClientError::Connect {
+                path: n.paths.socket.clone().unwrap(),
+                error,
+            })
+        };
+        // EACCES and EPERM alike: the daemon runs, this user may not open its socket.
+        for errno in [13, 1] {
+            let e = denied(std::io::Error::from_raw_os_error(errno));
+            assert!(matches!(e, DaemonError::PermissionDenied(_)), "{e:?}");
+        }
+        let host = FakeHost {
+            daemon_error: Some(denied(std::io::Error::from_raw_os_error(13))),
+            ..FakeHost::default()
+        };
+        let r = run(&n.paths, Some("g5.xlarge"), &host);
+        let c = get(&r, "socket");
+        assert_eq!(c.status, Status::Fail, "{}", r.text());
+        assert!(c.detail.contains("Permission denied"), "{c:?}");
+        assert!(!c.hint.contains("start it"), "{c:?}");
+        assert!(
+            c.hint.contains("run doctor as root")
+                && c.hint
+                    .contains("[socket] group (now \"gpu-ops\") and mode (now \"0660\")")
+                && c.hint.contains(&n.paths.config.display().to_string()),
+            "{c:?}"
+        );
+        // The socket file's own mode and group, where it can be looked at.
+        std::fs::write(n.paths.socket.as_ref().unwrap(), "").unwrap();
+        let c = get(&run(&n.paths, Some("g5.xlarge"), &host), "socket").clone();
+        assert!(c.detail.contains("(the socket is mode 0"), "{c:?}");
+        // A daemon that is not there is still one to start; one that does not answer in time
+        // or answers wrongly is not.
+        let refused = denied(std::io::ErrorKind::ConnectionRefused.into());
+        let absent = denied(std::io::ErrorKind::NotFound.into());
+        for e in [refused, absent] {
+            assert!(matches!(e, DaemonError::NotRunning(_)), "{e:?}");
+            let host = FakeHost {
+                daemon_error: Some(e),
+                ..FakeHost::default()
+            };
+            let c = get(&run(&n.paths, Some("g5.xlarge"), &host), "socket").clone();
+            assert!(c.hint.starts_with("start it: systemctl"), "{c:?}");
+        }
+        for e in [
+            denied(std::io::ErrorKind::TimedOut.into()),
+            DaemonError::from_client(&gpushare_proto::ClientError::Protocol("x".into())),
+        ] {
+            let host = FakeHost {
+                daemon_error: Some(e.clone()),
+                ..FakeHost::default()
+            };
+            let c = get(&run(&n.paths, Some("g5.xlarge"), &host), "socket").clone();
+            assert_eq!(c.status, Status::Fail, "{c:?}");
+            assert!(!c.hint.contains("start it"), "{e:?}: {c:?}");
+        }
+    }
+
+    #[test]
+    fn a_simulated_daemons_backend_is_checked_instead_of_nvml() {
+        let n = node(CDI_ON);
+        // No NVIDIA driver on this host; gpushared runs on simulated GPUs.
+        let mut view = healthy(vec![]);
+        view.health.backend = "simulated:g5.xlarge".into();
+        view.health.mps_control = "/usr/bin/gpushare-mps-control".into();
+        let host = FakeHost {
+            daemon: Some(view.clone()),
+            beside: vec!["gpushare-mps-control"],
+            lock_pid: Some(4242),
+            ..FakeHost::default()
+        };
+        let r = run(&n.paths, None, &host);
+        let c = get(&r, "nvml");
+        assert_eq!(c.status, Status::Ok, "{}", r.text());
+        assert!(
+            c.detail.starts_with(
+                "simulated g5.xlarge: 1 x NVIDIA A10G (no NVML used; the running gpushared at "
+            ) && c
+                .detail
+                .contains("uses the simulated backend simulated:g5.xlarge"),
+            "{c:?}"
+        );
+        // Its emulator is the simulated node's MPS control program, not a failure.
+        assert_eq!(get(&r, "mps-control").status, Status::Ok, "{}", r.text());
+        // A profile file on the daemon's command line, relative to its working directory.
+        view.health.backend = "simulated:p4d.24xlarge-mig2".into();
+        let by_hand = FakeHost {
+            daemon: Some(view.clone()),
+            command_line: Some((
+                [
+                    "gpushared",
+                    "--simulate",
+                    "daemon/examples/profiles/p4d.24xlarge-mig2.toml",
+                ]
+                .map(String::from)
+                .to_vec(),
+                Path::new(env!("CARGO_MANIFEST_DIR")).join(".."),
+            )),
+            ..host
+        };
+        let c = get(&run(&n.paths, None, &by_hand), "nvml").clone();
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(c.detail.contains("(MIG mode on for 1)"), "{c:?}");
+        // Without the command line, a profile file's name is no catalog name: the check says
+        // which backend runs and is skipped, not failed.
+        let unread = FakeHost {
+            command_line: None,
+            ..by_hand
+        };
+        let r = run(&n.paths, None, &unread);
+        let c = get(&r, "nvml");
+        assert_eq!(c.status, Status::Skip, "{}", r.text());
+        assert!(
+            c.detail
+                .contains("uses the simulated backend simulated:p4d.24xlarge-mig2")
+                && c.detail.contains("NVML not checked"),
+            "{c:?}"
+        );
+        assert!(c.hint.contains("--simulate"), "{c:?}");
+        // A daemon on NVML: NVML is asked (and fails on this driverless host); --simulate wins
+        // over the daemon.
+        let nvml = FakeHost {
+            daemon: Some(healthy(vec![])),
+            ..FakeHost::default()
+        };
+        assert_eq!(
+            get(&run(&n.paths, None, &nvml), "nvml").status,
+            Status::Fail
+        );
+        let c = get(&run(&n.paths, Some("g5.xlarge"), &nvml), "nvml").clone();
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(!c.detail.contains("running gpushared"), "{c:?}");
+    }
+
+    #[test]
     fn records_refused_at_start_are_a_warning_naming_each() {
         let n = node(CDI_ON);
         let mut view = healthy(vec![]);
@@ -2166,8 +2492,8 @@ mod dra_check_tests {
         fn executable(&self, _: &Path) -> bool {
             false
         }
-        fn daemon(&self, _: &Path) -> Result<DaemonView, String> {
-            Err("none".into())
+        fn daemon(&self, _: &Path) -> Result<DaemonView, DaemonError> {
+            Err(DaemonError::NotRunning("none".into()))
         }
         fn gpushared_dir(&self) -> PathBuf {
             PathBuf::from("/nonexistent")
