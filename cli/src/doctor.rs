@@ -2,7 +2,9 @@
 //! a fix hint.
 //!
 //! Checks ([`CHECKS`], in order, after the config file's): NVML and the driver version, the
-//! MPS control program gpushared runs (or would run), NVIDIA's container toolkit for the
+//! MPS control program gpushared runs (or would run), the helper programs (`gpushare-cdi-hook`,
+//! `gpushare-runtime`, `gpushare-dra`: beside this executable first, else on `PATH`; see
+//! [`find_helper`]), NVIDIA's container toolkit for the
 //! driver's CDI spec (`[cdi] driver_spec`), the containerd config (CDI enabled or
 //! the `gpushare` runtime configured), `nodeadm` and our drop-in, the CDI spec directories
 //! (valid specs, no device defined twice), the daemon's socket, whether the daemon answering
@@ -193,8 +195,9 @@ pub trait DoctorHost {
     /// Not reachable (not running, no permission, timed out, no socket), or an error answer;
     /// the kind decides the socket check's hint.
     fn daemon(&self, socket: &Path) -> Result<DaemonView, DaemonError>;
-    /// The directory `gpushared` is installed in (where it finds its MPS control emulator);
-    /// the CLI's own, as the package installs both side by side.
+    /// The directory `gpushared` is installed in (where it finds its MPS control emulator and
+    /// `gpushare-cdi-hook`); the CLI's own executable's, as the package installs every
+    /// gpushare program side by side: where [`find_helper`] looks first.
     fn gpushared_dir(&self) -> PathBuf;
     /// The pid holding a POSIX lock on `path` (`fcntl(F_GETLK)`), `None` when nobody does.
     ///
@@ -207,16 +210,110 @@ pub trait DoctorHost {
     fn daemon_command_line(&self, _pid: i32) -> Option<(Vec<String>, PathBuf)> {
         None
     }
-    /// Runs `gpushare-dra probe --json` (the DRA kubelet plugin checks its own sockets and
-    /// names, with its own config), bounded to 15 s: `None` when the plugin is not
-    /// installed, else each check as (name, passed, detail).
+    /// Runs `program probe --json` (`gpushare-dra`, found by [`find_helper`]: the DRA kubelet
+    /// plugin checks its own sockets and names, with its own config), bounded to 15 s: each
+    /// check as (name, passed, detail, hint).
     ///
     /// # Errors
     /// The probe could not run or its output is unreadable.
-    fn dra_probe(&self, args: &[String]) -> Option<Result<Vec<ProbeCheck>, String>> {
-        let program = self.which("gpushare-dra")?;
-        Some(run_dra_probe(&program, args))
+    fn dra_probe(&self, program: &Path, args: &[String]) -> Result<Vec<ProbeCheck>, String> {
+        run_dra_probe(program, args)
     }
+}
+
+/// Where [`find_helper`] found a program.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Helper {
+    /// The program.
+    pub path: PathBuf,
+    /// Found beside this executable ([`DoctorHost::gpushared_dir`]), not on `PATH`.
+    pub beside: bool,
+}
+
+impl std::fmt::Display for Helper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let place = if self.beside {
+            "beside gpushare"
+        } else {
+            "on PATH"
+        };
+        write!(f, "{} ({place})", self.path.display())
+    }
+}
+
+/// A gpushare helper program (`gpushare-cdi-hook`, `gpushare-runtime`, `gpushare-dra`):
+/// beside this executable first, then on `PATH`.
+///
+/// Beside first, because the package installs every gpushare program side by side and
+/// gpushared itself looks for its hook and its MPS emulator beside its own executable only:
+/// the helpers beside the CLI are those of its own build (an unpacked release, a build tree,
+/// an install in /usr/local/bin), which speak its version of `probe --json`, where an older
+/// copy on `PATH` may not. `PATH` finds a helper for a CLI copied on its own.
+pub fn find_helper<H: DoctorHost + ?Sized>(host: &H, name: &str) -> Option<Helper> {
+    let beside = host.gpushared_dir().join(name);
+    if host.executable(&beside) {
+        return Some(Helper {
+            path: beside,
+            beside: true,
+        });
+    }
+    host.which(name).map(|path| Helper {
+        path,
+        beside: false,
+    })
+}
+
+/// The helper programs gpushare installs beside `gpushared` and where each was found: the
+/// OCI hook every claim's CDI spec names (`[hook] path`, else beside gpushared; WARN when
+/// found nowhere, FAIL when `[hook] path` names no executable), the runtime wrapper
+/// (containerd's `gpushare` runtime only) and the DRA kubelet plugin (a DaemonSet may run it
+/// instead), the last two only reported.
+fn check_helpers(ctx: &Context<'_>) -> Check {
+    let host = ctx.host;
+    let hook_hint = "install the gpushare package (it puts gpushare-cdi-hook beside gpushared), or set [hook] path to it";
+    let configured = &ctx.cfg.hook.path;
+    let (hook, status) = if configured.as_os_str().is_empty() {
+        match find_helper(host, "gpushare-cdi-hook") {
+            Some(h) => (format!("gpushare-cdi-hook {h}"), Status::Ok),
+            None => (
+                format!(
+                    "gpushare-cdi-hook found neither beside gpushare in {} nor on PATH: gpushared names it in every claim's CDI spec (beside itself unless [hook] path is set), and a claim's container cannot start without it",
+                    host.gpushared_dir().display()
+                ),
+                Status::Warn,
+            ),
+        }
+    } else if host.executable(configured) {
+        (
+            format!("gpushare-cdi-hook {} ([hook] path)", configured.display()),
+            Status::Ok,
+        )
+    } else {
+        (
+            format!(
+                "[hook] path {} is not an executable file: gpushared names it in every claim's CDI spec, and a claim's container cannot start without it",
+                configured.display()
+            ),
+            Status::Fail,
+        )
+    };
+    let mut found = vec![hook];
+    for (name, absent) in [
+        (
+            "gpushare-runtime",
+            "not installed (only containerd's gpushare runtime uses it)",
+        ),
+        (
+            "gpushare-dra",
+            "not installed (a DaemonSet may run the DRA kubelet plugin)",
+        ),
+    ] {
+        found.push(match find_helper(host, name) {
+            Some(h) => format!("{name} {h}"),
+            None => format!("{name} {absent}"),
+        });
+    }
+    check("helpers", status, found.join("; "), hook_hint)
 }
 
 /// One check of `gpushare-dra probe`.
@@ -279,19 +376,30 @@ fn run_dra_probe(program: &Path, args: &[String]) -> Result<Vec<ProbeCheck>, Str
 /// answers, and its node and driver names agree with gpushared's (`gpushare-dra probe`).
 fn check_dra_plugin(host: &dyn DoctorHost, args: &[String]) -> Check {
     let hint = "systemctl status gpushare-dra; journalctl -u gpushare-dra (node and driver names: /etc/gpushare/dra.toml)";
-    match host.dra_probe(args) {
-        None => check(
+    let Some(program) = find_helper(host, "gpushare-dra") else {
+        return check(
             "dra-plugin",
             Status::Skip,
-            "gpushare-dra not installed".into(),
+            format!(
+                "gpushare-dra not installed (neither beside gpushare in {} nor on PATH)",
+                host.gpushared_dir().display()
+            ),
             "",
-        ),
-        Some(Err(e)) => check("dra-plugin", Status::Fail, e, hint),
-        Some(Ok(checks)) => {
+        );
+    };
+    let by = format!("probed with {program}");
+    match host.dra_probe(&program.path, args) {
+        Err(e) => check("dra-plugin", Status::Fail, format!("{e} ({by})"), hint),
+        Ok(checks) => {
             let failed: Vec<&ProbeCheck> = checks.iter().filter(|c| !c.passed).collect();
             if failed.is_empty() && !checks.is_empty() {
                 let shown: Vec<&str> = checks.iter().map(|c| c.detail.as_str()).collect();
-                check("dra-plugin", Status::Ok, shown.join("; "), "")
+                check(
+                    "dra-plugin",
+                    Status::Ok,
+                    format!("{} ({by})", shown.join("; ")),
+                    "",
+                )
             } else {
                 let detail: Vec<String> = failed
                     .iter()
@@ -309,7 +417,12 @@ fn check_dra_plugin(host: &dyn DoctorHost, args: &[String]) -> Check {
                 } else {
                     hints.join("; ")
                 };
-                check("dra-plugin", Status::Fail, detail.join("; "), &hint)
+                check(
+                    "dra-plugin",
+                    Status::Fail,
+                    format!("{} ({by})", detail.join("; ")),
+                    &hint,
+                )
             }
         }
     }
@@ -445,6 +558,7 @@ pub type CheckFn = fn(&Context<'_>) -> Check;
 pub const CHECKS: &[CheckFn] = &[
     |c| check_driver(c.simulate.as_deref(), c.simulate_source.as_deref(), c.host),
     check_mps_control,
+    check_helpers,
     |c| {
         check_driver_spec(
             &c.cfg,
@@ -1647,8 +1761,12 @@ mod tests {
         daemon: Option<DaemonView>,
         /// The pid holding every `gpushared.lock` (none: nobody).
         lock_pid: Option<i32>,
-        /// Programs installed beside gpushared (in /usr/bin).
+        /// Programs installed beside gpushared (in `exe_dir`).
         beside: Vec<&'static str>,
+        /// The directory of the CLI and gpushared (default /usr/bin, which is on PATH too).
+        exe_dir: Option<&'static str>,
+        /// The program `dra_probe` ran (it answers with one passing check).
+        probed: std::cell::RefCell<Option<PathBuf>>,
         /// The daemon's command line and working directory.
         command_line: Option<(Vec<String>, PathBuf)>,
         /// Why the daemon does not answer, without `daemon` (default: not running).
@@ -1665,14 +1783,25 @@ mod tests {
                 .then(|| PathBuf::from("/usr/bin").join(name))
         }
         fn executable(&self, path: &Path) -> bool {
+            // `programs` are anywhere but in a separate `exe_dir`, which holds `beside`.
+            let in_exe_dir = path.parent() == Some(&self.gpushared_dir());
             path.file_name().is_some_and(|n| {
-                self.programs.iter().any(|p| n == *p)
-                    || (path.parent() == Some(Path::new("/usr/bin"))
-                        && self.beside.iter().any(|p| n == *p))
+                ((!in_exe_dir || path.starts_with("/usr/bin"))
+                    && self.programs.iter().any(|p| n == *p))
+                    || (in_exe_dir && self.beside.iter().any(|p| n == *p))
             })
         }
         fn gpushared_dir(&self) -> PathBuf {
-            PathBuf::from("/usr/bin")
+            PathBuf::from(self.exe_dir.unwrap_or("/usr/bin"))
+        }
+        fn dra_probe(&self, program: &Path, _: &[String]) -> Result<Vec<ProbeCheck>, String> {
+            self.probed.replace(Some(program.to_path_buf()));
+            Ok(vec![ProbeCheck {
+                name: "registration".into(),
+                passed: true,
+                detail: "registration socket answers GetInfo".into(),
+                hint: String::new(),
+            }])
         }
         fn lock_holder(&self, path: &Path) -> Result<Option<i32>, String> {
             assert!(path.ends_with("gpushared.lock"), "{}", path.display());
@@ -1795,6 +1924,7 @@ mod tests {
         let host = FakeHost {
             driver: Some("570.133.20".into()),
             programs: vec!["nvidia-cuda-mps-control", "nodeadm", "nvidia-ctk"],
+            beside: vec!["gpushare-cdi-hook"],
             daemon: Some(healthy(vec![gpu(
                 GpuSharing::Mps,
                 ComputeMode::ExclusiveProcess,
@@ -2447,6 +2577,77 @@ mod tests {
     }
 
     #[test]
+    fn helpers_beside_the_cli_are_found_and_said_where() {
+        let n = node(CDI_ON);
+        // An unpacked build in /opt/gpushare/bin, not on PATH; gpushare-runtime on PATH only.
+        let host = FakeHost {
+            exe_dir: Some("/opt/gpushare/bin"),
+            beside: vec!["gpushare-cdi-hook", "gpushare-dra"],
+            programs: vec!["gpushare-runtime"],
+            ..FakeHost::default()
+        };
+        let r = run(&n.paths, Some("g5.xlarge"), &host);
+        let c = get(&r, "helpers");
+        assert_eq!(c.status, Status::Ok, "{}", r.text());
+        assert_eq!(
+            c.detail,
+            "gpushare-cdi-hook /opt/gpushare/bin/gpushare-cdi-hook (beside gpushare); gpushare-runtime /usr/bin/gpushare-runtime (on PATH); gpushare-dra /opt/gpushare/bin/gpushare-dra (beside gpushare)"
+        );
+        // The DRA plugin's probe runs: it is installed beside the CLI.
+        let c = get(&r, "dra-plugin");
+        assert_eq!(c.status, Status::Ok, "{}", r.text());
+        assert!(
+            c.detail
+                .ends_with("(probed with /opt/gpushare/bin/gpushare-dra (beside gpushare))"),
+            "{c:?}"
+        );
+        assert_eq!(
+            *host.probed.borrow(),
+            Some(PathBuf::from("/opt/gpushare/bin/gpushare-dra"))
+        );
+        // Beside and on PATH: the one beside, of the CLI's own build.
+        let both = FakeHost {
+            programs: vec!["gpushare-dra"],
+            ..host
+        };
+        let c = get(&run(&n.paths, Some("g5.xlarge"), &both), "helpers").clone();
+        assert!(
+            c.detail
+                .contains("gpushare-dra /opt/gpushare/bin/gpushare-dra (beside gpushare)"),
+            "{c:?}"
+        );
+        // Nowhere: the hook's absence is a warning naming both places; the plugin's check is
+        // skipped saying where it looked.
+        let none = FakeHost {
+            exe_dir: Some("/opt/gpushare/bin"),
+            ..FakeHost::default()
+        };
+        let r = run(&n.paths, Some("g5.xlarge"), &none);
+        let c = get(&r, "helpers");
+        assert_eq!(c.status, Status::Warn, "{}", r.text());
+        assert!(
+            c.detail.contains(
+                "gpushare-cdi-hook found neither beside gpushare in /opt/gpushare/bin nor on PATH"
+            ) && c.detail.contains("gpushare-runtime not installed"),
+            "{c:?}"
+        );
+        let c = get(&r, "dra-plugin");
+        assert_eq!(c.status, Status::Skip, "{}", r.text());
+        assert!(c.detail.contains("/opt/gpushare/bin"), "{c:?}");
+        // [hook] path names what gpushared puts in every spec: it must be there.
+        let mut text = std::fs::read_to_string(&n.paths.config).unwrap();
+        text += "[hook]\npath = \"/opt/other/gpushare-cdi-hook\"\n";
+        std::fs::write(&n.paths.config, text).unwrap();
+        let c = get(&run(&n.paths, Some("g5.xlarge"), &none), "helpers").clone();
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(
+            c.detail
+                .starts_with("[hook] path /opt/other/gpushare-cdi-hook is not an executable file"),
+            "{c:?}"
+        );
+    }
+
+    #[test]
     fn records_refused_at_start_are_a_warning_naming_each() {
         let n = node(CDI_ON);
         let mut view = healthy(vec![]);
@@ -2486,8 +2687,10 @@ mod dra_check_tests {
         fn driver_version(&self) -> Result<String, String> {
             Err("none".into())
         }
-        fn which(&self, _: &str) -> Option<PathBuf> {
-            None
+        fn which(&self, name: &str) -> Option<PathBuf> {
+            // Installed on PATH where the probe has an answer.
+            (name == "gpushare-dra" && self.0.is_some())
+                .then(|| PathBuf::from("/usr/bin/gpushare-dra"))
         }
         fn executable(&self, _: &Path) -> bool {
             false
@@ -2501,9 +2704,10 @@ mod dra_check_tests {
         fn lock_holder(&self, _: &Path) -> Result<Option<i32>, String> {
             Ok(None)
         }
-        fn dra_probe(&self, args: &[String]) -> Option<Result<Vec<ProbeCheck>, String>> {
+        fn dra_probe(&self, program: &Path, args: &[String]) -> Result<Vec<ProbeCheck>, String> {
+            assert_eq!(program, Path::new("/usr/bin/gpushare-dra"));
             self.1.replace(args.to_vec());
-            self.0.clone()
+            self.0.clone().expect("probed only where installed")
         }
     }
 
@@ -2567,7 +2771,7 @@ mod dra_check_tests {
             dra_registry_dir: Some(PathBuf::from("/tmp/gs/registry")),
             ..DoctorPaths::default()
         };
-        let host = probe(None);
+        let host = probe(Some(Ok(vec![])));
         run(&paths, Some("g5.xlarge"), &host);
         assert_eq!(
             *host.1.borrow(),
