@@ -1,19 +1,21 @@
 //! `gpushare doctor`: what is wrong with this node's gpushare setup, one line per check with
 //! a fix hint.
 //!
-//! Checks ([`CHECKS`], in order, after the config file's): NVML and the driver version, the
-//! MPS control program gpushared runs (or would run), the helper programs (`gpushare-cdi-hook`,
-//! `gpushare-runtime`, `gpushare-dra`: beside this executable first, else on `PATH`; see
-//! [`find_helper`]), NVIDIA's container toolkit for the
-//! driver's CDI spec (`[cdi] driver_spec`), the containerd config (CDI enabled or
-//! the `gpushare` runtime configured), `nodeadm` and our drop-in, the CDI spec directories
-//! (valid specs, no device defined twice), the daemon's socket, whether the daemon answering
-//! there uses the directories checked here, the checkpoint, degraded claims, the compute
-//! mode of GPUs shared with MPS, and the DRA kubelet plugin (`gpushare-dra probe`). Files are read where [`DoctorPaths`] says (the config file,
+//! Checks ([`CHECKS`], in order, after the config file's): NVML and the driver version (or
+//! the simulated GPUs of `--simulate`, else of the running daemon's simulated backend), the
+//! MPS control program gpushared runs (or would run), the helper programs
+//! (`gpushare-cdi-hook`, `gpushare-runtime`, `gpushare-dra`: beside this executable first,
+//! else on `PATH`; see [`find_helper`]), NVIDIA's container toolkit for the driver's CDI spec
+//! (`[cdi] driver_spec`), the containerd config (CDI enabled or the `gpushare` runtime
+//! configured), `nodeadm` and our drop-in, the CDI spec directories (valid specs, no device
+//! defined twice), the daemon's socket (a hint per [`DaemonError`]), whether the daemon
+//! answering there uses the directories checked here, the claim records (the `checkpoint`
+//! check), degraded claims, the compute mode of GPUs shared with MPS, and the DRA kubelet
+//! plugin (`gpushare-dra probe`). Files are read where [`DoctorPaths`] says (the config file,
 //! with `--state-dir`/`--run-dir`/`--cdi-dir` laid over it as gpushared does; tests point them
 //! at temporary directories); everything that asks the driver, `PATH`, lock holders or the
-//! daemon goes through [`DoctorHost`]. Nothing is changed: a corrupt checkpoint is reported,
-//! not moved aside as `gpushared` would.
+//! daemon goes through [`DoctorHost`]. Nothing is changed: a corrupt claim record or checkpoint
+//! is reported, not moved aside as `gpushared` would.
 //!
 //! A new check is a function `fn(&Context) -> Check` and an entry in [`CHECKS`].
 
@@ -573,23 +575,20 @@ pub const CHECKS: &[CheckFn] = &[
     check_socket,
     check_paths,
     |c| {
-        // A daemon on other directories writes its checkpoint elsewhere: this file says
+        // A daemon on other directories writes its claim records elsewhere: these say
         // nothing about it (the paths check names the mismatch).
         if check_paths(c).status == Status::Fail {
             return check(
                 "checkpoint",
                 Status::Skip,
                 format!(
-                    "{}: not the directory of the daemon answering (see paths)",
-                    c.cfg.paths.state_dir.join("checkpoint.json").display()
+                    "claim records in {}: not the state directory of the daemon answering (see paths)",
+                    c.cfg.paths.state_dir.display()
                 ),
                 "fix the paths check first",
             );
         }
-        check_checkpoint(
-            &c.cfg.paths.state_dir.join("checkpoint.json"),
-            c.daemon.as_ref().ok(),
-        )
+        check_checkpoint(&c.cfg.paths.state_dir, c.daemon.as_ref().ok())
     },
     check_claims,
     |c| check_compute_mode(c.simulate.as_deref(), c.daemon.as_ref().ok()),
@@ -1503,23 +1502,53 @@ fn check_cdi(static_dir: &Path, dynamic_dir: &Path) -> Check {
     )
 }
 
-fn check_checkpoint(path: &Path, daemon: Option<&DaemonView>) -> Check {
-    // Since per-claim records (`crate::store`), `checkpoint.json` exists only between a stop
-    // and the next start (the downgrade export), or before the first start of this release.
-    let state_dir = path.parent().unwrap_or(Path::new("."));
-    if state_dir.join(store::STORE_FILE).exists() {
-        let (cp, problems) = store::snapshot(state_dir);
-        if !problems.is_empty() {
+/// What gpushared keeps its claims in (the check keeps its name `checkpoint`, which `-o json`
+/// readers know, and the daemon's `checkpoint_*` health fields and metrics still use): since
+/// per-claim records, the store's own record (`store.json`) and one file per claim under
+/// `records/` in the state directory. `checkpoint.json` is named only where it is what is
+/// there: before the first start of this release (a previous release's checkpoint, migrated at
+/// the next start), or beside the store between a graceful stop and the next start (the
+/// downgrade export).
+fn check_checkpoint(state_dir: &Path, daemon: Option<&DaemonView>) -> Check {
+    let store_file = state_dir.join(store::STORE_FILE);
+    let records = state_dir.join(store::CLAIMS_DIR);
+    let v2 = state_dir.join(V2_CHECKPOINT);
+    match std::fs::symlink_metadata(&store_file) {
+        Ok(_) => {
+            let (cp, problems) = store::snapshot(state_dir);
+            if !problems.is_empty() {
+                return check(
+                    "checkpoint",
+                    Status::Fail,
+                    format!(
+                        "corrupt claim records in {}: {}",
+                        records.display(),
+                        problems.join("; ")
+                    ),
+                    "gpushared quarantines a corrupt record at start and rebuilds its claim from the claim's host record: restart it",
+                );
+            }
+            let note = if std::fs::symlink_metadata(&v2).is_ok() {
+                format!(
+                    "; {} beside them is the downgrade export of gpushared's last stop, or a checkpoint a previous release wrote after a downgrade (gpushared removes the one, migrates the other at its next start)",
+                    v2.display()
+                )
+            } else {
+                String::new()
+            };
+            return checkpoint_claims(&records, &cp, &note);
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
             return check(
                 "checkpoint",
                 Status::Fail,
-                format!("corrupt claim records: {}", problems.join("; ")),
-                "gpushared quarantines a corrupt record at start and rebuilds its claim from the claim's host record: restart it",
-            );
+                format!("{}: {e}", store_file.display()),
+                "gpushared must be able to read its claim records (run doctor as root: the state directory is root's)",
+            )
         }
-        return checkpoint_claims(&state_dir.join(store::CLAIMS_DIR), &cp);
     }
-    let bytes = match std::fs::read(path) {
+    let bytes = match std::fs::read(&v2) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let held = daemon.map_or(0, |d| d.claims.len());
@@ -1527,14 +1556,21 @@ fn check_checkpoint(path: &Path, daemon: Option<&DaemonView>) -> Check {
                 check(
                     "checkpoint",
                     Status::Ok,
-                    format!("{} absent: no claim written yet", path.display()),
+                    format!(
+                        "no claim records yet: {} absent (gpushared writes it, and each claim's record under {}, from its first start)",
+                        store_file.display(),
+                        records.display()
+                    ),
                     "",
                 )
             } else {
                 check(
                     "checkpoint",
                     Status::Fail,
-                    format!("{} absent but the daemon holds {held} claims", path.display()),
+                    format!(
+                        "{} absent but the daemon holds {held} claims",
+                        store_file.display()
+                    ),
                     "check that paths.state_dir is writable and on persistent storage; journalctl -u gpushared",
                 )
             };
@@ -1543,7 +1579,7 @@ fn check_checkpoint(path: &Path, daemon: Option<&DaemonView>) -> Check {
             return check(
                 "checkpoint",
                 Status::Fail,
-                format!("{}: {e}", path.display()),
+                format!("{}: {e}", v2.display()),
                 "gpushared must be able to read its checkpoint (run doctor as root)",
             )
         }
@@ -1554,16 +1590,26 @@ fn check_checkpoint(path: &Path, daemon: Option<&DaemonView>) -> Check {
             return check(
                 "checkpoint",
                 Status::Fail,
-                format!("{} is corrupt: {e}", path.display()),
+                format!("{} (from before per-claim records) is corrupt: {e}", v2.display()),
                 "gpushared moves a corrupt checkpoint aside at start and forgets its claims: restart it, then re-prepare the node's claims (drain the node)",
             )
         }
     };
-    checkpoint_claims(path, &cp)
+    let note = format!(
+        " (a checkpoint from before per-claim records, no {} yet: gpushared migrates it to records under {} at its next start)",
+        store::STORE_FILE,
+        records.display()
+    );
+    checkpoint_claims(&v2, &cp, &note)
 }
 
-/// Every claim of `cp` (read from `path`) with its CDI spec present.
-fn checkpoint_claims(path: &Path, cp: &Checkpoint) -> Check {
+/// The whole-node checkpoint of releases before per-claim records: read, and written only as
+/// the downgrade export.
+const V2_CHECKPOINT: &str = "checkpoint.json";
+
+/// Every claim of `cp` (read from `path`) with its CDI spec present; `note` follows the
+/// detail.
+fn checkpoint_claims(path: &Path, cp: &Checkpoint, note: &str) -> Check {
     let missing: Vec<&str> = cp
         .claims
         .values()
@@ -1575,7 +1621,7 @@ fn checkpoint_claims(path: &Path, cp: &Checkpoint) -> Check {
             "checkpoint",
             Status::Fail,
             format!(
-                "{}: CDI spec missing for claims {}",
+                "{}: CDI spec missing for claims {}{note}",
                 path.display(),
                 missing.join(", ")
             ),
@@ -1586,7 +1632,7 @@ fn checkpoint_claims(path: &Path, cp: &Checkpoint) -> Check {
         "checkpoint",
         Status::Ok,
         format!(
-            "{}: {} claims, each with its CDI spec",
+            "{}: {} claims, each with its CDI spec{note}",
             path.display(),
             cp.claims.len()
         ),
@@ -2644,6 +2690,118 @@ mod tests {
             c.detail
                 .starts_with("[hook] path /opt/other/gpushare-cdi-hook is not an executable file"),
             "{c:?}"
+        );
+    }
+
+    #[test]
+    fn the_checkpoint_check_names_the_claim_records_the_daemon_uses() {
+        let n = node(CDI_ON);
+        let state = n.dir.path().join("state");
+        let shown = |p: &str| state.join(p).display().to_string();
+        // Before the first start: the store gpushared will write, no checkpoint.json.
+        let r = run(&n.paths, Some("g5.xlarge"), &FakeHost::default());
+        let c = get(&r, "checkpoint");
+        assert_eq!(c.status, Status::Ok, "{}", r.text());
+        assert!(
+            c.detail.starts_with(&format!(
+                "no claim records yet: {} absent",
+                shown("store.json")
+            )) && c.detail.contains(&shown("records")),
+            "{c:?}"
+        );
+        assert!(!c.detail.contains("checkpoint.json"), "{c:?}");
+        // A daemon holding claims without a store: the store is named missing.
+        let mut view = healthy(vec![]);
+        view.claims = vec![claim("u1", ClaimState::Prepared, Path::new(""))];
+        let holding = FakeHost {
+            daemon: Some(view),
+            lock_pid: Some(4242),
+            ..FakeHost::default()
+        };
+        let c = get(&run(&n.paths, Some("g5.xlarge"), &holding), "checkpoint").clone();
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert_eq!(
+            c.detail,
+            format!(
+                "{} absent but the daemon holds 1 claims",
+                shown("store.json")
+            )
+        );
+        // A previous release's checkpoint, before this release's first start: named as such.
+        std::fs::write(
+            state.join("checkpoint.json"),
+            serde_json::to_vec(&serde_json::json!({"version": 1, "claims": {}})).unwrap(),
+        )
+        .unwrap();
+        let c = get(
+            &run(&n.paths, Some("g5.xlarge"), &FakeHost::default()),
+            "checkpoint",
+        )
+        .clone();
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(
+            c.detail
+                .starts_with(&format!("{}: 0 claims", shown("checkpoint.json")))
+                && c.detail.contains("from before per-claim records")
+                && c.detail.contains("migrates it"),
+            "{c:?}"
+        );
+        // The store of a running daemon: its records directory, and checkpoint.json only while
+        // it is there beside them (the downgrade export).
+        std::fs::write(
+            state.join("store.json"),
+            r#"{"format": 4, "boot_id": "b", "generation": 0, "export": null}"#,
+        )
+        .unwrap();
+        std::fs::create_dir(state.join("records")).unwrap();
+        let c = get(
+            &run(&n.paths, Some("g5.xlarge"), &FakeHost::default()),
+            "checkpoint",
+        )
+        .clone();
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(
+            c.detail
+                .starts_with(&format!("{}: 0 claims", shown("records")))
+                && c.detail.contains("downgrade export"),
+            "{c:?}"
+        );
+        std::fs::remove_file(state.join("checkpoint.json")).unwrap();
+        let c = get(
+            &run(&n.paths, Some("g5.xlarge"), &FakeHost::default()),
+            "checkpoint",
+        )
+        .clone();
+        assert_eq!(
+            c.detail,
+            format!("{}: 0 claims, each with its CDI spec", shown("records"))
+        );
+        // A corrupt record is named in the records directory.
+        std::fs::write(state.join("records/u1.json"), "{not json").unwrap();
+        let c = get(
+            &run(&n.paths, Some("g5.xlarge"), &FakeHost::default()),
+            "checkpoint",
+        )
+        .clone();
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(
+            c.detail
+                .starts_with(&format!("corrupt claim records in {}", shown("records"))),
+            "{c:?}"
+        );
+        // Directories of another daemon: skipped, naming the state directory, not a file.
+        let elsewhere = FakeHost {
+            daemon: Some(healthy(vec![])),
+            ..FakeHost::default()
+        };
+        let c = get(&run(&n.paths, Some("g5.xlarge"), &elsewhere), "checkpoint").clone();
+        assert_eq!(c.status, Status::Skip, "{c:?}");
+        assert_eq!(
+            c.detail,
+            format!(
+                "claim records in {}: not the state directory of the daemon answering (see paths)",
+                state.display()
+            )
         );
     }
 
