@@ -817,10 +817,15 @@ fn socket_hint(ctx: &Context<'_>, e: &DaemonError) -> String {
             "start it: systemctl enable --now gpushared; then {journal} (for a gpushared started by hand, give doctor its --socket)"
         ),
         DaemonError::PermissionDenied(_) => format!(
-            "gpushared runs, but this user may not connect to its socket: run doctor as root (sudo gpushare doctor), or as a member of the socket's group: [socket] group (now {:?}) and mode (now {:?}) in {} set them",
+            "gpushared runs, but this user may not connect to its socket: run doctor as root (sudo gpushare doctor), or as a member of the socket's group: [socket] group (now {:?}) and mode (now {:?}) in {}{} set them",
             ctx.cfg.socket.group,
             ctx.cfg.socket.mode,
-            ctx.paths.config.display()
+            ctx.paths.config.display(),
+            if ctx.paths.config.exists() {
+                ""
+            } else {
+                " (absent: the defaults)"
+            }
         ),
         DaemonError::TimedOut(_) => format!(
             "gpushared accepted no connection or did not answer in time: it may be stuck, or busy with every connection it serves ([socket] max_connections); {journal}"
