@@ -1,17 +1,21 @@
 //! `gpushare doctor`: what is wrong with this node's gpushare setup, one line per check with
 //! a fix hint.
 //!
-//! Checks ([`CHECKS`], in order, after the config file's): NVML and the driver version, the
-//! MPS control program gpushared runs (or would run), NVIDIA's container toolkit for the
-//! driver's CDI spec (`[cdi] driver_spec`), the containerd config (CDI enabled or
-//! the `gpushare` runtime configured), `nodeadm` and our drop-in, the CDI spec directories
-//! (valid specs, no device defined twice), the daemon's socket, whether the daemon answering
-//! there uses the directories checked here, the checkpoint, degraded claims, the compute
-//! mode of GPUs shared with MPS, and the DRA kubelet plugin (`gpushare-dra probe`). Files are read where [`DoctorPaths`] says (the config file,
+//! Checks ([`CHECKS`], in order, after the config file's): NVML and the driver version (or
+//! the simulated GPUs of `--simulate`, else of the running daemon's simulated backend), the
+//! MPS control program gpushared runs (or would run), the helper programs
+//! (`gpushare-cdi-hook`, `gpushare-runtime`, `gpushare-dra`: beside this executable first,
+//! else on `PATH`; see [`find_helper`]), NVIDIA's container toolkit for the driver's CDI spec
+//! (`[cdi] driver_spec`), the containerd config (CDI enabled or the `gpushare` runtime
+//! configured), `nodeadm` and our drop-in, the CDI spec directories (valid specs, no device
+//! defined twice), the daemon's socket (a hint per [`DaemonError`]), whether the daemon
+//! answering there uses the directories checked here, the claim records (the `checkpoint`
+//! check), degraded claims, the compute mode of GPUs shared with MPS, and the DRA kubelet
+//! plugin (`gpushare-dra probe`). Files are read where [`DoctorPaths`] says (the config file,
 //! with `--state-dir`/`--run-dir`/`--cdi-dir` laid over it as gpushared does; tests point them
 //! at temporary directories); everything that asks the driver, `PATH`, lock holders or the
-//! daemon goes through [`DoctorHost`]. Nothing is changed: a corrupt checkpoint is reported,
-//! not moved aside as `gpushared` would.
+//! daemon goes through [`DoctorHost`]. Nothing is changed: a corrupt claim record or checkpoint
+//! is reported, not moved aside as `gpushared` would.
 //!
 //! A new check is a function `fn(&Context) -> Check` and an entry in [`CHECKS`].
 
@@ -113,6 +117,68 @@ pub struct DaemonView {
     pub claims: Vec<ClaimInfo>,
 }
 
+/// Why the daemon at the socket gave doctor no answer: each kind has a hint of its own (a
+/// daemon this user may not connect to runs, and needs no "start it").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DaemonError {
+    /// Nothing listens there: no socket file, or a socket nobody accepts on (what a stopped
+    /// daemon leaves, `ECONNREFUSED`).
+    NotRunning(String),
+    /// The socket exists, but this user may not connect to it (`EACCES`/`EPERM`): the
+    /// daemon's `[socket] mode` and `group` let only root and that group in.
+    PermissionDenied(String),
+    /// No connection or no answer within the timeout.
+    TimedOut(String),
+    /// The path is no socket (a directory, a regular file).
+    NotASocket(String),
+    /// Connected, but the answer was an error or not gpushared's protocol.
+    Protocol(String),
+    /// Anything else the connection or the exchange failed with.
+    Other(String),
+}
+
+impl DaemonError {
+    /// What went wrong, in the words of the error met.
+    pub fn message(&self) -> &str {
+        match self {
+            DaemonError::NotRunning(m)
+            | DaemonError::PermissionDenied(m)
+            | DaemonError::TimedOut(m)
+            | DaemonError::NotASocket(m)
+            | DaemonError::Protocol(m)
+            | DaemonError::Other(m) => m,
+        }
+    }
+
+    /// The kind of a client's error: connecting, by its `io::ErrorKind`; an answer that is an
+    /// error or unreadable, [`DaemonError::Protocol`].
+    pub fn from_client(e: &gpushare_proto::ClientError) -> DaemonError {
+        use gpushare_proto::ClientError as E;
+        use std::io::ErrorKind as K;
+        let m = e.to_string();
+        match e {
+            E::Connect { error, .. } => match error.kind() {
+                K::NotFound | K::ConnectionRefused => DaemonError::NotRunning(m),
+                K::PermissionDenied => DaemonError::PermissionDenied(m),
+                K::TimedOut | K::WouldBlock => DaemonError::TimedOut(m),
+                _ => DaemonError::Other(m),
+            },
+            E::NotASocket { .. } => DaemonError::NotASocket(m),
+            E::Io { error, .. } => match error.kind() {
+                K::TimedOut | K::WouldBlock => DaemonError::TimedOut(m),
+                _ => DaemonError::Other(m),
+            },
+            E::Protocol(_) | E::Remote(_) | E::TooLarge { .. } => DaemonError::Protocol(m),
+        }
+    }
+}
+
+impl std::fmt::Display for DaemonError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
 /// The effects `doctor` needs beyond reading files.
 pub trait DoctorHost {
     /// The NVIDIA driver version, from NVML's library and the kernel module; `Err` says what
@@ -128,10 +194,12 @@ pub trait DoctorHost {
     /// Asks the daemon at `socket` for its health, GPUs and claims.
     ///
     /// # Errors
-    /// Not reachable, or an error answer.
-    fn daemon(&self, socket: &Path) -> Result<DaemonView, String>;
-    /// The directory `gpushared` is installed in (where it finds its MPS control emulator);
-    /// the CLI's own, as the package installs both side by side.
+    /// Not reachable (not running, no permission, timed out, no socket), or an error answer;
+    /// the kind decides the socket check's hint.
+    fn daemon(&self, socket: &Path) -> Result<DaemonView, DaemonError>;
+    /// The directory `gpushared` is installed in (where it finds its MPS control emulator and
+    /// `gpushare-cdi-hook`); the CLI's own executable's, as the package installs every
+    /// gpushare program side by side: where [`find_helper`] looks first.
     fn gpushared_dir(&self) -> PathBuf;
     /// The pid holding a POSIX lock on `path` (`fcntl(F_GETLK)`), `None` when nobody does.
     ///
@@ -144,16 +212,110 @@ pub trait DoctorHost {
     fn daemon_command_line(&self, _pid: i32) -> Option<(Vec<String>, PathBuf)> {
         None
     }
-    /// Runs `gpushare-dra probe --json` (the DRA kubelet plugin checks its own sockets and
-    /// names, with its own config), bounded to 15 s: `None` when the plugin is not
-    /// installed, else each check as (name, passed, detail).
+    /// Runs `program probe --json` (`gpushare-dra`, found by [`find_helper`]: the DRA kubelet
+    /// plugin checks its own sockets and names, with its own config), bounded to 15 s: each
+    /// check as (name, passed, detail, hint).
     ///
     /// # Errors
     /// The probe could not run or its output is unreadable.
-    fn dra_probe(&self, args: &[String]) -> Option<Result<Vec<ProbeCheck>, String>> {
-        let program = self.which("gpushare-dra")?;
-        Some(run_dra_probe(&program, args))
+    fn dra_probe(&self, program: &Path, args: &[String]) -> Result<Vec<ProbeCheck>, String> {
+        run_dra_probe(program, args)
     }
+}
+
+/// Where [`find_helper`] found a program.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Helper {
+    /// The program.
+    pub path: PathBuf,
+    /// Found beside this executable ([`DoctorHost::gpushared_dir`]), not on `PATH`.
+    pub beside: bool,
+}
+
+impl std::fmt::Display for Helper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let place = if self.beside {
+            "beside gpushare"
+        } else {
+            "on PATH"
+        };
+        write!(f, "{} ({place})", self.path.display())
+    }
+}
+
+/// A gpushare helper program (`gpushare-cdi-hook`, `gpushare-runtime`, `gpushare-dra`):
+/// beside this executable first, then on `PATH`.
+///
+/// Beside first, because the package installs every gpushare program side by side and
+/// gpushared itself looks for its hook and its MPS emulator beside its own executable only:
+/// the helpers beside the CLI are those of its own build (an unpacked release, a build tree,
+/// an install in /usr/local/bin), which speak its version of `probe --json`, where an older
+/// copy on `PATH` may not. `PATH` finds a helper for a CLI copied on its own.
+pub fn find_helper<H: DoctorHost + ?Sized>(host: &H, name: &str) -> Option<Helper> {
+    let beside = host.gpushared_dir().join(name);
+    if host.executable(&beside) {
+        return Some(Helper {
+            path: beside,
+            beside: true,
+        });
+    }
+    host.which(name).map(|path| Helper {
+        path,
+        beside: false,
+    })
+}
+
+/// The helper programs gpushare installs beside `gpushared` and where each was found: the
+/// OCI hook every claim's CDI spec names (`[hook] path`, else beside gpushared; WARN when
+/// found nowhere, FAIL when `[hook] path` names no executable), the runtime wrapper
+/// (containerd's `gpushare` runtime only) and the DRA kubelet plugin (a DaemonSet may run it
+/// instead), the last two only reported.
+fn check_helpers(ctx: &Context<'_>) -> Check {
+    let host = ctx.host;
+    let hook_hint = "install the gpushare package (it puts gpushare-cdi-hook beside gpushared), or set [hook] path to it";
+    let configured = &ctx.cfg.hook.path;
+    let (hook, status) = if configured.as_os_str().is_empty() {
+        match find_helper(host, "gpushare-cdi-hook") {
+            Some(h) => (format!("gpushare-cdi-hook {h}"), Status::Ok),
+            None => (
+                format!(
+                    "gpushare-cdi-hook found neither beside gpushare in {} nor on PATH: gpushared names it in every claim's CDI spec (beside itself unless [hook] path is set), and a claim's container cannot start without it",
+                    host.gpushared_dir().display()
+                ),
+                Status::Warn,
+            ),
+        }
+    } else if host.executable(configured) {
+        (
+            format!("gpushare-cdi-hook {} ([hook] path)", configured.display()),
+            Status::Ok,
+        )
+    } else {
+        (
+            format!(
+                "[hook] path {} is not an executable file: gpushared names it in every claim's CDI spec, and a claim's container cannot start without it",
+                configured.display()
+            ),
+            Status::Fail,
+        )
+    };
+    let mut found = vec![hook];
+    for (name, absent) in [
+        (
+            "gpushare-runtime",
+            "not installed (only containerd's gpushare runtime uses it)",
+        ),
+        (
+            "gpushare-dra",
+            "not installed (a DaemonSet may run the DRA kubelet plugin)",
+        ),
+    ] {
+        found.push(match find_helper(host, name) {
+            Some(h) => format!("{name} {h}"),
+            None => format!("{name} {absent}"),
+        });
+    }
+    check("helpers", status, found.join("; "), hook_hint)
 }
 
 /// One check of `gpushare-dra probe`.
@@ -216,19 +378,30 @@ fn run_dra_probe(program: &Path, args: &[String]) -> Result<Vec<ProbeCheck>, Str
 /// answers, and its node and driver names agree with gpushared's (`gpushare-dra probe`).
 fn check_dra_plugin(host: &dyn DoctorHost, args: &[String]) -> Check {
     let hint = "systemctl status gpushare-dra; journalctl -u gpushare-dra (node and driver names: /etc/gpushare/dra.toml)";
-    match host.dra_probe(args) {
-        None => check(
+    let Some(program) = find_helper(host, "gpushare-dra") else {
+        return check(
             "dra-plugin",
             Status::Skip,
-            "gpushare-dra not installed".into(),
+            format!(
+                "gpushare-dra not installed (neither beside gpushare in {} nor on PATH)",
+                host.gpushared_dir().display()
+            ),
             "",
-        ),
-        Some(Err(e)) => check("dra-plugin", Status::Fail, e, hint),
-        Some(Ok(checks)) => {
+        );
+    };
+    let by = format!("probed with {program}");
+    match host.dra_probe(&program.path, args) {
+        Err(e) => check("dra-plugin", Status::Fail, format!("{e} ({by})"), hint),
+        Ok(checks) => {
             let failed: Vec<&ProbeCheck> = checks.iter().filter(|c| !c.passed).collect();
             if failed.is_empty() && !checks.is_empty() {
                 let shown: Vec<&str> = checks.iter().map(|c| c.detail.as_str()).collect();
-                check("dra-plugin", Status::Ok, shown.join("; "), "")
+                check(
+                    "dra-plugin",
+                    Status::Ok,
+                    format!("{} ({by})", shown.join("; ")),
+                    "",
+                )
             } else {
                 let detail: Vec<String> = failed
                     .iter()
@@ -246,7 +419,12 @@ fn check_dra_plugin(host: &dyn DoctorHost, args: &[String]) -> Check {
                 } else {
                     hints.join("; ")
                 };
-                check("dra-plugin", Status::Fail, detail.join("; "), &hint)
+                check(
+                    "dra-plugin",
+                    Status::Fail,
+                    format!("{} ({by})", detail.join("; ")),
+                    &hint,
+                )
             }
         }
     }
@@ -345,12 +523,15 @@ pub struct Context<'a> {
     /// The config file (defaults when it is absent or broken), with `--state-dir`,
     /// `--run-dir` and `--cdi-dir` applied and the directories resolved where they exist.
     pub cfg: DaemonConfig,
-    /// The node profile the GPU checks simulate (`--simulate`, else `gpus.simulate`).
+    /// The node profile the GPU checks simulate (`--simulate`, else the running daemon's
+    /// simulated backend, else `gpus.simulate` while no daemon answers); `None`: NVML.
     pub simulate: Option<String>,
+    /// Set when `simulate` was taken from the running daemon's backend: a line saying so.
+    pub simulate_source: Option<String>,
     /// The socket asked.
     pub socket: PathBuf,
     /// The daemon's answer, or why there is none.
-    pub daemon: Result<DaemonView, String>,
+    pub daemon: Result<DaemonView, DaemonError>,
     /// Where the directories came from when not from doctor's flags or config file (the
     /// daemon's command line), for the paths check to say.
     pub paths_source: Option<String>,
@@ -364,6 +545,7 @@ impl std::fmt::Debug for Context<'_> {
             .field("paths", &self.paths)
             .field("cfg", &self.cfg)
             .field("simulate", &self.simulate)
+            .field("simulate_source", &self.simulate_source)
             .field("socket", &self.socket)
             .field("paths_source", &self.paths_source)
             .field("daemon", &self.daemon.as_ref().map(|_| "answered"))
@@ -376,8 +558,9 @@ pub type CheckFn = fn(&Context<'_>) -> Check;
 
 /// Every check after the config file's, in the order printed.
 pub const CHECKS: &[CheckFn] = &[
-    |c| check_driver(c.simulate.as_deref(), c.host),
+    |c| check_driver(c.simulate.as_deref(), c.simulate_source.as_deref(), c.host),
     check_mps_control,
+    check_helpers,
     |c| {
         check_driver_spec(
             &c.cfg,
@@ -392,23 +575,20 @@ pub const CHECKS: &[CheckFn] = &[
     check_socket,
     check_paths,
     |c| {
-        // A daemon on other directories writes its checkpoint elsewhere: this file says
+        // A daemon on other directories writes its claim records elsewhere: these say
         // nothing about it (the paths check names the mismatch).
         if check_paths(c).status == Status::Fail {
             return check(
                 "checkpoint",
                 Status::Skip,
                 format!(
-                    "{}: not the directory of the daemon answering (see paths)",
-                    c.cfg.paths.state_dir.join("checkpoint.json").display()
+                    "claim records in {}: not the state directory of the daemon answering (see paths)",
+                    c.cfg.paths.state_dir.display()
                 ),
                 "fix the paths check first",
             );
         }
-        check_checkpoint(
-            &c.cfg.paths.state_dir.join("checkpoint.json"),
-            c.daemon.as_ref().ok(),
-        )
+        check_checkpoint(&c.cfg.paths.state_dir, c.daemon.as_ref().ok())
     },
     check_claims,
     |c| check_compute_mode(c.simulate.as_deref(), c.daemon.as_ref().ok()),
@@ -433,6 +613,49 @@ fn daemon_flag<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
 /// A directory as gpushared resolves it (the daemon reports real paths), when it exists.
 fn resolved(p: &Path) -> PathBuf {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// The GPU backend the checks look at without `--simulate`, and, when the running daemon
+/// told it, a line saying so: the daemon's own (`health.backend`) where it answers, since
+/// that is what serves claims (a simulated one is no reason to ask NVML), else the config's
+/// `gpus.simulate`. A simulated daemon's profile is the `--simulate` of its command line
+/// (resolved from its working directory), else the config's when it is the same profile,
+/// else the name its backend reports (a catalog name, or the `name` of a profile file, which
+/// the nvml check then cannot read and skips).
+fn backend_of(
+    daemon: &Result<DaemonView, DaemonError>,
+    command_line: Option<&(Vec<String>, PathBuf)>,
+    cfg: &DaemonConfig,
+    socket: &Path,
+) -> (Option<String>, Option<String>) {
+    let configured = (!cfg.gpus.simulate.is_empty()).then(|| cfg.gpus.simulate.clone());
+    let Ok(d) = daemon else {
+        return (configured, None);
+    };
+    let Some(name) = d.health.backend.strip_prefix("simulated:") else {
+        // `nvml` (or a backend this release does not know): the real driver.
+        return (None, None);
+    };
+    let from_args = command_line.and_then(|(args, cwd)| {
+        daemon_flag(args, "--simulate").map(|v| {
+            if v.contains('/') {
+                cwd.join(v).display().to_string()
+            } else {
+                v.to_string()
+            }
+        })
+    });
+    let from_config =
+        configured.filter(|c| c == name || catalog::resolve(c).is_ok_and(|p| p.name == name));
+    let profile = from_args
+        .or(from_config)
+        .unwrap_or_else(|| name.to_string());
+    let source = format!(
+        "the running gpushared at {} uses the simulated backend {}",
+        socket.display(),
+        d.health.backend
+    );
+    (Some(profile), Some(source))
 }
 
 /// Runs every check. `simulate` names a node profile: the GPU checks then use the simulated
@@ -470,36 +693,38 @@ pub fn run(paths: &DoctorPaths, simulate: Option<&str>, host: &dyn DoctorHost) -
     }
     let socket = paths.socket.clone().unwrap_or(cfg.paths.socket.clone());
     let daemon = host.daemon(&socket);
+    let command_line = match &daemon {
+        Ok(DaemonView { pid: Some(pid), .. }) => host.daemon_command_line(*pid).map(|c| (*pid, c)),
+        _ => None,
+    };
     // Without doctor's own directory flags, a gpushared started by hand says where it runs:
     // its command line (which overrides its config file, as it does for the daemon).
     let mut paths_source = None;
     let no_dir_flags =
         paths.state_dir.is_none() && paths.run_dir.is_none() && paths.cdi_dir.is_none();
-    if let (true, Ok(DaemonView { pid: Some(pid), .. })) = (no_dir_flags, &daemon) {
-        if let Some((args, cwd)) = host.daemon_command_line(*pid) {
-            let before = cfg.paths.clone();
-            let mut theirs_note = String::new();
-            if let Some(file) = daemon_flag(&args, "--config").filter(|_| !paths.config_required) {
-                let file = cwd.join(file);
-                if let Ok(theirs) = DaemonConfig::load(&file, true) {
-                    cfg = theirs;
-                    theirs_note = format!(", its config file {}", file.display());
-                }
+    if let (true, Some((pid, (args, cwd)))) = (no_dir_flags, &command_line) {
+        let before = cfg.paths.clone();
+        let mut theirs_note = String::new();
+        if let Some(file) = daemon_flag(args, "--config").filter(|_| !paths.config_required) {
+            let file = cwd.join(file);
+            if let Ok(theirs) = DaemonConfig::load(&file, true) {
+                cfg = theirs;
+                theirs_note = format!(", its config file {}", file.display());
             }
-            for (dst, flag) in [
-                (&mut cfg.paths.state_dir, "--state-dir"),
-                (&mut cfg.paths.run_dir, "--run-dir"),
-                (&mut cfg.paths.cdi_dir, "--cdi-dir"),
-            ] {
-                if let Some(v) = daemon_flag(&args, flag) {
-                    *dst = cwd.join(v);
-                }
+        }
+        for (dst, flag) in [
+            (&mut cfg.paths.state_dir, "--state-dir"),
+            (&mut cfg.paths.run_dir, "--run-dir"),
+            (&mut cfg.paths.cdi_dir, "--cdi-dir"),
+        ] {
+            if let Some(v) = daemon_flag(args, flag) {
+                *dst = cwd.join(v);
             }
-            if cfg.paths != before || !theirs_note.is_empty() {
-                paths_source = Some(format!(
-                    "directories from gpushared's command line (pid {pid}{theirs_note})"
-                ));
-            }
+        }
+        if cfg.paths != before || !theirs_note.is_empty() {
+            paths_source = Some(format!(
+                "directories from gpushared's command line (pid {pid}{theirs_note})"
+            ));
         }
     }
     for dst in [
@@ -509,14 +734,21 @@ pub fn run(paths: &DoctorPaths, simulate: Option<&str>, host: &dyn DoctorHost) -
     ] {
         *dst = resolved(dst);
     }
-    let simulate = simulate
-        .map(str::to_string)
-        .or_else(|| (!cfg.gpus.simulate.is_empty()).then(|| cfg.gpus.simulate.clone()));
+    let (simulate, simulate_source) = match simulate {
+        Some(profile) => (Some(profile.to_string()), None),
+        None => backend_of(
+            &daemon,
+            command_line.as_ref().map(|(_, c)| c),
+            &cfg,
+            &socket,
+        ),
+    };
     let ctx = Context {
         paths,
         daemon,
         cfg,
         simulate,
+        simulate_source,
         socket,
         paths_source,
         host,
@@ -533,7 +765,11 @@ fn check_socket(ctx: &Context<'_>) -> Check {
     match &ctx.daemon {
         Ok(v) => check(
             "socket",
-            if v.health.ready { Status::Ok } else { Status::Fail },
+            if v.health.ready {
+                Status::Ok
+            } else {
+                Status::Fail
+            },
             format!(
                 "{} answers: {}, backend {}, {} GPUs, {} claims",
                 socket.display(),
@@ -547,13 +783,68 @@ fn check_socket(ctx: &Context<'_>) -> Check {
         Err(e) => check(
             "socket",
             Status::Fail,
-            format!("{}: {e}", socket.display()),
-            "start it: systemctl enable --now gpushared; then systemctl status gpushared and journalctl -u gpushared",
+            socket_detail(socket, e),
+            &socket_hint(ctx, e),
         ),
     }
 }
 
-fn check_driver(simulate: Option<&str>, host: &dyn DoctorHost) -> Check {
+/// The socket check's detail: the error, and for a refused permission the socket's own mode
+/// and group (what the running daemon set), where the file can be looked at.
+fn socket_detail(socket: &Path, e: &DaemonError) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let mut detail = format!("{}: {e}", socket.display());
+    if let (DaemonError::PermissionDenied(_), Ok(m)) = (e, std::fs::metadata(socket)) {
+        let gid = nix::unistd::Gid::from_raw(m.gid());
+        let group = match nix::unistd::Group::from_gid(gid) {
+            Ok(Some(g)) => g.name,
+            _ => format!("gid {gid}"),
+        };
+        detail += &format!(
+            " (the socket is mode {:04o}, group {group}; doctor runs as uid {})",
+            m.mode() & 0o7777,
+            nix::unistd::geteuid()
+        );
+    }
+    detail
+}
+
+/// The socket check's hint for why the daemon did not answer.
+fn socket_hint(ctx: &Context<'_>, e: &DaemonError) -> String {
+    let journal = "systemctl status gpushared; journalctl -u gpushared";
+    match e {
+        DaemonError::NotRunning(_) => format!(
+            "start it: systemctl enable --now gpushared; then {journal} (for a gpushared started by hand, give doctor its --socket)"
+        ),
+        DaemonError::PermissionDenied(_) => format!(
+            "gpushared runs, but this user may not connect to its socket: run doctor as root (sudo gpushare doctor), or as a member of the socket's group: [socket] group (now {:?}) and mode (now {:?}) in {}{} set them",
+            ctx.cfg.socket.group,
+            ctx.cfg.socket.mode,
+            ctx.paths.config.display(),
+            if ctx.paths.config.exists() {
+                ""
+            } else {
+                " (absent: the defaults)"
+            }
+        ),
+        DaemonError::TimedOut(_) => format!(
+            "gpushared accepted no connection or did not answer in time: it may be stuck, or busy with every connection it serves ([socket] max_connections); {journal}"
+        ),
+        DaemonError::NotASocket(_) => format!(
+            "--socket names the socket file itself ([paths] socket of gpushared's config; default {})",
+            gpushare_proto::DEFAULT_SOCKET
+        ),
+        DaemonError::Protocol(_) => format!(
+            "something answered, but not as this release's gpushared does: gpushare --version and gpushared --version should agree; {journal}"
+        ),
+        DaemonError::Other(_) => journal.to_string(),
+    }
+}
+
+/// NVML and the driver version, or the simulated node profile's GPUs. `source` says that the
+/// profile is the running daemon's backend (then one doctor cannot read is skipped, not
+/// failed: the daemon read it).
+fn check_driver(simulate: Option<&str>, source: Option<&str>, host: &dyn DoctorHost) -> Check {
     if let Some(profile) = simulate {
         return match catalog::resolve(profile) {
             Ok(p) => {
@@ -574,13 +865,27 @@ fn check_driver(simulate: Option<&str>, host: &dyn DoctorHost) -> Check {
                         m => format!("{count} x {name} (MIG mode on for {m})"),
                     })
                     .collect();
+                let from = source.map_or_else(String::new, |s| format!("; {s}"));
                 check(
                     "nvml",
                     Status::Ok,
-                    format!("simulated {}: {} (no NVML used)", p.name, gpus.join(", ")),
+                    format!(
+                        "simulated {}: {} (no NVML used{from})",
+                        p.name,
+                        gpus.join(", ")
+                    ),
                     "",
                 )
             }
+            Err(e) if source.is_some() => check(
+                "nvml",
+                Status::Skip,
+                format!(
+                    "{}, whose node profile doctor cannot read ({e}): NVML not checked",
+                    source.unwrap_or_default()
+                ),
+                "give doctor the profile gpushared was started with: gpushare doctor --simulate <profile file>",
+            ),
             Err(e) => check(
                 "nvml",
                 Status::Fail,
@@ -1202,23 +1507,53 @@ fn check_cdi(static_dir: &Path, dynamic_dir: &Path) -> Check {
     )
 }
 
-fn check_checkpoint(path: &Path, daemon: Option<&DaemonView>) -> Check {
-    // Since per-claim records (`crate::store`), `checkpoint.json` exists only between a stop
-    // and the next start (the downgrade export), or before the first start of this release.
-    let state_dir = path.parent().unwrap_or(Path::new("."));
-    if state_dir.join(store::STORE_FILE).exists() {
-        let (cp, problems) = store::snapshot(state_dir);
-        if !problems.is_empty() {
+/// What gpushared keeps its claims in (the check keeps its name `checkpoint`, which `-o json`
+/// readers know, and the daemon's `checkpoint_*` health fields and metrics still use): since
+/// per-claim records, the store's own record (`store.json`) and one file per claim under
+/// `records/` in the state directory. `checkpoint.json` is named only where it is what is
+/// there: before the first start of this release (a previous release's checkpoint, migrated at
+/// the next start), or beside the store between a graceful stop and the next start (the
+/// downgrade export).
+fn check_checkpoint(state_dir: &Path, daemon: Option<&DaemonView>) -> Check {
+    let store_file = state_dir.join(store::STORE_FILE);
+    let records = state_dir.join(store::CLAIMS_DIR);
+    let v2 = state_dir.join(V2_CHECKPOINT);
+    match std::fs::symlink_metadata(&store_file) {
+        Ok(_) => {
+            let (cp, problems) = store::snapshot(state_dir);
+            if !problems.is_empty() {
+                return check(
+                    "checkpoint",
+                    Status::Fail,
+                    format!(
+                        "corrupt claim records in {}: {}",
+                        records.display(),
+                        problems.join("; ")
+                    ),
+                    "gpushared quarantines a corrupt record at start and rebuilds its claim from the claim's host record: restart it",
+                );
+            }
+            let note = if std::fs::symlink_metadata(&v2).is_ok() {
+                format!(
+                    "; {} beside them is the downgrade export of gpushared's last stop, or a checkpoint a previous release wrote after a downgrade (gpushared removes the one, migrates the other at its next start)",
+                    v2.display()
+                )
+            } else {
+                String::new()
+            };
+            return checkpoint_claims(&records, &cp, &note);
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
             return check(
                 "checkpoint",
                 Status::Fail,
-                format!("corrupt claim records: {}", problems.join("; ")),
-                "gpushared quarantines a corrupt record at start and rebuilds its claim from the claim's host record: restart it",
-            );
+                format!("{}: {e}", store_file.display()),
+                "gpushared must be able to read its claim records (run doctor as root: the state directory is root's)",
+            )
         }
-        return checkpoint_claims(&state_dir.join(store::CLAIMS_DIR), &cp);
     }
-    let bytes = match std::fs::read(path) {
+    let bytes = match std::fs::read(&v2) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let held = daemon.map_or(0, |d| d.claims.len());
@@ -1226,14 +1561,21 @@ fn check_checkpoint(path: &Path, daemon: Option<&DaemonView>) -> Check {
                 check(
                     "checkpoint",
                     Status::Ok,
-                    format!("{} absent: no claim written yet", path.display()),
+                    format!(
+                        "no claim records yet: {} absent (gpushared writes it, and each claim's record under {}, from its first start)",
+                        store_file.display(),
+                        records.display()
+                    ),
                     "",
                 )
             } else {
                 check(
                     "checkpoint",
                     Status::Fail,
-                    format!("{} absent but the daemon holds {held} claims", path.display()),
+                    format!(
+                        "{} absent but the daemon holds {held} claims",
+                        store_file.display()
+                    ),
                     "check that paths.state_dir is writable and on persistent storage; journalctl -u gpushared",
                 )
             };
@@ -1242,7 +1584,7 @@ fn check_checkpoint(path: &Path, daemon: Option<&DaemonView>) -> Check {
             return check(
                 "checkpoint",
                 Status::Fail,
-                format!("{}: {e}", path.display()),
+                format!("{}: {e}", v2.display()),
                 "gpushared must be able to read its checkpoint (run doctor as root)",
             )
         }
@@ -1253,16 +1595,26 @@ fn check_checkpoint(path: &Path, daemon: Option<&DaemonView>) -> Check {
             return check(
                 "checkpoint",
                 Status::Fail,
-                format!("{} is corrupt: {e}", path.display()),
+                format!("{} (from before per-claim records) is corrupt: {e}", v2.display()),
                 "gpushared moves a corrupt checkpoint aside at start and forgets its claims: restart it, then re-prepare the node's claims (drain the node)",
             )
         }
     };
-    checkpoint_claims(path, &cp)
+    let note = format!(
+        " (a checkpoint from before per-claim records, no {} yet: gpushared migrates it to records under {} at its next start)",
+        store::STORE_FILE,
+        records.display()
+    );
+    checkpoint_claims(&v2, &cp, &note)
 }
 
-/// Every claim of `cp` (read from `path`) with its CDI spec present.
-fn checkpoint_claims(path: &Path, cp: &Checkpoint) -> Check {
+/// The whole-node checkpoint of releases before per-claim records: read, and written only as
+/// the downgrade export.
+const V2_CHECKPOINT: &str = "checkpoint.json";
+
+/// Every claim of `cp` (read from `path`) with its CDI spec present; `note` follows the
+/// detail.
+fn checkpoint_claims(path: &Path, cp: &Checkpoint, note: &str) -> Check {
     let missing: Vec<&str> = cp
         .claims
         .values()
@@ -1274,7 +1626,7 @@ fn checkpoint_claims(path: &Path, cp: &Checkpoint) -> Check {
             "checkpoint",
             Status::Fail,
             format!(
-                "{}: CDI spec missing for claims {}",
+                "{}: CDI spec missing for claims {}{note}",
                 path.display(),
                 missing.join(", ")
             ),
@@ -1285,7 +1637,7 @@ fn checkpoint_claims(path: &Path, cp: &Checkpoint) -> Check {
         "checkpoint",
         Status::Ok,
         format!(
-            "{}: {} claims, each with its CDI spec",
+            "{}: {} claims, each with its CDI spec{note}",
             path.display(),
             cp.claims.len()
         ),
@@ -1434,21 +1786,16 @@ impl DoctorHost for RealHost {
         std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
     }
 
-    fn daemon(&self, socket: &Path) -> Result<DaemonView, String> {
+    fn daemon(&self, socket: &Path) -> Result<DaemonView, DaemonError> {
         use gpushare_proto::{Client, Method};
-        let mut client = Client::connect(socket, self.timeout).map_err(|e| e.to_string())?;
+        let e = |e: gpushare_proto::ClientError| DaemonError::from_client(&e);
+        let mut client = Client::connect(socket, self.timeout).map_err(e)?;
         let none = None::<&()>;
         Ok(DaemonView {
             pid: daemon_pid(socket),
-            health: client
-                .call(Method::Health, none)
-                .map_err(|e| e.to_string())?,
-            gpus: client
-                .call(Method::ListGpus, none)
-                .map_err(|e| e.to_string())?,
-            claims: client
-                .call(Method::ListClaims, none)
-                .map_err(|e| e.to_string())?,
+            health: client.call(Method::Health, none).map_err(e)?,
+            gpus: client.call(Method::ListGpus, none).map_err(e)?,
+            claims: client.call(Method::ListClaims, none).map_err(e)?,
         })
     }
 }
@@ -1465,10 +1812,16 @@ mod tests {
         daemon: Option<DaemonView>,
         /// The pid holding every `gpushared.lock` (none: nobody).
         lock_pid: Option<i32>,
-        /// Programs installed beside gpushared (in /usr/bin).
+        /// Programs installed beside gpushared (in `exe_dir`).
         beside: Vec<&'static str>,
+        /// The directory of the CLI and gpushared (default /usr/bin, which is on PATH too).
+        exe_dir: Option<&'static str>,
+        /// The program `dra_probe` ran (it answers with one passing check).
+        probed: std::cell::RefCell<Option<PathBuf>>,
         /// The daemon's command line and working directory.
         command_line: Option<(Vec<String>, PathBuf)>,
+        /// Why the daemon does not answer, without `daemon` (default: not running).
+        daemon_error: Option<DaemonError>,
     }
 
     impl DoctorHost for FakeHost {
@@ -1481,23 +1834,36 @@ mod tests {
                 .then(|| PathBuf::from("/usr/bin").join(name))
         }
         fn executable(&self, path: &Path) -> bool {
+            // `programs` are anywhere but in a separate `exe_dir`, which holds `beside`.
+            let in_exe_dir = path.parent() == Some(&self.gpushared_dir());
             path.file_name().is_some_and(|n| {
-                self.programs.iter().any(|p| n == *p)
-                    || (path.parent() == Some(Path::new("/usr/bin"))
-                        && self.beside.iter().any(|p| n == *p))
+                ((!in_exe_dir || path.starts_with("/usr/bin"))
+                    && self.programs.iter().any(|p| n == *p))
+                    || (in_exe_dir && self.beside.iter().any(|p| n == *p))
             })
         }
         fn gpushared_dir(&self) -> PathBuf {
-            PathBuf::from("/usr/bin")
+            PathBuf::from(self.exe_dir.unwrap_or("/usr/bin"))
+        }
+        fn dra_probe(&self, program: &Path, _: &[String]) -> Result<Vec<ProbeCheck>, String> {
+            self.probed.replace(Some(program.to_path_buf()));
+            Ok(vec![ProbeCheck {
+                name: "registration".into(),
+                passed: true,
+                detail: "registration socket answers GetInfo".into(),
+                hint: String::new(),
+            }])
         }
         fn lock_holder(&self, path: &Path) -> Result<Option<i32>, String> {
             assert!(path.ends_with("gpushared.lock"), "{}", path.display());
             Ok(self.lock_pid)
         }
-        fn daemon(&self, _socket: &Path) -> Result<DaemonView, String> {
-            self.daemon
-                .clone()
-                .ok_or_else(|| "connection refused".to_string())
+        fn daemon(&self, _socket: &Path) -> Result<DaemonView, DaemonError> {
+            match (&self.daemon, &self.daemon_error) {
+                (Some(v), _) => Ok(v.clone()),
+                (None, Some(e)) => Err(e.clone()),
+                (None, None) => Err(DaemonError::NotRunning("connection refused".into())),
+            }
         }
         fn daemon_command_line(&self, pid: i32) -> Option<(Vec<String>, PathBuf)> {
             assert_eq!(pid, 4242);
@@ -1609,6 +1975,7 @@ mod tests {
         let host = FakeHost {
             driver: Some("570.133.20".into()),
             programs: vec!["nvidia-cuda-mps-control", "nodeadm", "nvidia-ctk"],
+            beside: vec!["gpushare-cdi-hook"],
             daemon: Some(healthy(vec![gpu(
                 GpuSharing::Mps,
                 ComputeMode::ExclusiveProcess,
@@ -2053,7 +2420,7 @@ mod tests {
             env!("CARGO_MANIFEST_DIR"),
             "/../daemon/examples/profiles/p4d.24xlarge-mig2.toml"
         );
-        let c = check_driver(Some(profile), &FakeHost::default());
+        let c = check_driver(Some(profile), None, &FakeHost::default());
         assert_eq!(c.status, Status::Ok, "{c:?}");
         assert!(
             c.detail
@@ -2121,6 +2488,329 @@ mod tests {
     }
 
     #[test]
+    fn a_socket_this_user_may_not_open_is_no_daemon_to_start() {
+        let n = node(CDI_ON);
+        let mut text = std::fs::read_to_string(&n.paths.config).unwrap();
+        text += "[socket]\ngroup = \"gpu-ops\"\nmode = \"0660\"\n";
+        std::fs::write(&n.paths.config, text).unwrap();
+        let denied = |error| {
+            DaemonError::from_client(&gpushare_proto::ClientError::Connect {
+                path: n.paths.socket.clone().unwrap(),
+                error,
+            })
+        };
+        // EACCES and EPERM alike: the daemon runs, this user may not open its socket.
+        for errno in [13, 1] {
+            let e = denied(std::io::Error::from_raw_os_error(errno));
+            assert!(matches!(e, DaemonError::PermissionDenied(_)), "{e:?}");
+        }
+        let host = FakeHost {
+            daemon_error: Some(denied(std::io::Error::from_raw_os_error(13))),
+            ..FakeHost::default()
+        };
+        let r = run(&n.paths, Some("g5.xlarge"), &host);
+        let c = get(&r, "socket");
+        assert_eq!(c.status, Status::Fail, "{}", r.text());
+        assert!(c.detail.contains("Permission denied"), "{c:?}");
+        assert!(!c.hint.contains("start it"), "{c:?}");
+        assert!(
+            c.hint.contains("run doctor as root")
+                && c.hint
+                    .contains("[socket] group (now \"gpu-ops\") and mode (now \"0660\")")
+                && c.hint.contains(&n.paths.config.display().to_string()),
+            "{c:?}"
+        );
+        // The socket file's own mode and group, where it can be looked at.
+        std::fs::write(n.paths.socket.as_ref().unwrap(), "").unwrap();
+        let c = get(&run(&n.paths, Some("g5.xlarge"), &host), "socket").clone();
+        assert!(c.detail.contains("(the socket is mode 0"), "{c:?}");
+        // A daemon that is not there is still one to start; one that does not answer in time
+        // or answers wrongly is not.
+        let refused = denied(std::io::ErrorKind::ConnectionRefused.into());
+        let absent = denied(std::io::ErrorKind::NotFound.into());
+        for e in [refused, absent] {
+            assert!(matches!(e, DaemonError::NotRunning(_)), "{e:?}");
+            let host = FakeHost {
+                daemon_error: Some(e),
+                ..FakeHost::default()
+            };
+            let c = get(&run(&n.paths, Some("g5.xlarge"), &host), "socket").clone();
+            assert!(c.hint.starts_with("start it: systemctl"), "{c:?}");
+        }
+        for e in [
+            denied(std::io::ErrorKind::TimedOut.into()),
+            DaemonError::from_client(&gpushare_proto::ClientError::Protocol("x".into())),
+        ] {
+            let host = FakeHost {
+                daemon_error: Some(e.clone()),
+                ..FakeHost::default()
+            };
+            let c = get(&run(&n.paths, Some("g5.xlarge"), &host), "socket").clone();
+            assert_eq!(c.status, Status::Fail, "{c:?}");
+            assert!(!c.hint.contains("start it"), "{e:?}: {c:?}");
+        }
+    }
+
+    #[test]
+    fn a_simulated_daemons_backend_is_checked_instead_of_nvml() {
+        let n = node(CDI_ON);
+        // No NVIDIA driver on this host; gpushared runs on simulated GPUs.
+        let mut view = healthy(vec![]);
+        view.health.backend = "simulated:g5.xlarge".into();
+        view.health.mps_control = "/usr/bin/gpushare-mps-control".into();
+        let host = FakeHost {
+            daemon: Some(view.clone()),
+            beside: vec!["gpushare-mps-control"],
+            lock_pid: Some(4242),
+            ..FakeHost::default()
+        };
+        let r = run(&n.paths, None, &host);
+        let c = get(&r, "nvml");
+        assert_eq!(c.status, Status::Ok, "{}", r.text());
+        assert!(
+            c.detail.starts_with(
+                "simulated g5.xlarge: 1 x NVIDIA A10G (no NVML used; the running gpushared at "
+            ) && c
+                .detail
+                .contains("uses the simulated backend simulated:g5.xlarge"),
+            "{c:?}"
+        );
+        // Its emulator is the simulated node's MPS control program, not a failure.
+        assert_eq!(get(&r, "mps-control").status, Status::Ok, "{}", r.text());
+        // A profile file on the daemon's command line, relative to its working directory.
+        view.health.backend = "simulated:p4d.24xlarge-mig2".into();
+        let by_hand = FakeHost {
+            daemon: Some(view.clone()),
+            command_line: Some((
+                [
+                    "gpushared",
+                    "--simulate",
+                    "daemon/examples/profiles/p4d.24xlarge-mig2.toml",
+                ]
+                .map(String::from)
+                .to_vec(),
+                Path::new(env!("CARGO_MANIFEST_DIR")).join(".."),
+            )),
+            ..host
+        };
+        let c = get(&run(&n.paths, None, &by_hand), "nvml").clone();
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(c.detail.contains("(MIG mode on for 1)"), "{c:?}");
+        // Without the command line, a profile file's name is no catalog name: the check says
+        // which backend runs and is skipped, not failed.
+        let unread = FakeHost {
+            command_line: None,
+            ..by_hand
+        };
+        let r = run(&n.paths, None, &unread);
+        let c = get(&r, "nvml");
+        assert_eq!(c.status, Status::Skip, "{}", r.text());
+        assert!(
+            c.detail
+                .contains("uses the simulated backend simulated:p4d.24xlarge-mig2")
+                && c.detail.contains("NVML not checked"),
+            "{c:?}"
+        );
+        assert!(c.hint.contains("--simulate"), "{c:?}");
+        // A daemon on NVML: NVML is asked (and fails on this driverless host); --simulate wins
+        // over the daemon.
+        let nvml = FakeHost {
+            daemon: Some(healthy(vec![])),
+            ..FakeHost::default()
+        };
+        assert_eq!(
+            get(&run(&n.paths, None, &nvml), "nvml").status,
+            Status::Fail
+        );
+        let c = get(&run(&n.paths, Some("g5.xlarge"), &nvml), "nvml").clone();
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(!c.detail.contains("running gpushared"), "{c:?}");
+    }
+
+    #[test]
+    fn helpers_beside_the_cli_are_found_and_said_where() {
+        let n = node(CDI_ON);
+        // An unpacked build in /opt/gpushare/bin, not on PATH; gpushare-runtime on PATH only.
+        let host = FakeHost {
+            exe_dir: Some("/opt/gpushare/bin"),
+            beside: vec!["gpushare-cdi-hook", "gpushare-dra"],
+            programs: vec!["gpushare-runtime"],
+            ..FakeHost::default()
+        };
+        let r = run(&n.paths, Some("g5.xlarge"), &host);
+        let c = get(&r, "helpers");
+        assert_eq!(c.status, Status::Ok, "{}", r.text());
+        assert_eq!(
+            c.detail,
+            "gpushare-cdi-hook /opt/gpushare/bin/gpushare-cdi-hook (beside gpushare); gpushare-runtime /usr/bin/gpushare-runtime (on PATH); gpushare-dra /opt/gpushare/bin/gpushare-dra (beside gpushare)"
+        );
+        // The DRA plugin's probe runs: it is installed beside the CLI.
+        let c = get(&r, "dra-plugin");
+        assert_eq!(c.status, Status::Ok, "{}", r.text());
+        assert!(
+            c.detail
+                .ends_with("(probed with /opt/gpushare/bin/gpushare-dra (beside gpushare))"),
+            "{c:?}"
+        );
+        assert_eq!(
+            *host.probed.borrow(),
+            Some(PathBuf::from("/opt/gpushare/bin/gpushare-dra"))
+        );
+        // Beside and on PATH: the one beside, of the CLI's own build.
+        let both = FakeHost {
+            programs: vec!["gpushare-dra"],
+            ..host
+        };
+        let c = get(&run(&n.paths, Some("g5.xlarge"), &both), "helpers").clone();
+        assert!(
+            c.detail
+                .contains("gpushare-dra /opt/gpushare/bin/gpushare-dra (beside gpushare)"),
+            "{c:?}"
+        );
+        // Nowhere: the hook's absence is a warning naming both places; the plugin's check is
+        // skipped saying where it looked.
+        let none = FakeHost {
+            exe_dir: Some("/opt/gpushare/bin"),
+            ..FakeHost::default()
+        };
+        let r = run(&n.paths, Some("g5.xlarge"), &none);
+        let c = get(&r, "helpers");
+        assert_eq!(c.status, Status::Warn, "{}", r.text());
+        assert!(
+            c.detail.contains(
+                "gpushare-cdi-hook found neither beside gpushare in /opt/gpushare/bin nor on PATH"
+            ) && c.detail.contains("gpushare-runtime not installed"),
+            "{c:?}"
+        );
+        let c = get(&r, "dra-plugin");
+        assert_eq!(c.status, Status::Skip, "{}", r.text());
+        assert!(c.detail.contains("/opt/gpushare/bin"), "{c:?}");
+        // [hook] path names what gpushared puts in every spec: it must be there.
+        let mut text = std::fs::read_to_string(&n.paths.config).unwrap();
+        text += "[hook]\npath = \"/opt/other/gpushare-cdi-hook\"\n";
+        std::fs::write(&n.paths.config, text).unwrap();
+        let c = get(&run(&n.paths, Some("g5.xlarge"), &none), "helpers").clone();
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(
+            c.detail
+                .starts_with("[hook] path /opt/other/gpushare-cdi-hook is not an executable file"),
+            "{c:?}"
+        );
+    }
+
+    #[test]
+    fn the_checkpoint_check_names_the_claim_records_the_daemon_uses() {
+        let n = node(CDI_ON);
+        let state = n.dir.path().join("state");
+        let shown = |p: &str| state.join(p).display().to_string();
+        // Before the first start: the store gpushared will write, no checkpoint.json.
+        let r = run(&n.paths, Some("g5.xlarge"), &FakeHost::default());
+        let c = get(&r, "checkpoint");
+        assert_eq!(c.status, Status::Ok, "{}", r.text());
+        assert!(
+            c.detail.starts_with(&format!(
+                "no claim records yet: {} absent",
+                shown("store.json")
+            )) && c.detail.contains(&shown("records")),
+            "{c:?}"
+        );
+        assert!(!c.detail.contains("checkpoint.json"), "{c:?}");
+        // A daemon holding claims without a store: the store is named missing.
+        let mut view = healthy(vec![]);
+        view.claims = vec![claim("u1", ClaimState::Prepared, Path::new(""))];
+        let holding = FakeHost {
+            daemon: Some(view),
+            lock_pid: Some(4242),
+            ..FakeHost::default()
+        };
+        let c = get(&run(&n.paths, Some("g5.xlarge"), &holding), "checkpoint").clone();
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert_eq!(
+            c.detail,
+            format!(
+                "{} absent but the daemon holds 1 claims",
+                shown("store.json")
+            )
+        );
+        // A previous release's checkpoint, before this release's first start: named as such.
+        std::fs::write(
+            state.join("checkpoint.json"),
+            serde_json::to_vec(&serde_json::json!({"version": 1, "claims": {}})).unwrap(),
+        )
+        .unwrap();
+        let c = get(
+            &run(&n.paths, Some("g5.xlarge"), &FakeHost::default()),
+            "checkpoint",
+        )
+        .clone();
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(
+            c.detail
+                .starts_with(&format!("{}: 0 claims", shown("checkpoint.json")))
+                && c.detail.contains("from before per-claim records")
+                && c.detail.contains("migrates it"),
+            "{c:?}"
+        );
+        // The store of a running daemon: its records directory, and checkpoint.json only while
+        // it is there beside them (the downgrade export).
+        std::fs::write(
+            state.join("store.json"),
+            r#"{"format": 4, "boot_id": "b", "generation": 0, "export": null}"#,
+        )
+        .unwrap();
+        std::fs::create_dir(state.join("records")).unwrap();
+        let c = get(
+            &run(&n.paths, Some("g5.xlarge"), &FakeHost::default()),
+            "checkpoint",
+        )
+        .clone();
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(
+            c.detail
+                .starts_with(&format!("{}: 0 claims", shown("records")))
+                && c.detail.contains("downgrade export"),
+            "{c:?}"
+        );
+        std::fs::remove_file(state.join("checkpoint.json")).unwrap();
+        let c = get(
+            &run(&n.paths, Some("g5.xlarge"), &FakeHost::default()),
+            "checkpoint",
+        )
+        .clone();
+        assert_eq!(
+            c.detail,
+            format!("{}: 0 claims, each with its CDI spec", shown("records"))
+        );
+        // A corrupt record is named in the records directory.
+        std::fs::write(state.join("records/u1.json"), "{not json").unwrap();
+        let c = get(
+            &run(&n.paths, Some("g5.xlarge"), &FakeHost::default()),
+            "checkpoint",
+        )
+        .clone();
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(
+            c.detail
+                .starts_with(&format!("corrupt claim records in {}", shown("records"))),
+            "{c:?}"
+        );
+        // Directories of another daemon: skipped, naming the state directory, not a file.
+        let elsewhere = FakeHost {
+            daemon: Some(healthy(vec![])),
+            ..FakeHost::default()
+        };
+        let c = get(&run(&n.paths, Some("g5.xlarge"), &elsewhere), "checkpoint").clone();
+        assert_eq!(c.status, Status::Skip, "{c:?}");
+        assert_eq!(
+            c.detail,
+            format!(
+                "claim records in {}: not the state directory of the daemon answering (see paths)",
+                state.display()
+            )
+        );
+    }
+
+    #[test]
     fn records_refused_at_start_are_a_warning_naming_each() {
         let n = node(CDI_ON);
         let mut view = healthy(vec![]);
@@ -2160,14 +2850,16 @@ mod dra_check_tests {
         fn driver_version(&self) -> Result<String, String> {
             Err("none".into())
         }
-        fn which(&self, _: &str) -> Option<PathBuf> {
-            None
+        fn which(&self, name: &str) -> Option<PathBuf> {
+            // Installed on PATH where the probe has an answer.
+            (name == "gpushare-dra" && self.0.is_some())
+                .then(|| PathBuf::from("/usr/bin/gpushare-dra"))
         }
         fn executable(&self, _: &Path) -> bool {
             false
         }
-        fn daemon(&self, _: &Path) -> Result<DaemonView, String> {
-            Err("none".into())
+        fn daemon(&self, _: &Path) -> Result<DaemonView, DaemonError> {
+            Err(DaemonError::NotRunning("none".into()))
         }
         fn gpushared_dir(&self) -> PathBuf {
             PathBuf::from("/nonexistent")
@@ -2175,9 +2867,10 @@ mod dra_check_tests {
         fn lock_holder(&self, _: &Path) -> Result<Option<i32>, String> {
             Ok(None)
         }
-        fn dra_probe(&self, args: &[String]) -> Option<Result<Vec<ProbeCheck>, String>> {
+        fn dra_probe(&self, program: &Path, args: &[String]) -> Result<Vec<ProbeCheck>, String> {
+            assert_eq!(program, Path::new("/usr/bin/gpushare-dra"));
             self.1.replace(args.to_vec());
-            self.0.clone()
+            self.0.clone().expect("probed only where installed")
         }
     }
 
@@ -2241,7 +2934,7 @@ mod dra_check_tests {
             dra_registry_dir: Some(PathBuf::from("/tmp/gs/registry")),
             ..DoctorPaths::default()
         };
-        let host = probe(None);
+        let host = probe(Some(Ok(vec![])));
         run(&paths, Some("g5.xlarge"), &host);
         assert_eq!(
             *host.1.borrow(),
