@@ -85,8 +85,9 @@ enum Command {
     },
     /// Run the whole job on a simulated p4d.24xlarge in a temporary directory and clean up.
     Demo(cli::demo::DemoArgs),
-    /// Check this node's setup (driver, MPS, containerd, nodeadm, CDI specs, socket, the
-    /// daemon's directories, checkpoint, degraded claims, compute modes): one line per check
+    /// Check this node's setup (driver, MPS, containerd, nodeadm, CDI specs, the helper
+    /// programs, socket, the daemon's directories, its claim records, degraded claims, compute
+    /// modes): one line per check
     /// with a fix hint; exits 1 when any fails. For a gpushared started by hand, give the same
     /// --socket (its --state-dir, --run-dir and --cdi-dir are then read from its command line
     /// unless given here); for a gpushare-dra started by hand, its
