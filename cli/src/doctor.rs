@@ -168,7 +168,14 @@ impl DaemonError {
                 K::TimedOut | K::WouldBlock => DaemonError::TimedOut(m),
                 _ => DaemonError::Other(m),
             },
-            E::Protocol(_) | E::Remote(_) | E::TooLarge { .. } => DaemonError::Protocol(m),
+            // gpushared's own refusals: a peer outside [socket] group on a socket any user may
+            // open is refused by the server, not the kernel; every connection taken is busy.
+            E::Remote(body) => match body.code {
+                gpushare_proto::ErrorCode::PermissionDenied => DaemonError::PermissionDenied(m),
+                gpushare_proto::ErrorCode::Busy => DaemonError::TimedOut(m),
+                _ => DaemonError::Protocol(m),
+            },
+            E::Protocol(_) | E::TooLarge { .. } => DaemonError::Protocol(m),
         }
     }
 }
@@ -276,7 +283,15 @@ fn check_helpers(ctx: &Context<'_>) -> Check {
     let configured = &ctx.cfg.hook.path;
     let (hook, status) = if configured.as_os_str().is_empty() {
         match find_helper(host, "gpushare-cdi-hook") {
-            Some(h) => (format!("gpushare-cdi-hook {h}"), Status::Ok),
+            Some(h) if h.beside => (format!("gpushare-cdi-hook {h}"), Status::Ok),
+            // gpushared names the hook beside its own executable, never one on PATH.
+            Some(h) => (
+                format!(
+                    "gpushare-cdi-hook {h}, not beside gpushare in {}: gpushared names the hook beside itself in every claim's CDI spec (unless [hook] path is set), not one on PATH",
+                    host.gpushared_dir().display()
+                ),
+                Status::Warn,
+            ),
             None => (
                 format!(
                     "gpushare-cdi-hook found neither beside gpushare in {} nor on PATH: gpushared names it in every claim's CDI spec (beside itself unless [hook] path is set), and a claim's container cannot start without it",
@@ -377,7 +392,7 @@ fn run_dra_probe(program: &Path, args: &[String]) -> Result<Vec<ProbeCheck>, Str
 /// The DRA kubelet plugin: its registration socket answers `GetInfo`, its DRA socket
 /// answers, and its node and driver names agree with gpushared's (`gpushare-dra probe`).
 fn check_dra_plugin(host: &dyn DoctorHost, args: &[String]) -> Check {
-    let hint = "systemctl status gpushare-dra; journalctl -u gpushare-dra (node and driver names: /etc/gpushare/dra.toml)";
+    let hint = "the plugin's log: kubectl -n gpushare logs <the node's plugin pod> under the DaemonSet, or systemctl status gpushare-dra; journalctl -u gpushare-dra for the host unit (node and driver names: the DaemonSet's args, or /etc/gpushare/dra.toml)";
     let Some(program) = find_helper(host, "gpushare-dra") else {
         return check(
             "dra-plugin",
@@ -1711,12 +1726,16 @@ const NVML_DIRS: [&str; 5] = [
     "/lib64",
 ];
 
-/// The pid of the process listening on `socket`, from a connection's peer credentials.
+/// The pid of the process listening on `socket`, from a connection's peer credentials; only
+/// for a process of root or of doctor's own user. Its command line names files doctor then
+/// reads (its `--config`, `--simulate`): a root doctor must not read what any user's process
+/// listening on a `--socket` names.
 fn daemon_pid(socket: &Path) -> Option<i32> {
     let stream = std::os::unix::net::UnixStream::connect(socket).ok()?;
     let cred =
         nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials).ok()?;
-    Some(cred.pid()).filter(|p| *p > 0)
+    let trusted = cred.uid() == 0 || cred.uid() == nix::unistd::geteuid().as_raw();
+    Some(cred.pid()).filter(|p| *p > 0 && trusted)
 }
 
 impl DoctorHost for RealHost {
@@ -2504,6 +2523,23 @@ mod tests {
             let e = denied(std::io::Error::from_raw_os_error(errno));
             assert!(matches!(e, DaemonError::PermissionDenied(_)), "{e:?}");
         }
+        // And gpushared's own refusal of a peer outside [socket] group (a socket any user
+        // may open); a busy server is one that does not answer in time.
+        let refusal = |code, message: &str| {
+            DaemonError::from_client(&gpushare_proto::ClientError::Remote(
+                gpushare_proto::ErrorBody {
+                    code,
+                    message: message.into(),
+                },
+            ))
+        };
+        let e = refusal(
+            gpushare_proto::ErrorCode::PermissionDenied,
+            "peer uid 1000 may not read",
+        );
+        assert!(matches!(e, DaemonError::PermissionDenied(_)), "{e:?}");
+        let e = refusal(gpushare_proto::ErrorCode::Busy, "every connection is taken");
+        assert!(matches!(e, DaemonError::TimedOut(_)), "{e:?}");
         let host = FakeHost {
             daemon_error: Some(denied(std::io::Error::from_raw_os_error(13))),
             ..FakeHost::default()
@@ -2665,6 +2701,20 @@ mod tests {
         assert!(
             c.detail
                 .contains("gpushare-dra /opt/gpushare/bin/gpushare-dra (beside gpushare)"),
+            "{c:?}"
+        );
+        // The hook on PATH only is not the one gpushared names (beside itself): a warning.
+        let on_path = FakeHost {
+            exe_dir: Some("/opt/gpushare/bin"),
+            programs: vec!["gpushare-cdi-hook"],
+            ..FakeHost::default()
+        };
+        let c = get(&run(&n.paths, Some("g5.xlarge"), &on_path), "helpers").clone();
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert!(
+            c.detail.contains(
+                "not beside gpushare in /opt/gpushare/bin: gpushared names the hook beside itself"
+            ),
             "{c:?}"
         );
         // Nowhere: the hook's absence is a warning naming both places; the plugin's check is

@@ -128,6 +128,12 @@ async fn respond(
             .then(|| claim_info(&uid))
             .flatten();
         let result = dispatch(&service, method, p);
+        // Logged here, where the work ends, and not where the answer is sent: an apply that
+        // outlives the request's time still changes the layout in the background.
+        if let Some(ask) = &mig_ask {
+            let error = result.as_ref().err().map(|e| (e.code, e.message.as_str()));
+            log_mig_apply(ask, result.as_ref().ok(), error, started.elapsed());
+        }
         let info = match method {
             Method::Prepare if result.is_ok() => claim_info(&uid),
             _ => released,
@@ -164,13 +170,6 @@ async fn respond(
     if matches!(method, Method::Prepare | Method::Unprepare) {
         let uid = claim_uid.as_deref().unwrap_or("?");
         log_claim_event(method, uid, info.as_deref(), error, took);
-    }
-    if let Some(ask) = &mig_ask {
-        let answer = match &outcome {
-            Ok(Ok(v)) => Some(v),
-            _ => None,
-        };
-        log_mig_apply(ask, answer, error, took);
     }
     Answer::Whole(match outcome {
         Ok(Ok(result)) => Response {

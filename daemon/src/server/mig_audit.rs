@@ -69,7 +69,7 @@ pub(super) fn log_mig_apply(
     let Some((code, message)) = error else {
         let answer = result.and_then(|v| serde_json::from_value::<MigApplyResult>(v.clone()).ok());
         let (gpus, mig_mode_changes, destroyed, created) =
-            answer.as_ref().map_or(("-".to_string(), 0, 0, 0), summary);
+            answer.as_ref().map_or(("?".to_string(), 0, 0, 0), summary);
         tracing::info!(
             target: "gpushare::server",
             config, %gpus, mig_mode_changes, destroyed, created, outcome = %"ok", %duration_ms, "{method}"
