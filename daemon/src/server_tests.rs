@@ -376,15 +376,22 @@ impl std::io::Write for Captured {
     }
 }
 
-#[test]
-fn claim_event_duration_is_rounded_to_a_tenth_of_a_millisecond() {
+/// What `f` logged on this thread, as the formatter prints it (without colours).
+fn logged(f: impl FnOnce()) -> String {
     let out = Captured::default();
     let writer = out.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_writer(move || writer.clone())
         .with_ansi(false)
         .finish();
-    tracing::subscriber::with_default(subscriber, || {
+    tracing::subscriber::with_default(subscriber, f);
+    let bytes = out.0.lock().unwrap().clone();
+    String::from_utf8(bytes).unwrap()
+}
+
+#[test]
+fn claim_event_duration_is_rounded_to_a_tenth_of_a_millisecond() {
+    let text = logged(|| {
         log_claim_event(
             Method::Unprepare,
             "u-1",
@@ -400,7 +407,6 @@ fn claim_event_duration_is_rounded_to_a_tenth_of_a_millisecond() {
             Duration::from_nanos(400_011),
         );
     });
-    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
     let durations: Vec<&str> = text
         .lines()
         .filter_map(|l| l.split("duration_ms=").nth(1))
@@ -642,36 +648,28 @@ async fn an_answer_naming_a_huge_value_is_not_as_huge() {
 /// saying so. Each apply and plan now gets one, as prepares do.
 #[test]
 fn each_mig_apply_is_logged_with_what_it_changed_and_its_outcome() {
-    use super::mig_audit::{log_mig_apply, MigAsk};
-    let out = Captured::default();
-    let writer = out.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    let answer = serde_json::json!({"config": "all-3g", "dry_run": false, "gpus": [
+    use super::mig_audit::log_mig_apply;
+    let answer: gpushare_proto::MigApplyResult = serde_json::from_value(serde_json::json!({"config": "all-3g", "dry_run": false, "gpus": [
         {"gpu": "gpu-0", "set_mig_mode": true, "destroy": [], "create": ["gpu-0-mig-3g40gb-9-0=MIG-a", "gpu-0-mig-3g40gb-9-4=MIG-b"]},
         {"gpu": "gpu-1", "destroy": ["gpu-1-mig-1g10gb-19-0"], "create": []},
-        {"gpu": "gpu-2", "destroy": [], "create": []}]});
-    let params = serde_json::json!({"layout": "…", "config": "all-3g", "dry_run": false});
-    tracing::subscriber::with_default(subscriber, || {
+        {"gpu": "gpu-2", "destroy": [], "create": []}]}))
+    .unwrap();
+    let asked = |config: &str| gpushare_proto::MigApplyParams {
+        layout: "…".into(),
+        config: config.into(),
+        dry_run: false,
+    };
+    let text = logged(|| {
+        log_mig_apply(&asked("all-3g"), &Ok(answer), Duration::from_millis(12));
         log_mig_apply(
-            &MigAsk::of(Some(&params)),
-            Some(&answer),
-            None,
-            Duration::from_millis(12),
-        );
-        log_mig_apply(
-            &MigAsk {
-                config: "busy".into(),
-                dry_run: false,
-            },
-            None,
-            Some((ErrorCode::Conflict, "gpu-3 is held by claim c")),
+            &asked("busy"),
+            &Err(crate::error::ServiceError::new(
+                ErrorCode::Conflict,
+                "gpu-3 is held by claim c",
+            )),
             Duration::from_millis(1),
         );
     });
-    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2, "{text}");
     for field in [

@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use super::decode::{decode_request, error_response};
 use super::listing::Listing;
-use super::mig_audit::{log_mig_apply, MigAsk};
+use super::mig_audit::log_mig_apply;
 use super::{authorize, shape, Peer, ServerConfig};
 use crate::claim::wire::claim_info;
 use crate::error::ServiceError;
@@ -117,7 +117,6 @@ async fn respond(
         };
     }
     let claim_uid = claim_uid_of(method, request.params.as_ref());
-    let mig_ask = (method == Method::MigApply).then(|| MigAsk::of(request.params.as_ref()));
     let service = Arc::clone(service);
     let p = request.params;
     let uid = claim_uid.clone();
@@ -128,12 +127,6 @@ async fn respond(
             .then(|| claim_info(&uid))
             .flatten();
         let result = dispatch(&service, method, p);
-        // Logged here, where the work ends, and not where the answer is sent: an apply that
-        // outlives the request's time still changes the layout in the background.
-        if let Some(ask) = &mig_ask {
-            let error = result.as_ref().err().map(|e| (e.code, e.message.as_str()));
-            log_mig_apply(ask, result.as_ref().ok(), error, started.elapsed());
-        }
         let info = match method {
             Method::Prepare if result.is_ok() => claim_info(&uid),
             _ => released,
@@ -239,7 +232,13 @@ fn dispatch(service: &Service, method: Method, p: Option<Value>) -> Result<Value
             })
         }
         Method::MigApply => {
-            to_value(service.mig_apply(&params::<gpushare_proto::MigApplyParams>(method, p)?)?)
+            let p = params::<gpushare_proto::MigApplyParams>(method, p)?;
+            // Logged where the work ends, not where the answer is sent: an apply that
+            // outlives the request's time still changes the layout in the background.
+            let started = Instant::now();
+            let result = service.mig_apply(&p);
+            log_mig_apply(&p, &result, started.elapsed());
+            to_value(result?)
         }
     }
 }

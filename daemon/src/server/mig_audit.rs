@@ -5,32 +5,9 @@
 
 use std::time::Duration;
 
-use gpushare_proto::{ErrorCode, MigApplyResult};
-use serde_json::Value;
+use gpushare_proto::{ErrorCode, MigApplyParams, MigApplyResult};
 
-/// What a `mig_apply` request asked, read from its params before they are decoded (a
-/// request refused as malformed is logged too, with what could be read).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct MigAsk {
-    /// The config's name in the layout file; `-` where the params have none.
-    pub(super) config: String,
-    /// Whether it was a plan only.
-    pub(super) dry_run: bool,
-}
-
-impl MigAsk {
-    /// What `params` ask.
-    pub(super) fn of(params: Option<&Value>) -> MigAsk {
-        let field = |name: &str| params.and_then(|p| p.get(name));
-        MigAsk {
-            config: field("config")
-                .and_then(Value::as_str)
-                .unwrap_or("-")
-                .to_string(),
-            dry_run: field("dry_run").and_then(Value::as_bool).unwrap_or(false),
-        }
-    }
-}
+use crate::error::ServiceError;
 
 /// What a plan changes, in one field per kind: the GPUs it touches, MIG mode changes, MIG
 /// devices destroyed and created (counts: the answer lists them).
@@ -56,29 +33,33 @@ fn summary(result: &MigApplyResult) -> (String, usize, usize, usize) {
     (gpus, modes, destroyed, created)
 }
 
-/// Logs `ask`'s outcome: its answer (`result`) or `error`, and how long it took.
+/// Logs the outcome of `asked` (`mig_plan` for a dry run, else `mig_apply`): its `result`,
+/// and how long it `took`. Refusals at `warn`, host failures at `error`, as prepares are.
 pub(super) fn log_mig_apply(
-    ask: &MigAsk,
-    result: Option<&Value>,
-    error: Option<(ErrorCode, &str)>,
+    asked: &MigApplyParams,
+    result: &Result<MigApplyResult, ServiceError>,
     took: Duration,
 ) {
     let duration_ms = format!("{:.1}", took.as_secs_f64() * 1000.0);
-    let method = if ask.dry_run { "mig_plan" } else { "mig_apply" };
-    let config = ask.config.as_str();
-    let Some((code, message)) = error else {
-        let answer = result.and_then(|v| serde_json::from_value::<MigApplyResult>(v.clone()).ok());
-        let (gpus, mig_mode_changes, destroyed, created) =
-            answer.as_ref().map_or(("?".to_string(), 0, 0, 0), summary);
-        tracing::info!(
-            target: "gpushare::server",
-            config, %gpus, mig_mode_changes, destroyed, created, outcome = %"ok", %duration_ms, "{method}"
-        );
-        return;
-    };
-    if code == ErrorCode::Internal {
-        tracing::error!(target: "gpushare::server", config, outcome = %code.as_str(), error = message, %duration_ms, "{method}");
+    let method = if asked.dry_run {
+        "mig_plan"
     } else {
-        tracing::warn!(target: "gpushare::server", config, outcome = %code.as_str(), error = message, %duration_ms, "{method}");
+        "mig_apply"
+    };
+    let config = asked.config.as_str();
+    match result {
+        Ok(answer) => {
+            let (gpus, mig_mode_changes, destroyed, created) = summary(answer);
+            tracing::info!(
+                target: "gpushare::server",
+                config, %gpus, mig_mode_changes, destroyed, created, outcome = %"ok", %duration_ms, "{method}"
+            );
+        }
+        Err(e) if e.code == ErrorCode::Internal => {
+            tracing::error!(target: "gpushare::server", config, outcome = %e.code.as_str(), error = e.message.as_str(), %duration_ms, "{method}");
+        }
+        Err(e) => {
+            tracing::warn!(target: "gpushare::server", config, outcome = %e.code.as_str(), error = e.message.as_str(), %duration_ms, "{method}");
+        }
     }
 }
