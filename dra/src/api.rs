@@ -156,28 +156,12 @@ async fn from_file(path: &Path) -> anyhow::Result<kube::Config> {
         other => anyhow::anyhow!(
             "reading kubeconfig {}: {}",
             path.display(),
-            one_line(&other)
+            error_chain(&other)
         ),
     })?;
     kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
         .await
-        .map_err(|e| anyhow::anyhow!("using kubeconfig {}: {}", path.display(), one_line(&e)))
-}
-
-/// `error` and its causes as one line, each cause once: kube's errors print their source in
-/// their own message and return it as their `source()` too, so `{:#}` of an error chain
-/// holding one would say the OS error twice ("… (os error 2): … (os error 2)").
-fn one_line(error: &dyn std::error::Error) -> String {
-    let mut line = error.to_string();
-    let mut cause = error.source();
-    while let Some(c) = cause {
-        let text = c.to_string();
-        if !line.contains(&text) {
-            line = format!("{line}: {text}");
-        }
-        cause = c.source();
-    }
-    line
+        .map_err(|e| anyhow::anyhow!("using kubeconfig {}: {}", path.display(), error_chain(&e)))
 }
 
 /// The API server, with the `resource.k8s.io` version in use remembered.
@@ -249,8 +233,10 @@ pub enum WatchEvent {
 
 const GROUP_PATH: &str = "/apis/resource.k8s.io";
 
-/// `e` and its sources, each once: kube's own message ("client error (Connect)") says
-/// only which layer failed; the cause ("Connection refused") is further down the chain.
+/// `e` and its sources as one line, each once: kube's own message ("client error
+/// (Connect)") says only which layer failed, the cause ("Connection refused") is further
+/// down the chain; and kube's errors that print their source in their own message and
+/// return it as `source()` too (a kubeconfig's OS error) say it once, not twice.
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
