@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes node's components for gpushare's cluster tests from their own Go
-# modules, pinned in tests/cluster/components/ (kube: Kubernetes' commands; etcd; containerd 2):
-# kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl, etcd,
-# containerd, containerd-shim-runc-v2 and ctr. runc is Debian's (1.1.5 runs containerd 2.4's
+# modules, pinned in tests/cluster/components/ (kube: Kubernetes' commands; etcd; containerd 2;
+# helm 4): kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl,
+# etcd, containerd, containerd-shim-runc-v2, ctr and helm (the chart's lint and package, the
+# real-node tests' `helm install`). runc is Debian's (1.1.5 runs containerd 2.4's
 # containers here once oom_score_adj is restricted: see tests/cluster/node.sh).
 #
 # They go into a per-machine cache outside the repository, keyed by a hash of the pins, this
@@ -28,8 +29,9 @@ pin() { # module go.mod: the version go.mod requires, in a require block or on o
 }
 kube_version=$(pin k8s.io/kubernetes "$src/kube/go.mod")
 containerd_version=$(pin github.com/containerd/containerd/v2 "$src/containerd/go.mod")
-if [ -z "$kube_version" ] || [ -z "$containerd_version" ]; then
-  echo "build-cluster: cannot read the Kubernetes or containerd pin from $src" >&2
+helm_version=$(pin helm.sh/helm/v4 "$src/helm/go.mod")
+if [ -z "$kube_version" ] || [ -z "$containerd_version" ] || [ -z "$helm_version" ]; then
+  echo "build-cluster: cannot read the Kubernetes, containerd or helm pin from $src" >&2
   exit 1
 fi
 
@@ -90,8 +92,13 @@ echo "build-cluster: etcd built after $(($(date +%s) - start)) s" >&2
   github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
   github.com/containerd/containerd/v2/cmd/ctr)
 echo "build-cluster: containerd built after $(($(date +%s) - start)) s" >&2
+# Helm's release builds stamp the full version (the source says only the minor one).
+(cd "$src/helm" && go build -trimpath \
+  -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version" \
+  -o "$work/bin/helm" helm.sh/helm/v4/cmd/helm)
+echo "build-cluster: helm built after $(($(date +%s) - start)) s" >&2
 
-for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl etcd containerd containerd-shim-runc-v2 ctr; do
+for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl etcd containerd containerd-shim-runc-v2 ctr helm; do
   if [ ! -x "$work/bin/$b" ]; then
     echo "build-cluster: $b was not built" >&2
     exit 1

@@ -12,6 +12,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use serde::de::DeserializeOwned;
@@ -77,6 +78,7 @@ fn every_manifest_round_trips_through_the_k8s_openapi_types() {
                 round_trip::<ValidatingAdmissionPolicyBinding>(file, doc)
             }
             "DeviceClass" => round_trip::<DeviceClass>(file, doc),
+            "NetworkPolicy" => round_trip::<NetworkPolicy>(file, doc),
             other => panic!("{file}: no typed check for kind {other}"),
         }
         kinds.push(kind);
@@ -87,6 +89,8 @@ fn every_manifest_round_trips_through_the_k8s_openapi_types() {
         "ServiceAccount",
         "ValidatingAdmissionPolicy",
         "DeviceClass",
+        "NetworkPolicy",
+        "Namespace",
     ] {
         assert!(kinds.iter().any(|x| x == k), "no {k} in deployments/");
     }

@@ -16,6 +16,8 @@ use gpushare_e2e::*;
 use gpushare_proto::{StrategyInfo, TimeSliceInterval};
 
 const RUNNING: Duration = Duration::from_secs(120);
+/// The namespace of deployments/examples/mps-shared-claim.yaml (each example has its own).
+const EXAMPLE_NS: &str = "gpushare-example-mps";
 
 fn cases() -> Option<PathBuf> {
     let dir = setup()?.join("k8s");
@@ -208,8 +210,8 @@ fn two_pods_on_one_claim_share_its_gpu_under_mps_and_under_time_slicing() {
         "image: gpushare.test/busybox:local\n    imagePullPolicy: Never",
     );
     node.kubectl_stdin(&["apply", "-f", "-"], &example);
-    let a = node.wait_running("gpushare-example", "mps-client-a", RUNNING);
-    let b = node.wait_running("gpushare-example", "mps-client-b", RUNNING);
+    let a = node.wait_running(EXAMPLE_NS, "mps-client-a", RUNNING);
+    let b = node.wait_running(EXAMPLE_NS, "mps-client-b", RUNNING);
     assert_eq!(a["spec"]["nodeName"], b["spec"]["nodeName"]);
 
     // One claim, one MPS control daemon, both pods' containers attached to it.
@@ -230,10 +232,10 @@ fn two_pods_on_one_claim_share_its_gpu_under_mps_and_under_time_slicing() {
     let minor = claim.groups[0].devices[0].minor;
     for pod in ["mps-client-a", "mps-client-b"] {
         assert_eq!(
-            gpu_nodes(&node, "gpushare-example", pod),
+            gpu_nodes(&node, EXAMPLE_NS, pod),
             vec![format!("nvidia{minor}")]
         );
-        let env = node.exec("gpushare-example", pod, "env");
+        let env = node.exec(EXAMPLE_NS, pod, "env");
         assert!(env.contains("CUDA_MPS_PIPE_DIRECTORY="), "{env}");
     }
 
@@ -241,7 +243,7 @@ fn two_pods_on_one_claim_share_its_gpu_under_mps_and_under_time_slicing() {
     // one GPU, its interval the claim's.
     let ts = r#"apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
-metadata: { name: shared-ts, namespace: gpushare-example }
+metadata: { name: shared-ts, namespace: gpushare-example-mps }
 spec:
   devices:
     requests:
@@ -256,14 +258,13 @@ spec:
           kind: GpuConfig
           sharing: { strategy: TimeSlicing, timeSlicingConfig: { interval: Long } }
 "#;
-    let ts_pod =
-        |name: &str| sleeping_pod("gpushare-example", name, PodClaim::Claim("shared-ts"), 1);
+    let ts_pod = |name: &str| sleeping_pod(EXAMPLE_NS, name, PodClaim::Claim("shared-ts"), 1);
     node.kubectl_stdin(
         &["apply", "-f", "-"],
         &[ts.to_string(), ts_pod("ts-a"), ts_pod("ts-b")].join("---\n"),
     );
-    node.wait_running("gpushare-example", "ts-a", RUNNING);
-    node.wait_running("gpushare-example", "ts-b", RUNNING);
+    node.wait_running(EXAMPLE_NS, "ts-a", RUNNING);
+    node.wait_running(EXAMPLE_NS, "ts-b", RUNNING);
     let shared = || {
         node.claims()
             .into_iter()
@@ -289,27 +290,21 @@ spec:
     let minor = claim.groups[0].devices[0].minor;
     for pod in ["ts-a", "ts-b"] {
         assert_eq!(
-            gpu_nodes(&node, "gpushare-example", pod),
+            gpu_nodes(&node, EXAMPLE_NS, pod),
             vec![format!("nvidia{minor}")]
         );
     }
 
     node.kubectl_ok(&[
         "-n",
-        "gpushare-example",
+        EXAMPLE_NS,
         "delete",
         "pod",
         "ts-a",
         "ts-b",
         "--wait=true",
     ]);
-    node.kubectl_ok(&[
-        "-n",
-        "gpushare-example",
-        "delete",
-        "resourceclaim",
-        "shared-ts",
-    ]);
+    node.kubectl_ok(&["-n", EXAMPLE_NS, "delete", "resourceclaim", "shared-ts"]);
     node.kubectl_stdin(
         &["delete", "-f", "-", "--wait=true", "--timeout=120s"],
         &example,
