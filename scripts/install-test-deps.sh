@@ -29,6 +29,8 @@ command -v ip >/dev/null || need+=(iproute2)
 # Packaging checks: rpm (rpm -qlp, rpm -i --root), objdump (glibc symbol versions),
 # systemd-analyze (unit verification), Prometheus' own parser for /metrics.
 command -v rpm >/dev/null || need+=(rpm)
+# The release command (packaging/release.sh): rpmsign (in rpm) signs with a gpg key.
+command -v gpg >/dev/null || need+=(gpg)
 command -v objdump >/dev/null || need+=(binutils)
 command -v valgrind >/dev/null || need+=(valgrind)
 command -v systemd-analyze >/dev/null || need+=(systemd)

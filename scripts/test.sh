@@ -22,8 +22,12 @@ echo "== minimum Rust version (Cargo.toml's rust-version is what the locked depe
 echo "== cargo build"
 cargo build --workspace --locked
 echo "== the real Kubernetes node's components (built from their Go modules once per pin; tests/tests/cluster.rs runs them)"
-./scripts/build-cluster.sh >/dev/null
-echo "== RPM (packages the debug build just made; tests/tests/packaging.rs checks it)"
+components=$(./scripts/build-cluster.sh | tail -1)
+echo "== Helm chart (helm lint --strict; the plain manifests of deployments/ are its rendering)"
+HELM="$components/helm" ./deployments/render.sh --check
+# tests/tests/packaging.rs checks it; tests/tests/release.rs and the real node's tests sign it
+# with packaging/release.sh and install from that release.
+echo "== RPM (packages the debug build just made)"
 ./packaging/build-rpm.sh --profile dev
 echo "== loom models (gpushare-core)"
 # Their own target directory (`--cfg gpushare_loom` would rebuild everything else).

@@ -1,7 +1,9 @@
 //! A real one-node Kubernetes cluster for the end-to-end tests (`tests/cluster/node.sh`, on the
-//! components `scripts/build-cluster.sh` builds from their Go modules), with gpushared on the
-//! host as its unit starts it and gpushare-dra installed from `deployments/` as a user installs
-//! it. [`Node::up`] brings it up; dropping the [`Node`] takes everything down again.
+//! components `scripts/build-cluster.sh` builds from their Go modules), installed from the
+//! release's artifacts as an EKS user installs them (`packaging/release.sh`, signed with a
+//! throwaway key): gpushared from the signed RPM, on the host as its unit starts it, and
+//! gpushare-dra from the packaged Helm chart and the image archive. [`Node::up`] brings it up;
+//! dropping the [`Node`] takes everything down again.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -11,7 +13,8 @@ use std::time::{Duration, Instant};
 use gpushare_proto::{ClaimInfo, Client};
 use serde_json::Value;
 
-use crate::{bin_dir, output_with_input, wait_until};
+use crate::release::{self, Release};
+use crate::{output_with_input, wait_until};
 
 /// Where gpushared's socket and run files are: the DaemonSet of `deployments/` mounts it.
 const HOST_RUN: &str = "/run/gpushare";
@@ -19,8 +22,68 @@ const HOST_RUN: &str = "/run/gpushare";
 const CDI_DIR: &str = "/var/run/cdi";
 /// The node's run directory (`tests/cluster/node.sh`): its PKI and kubeconfigs.
 const RUN: &str = "/run/gpushare-cluster";
-/// The plugin's image as `deployments/daemonset.yaml` names it.
+/// The plugin's image as the release's archive names it and the chart's defaults use it.
 const PLUGIN_IMAGE: &str = "localhost/gpushare-dra:0.1.0";
+/// The namespace and Helm release the plugin is installed as (docs/install-eks.md's).
+pub const PLUGIN_NAMESPACE: &str = "gpushare";
+/// The Helm release's name.
+pub const PLUGIN_RELEASE: &str = "gpushare-dra";
+
+/// The release the tests install from, made once per test process, and the signed RPM's files
+/// unpacked: gpushared and its helpers run from its `usr/bin`.
+#[derive(Debug)]
+pub struct Installed {
+    /// The release's artifacts.
+    pub release: Release,
+    /// The RPM's files (`usr/bin/gpushared`, ...).
+    pub root: PathBuf,
+}
+
+/// The release made from this build's RPM (`packaging/build-rpm.sh --profile dev`, which
+/// scripts/test.sh runs) with `helm`, checked with `rpm -K` against its key before its files
+/// are unpacked. Made once per process, under the build's `target/e2e-release` (a static is
+/// never dropped: a temporary directory would outlive the tests; the next run replaces it).
+///
+/// # Panics
+/// When there is no RPM of this build, or a step fails.
+pub fn installed(helm: &Path) -> &'static Installed {
+    static INSTALLED: std::sync::OnceLock<Installed> = std::sync::OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        let rpm = release::built_rpm()
+            .expect("no RPM of this build: run packaging/build-rpm.sh --profile dev first");
+        let base = crate::bin_dir()
+            .parent()
+            .expect("target dir")
+            .join("e2e-release");
+        let release = release::make(&rpm, helm, &base);
+        let signed = release.artifact("gpushare-0", ".rpm");
+        let db = tempfile::tempdir().expect("tempdir");
+        run(Command::new("rpm")
+            .arg("--dbpath")
+            .arg(db.path())
+            .arg("--import")
+            .arg(release.dir.join("RPM-GPG-KEY-gpushare")));
+        let checked = succeeded(
+            "rpm -K",
+            Command::new("rpm")
+                .arg("--dbpath")
+                .arg(db.path())
+                .arg("-K")
+                .arg(&signed)
+                .output()
+                .expect("rpm -K"),
+        );
+        assert!(checked.contains("digests signatures OK"), "{checked}");
+        let root = base.join("root");
+        fs::create_dir_all(&root).expect("RPM root");
+        run(Command::new("sh").arg("-c").arg(format!(
+            "rpm2archive - <'{}' | tar -xz -C '{}'",
+            signed.display(),
+            root.display()
+        )));
+        Installed { release, root }
+    })
+}
 
 /// The repository's root.
 pub fn repo() -> PathBuf {
@@ -41,8 +104,9 @@ pub struct Node {
     pub ip: String,
     containerd: String,
     gpushared: Option<Child>,
-    /// Where gpushared and gpushare-dra are taken from (this build's by default).
-    bins: PathBuf,
+    /// Where gpushared and gpushare-dra are taken from when not from the release (a
+    /// benchmark's release build: [`Node::use_binaries`]).
+    bins: Option<PathBuf>,
     /// The simulated node's profile gpushared runs on (set by [`Node::start_gpushared`]).
     profile: String,
     /// gpushared's state directory (a temporary one: the host's /var/lib/gpushare is left be).
@@ -89,7 +153,7 @@ impl Node {
             containerd: var("CONTAINERD_ADDRESS"),
             gpushared: None,
             profile: String::new(),
-            bins: bin_dir(),
+            bins: None,
             state: tempfile::Builder::new()
                 .prefix("gs-cluster-")
                 .tempdir()
@@ -100,7 +164,31 @@ impl Node {
     /// Takes gpushared and gpushare-dra from `dir` (a benchmark's release build) rather than
     /// from the tests' build.
     pub fn use_binaries(&mut self, dir: &Path) {
-        self.bins = dir.to_path_buf();
+        self.bins = Some(dir.to_path_buf());
+    }
+
+    /// Where gpushared and its helpers run from: the signed RPM's `usr/bin`, or
+    /// [`Node::use_binaries`]'.
+    fn bins(&self) -> PathBuf {
+        match &self.bins {
+            Some(dir) => dir.clone(),
+            None => installed(&self.helm_path()).root.join("usr/bin"),
+        }
+    }
+
+    /// The helm built with the node's components.
+    pub fn helm_path(&self) -> PathBuf {
+        self.bin.join("helm")
+    }
+
+    /// `helm ARGS` as the cluster administrator; its output, not checked.
+    pub fn helm(&self, args: &[&str]) -> Output {
+        Command::new(self.helm_path())
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .output()
+            .expect("helm")
     }
 
     /// `kubectl ARGS` as the cluster administrator, not run yet.
@@ -201,7 +289,7 @@ impl Node {
             .append(true)
             .open(self.state.path().join("gpushared.log"))
             .expect("log");
-        let child = Command::new(self.bins.join("gpushared"))
+        let child = Command::new(self.bins().join("gpushared"))
             .args(&unit_args)
             .arg("--config")
             .arg(repo().join("packaging/config.toml"))
@@ -321,26 +409,40 @@ impl Node {
         .expect("list_claims")
     }
 
-    /// Installs gpushare-dra as a user does: its image (built by `deployments/build-image.sh`
-    /// from this build's binary, imported into containerd as a registry would hand it over),
-    /// then `deployments/` applied and the node labelled; waits until the plugin's pod is
-    /// ready and its ResourceSlices list `gpus` GPUs.
+    /// Installs gpushare-dra as docs/install-eks.md does: the release's image archive
+    /// imported into containerd (as a registry would hand it over), the release namespace made
+    /// with its Pod Security label, the release's packaged chart installed with `helm install`,
+    /// and the node labelled; waits until the plugin's pod is ready and its ResourceSlices list
+    /// `gpus` GPUs. With [`Node::use_binaries`], the image is built from those binaries and the
+    /// chart is installed from its directory.
     ///
     /// # Panics
     /// When a step fails or the plugin is not ready in 120 s.
     pub fn install_plugin(&self, gpus: usize) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let archive = dir.path().join("gpushare-dra.tar");
-        run(Command::new(repo().join("deployments/build-image.sh"))
-            .arg(self.bins.join("gpushare-dra"))
-            .arg(PLUGIN_IMAGE));
-        run(Command::new("podman")
-            .args(["save", "--quiet", "--format", "oci-archive", "-o"])
-            .arg(&archive)
-            .arg(PLUGIN_IMAGE));
-        let _ = Command::new("podman")
-            .args(["rmi", "--force", PLUGIN_IMAGE])
-            .output();
+        let (archive, chart) = match &self.bins {
+            None => {
+                let release = &installed(&self.helm_path()).release;
+                (
+                    release.artifact("gpushare-dra-", ".oci.tar"),
+                    release.artifact("gpushare-dra-", ".tgz"),
+                )
+            }
+            Some(bins) => {
+                let archive = dir.path().join("gpushare-dra.tar");
+                run(Command::new(repo().join("deployments/build-image.sh"))
+                    .arg(bins.join("gpushare-dra"))
+                    .arg(PLUGIN_IMAGE));
+                run(Command::new("podman")
+                    .args(["save", "--quiet", "--format", "oci-archive", "-o"])
+                    .arg(&archive)
+                    .arg(PLUGIN_IMAGE));
+                let _ = Command::new("podman")
+                    .args(["rmi", "--force", PLUGIN_IMAGE])
+                    .output();
+                (archive, repo().join("deployments/helm/gpushare-dra"))
+            }
+        };
         run(Command::new(self.bin.join("ctr"))
             .args([
                 "--address",
@@ -351,20 +453,37 @@ impl Node {
                 "import",
             ])
             .arg(&archive));
-        for f in [
-            "rbac.yaml",
-            "deviceclasses.yaml",
-            "validatingadmissionpolicy.yaml",
-            "daemonset.yaml",
-        ] {
-            let path = repo().join("deployments").join(f);
-            self.kubectl_ok(&["apply", "-f", path.to_str().expect("utf-8 path")]);
-        }
+        self.kubectl_ok(&["create", "namespace", PLUGIN_NAMESPACE]);
+        self.kubectl_ok(&[
+            "label",
+            "namespace",
+            PLUGIN_NAMESPACE,
+            "pod-security.kubernetes.io/enforce=privileged",
+        ]);
+        succeeded(
+            "helm install",
+            self.helm(&[
+                "install",
+                PLUGIN_RELEASE,
+                chart.to_str().expect("utf-8 path"),
+                "--namespace",
+                PLUGIN_NAMESPACE,
+            ]),
+        );
         self.kubectl_ok(&["label", "node", &self.name, "gpushare.io/gpushared=true"]);
+        self.wait_plugin_ready(gpus);
+    }
+
+    /// Waits until the plugin's DaemonSet is rolled out and its ResourceSlices list `gpus`
+    /// GPUs.
+    ///
+    /// # Panics
+    /// When that takes over 120 s, with the plugin's and gpushared's logs.
+    pub fn wait_plugin_ready(&self, gpus: usize) {
         let ready = wait_until(Duration::from_secs(120), || {
             self.kubectl(&[
                 "-n",
-                "gpushare",
+                PLUGIN_NAMESPACE,
                 "rollout",
                 "status",
                 "daemonset/gpushare-dra",
@@ -382,7 +501,7 @@ impl Node {
                 &self
                     .kubectl(&[
                         "-n",
-                        "gpushare",
+                        PLUGIN_NAMESPACE,
                         "logs",
                         "daemonset/gpushare-dra",
                         "--tail=30"

@@ -18,6 +18,7 @@ use serde_json::Value;
 
 pub mod cluster;
 pub mod driver_view;
+pub mod release;
 
 /// Node name of the cases in `shared/cases` (the `pool` of their allocations).
 pub const NODE: &str = "ip-10-0-1-23.us-west-2.compute.internal";

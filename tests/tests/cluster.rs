@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use gpushare_e2e::cluster::{
-    mig_template, mps_processes, prometheus_sum, repo, shared_template, sleeping_pod, Node,
-    PodClaim,
+    installed, mig_template, mps_processes, prometheus_sum, repo, shared_template, sleeping_pod,
+    Node, PodClaim, PLUGIN_NAMESPACE,
 };
 use gpushare_e2e::*;
 use gpushare_proto::{StrategyInfo, TimeSliceInterval};
@@ -785,4 +785,164 @@ fn pods_keep_their_gpus_across_kubelet_plugin_and_gpushared_restarts_a_crash_and
 
     node.kubectl_ok(&["delete", "namespace", ns, "--wait=true", "--timeout=120s"]);
     node.assert_nothing_left();
+}
+
+/// The plugin's pod's UID ("" when there is none).
+fn plugin_pod_uid(node: &Node) -> String {
+    String::from_utf8_lossy(
+        &node
+            .kubectl(&[
+                "-n",
+                PLUGIN_NAMESPACE,
+                "get",
+                "pods",
+                "-l",
+                "app.kubernetes.io/name=gpushare-dra",
+                "-o",
+                "jsonpath={.items[*].metadata.uid}",
+            ])
+            .stdout,
+    )
+    .trim()
+    .to_string()
+}
+
+#[test]
+fn the_chart_refuses_a_strict_namespace_upgrades_under_running_pods_and_uninstalls_cleanly() {
+    if setup().is_none() {
+        return;
+    }
+    let _serial = global_lock();
+    let mut node = Node::up();
+    node.start_gpushared("p5.48xlarge");
+    let chart = installed(&node.helm_path())
+        .release
+        .artifact("gpushare-dra-", ".tgz");
+    let chart = path(&chart);
+
+    // A namespace enforcing `baseline` would refuse the plugin's hostPath mounts: the chart
+    // refuses to install there, saying how to fix it, and creates nothing.
+    node.kubectl_ok(&["create", "namespace", "strict"]);
+    node.kubectl_ok(&[
+        "label",
+        "namespace",
+        "strict",
+        "pod-security.kubernetes.io/enforce=baseline",
+    ]);
+    let out = node.helm(&["install", "gpushare-dra", chart, "--namespace", "strict"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(r#"namespace strict enforces Pod Security level "baseline""#)
+            && err.contains("pod-security.kubernetes.io/enforce=privileged"),
+        "{err}"
+    );
+    let releases = node.helm(&["list", "--namespace", "strict", "--all", "-q"]);
+    assert_eq!(String::from_utf8_lossy(&releases.stdout).trim(), "");
+    assert_eq!(
+        node.kubectl_ok(&["-n", "strict", "get", "all", "-o", "name"])
+            .trim(),
+        ""
+    );
+    assert_eq!(
+        node.kubectl_ok(&["get", "deviceclasses", "-o", "name"])
+            .trim(),
+        ""
+    );
+    node.kubectl_ok(&["delete", "namespace", "strict", "--wait=true"]);
+
+    // Installed as the guide does; a pod with an MPS claim runs.
+    node.install_plugin(8);
+    let ns = "chart";
+    node.kubectl_ok(&["create", "namespace", ns]);
+    node.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &shared_template(
+            ns,
+            "mps",
+            r#"{ sharingMode: mps, mpsActiveThreadPercentage: 50 }"#,
+        ),
+    );
+    let start = |name: &str| {
+        node.kubectl_stdin(
+            &["apply", "-f", "-"],
+            &sleeping_pod(ns, name, PodClaim::Template("mps"), 1),
+        );
+        node.wait_running(ns, name, RUNNING)
+    };
+    let before = start("before");
+
+    // `helm upgrade` with a changed value rolls the plugin's pod: the running pod keeps its
+    // claim and GPU, and the new plugin prepares a new pod's claim.
+    let first = plugin_pod_uid(&node);
+    let out = node.helm(&[
+        "upgrade",
+        "gpushare-dra",
+        chart,
+        "--namespace",
+        PLUGIN_NAMESPACE,
+        "--reuse-values",
+        "--set",
+        "metrics.port=9473",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        wait_until(RUNNING, || {
+            let now = plugin_pod_uid(&node);
+            !now.is_empty() && now != first && !now.contains(' ')
+        }),
+        "the plugin's pod was not replaced: {}",
+        plugin_pod_uid(&node)
+    );
+    node.wait_plugin_ready(8);
+    let ds = node.get_json(&["-n", PLUGIN_NAMESPACE, "daemonset", "gpushare-dra"]);
+    let args = ds["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(args.contains("--metrics-address=0.0.0.0:9473"), "{args}");
+    let again = node.get_json(&["-n", ns, "pod", "before"]);
+    assert_eq!(again["status"]["phase"], "Running");
+    assert_eq!(again["metadata"]["uid"], before["metadata"]["uid"]);
+    start("after");
+    assert_eq!(node.claims().len(), 2, "{:?}", node.claims());
+
+    // Uninstall as the guide says: the pods first (kubelet needs the plugin to unprepare
+    // their claims), then the release. Nothing of the chart stays, and kubelet removes the
+    // plugin's ResourceSlices once it is gone.
+    node.kubectl_ok(&["delete", "namespace", ns, "--wait=true", "--timeout=120s"]);
+    node.assert_nothing_left();
+    let out = node.helm(&[
+        "uninstall",
+        "gpushare-dra",
+        "--namespace",
+        PLUGIN_NAMESPACE,
+        "--wait",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let left = |node: &Node| {
+        node.kubectl_ok(&[
+            "get",
+            "deviceclasses,validatingadmissionpolicies,validatingadmissionpolicybindings,clusterroles,clusterrolebindings",
+            "-l",
+            "app.kubernetes.io/instance=gpushare-dra",
+            "-o",
+            "name",
+        ]) + &node.kubectl_ok(&["-n", PLUGIN_NAMESPACE, "get", "all,serviceaccounts,networkpolicies", "-l", "app.kubernetes.io/instance=gpushare-dra", "-o", "name"])
+    };
+    assert_eq!(left(&node).trim(), "");
+    assert!(
+        wait_until(Duration::from_secs(120), || {
+            node.get_json(&["resourceslices"])["items"]
+                .as_array()
+                .is_some_and(Vec::is_empty)
+        }),
+        "ResourceSlices left: {}",
+        node.get_json(&["resourceslices"])
+    );
 }
