@@ -935,7 +935,12 @@ fn the_chart_refuses_a_strict_namespace_upgrades_under_running_pods_and_uninstal
             "name",
         ]) + &node.kubectl_ok(&["-n", PLUGIN_NAMESPACE, "get", "all,serviceaccounts,networkpolicies", "-l", "app.kubernetes.io/instance=gpushare-dra", "-o", "name"])
     };
-    assert_eq!(left(&node).trim(), "");
+    // (The plugin's pod goes after its DaemonSet, by garbage collection: waited for.)
+    assert!(
+        wait_until(RUNNING, || left(&node).trim().is_empty()),
+        "left after helm uninstall: {}",
+        left(&node)
+    );
     assert!(
         wait_until(Duration::from_secs(120), || {
             node.get_json(&["resourceslices"])["items"]
