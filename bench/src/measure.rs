@@ -364,6 +364,7 @@ impl Ctx {
                     container_id: id.clone(),
                     pid: Some(pid as i32),
                     bundle: None,
+                    pod: None,
                 }),
             )?;
             rt_attach.push(t.elapsed());
@@ -393,6 +394,7 @@ impl Ctx {
                     container_id: id.clone(),
                     pid: Some(pid as i32),
                     bundle: None,
+                    pod: None,
                 }),
             )?;
             conn_attach.push(t.elapsed());

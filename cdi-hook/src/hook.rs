@@ -12,7 +12,9 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gpushare_proto::{AttachParams, Client, ClientError, DetachParams, DetachResult, Method};
+use gpushare_proto::{
+    AttachParams, Client, ClientError, DetachParams, DetachResult, ErrorCode, Method, PodRef,
+};
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use serde::de::DeserializeOwned;
@@ -56,16 +58,31 @@ pub fn attach(opts: &HookOptions, stdin: impl AsFd) -> Result<(), AttachError> {
         container_id: state.id.clone(),
         pid: Some(state.pid),
         bundle: Some(state.bundle),
+        // Which pod the container is part of, for operators (`gpushare claims`); a container
+        // whose runtime names none is attached all the same.
+        pod: PodRef::from_annotations(&state.annotations),
     };
     // The result's shape is not checked: once the daemon says yes the container is attached,
     // and failing its start over a field this build does not know would help nobody.
-    call::<_, serde_json::Value>(opts, deadline, Method::Attach, params)
-        .map(drop)
-        .map_err(|reason| AttachError::Daemon {
-            container_id: state.id,
-            claim_uid: opts.claim_uid.clone(),
-            reason,
-        })
+    let mut answer = call::<_, serde_json::Value>(opts, deadline, Method::Attach, &params);
+    if params.pod.is_some() && answer.as_ref().is_err_and(refuses_the_pod_field) {
+        // A gpushared from before `pod` (an RPM upgrade replaces this hook before the daemon
+        // restarts) refuses the field it does not know: the container is attached without it.
+        answer = call(
+            opts,
+            deadline,
+            Method::Attach,
+            AttachParams {
+                pod: None,
+                ..params
+            },
+        );
+    }
+    answer.map(drop).map_err(|reason| AttachError::Daemon {
+        container_id: state.id,
+        claim_uid: opts.claim_uid.clone(),
+        reason,
+    })
 }
 
 /// `poststop`: asks the daemon to untie the container from the claim. Returns whether the
@@ -143,6 +160,13 @@ fn poll_timeout(left: Duration) -> PollTimeout {
 }
 
 /// One request on a fresh connection, answered by the deadline.
+/// Whether the daemon refused `attach` for not knowing its `pod` field (serde's words for an
+/// unknown field, in an `InvalidRequest`).
+fn refuses_the_pod_field(err: &DaemonError) -> bool {
+    matches!(err, DaemonError::Refused(body)
+        if body.code == ErrorCode::InvalidRequest && body.message.contains("unknown field `pod`"))
+}
+
 fn call<P, R>(
     opts: &HookOptions,
     deadline: Instant,

@@ -13,8 +13,8 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use gpushare_proto::{
-    AttachParams, Attachment, DetachParams, DetachResult, ErrorBody, ErrorCode, Request, Response,
-    OLDEST_PROTOCOL_VERSION,
+    AttachParams, Attachment, DetachParams, DetachResult, ErrorBody, ErrorCode, PodRef, Request,
+    Response, OLDEST_PROTOCOL_VERSION,
 };
 use serde_json::Value;
 use tempfile::TempDir;
@@ -33,6 +33,9 @@ enum Reply {
     Refuse(ErrorCode, String),
     /// Reads the request, then keeps the connection open without a word.
     Silent,
+    /// As a gpushared from before `pod` in `attach`'s params: params with it are refused as
+    /// serde refuses an unknown field; without it, answered with the value.
+    BeforePod(Value),
 }
 
 /// What the fake daemon saw.
@@ -134,6 +137,25 @@ fn serve(stream: UnixStream, reply: &Reply, seen: &mut Seen) -> Option<UnixStrea
             }),
         ),
         Reply::Silent => return Some(stream),
+        Reply::BeforePod(value) => {
+            if request
+                .params
+                .as_ref()
+                .is_some_and(|p| p.get("pod").is_some())
+            {
+                (
+                    None,
+                    Some(ErrorBody {
+                        code: ErrorCode::InvalidRequest,
+                        message: "params of attach: unknown field `pod`, expected one of \
+                                  `claim_uid`, `container_id`, `pid`, `bundle`"
+                            .into(),
+                    }),
+                )
+            } else {
+                (Some(value.clone()), None)
+            }
+        }
     };
     let response = Response {
         version: request.version,
@@ -283,6 +305,7 @@ fn attach_sends_the_runtime_state_and_starts_the_container_when_the_daemon_agree
         cgroup: None,
         bundle: Some(bundle.clone()),
         attached_at: 1_700_000_000,
+        pod: None,
     };
     let daemon = FakeDaemon::start(Reply::Ok(serde_json::to_value(attachment).unwrap()));
 
@@ -303,7 +326,51 @@ fn attach_sends_the_runtime_state_and_starts_the_container_when_the_daemon_agree
             container_id: id,
             pid: Some(48213),
             bundle: Some(bundle),
+            // containerd's CRI annotations in the state name the container's pod.
+            pod: Some(PodRef {
+                namespace: "ml-workloads".into(),
+                name: "inference-pod".into(),
+            }),
         }
+    );
+}
+
+#[test]
+fn a_gpushared_from_before_pods_attaches_the_container_without_its_pod() {
+    let Some(state) = case("state-createRuntime.json") else {
+        return;
+    };
+    let id = fields(&state)["id"].as_str().unwrap().to_owned();
+    let attachment = Attachment {
+        claim_uid: CLAIM.into(),
+        container_id: id,
+        pid: Some(48213),
+        cgroup: None,
+        bundle: None,
+        attached_at: 1_700_000_000,
+        pod: None,
+    };
+    let daemon = FakeDaemon::start(Reply::BeforePod(serde_json::to_value(attachment).unwrap()));
+
+    let run = run_hook(&attach_args(daemon.socket()), Stdin::Bytes(&state));
+    let seen = daemon.finish();
+
+    assert!(run.status.success(), "{run:?}");
+    assert_eq!(run.stderr, "");
+    // Asked with the pod, refused for it, asked again without it.
+    assert_eq!(seen.requests.len(), 2, "{:?}", seen.requests);
+    let params = |i: usize| -> AttachParams {
+        let r: Request = serde_json::from_str(&seen.requests[i]).unwrap();
+        serde_json::from_value(r.params.unwrap()).unwrap()
+    };
+    assert_eq!(params(0).pod.unwrap().name, "inference-pod");
+    assert_eq!(params(1).pod, None);
+    assert_eq!(
+        AttachParams {
+            pod: None,
+            ..params(0)
+        },
+        params(1)
     );
 }
 

@@ -15,7 +15,7 @@ use gpushare_proto::{
     AttachParams, Attachment, ClaimDevice, ClaimInfo, ClaimPage, ClaimState, ComputeMode,
     DetachParams, DetachResult, ErrorBody, ErrorCode, GpuInfo, GpuSharing, GroupInfo, HealthInfo,
     ListClaimsParams, Method, MigApplyParams, MigApplyResult, MigCapacity, MigDeviceInfo,
-    MigGpuPlan, MigInstanceInfo, MigOrigin, MigPartitions, MigSlot, MpsInfo, PrepareParams,
+    MigGpuPlan, MigInstanceInfo, MigOrigin, MigPartitions, MigSlot, MpsInfo, PodRef, PrepareParams,
     PrepareResult, PreparedDevice, Request, RequestDevices, Response, StrategyInfo,
     TimeSliceInterval, UidParams, UnprepareResult, VersionInfo, OLDEST_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
@@ -431,6 +431,10 @@ fn attachment(full: bool) -> Attachment {
         cgroup: full.then(|| "/kubepods.slice/cri-containerd-8f1d6b2a.scope".into()),
         bundle: full.then(|| "/run/containerd/bundle/8f1d6b2a".into()),
         attached_at: 1_767_225_600,
+        pod: full.then(|| PodRef {
+            namespace: "team-a".into(),
+            name: "trainer-0".into(),
+        }),
     }
 }
 
@@ -744,6 +748,10 @@ fn params_for(method: Method, version: u32) -> Option<Value> {
             container_id: "8f1d6b2a".into(),
             pid: Some(48213),
             bundle: Some("/run/b".into()),
+            pod: Some(PodRef {
+                namespace: "team-a".into(),
+                name: "trainer-0".into(),
+            }),
         })),
         Method::Detach => Some(to_json(&DetachParams {
             claim_uid: UID.into(),
@@ -767,11 +775,16 @@ fn samples() -> Vec<(&'static str, Value)> {
         ("AttachParams", params_for(Method::Attach, 1).expect("params")),
         (
             "AttachParams",
+            // (`pod: None` is left out, not null, for daemons before it: proto's tests.)
             to_json(&AttachParams {
                 claim_uid: UID.into(),
                 container_id: "c".into(),
                 pid: None,
                 bundle: None,
+                pod: Some(PodRef {
+                    namespace: "default".into(),
+                    name: "p".into(),
+                }),
             }),
         ),
         ("DetachParams", params_for(Method::Detach, 1).expect("params")),
@@ -823,6 +836,13 @@ fn samples() -> Vec<(&'static str, Value)> {
         ("MigPartitions", to_json(&mig_partitions())),
         ("MigCapacity", to_json(&mig_capacity())),
         ("MigSlot", to_json(&mig_slot())),
+        (
+            "PodRef",
+            to_json(&PodRef {
+                namespace: "team-a".into(),
+                name: "trainer-0".into(),
+            }),
+        ),
         (
             "GpuInfo",
             to_json(&GpuInfo {
@@ -971,6 +991,7 @@ fn schema_has_a_def_for_every_wire_type() {
         "MigPartitions",
         "MigCapacity",
         "MigSlot",
+        "PodRef",
         "MigInstanceInfo",
         "MigApplyParams",
         "MigApplyResult",

@@ -598,6 +598,70 @@ pub struct Attachment {
     pub bundle: Option<String>,
     /// Seconds since the Unix epoch.
     pub attached_at: u64,
+    /// The Kubernetes pod the container belongs to, when its runtime named it (null for a
+    /// container started outside Kubernetes, and from daemons before this field).
+    #[serde(default)]
+    pub pod: Option<PodRef>,
+}
+
+/// The Kubernetes pod a container belongs to, as its runtime names it in the container's
+/// annotations: containerd's CRI plugin sets `io.kubernetes.cri.sandbox-namespace` and
+/// `io.kubernetes.cri.sandbox-name`, CRI-O `io.kubernetes.pod.namespace` and
+/// `io.kubernetes.pod.name`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PodRef {
+    /// The pod's namespace (a DNS label: at most 63 characters).
+    pub namespace: String,
+    /// The pod's name (a DNS subdomain: at most 253 characters).
+    pub name: String,
+}
+
+/// The annotation pairs (namespace, name) that name a container's pod, per runtime.
+const POD_ANNOTATIONS: [(&str, &str); 2] = [
+    (
+        "io.kubernetes.cri.sandbox-namespace",
+        "io.kubernetes.cri.sandbox-name",
+    ),
+    ("io.kubernetes.pod.namespace", "io.kubernetes.pod.name"),
+];
+
+impl PodRef {
+    /// The pod named by a container's OCI annotations, or `None` when no runtime's pair is
+    /// there or its values are not a valid namespace and pod name.
+    pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Option<PodRef> {
+        POD_ANNOTATIONS.iter().find_map(|(ns, name)| {
+            let pod = PodRef {
+                namespace: annotations.get(*ns)?.clone(),
+                name: annotations.get(*name)?.clone(),
+            };
+            pod.is_valid().then_some(pod)
+        })
+    }
+
+    /// Whether the namespace is a DNS label and the name a DNS subdomain (RFC 1123, lower
+    /// case), as the API server requires of them.
+    pub fn is_valid(&self) -> bool {
+        let label = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 63
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !s.starts_with('-')
+                && !s.ends_with('-')
+        };
+        label(&self.namespace)
+            && !self.name.is_empty()
+            && self.name.len() <= 253
+            && self.name.split('.').all(label)
+    }
+}
+
+impl fmt::Display for PodRef {
+    /// `namespace/name`, as kubectl names a pod.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
 }
 
 /// Everything the daemon knows about one claim.
@@ -862,6 +926,10 @@ pub struct AttachParams {
     /// OCI bundle directory.
     #[serde(default)]
     pub bundle: Option<String>,
+    /// The Kubernetes pod the container belongs to, from its annotations
+    /// ([`PodRef::from_annotations`]); omitted or null when it has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodRef>,
 }
 
 /// Parameters of `detach` (sent by `gpushare-cdi-hook detach` at `poststop`).
@@ -965,4 +1033,78 @@ pub struct VersionInfo {
     pub daemon: String,
     /// The protocol version it speaks.
     pub protocol: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_containers_pod_is_read_from_containerds_or_cri_os_annotations_and_checked() {
+        let containerd = annotations(&[
+            ("io.kubernetes.cri.sandbox-namespace", "ml-workloads"),
+            ("io.kubernetes.cri.sandbox-name", "inference-pod"),
+            ("io.kubernetes.cri.container-name", "cuda"),
+        ]);
+        let want = PodRef {
+            namespace: "ml-workloads".into(),
+            name: "inference-pod".into(),
+        };
+        assert_eq!(PodRef::from_annotations(&containerd), Some(want.clone()));
+        assert_eq!(want.to_string(), "ml-workloads/inference-pod");
+        let crio = annotations(&[
+            ("io.kubernetes.pod.namespace", "team-a"),
+            ("io.kubernetes.pod.name", "trainer-0.shard-1"),
+        ]);
+        assert_eq!(
+            PodRef::from_annotations(&crio).map(|p| p.to_string()),
+            Some("team-a/trainer-0.shard-1".into())
+        );
+        // Half a pair, or names the API server would never have admitted: no pod.
+        for bad in [
+            annotations(&[("io.kubernetes.cri.sandbox-name", "p")]),
+            annotations(&[
+                ("io.kubernetes.cri.sandbox-namespace", "Team"),
+                ("io.kubernetes.cri.sandbox-name", "p"),
+            ]),
+            annotations(&[
+                ("io.kubernetes.cri.sandbox-namespace", "a"),
+                ("io.kubernetes.cri.sandbox-name", "p/../../etc"),
+            ]),
+            annotations(&[
+                ("io.kubernetes.cri.sandbox-namespace", &"n".repeat(64)),
+                ("io.kubernetes.cri.sandbox-name", "p"),
+            ]),
+            annotations(&[
+                ("io.kubernetes.cri.sandbox-namespace", "a"),
+                ("io.kubernetes.cri.sandbox-name", "-p"),
+            ]),
+            annotations(&[]),
+        ] {
+            assert_eq!(PodRef::from_annotations(&bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn attach_params_without_a_pod_are_written_as_before_the_field() {
+        // A gpushared before `pod` refuses unknown fields, even a null one.
+        let p = AttachParams {
+            claim_uid: "u".into(),
+            container_id: "c".into(),
+            pid: Some(1),
+            bundle: None,
+            pod: None,
+        };
+        let v = serde_json::to_value(&p).unwrap();
+        assert!(v.get("pod").is_none(), "{v}");
+        let back: AttachParams = serde_json::from_value(v).unwrap();
+        assert_eq!(back, p);
+    }
 }

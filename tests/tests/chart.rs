@@ -179,7 +179,10 @@ fn a_misspelt_or_mistyped_value_is_refused_by_the_schema() {
         (&["--set", "metric.enabled=false"][..], "metric"),
         (&["--set", "metrics.port=0"][..], "/metrics/port"),
         (&["--set", "driverName=GPU_Driver"][..], "/driverName"),
-        (&["--set", "image.pullPolicy=Sometimes"][..], "/image/pullPolicy"),
+        (
+            &["--set", "image.pullPolicy=Sometimes"][..],
+            "/image/pullPolicy",
+        ),
     ] {
         let out = template(&helm, "gpushare", args);
         let err = String::from_utf8_lossy(&out.stderr);

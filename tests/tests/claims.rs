@@ -215,6 +215,7 @@ fn valid_cases(program: &Path) {
                     container_id: format!("c{i}"),
                     pid: None,
                     bundle: None,
+                    pod: None,
                 }),
             )
             .unwrap();
@@ -229,6 +230,7 @@ fn valid_cases(program: &Path) {
                 container_id: "c4".into(),
                 pid: None,
                 bundle: None,
+                pod: None,
             }),
         )
         .unwrap_err();

@@ -483,6 +483,7 @@ fn a_slice_that_cannot_be_recreated_leaves_its_claim_degraded_and_releasable() {
                 container_id: "c1".into(),
                 pid: None,
                 bundle: None,
+                pod: None,
             }),
         )
         .expect_err("a container attached to a claim without its slice");

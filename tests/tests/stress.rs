@@ -274,6 +274,7 @@ impl Ctx {
                         container_id: container.clone(),
                         pid: Some(pids[rng.usize(..pids.len())]),
                         bundle: None,
+                        pod: None,
                     }),
                 );
                 let full = own

@@ -173,4 +173,16 @@ pub struct Attachment {
     pub bundle: Option<String>,
     /// When it attached, in seconds since the Unix epoch.
     pub attached_at: u64,
+    /// The Kubernetes pod it belongs to, when its runtime named it (its annotations, read by
+    /// the hook).
+    pub pod: Option<Pod>,
+}
+
+/// A Kubernetes pod, by namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pod {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub name: String,
 }

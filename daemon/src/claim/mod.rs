@@ -16,7 +16,7 @@ pub mod model;
 pub mod wire;
 
 pub use leaf::{
-    Attachment, Device, MigSlice, MpsAsked, MpsDaemon, PreparedDevice, Request, SliceOrigin,
+    Attachment, Device, MigSlice, MpsAsked, MpsDaemon, Pod, PreparedDevice, Request, SliceOrigin,
 };
 pub use lifecycle::{transition, Cause, Causes, Event, IllegalTransition, Next, Phase};
 pub use model::{Claim, Group, MigSharing, Sharing};

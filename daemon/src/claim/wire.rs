@@ -14,14 +14,14 @@
 
 use gpushare_proto::{
     Attachment as AttachmentInfo, ClaimDevice, ClaimInfo, ClaimState, GroupInfo, MigInstanceInfo,
-    MigOrigin, MpsInfo, MpsRequested, PreparedDevice as PreparedDeviceInfo, RequestDevices,
+    MigOrigin, MpsInfo, MpsRequested, PodRef, PreparedDevice as PreparedDeviceInfo, RequestDevices,
     StrategyInfo,
 };
 
 use std::collections::BTreeMap;
 
 use super::leaf::{
-    Attachment, Device, MigSlice, MpsAsked, MpsDaemon, PreparedDevice, Request, SliceOrigin,
+    Attachment, Device, MigSlice, MpsAsked, MpsDaemon, Pod, PreparedDevice, Request, SliceOrigin,
 };
 use super::lifecycle::Cause;
 use super::model::{Claim, Group, MigSharing, Sharing};
@@ -359,6 +359,10 @@ impl From<&Attachment> for AttachmentInfo {
             cgroup: a.cgroup.clone(),
             bundle: a.bundle.clone(),
             attached_at: a.attached_at,
+            pod: a.pod.as_ref().map(|p| PodRef {
+                namespace: p.namespace.clone(),
+                name: p.name.clone(),
+            }),
         }
     }
 }
@@ -372,6 +376,16 @@ impl From<AttachmentInfo> for Attachment {
             cgroup: a.cgroup,
             bundle: a.bundle,
             attached_at: a.attached_at,
+            pod: a.pod.map(Pod::from),
+        }
+    }
+}
+
+impl From<PodRef> for Pod {
+    fn from(p: PodRef) -> Pod {
+        Pod {
+            namespace: p.namespace,
+            name: p.name,
         }
     }
 }

@@ -221,6 +221,52 @@ fn a_daemon_that_ignores_quit_is_killed() {
 }
 
 #[test]
+fn an_attached_containers_pod_is_kept_across_a_restart_and_a_bad_one_is_refused() {
+    let f = fixture();
+    f.service
+        .prepare(&claim("u-pod", &["gpu-1"], None))
+        .unwrap();
+    let pod = |ns: &str, name: &str| {
+        Some(gpushare_proto::PodRef {
+            namespace: ns.into(),
+            name: name.into(),
+        })
+    };
+    let p = |id: &str, pod| AttachParams {
+        claim_uid: "u-pod".into(),
+        container_id: id.into(),
+        pid: None,
+        bundle: None,
+        pod,
+    };
+    let a = f
+        .service
+        .attach(&p("a", pod("team-a", "trainer-0")))
+        .unwrap();
+    assert_eq!(a.pod.as_ref().unwrap().name, "trainer-0");
+    f.service.attach(&p("b", None)).unwrap();
+    // A name the API server would not admit: refused, nothing attached.
+    let err = f
+        .service
+        .attach(&p("c", pod("team-a", "../../etc")))
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::InvalidRequest);
+    assert!(err.message.contains("../../etc"), "{}", err.message);
+    let pods = |s: &Service| -> Vec<Option<String>> {
+        s.get_claim("u-pod")
+            .unwrap()
+            .attached
+            .iter()
+            .map(|a| a.pod.as_ref().map(ToString::to_string))
+            .collect()
+    };
+    assert_eq!(pods(&f.service), [Some("team-a/trainer-0".into()), None]);
+    // The pods are in the claim's host record: a restarted gpushared shows them still.
+    let again = restart(&f, fresh_backend());
+    assert_eq!(pods(&again), [Some("team-a/trainer-0".into()), None]);
+}
+
+#[test]
 fn attach_needs_a_live_daemon_and_respects_replicas() {
     let f = fixture();
     let short = json!({"sharingMode": "mps", "mpsActiveThreadPercentage": 50, "replicas": 2});
@@ -232,6 +278,7 @@ fn attach_needs_a_live_daemon_and_respects_replicas() {
         container_id: id.into(),
         pid: None,
         bundle: None,
+        pod: None,
     };
     f.service.attach(&p("a")).unwrap();
     f.service.attach(&p("a")).unwrap(); // idempotent
@@ -304,6 +351,7 @@ fn containers_whose_process_is_gone_free_their_slot() {
         container_id: id.into(),
         pid,
         bundle: None,
+        pod: None,
     };
     // The fake host knows no process 4242: that container died without its poststop hook.
     f.service.attach(&p("dead", Some(4242))).unwrap();
@@ -650,6 +698,7 @@ fn an_unreadable_proc_is_not_taken_for_a_dead_daemon() {
             container_id: "c".into(),
             pid: None,
             bundle: None,
+            pod: None,
         })
         .unwrap();
     // Releasing needs to know the daemon: it waits for /proc rather than guessing.
@@ -685,6 +734,7 @@ fn running_containers_keep_their_slots_when_a_claim_is_prepared_afresh() {
         container_id: id.into(),
         pid: Some(pid),
         bundle: None,
+        pod: None,
     };
     f.service.attach(&p("c1", 4242)).unwrap();
     // The MPS daemon dies; the kubelet's retry brings a new one.
@@ -729,6 +779,7 @@ fn a_container_attached_again_follows_its_new_process() {
         container_id: "same".into(),
         pid: Some(pid),
         bundle: None,
+        pod: None,
     };
     f.service.attach(&p(5001)).unwrap();
     assert_eq!(f.service.attach(&p(5002)).unwrap().pid, Some(5002));
@@ -827,6 +878,7 @@ fn concurrent_changes_all_reach_the_checkpoint() {
                             container_id: format!("{uid}-c{c}"),
                             pid: None,
                             bundle: None,
+                            pod: None,
                         })
                         .unwrap();
                 }

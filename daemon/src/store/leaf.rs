@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::claim::{
-    Attachment, Device, MigSlice, MpsAsked, MpsDaemon, PreparedDevice, Request, SliceOrigin,
+    Attachment, Device, MigSlice, MpsAsked, MpsDaemon, Pod, PreparedDevice, Request, SliceOrigin,
 };
 
 /// A device of a group: the request it was allocated for, its DRA device name, its GPU.
@@ -165,6 +165,20 @@ pub struct AttachmentRecord {
     pub bundle: Option<String>,
     /// Seconds since the Unix epoch.
     pub attached_at: u64,
+    /// The Kubernetes pod it belongs to. Left out when unknown, so a record without one reads
+    /// as before this field, and an older gpushared (which ignores fields it does not know)
+    /// reads the rest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodRecord>,
+}
+
+/// A Kubernetes pod, by namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRecord {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub name: String,
 }
 
 impl From<&Device> for DeviceRecord {
@@ -330,6 +344,10 @@ impl From<&Attachment> for AttachmentRecord {
             cgroup: a.cgroup.clone(),
             bundle: a.bundle.clone(),
             attached_at: a.attached_at,
+            pod: a.pod.as_ref().map(|p| PodRecord {
+                namespace: p.namespace.clone(),
+                name: p.name.clone(),
+            }),
         }
     }
 }
@@ -343,6 +361,10 @@ impl From<AttachmentRecord> for Attachment {
             cgroup: a.cgroup,
             bundle: a.bundle,
             attached_at: a.attached_at,
+            pod: a.pod.map(|p| Pod {
+                namespace: p.namespace,
+                name: p.name,
+            }),
         }
     }
 }
@@ -433,6 +455,10 @@ mod tests {
             cgroup: Some("/kubepods/x".into()),
             bundle: Some("/run/bundle".into()),
             attached_at: 1_700_000_000,
+            pod: Some(gpushare_proto::PodRef {
+                namespace: "team-a".into(),
+                name: "trainer-0".into(),
+            }),
         });
     }
 }

@@ -413,6 +413,7 @@ fn a_slice_that_cannot_be_recreated_leaves_the_claim_degraded_with_the_reason() 
             container_id: "c1".into(),
             pid: None,
             bundle: None,
+            pod: None,
         })
         .unwrap_err();
     assert_eq!(e.code, ErrorCode::NotReady);

@@ -11,7 +11,7 @@
 use gpushare_proto::{AttachParams, ErrorCode};
 
 use super::super::{now_secs, Service, State};
-use crate::claim::{Attachment, Cause, Phase};
+use crate::claim::{Attachment, Cause, Phase, Pod};
 use crate::config;
 use crate::error::ServiceError;
 use crate::registry::Txn;
@@ -48,6 +48,7 @@ impl Service {
                 pid: p.pid,
                 cgroup,
                 bundle: p.bundle.clone(),
+                pod: p.pod.clone().map(Pod::from).or(a.pod.clone()),
                 ..a
             },
             None => {
@@ -59,6 +60,7 @@ impl Service {
                     cgroup,
                     bundle: p.bundle.clone(),
                     attached_at: now_secs(),
+                    pod: p.pod.clone().map(Pod::from),
                 }
             }
         };
@@ -77,7 +79,8 @@ impl Service {
             st.unlock();
             self.write_host_record(&p.claim_uid)
         })?;
-        tracing::info!(claim = %p.claim_uid, container = %p.container_id, pid = ?p.pid, "container attached");
+        let pod = p.pod.as_ref().map(ToString::to_string).unwrap_or_default();
+        tracing::info!(claim = %p.claim_uid, container = %p.container_id, pid = ?p.pid, pod, "container attached");
         Ok(attachment)
     }
 
@@ -194,6 +197,15 @@ fn check_params(p: &AttachParams) -> Result<(), ServiceError> {
         return Err(ServiceError::new(
             ErrorCode::InvalidRequest,
             format!("pid must be a positive process id, got {pid}"),
+        ));
+    }
+    if let Some(pod) = p.pod.as_ref().filter(|pod| !pod.is_valid()) {
+        return Err(ServiceError::new(
+            ErrorCode::InvalidRequest,
+            format!(
+                "pod {:?}/{:?} is not a Kubernetes namespace and pod name",
+                pod.namespace, pod.name
+            ),
         ));
     }
     Ok(())

@@ -131,6 +131,7 @@ fn the_attach_limit_holds_across_a_crash_between_attaches() {
             container_id: id.into(),
             pid: Some(pid),
             bundle: None,
+            pod: None,
         })
     };
     fake_process(&f, "/proc-7001", 7001);

@@ -37,6 +37,7 @@ fn a_claim_on_a_gpu_the_node_lacks_comes_up_degraded_and_can_be_released() {
                 container_id: "c".into(),
                 pid: None,
                 bundle: None,
+                pod: None,
             })
             .unwrap_err();
         assert_eq!(e.code, ErrorCode::NotReady, "{uid}: {}", e.message);

@@ -419,6 +419,7 @@ fn hostile_tombstones_and_attachments_are_refused() {
         cgroup: None,
         bundle: None,
         attached_at: 0,
+        pod: None,
     });
     let file = RecordsOnDisk::new(f.cfg.checkpoint.clone());
     let mut cp = file.load().unwrap().checkpoint;
@@ -487,6 +488,7 @@ fn attachments_survive_a_missing_checkpoint() {
         container_id: id.into(),
         pid: Some(pid),
         bundle: None,
+        pod: None,
     };
     f.service.attach(&a("c1", 4242)).unwrap();
     f.service.attach(&a("c2", 4242)).unwrap();

@@ -46,6 +46,7 @@ fn attach(uid: &str, container: &str) -> AttachParams {
         container_id: container.into(),
         pid: None,
         bundle: None,
+        pod: None,
     }
 }
 
