@@ -22,7 +22,9 @@ struct Args {
     /// gpushared's socket [default: /run/gpushare/gpushared.sock].
     #[arg(long, global = true)]
     socket: Option<PathBuf>,
-    /// Output format [default: table]; `gpushare gpus --help` names one more of its own.
+    /// Output format [default: table, at most 120 columns with claim UIDs shortened to a
+    /// unique prefix; `wide` for every column in full]; `gpushare gpus --help` names one more
+    /// of its own.
     #[arg(short, long, global = true, value_enum)]
     output: Option<Output>,
     /// Seconds to wait for the daemon's answer.
@@ -57,7 +59,7 @@ enum Command {
     Claims,
     /// One claim: strategy, devices, MPS daemon pid, limits as read back, containers, CDI IDs.
     Claim {
-        /// The claim's UID.
+        /// The claim's UID, or a unique start of it (as `gpushare claims` shows it).
         uid: String,
     },
     /// Prepare a claim from a ResourceClaim file (JSON or YAML, as the API server returns it).
@@ -68,9 +70,10 @@ enum Command {
     },
     /// Release a claim, or with --all every claim of the node (one line per claim; asks
     /// nothing: drain the node's pods first). A UID that names no prepared claim fails
-    /// (exit status 1): nothing was released.
+    /// (exit status 1): nothing was released. A unique start of a UID names its claim, as
+    /// `gpushare claims` shows it; one that several UIDs start with fails naming them.
     Unprepare {
-        /// The claim's UID.
+        /// The claim's UID, or a unique start of it.
         #[arg(required_unless_present = "all", conflicts_with = "all")]
         uid: Option<String>,
         /// Release every claim gpushared holds.
@@ -244,7 +247,8 @@ fn require_root(what: &str) -> Result<()> {
     Ok(())
 }
 
-/// `gpushare profiles [PROFILE]`.
+/// `gpushare profiles [PROFILE]`. The list of profiles is one table whatever the output: it
+/// fits in 120 columns with nothing left out, so `-o wide` has nothing to add.
 fn profiles(profile: Option<&str>, output: Output) -> Result<()> {
     match profile {
         None => {
@@ -259,8 +263,17 @@ fn profiles(profile: Option<&str>, output: Output) -> Result<()> {
                 .iter()
                 .map(daemon::Gpu::info)
                 .collect();
-            print_structured_or(&gpus, output, |g| cli::gpus_table(g))
+            print_structured_or(&gpus, output, |g| gpus_table(g, output))
         }
+    }
+}
+
+/// The `gpushare gpus` table `output` asks for.
+fn gpus_table(gpus: &[GpuInfo], output: Output) -> String {
+    if output == Output::Wide {
+        cli::gpus_table_wide(gpus)
+    } else {
+        cli::gpus_table(gpus)
     }
 }
 
@@ -290,13 +303,48 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// A claim UID given on the command line, checked before anything is asked: the daemon's
-/// refusal would name `metadata.uid`, which the user never typed.
+/// A claim UID, or the start of one, given on the command line, checked before anything is
+/// asked: the daemon's refusal would name `metadata.uid`, which the user never typed.
 fn claim_uid_arg(uid: &str) -> Result<()> {
-    match daemon::claim_uid_problem(uid) {
-        None => Ok(()),
-        Some(why) => anyhow::bail!("{uid:?} is not a valid claim UID: it {why}"),
+    let Some(why) = daemon::claim_uid_problem(uid) else {
+        return Ok(());
+    };
+    // The start of a UID may end where a whole one may not (`3f75ec50-`): it passes when
+    // some UID can start with it. Whether one does is known only from the claims.
+    if !uid.is_empty() && daemon::claim_uid_problem(&format!("{uid}0")).is_none() {
+        return Ok(());
     }
+    anyhow::bail!("{uid:?} is not a valid claim UID: it {why}")
+}
+
+/// The claim a UID given on the command line names ([`cli::resolve_claim_uid`] among the
+/// claims gpushared lists): a whole UID, or the one UID that starts with it. When none does,
+/// what was given goes to the daemon as before, so its answer (no such claim) is unchanged;
+/// only it must then be a whole UID.
+fn resolve_claim(client: &mut Client, given: &str) -> Result<String> {
+    let claims = client.list_claims()?;
+    let uid = cli::resolve_claim_uid(given, claims.iter().map(|c| c.uid.as_str()))?;
+    if uid == given {
+        if let Some(why) = daemon::claim_uid_problem(given) {
+            anyhow::bail!(
+                "{given:?} is not a valid claim UID, nor the start of a prepared claim's: it {why}"
+            );
+        }
+    }
+    Ok(uid)
+}
+
+/// Whether `command` prints a table that `-o wide` widens.
+fn has_wide_table(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::Gpus { .. }
+            | Command::Claims
+            | Command::Profiles { .. }
+            | Command::Mig {
+                command: MigCommand::List
+            }
+    )
 }
 
 /// `--partitionable`'s Kubernetes version (`1.34`, `v1.35`) as its minor; partitionable
@@ -326,6 +374,12 @@ fn run(args: Args) -> Result<()> {
     if args.output == Some(Output::ResourceSlice) && !matches!(args.command, Command::Gpus { .. }) {
         anyhow::bail!(
             "-o resourceslice applies to `gpushare gpus` only; use -o table, json or yaml here"
+        );
+    }
+    // Likewise `-o wide`: the other commands print no table to widen.
+    if args.output == Some(Output::Wide) && !has_wide_table(&args.command) {
+        anyhow::bail!(
+            "-o wide applies to the tables of `gpushare gpus`, `claims`, `mig list` and `profiles` only; use -o table, json or yaml here"
         );
     }
     // The version `-o resourceslice` writes, checked before anything is asked.
@@ -480,17 +534,23 @@ fn run(args: Args) -> Result<()> {
                     ),
                 }
             } else {
-                print_structured_or(&gpus, output, |g| cli::gpus_table(g))?;
+                print_structured_or(&gpus, output, |g| gpus_table(g, output))?;
             }
         }
         Command::Claims => {
             // Page by page: no answer line of gpushared's is large, whatever the claim count.
             let claims = client.list_claims()?;
-            print_structured_or(&claims, output, |c| cli::claims_table(c))?;
+            print_structured_or(&claims, output, |c| {
+                if output == Output::Wide {
+                    cli::claims_table_wide(c)
+                } else {
+                    cli::claims_table(c)
+                }
+            })?;
         }
         Command::Claim { uid } => {
-            let c: ClaimInfo =
-                client.call(Method::GetClaim, Some(&UidParams { uid: uid.clone() }))?;
+            let uid = resolve_claim(&mut client, uid)?;
+            let c: ClaimInfo = client.call(Method::GetClaim, Some(&UidParams { uid }))?;
             print_structured_or(&c, output, cli::claim_detail)?;
         }
         Command::Prepare { file } => {
@@ -522,6 +582,7 @@ fn run(args: Args) -> Result<()> {
         }
         Command::Unprepare { uid: Some(uid), .. } => {
             require_root("unprepare")?;
+            let uid = &resolve_claim(&mut client, uid)?;
             let r: UnprepareResult =
                 client.call(Method::Unprepare, Some(&UidParams { uid: uid.clone() }))?;
             if !r.released {
@@ -551,7 +612,13 @@ fn run(args: Args) -> Result<()> {
                     })
                 })
                 .collect();
-            print_structured_or(&devices, output, |_| cli::mig_table(&gpus))?;
+            print_structured_or(&devices, output, |_| {
+                if output == Output::Wide {
+                    cli::mig_table_wide(&gpus)
+                } else {
+                    cli::mig_table(&gpus)
+                }
+            })?;
         }
         Command::Mig {
             command: MigCommand::Plan { file, config } | MigCommand::Apply { file, config },

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use gpushare::gpu::{catalog, GpuBackend, SimulatedBackend};
-use gpushare_cli::gpus_table;
+use gpushare_cli::{gpus_table, gpus_table_wide, TABLE_WIDTH};
 use gpushare_proto::GpuInfo;
 use gpushare_slice as resource_slice;
 
@@ -53,6 +53,29 @@ fn every_catalog_entry_renders_its_stored_table() {
         }
     }
     assert!(mismatched.is_empty(), "{}", mismatched.join("\n"));
+}
+
+#[test]
+fn every_catalog_entry_fits_the_table_width_and_wide_shows_what_it_leaves_out() {
+    for p in catalog::catalog().unwrap() {
+        let gpus = fresh_node(&p.name);
+        let narrow = gpus_table(&gpus);
+        for line in narrow.lines() {
+            assert!(line.chars().count() <= TABLE_WIDTH, "{}:\n{narrow}", p.name);
+        }
+        let wide = gpus_table_wide(&gpus);
+        for g in &gpus {
+            assert!(!narrow.contains(&g.uuid), "{}:\n{narrow}", p.name);
+            let row = wide
+                .lines()
+                .find(|l| l.trim_start().starts_with(&format!("{} ", g.name)))
+                .unwrap_or_else(|| panic!("{}: no {}:\n{wide}", p.name, g.name));
+            for cell in [&g.uuid, &g.architecture, &g.cuda_compute_capability] {
+                assert!(row.contains(cell.as_str()), "{}: {cell} in {row}", p.name);
+            }
+            assert!(row.contains(&format!("{:?}", g.compute_mode)), "{row}");
+        }
+    }
 }
 
 #[test]

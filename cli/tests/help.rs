@@ -24,3 +24,14 @@ fn only_gpus_offers_the_resourceslice_output() {
     }
     assert!(help(&["gpus"]).contains("-o resourceslice"));
 }
+
+#[test]
+fn every_command_offers_wide_and_says_what_the_table_shortens() {
+    let text = help(&["claims"]);
+    assert!(text.contains("wide"), "{text}");
+    assert!(text.contains("at most 120 columns"), "{text}");
+    for command in ["claim", "unprepare"] {
+        let text = help(&[command]);
+        assert!(text.contains("a unique start of it"), "{command}:\n{text}");
+    }
+}

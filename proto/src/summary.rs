@@ -18,6 +18,15 @@ impl ClaimInfo {
     }
 }
 
+impl GroupInfo {
+    /// One group's part of [`ClaimInfo::strategy_summary`]: the CLI's narrow table fits a
+    /// claim's strategy group by group, and cannot split the joined text (`+` joins MIG and
+    /// MPS within a group too).
+    pub fn strategy_summary(&self) -> String {
+        group_summary(self)
+    }
+}
+
 fn group_summary(g: &GroupInfo) -> String {
     match &g.sharing {
         _ if !g.mig.is_empty() => {

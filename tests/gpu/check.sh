@@ -176,8 +176,9 @@ if ! gs status >/dev/null 2>&1; then
 fi
 BEFORE=$(settings)
 
-echo "== NVML inventory (gpushare gpus) =="
-gs gpus | tee "$WORK/gpus.txt"
+echo "== NVML inventory (gpushare -o wide gpus) =="
+# Wide: the inventory of a check includes each GPU's UUID, compute mode and time-slice.
+gs -o wide gpus | tee "$WORK/gpus.txt"
 GPUS_JSON=$(gs gpus -o json)
 SUMMARY=$(json '", ".join(sorted({"%d x %s (%s, CC %s, %d MiB)" % (sum(1 for h in d if h["product_name"] == g["product_name"]), g["product_name"], g["architecture"], g["cuda_compute_capability"], g["memory_mib"]) for g in d})) + "; driver %s, CUDA %s" % (d[0]["driver_version"], d[0]["cuda_driver_version"])' <<<"$GPUS_JSON")
 pass "NVML inventory" "$SUMMARY"

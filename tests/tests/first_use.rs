@@ -655,3 +655,118 @@ fn unprepare_of_a_uid_no_claim_has_fails_naming_it_while_the_socket_stays_idempo
     fails_in_one_line(&out, &[&format!("no claim with UID \"{uid}\"")]);
     stop(p, daemon);
 }
+
+#[test]
+fn claim_and_unprepare_take_a_unique_start_of_a_uid_and_refuse_an_ambiguous_one() {
+    let Some(cases) = setup() else {
+        return;
+    };
+    let base = tmp_base("gsp-");
+    let p = base.path();
+    let (run, state, cdi) = (p.join("run"), p.join("state"), p.join("cdi"));
+    let daemon = serve(p, gpushared(p, &run, &state, &cdi));
+    let gpushare = |args: &[&str]| {
+        Command::new(bin("gpushare"))
+            .arg("--socket")
+            .arg(p.join("s.sock"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    // Two UIDs alike up to `-a`, and one that starts both.
+    let tag = unique_uid("pfx");
+    let (a1, a2, whole) = (format!("{tag}-a1x"), format!("{tag}-a2y"), tag.clone());
+    for (uid, file) in [
+        (&a1, "seed-timeslicing.yaml"),
+        (&a2, "seed-mps.yaml"),
+        (&whole, "seed-basic-v1beta1.yaml"),
+    ] {
+        let claim = with_uid(&load_claim(&cases.join("claims").join(file)), uid);
+        let _: gpushare_proto::PrepareResult = client(p)
+            .call(Method::Prepare, Some(&PrepareParams { claim }))
+            .unwrap();
+    }
+    // Ambiguous: exit status 1, one line naming every UID it starts; nothing released.
+    let start = format!("{tag}-a");
+    for args in [&["claim", &start][..], &["unprepare", &start][..]] {
+        let out = gpushare(args);
+        let stderr = fails_in_one_line(
+            &out,
+            &[
+                &format!("\"{start}\" is the start of 2 claims' UIDs: {a1}, {a2}"),
+                "give more of the UID",
+            ],
+        );
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}: {:?}", out.stdout);
+    }
+    let left: Vec<ClaimInfo> = client(p).call(Method::ListClaims, None::<&()>).unwrap();
+    assert_eq!(left.len(), 3, "{left:?}");
+    // A whole UID wins over the longer ones it starts.
+    let out = gpushare(&["-o", "json", "claim", &whole]);
+    let shown: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", stderr_of(&out)));
+    assert_eq!(shown["uid"], whole.as_str());
+    // A unique start names its claim.
+    let out = gpushare(&["claim", &format!("{tag}-a2")]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with(&format!("Claim:      {a2} (")),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // The table's short UIDs are such starts: `claims` shows each as one that resolves.
+    let out = gpushare(&["claims"]);
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    let shorts: Vec<String> = table
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().next().unwrap().to_string())
+        .collect();
+    assert_eq!(shorts.len(), 3, "{table}");
+    for short in &shorts {
+        let out = gpushare(&["-o", "json", "claim", short]);
+        let shown: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{short}: {e}: {}", stderr_of(&out)));
+        assert!(
+            shown["uid"].as_str().unwrap().starts_with(short.as_str()),
+            "{short}: {shown}"
+        );
+    }
+    let wide = gpushare(&["-o", "wide", "claims"]);
+    let wide = String::from_utf8_lossy(&wide.stdout);
+    for uid in [&a1, &a2, &whole] {
+        assert!(
+            wide.lines()
+                .any(|l| l.trim_start().starts_with(&format!("{uid} "))),
+            "{wide}"
+        );
+    }
+    // unprepare of a unique start releases that claim, named whole.
+    let out = gpushare(&["unprepare", &format!("{tag}-a1")]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("claim {a1} released\n")
+    );
+    // The start is no longer ambiguous: it names the one claim left that it starts.
+    let out = gpushare(&["unprepare", &start]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("claim {a2} released\n")
+    );
+    // A start nothing has: today's error, exit status 1.
+    let out = gpushare(&["unprepare", &start]);
+    fails_in_one_line(
+        &out,
+        &[
+            &format!("no claim with UID \"{start}\""),
+            "nothing was released",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let out = gpushare(&["unprepare", &whole]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    stop(p, daemon);
+}

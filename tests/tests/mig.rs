@@ -51,13 +51,28 @@ fn mig_cli_lists_plans_applies_and_refuses_claimed_gpus() {
     d.prepare(&claim)
         .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
 
-    let list = cli(&d, &["mig", "list"]);
-    assert!(list.status.success(), "{}", text(&list));
-    let row = String::from_utf8_lossy(&list.stdout)
-        .lines()
-        .find(|l| l.contains("gpu-2-mig-3g20gb-9-4"))
-        .map(str::to_string)
-        .unwrap_or_else(|| panic!("no row: {}", text(&list)));
+    // The table: the owner's UID shortened to a start that `gpushare claim` takes back;
+    // -o wide: the instance's UUID and the whole UID.
+    let row_of = |args: &[&str]| {
+        let list = cli(&d, args);
+        assert!(list.status.success(), "{}", text(&list));
+        String::from_utf8_lossy(&list.stdout)
+            .lines()
+            .find(|l| l.contains("gpu-2-mig-3g20gb-9-4"))
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("no row: {}", text(&list)))
+    };
+    let row = row_of(&["mig", "list"]);
+    let owner = row.split_whitespace().last().unwrap();
+    assert!(uid.starts_with(owner) && owner.len() < uid.len(), "{row}");
+    let shown: serde_json::Value =
+        serde_json::from_slice(&cli(&d, &["-o", "json", "claim", owner]).stdout).unwrap();
+    assert_eq!(shown["uid"], uid.as_str(), "{shown}");
+    for want in ["3g.20gb", "4:4"] {
+        assert!(row.contains(want), "{want} in {row}");
+    }
+    assert!(!row.contains("MIG-"), "{row}");
+    let row = row_of(&["-o", "wide", "mig", "list"]);
     for want in ["3g.20gb", "4:4", "MIG-", &uid] {
         assert!(row.contains(want), "{want} in {row}");
     }
