@@ -11,7 +11,7 @@
 
 use caps::{CapSet, Capability, CapsHashSet};
 
-/// The capabilities `gpushared` keeps, each with the reason (the README lists the same):
+/// The capabilities `gpushared` keeps, each with the reason (docs/node.md lists the same):
 ///
 /// - `CAP_SYS_ADMIN`: mounting and unmounting each MPS claim's `/dev/shm` tmpfs, and giving
 ///   each MPS control daemon its own mount namespace (`unshare(CLONE_NEWNS)`) whose `/dev/shm`

@@ -277,7 +277,7 @@ pub(super) fn log_claim_event(
     // To 0.1 ms, as gpushare-dra logs it: more digits are float noise, not precision.
     let duration_ms = format!("{:.1}", took.as_secs_f64() * 1000.0);
     // Under the server's target, as before the module was split: operators grep and filter
-    // these lines by `gpushare::server` (README, "What the log says").
+    // these lines by `gpushare::server` (docs/node.md, the log lines under "Config").
     match error {
         None => tracing::info!(
             target: "gpushare::server",

@@ -1,7 +1,7 @@
 //! The one log line of each `mig apply` (and its dry run, `mig plan`): which config, what it
 //! changed on which GPUs, the outcome and how long it took. A layout change destroys and
 //! makes MIG devices under every claim-less workload on those GPUs, so operators audit it as
-//! they audit prepares (README, "What the log says").
+//! they audit prepares (docs/node.md, the log lines under "Config").
 
 use std::time::Duration;
 

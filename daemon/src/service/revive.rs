@@ -38,7 +38,7 @@ impl Service {
                 tracing::error!(claim = %uid, error = %e, "rewriting the CDI spec");
             }
         }
-        // A claim directory an older release made 0755 becomes what the README says.
+        // A claim directory an older release made 0755 becomes what docs/node.md says.
         if let Err(e) = fsutil::ensure_dir(&self.claim_dir(uid), CLAIM_DIR_MODE) {
             tracing::warn!(claim = %uid, error = %e, "setting the mode of the claim's directory");
         }

@@ -1,5 +1,5 @@
-//! A claim's directory under `<run-dir>/claims` is `0711` whatever its strategy, as the
-//! README says: other host users can neither list the claims' directories nor read what is
+//! A claim's directory under `<run-dir>/claims` is `0711` whatever its strategy, as
+//! docs/node.md says: other host users can neither list the claims' directories nor read what is
 //! in them (break-it finding 17: exclusive and time-slicing claims' were `0755`).
 
 use std::os::unix::fs::PermissionsExt;
