@@ -858,8 +858,26 @@ pub fn claims_table(claims: &[ClaimInfo]) -> String {
     )
 }
 
-/// `gpushare claims -o wide`: every claim's whole UID, name, strategy and devices, and its
-/// restarts (of its MPS control daemons).
+/// The pods whose containers are attached to a claim, each once, in the order they attached
+/// (their names only: a pod is always in its claim's namespace). Containers whose runtime named
+/// no pod are left out.
+fn claim_pods(c: &ClaimInfo) -> Vec<String> {
+    let mut pods: Vec<String> = Vec::new();
+    for p in c.attached.iter().filter_map(|a| a.pod.as_ref()) {
+        let shown = if p.namespace == c.namespace {
+            clean(&p.name)
+        } else {
+            clean(&p.to_string())
+        };
+        if !pods.contains(&shown) {
+            pods.push(shown);
+        }
+    }
+    pods
+}
+
+/// `gpushare claims -o wide`: every claim's whole UID, name, strategy and devices, its
+/// restarts (of its MPS control daemons) and the pods attached to it.
 pub fn claims_table_wide(claims: &[ClaimInfo]) -> String {
     let mut t = table(&[
         "UID",
@@ -869,6 +887,7 @@ pub fn claims_table_wide(claims: &[ClaimInfo]) -> String {
         "DEVICES",
         "ATTACHED",
         "RESTARTS",
+        "PODS",
     ]);
     for c in claims {
         t.add_row(vec![
@@ -879,6 +898,10 @@ pub fn claims_table_wide(claims: &[ClaimInfo]) -> String {
             claim_devices(c).join(","),
             attached_column(c),
             c.restarts.to_string(),
+            match claim_pods(c) {
+                pods if pods.is_empty() => "-".into(),
+                pods => pods.join(","),
+            },
         ]);
     }
     t.to_string() + "\n"
@@ -1032,11 +1055,16 @@ pub fn claim_detail(c: &ClaimInfo) -> String {
     for a in &c.attached {
         let _ = writeln!(
             s,
-            "  container {} pid {} cgroup {}",
+            "  container {} pid {} pod {} cgroup {}",
             clean(&a.container_id),
             a.pid.map_or("-".into(), |p| p.to_string()),
+            a.pod.as_ref().map_or("-".into(), |p| clean(&p.to_string())),
             a.cgroup.as_deref().unwrap_or("-")
         );
+    }
+    let pods = claim_pods(c);
+    if !pods.is_empty() {
+        let _ = writeln!(s, "Pods:       {}", pods.join(", "));
     }
     s
 }
@@ -1656,6 +1684,66 @@ mod tests {
     }
 
     #[test]
+    fn the_pods_attached_to_a_claim_are_named_once_each_in_wide_and_in_its_detail() {
+        let ts = serde_json::json!({"strategy": "TimeSlicing", "interval": "Default"});
+        let uid = k8s_uid(0);
+        let mut c = claim_info(&uid, "team-a/shared", "Prepared", &[ts], &["gpu-0"]);
+        let attach = |container: &str, pod: Option<(&str, &str)>| -> gpushare_proto::Attachment {
+            serde_json::from_value(
+                serde_json::json!({"claim_uid": uid, "container_id": container,
+                "pid": 7, "cgroup": null, "bundle": null, "attached_at": 0,
+                "pod": pod.map(|(ns, name)| serde_json::json!({"namespace": ns, "name": name}))}),
+            )
+            .unwrap()
+        };
+        c.attached = vec![
+            attach("c1", Some(("team-a", "trainer-0"))),
+            // A second container of the same pod, and one started outside Kubernetes.
+            attach("c2", Some(("team-a", "trainer-0"))),
+            attach("c3", None),
+            attach("c4", Some(("team-a", "trainer-1"))),
+        ];
+        let wide = claims_table_wide(std::slice::from_ref(&c));
+        let header = wide.lines().next().unwrap();
+        assert!(header.trim_end().ends_with("PODS"), "{wide}");
+        assert!(
+            wide.lines()
+                .nth(1)
+                .unwrap()
+                .trim_end()
+                .ends_with(" trainer-0,trainer-1"),
+            "{wide}"
+        );
+        let detail = claim_detail(&c);
+        assert!(
+            detail.contains("  container c1 pid 7 pod team-a/trainer-0 cgroup -"),
+            "{detail}"
+        );
+        assert!(
+            detail.contains("  container c3 pid 7 pod - cgroup -"),
+            "{detail}"
+        );
+        assert!(
+            detail.contains("Pods:       trainer-0, trainer-1\n"),
+            "{detail}"
+        );
+        // No pod known: a dash, and no Pods line.
+        c.attached.truncate(0);
+        c.attached.push(attach("c3", None));
+        assert!(
+            claims_table_wide(std::slice::from_ref(&c))
+                .lines()
+                .nth(1)
+                .unwrap()
+                .trim_end()
+                .ends_with(" -"),
+            "{}",
+            claims_table_wide(std::slice::from_ref(&c))
+        );
+        assert!(!claim_detail(&c).contains("Pods:"));
+    }
+
+    #[test]
     fn the_claims_table_of_claims_with_many_devices_fits_and_wide_shows_them_whole() {
         let mps = serde_json::json!({"strategy": "Mps", "control_daemon_pid": 7, "pipe_dir": "/p",
             "log_dir": "/l", "shm_dir": "/s", "visible_devices": [], "active_thread_percentage": "100.0",
@@ -1741,8 +1829,8 @@ mod tests {
                 .next()
                 .unwrap()
                 .trim_end()
-                .ends_with("RESTARTS")
-                && first.trim_end().ends_with(" 3"),
+                .ends_with("RESTARTS  PODS")
+                && first.trim_end().ends_with(" 3         -"),
             "{wide}"
         );
     }

@@ -228,6 +228,20 @@ fn two_pods_on_one_claim_share_its_gpu_under_mps_and_under_time_slicing() {
         node.claims()
     );
     assert_eq!(control_daemons(&mps.pipe_dir), vec![mps.control_daemon_pid]);
+    // Each attachment names its pod, as containerd's annotations gave it to the hook.
+    let mut pods: Vec<String> = node.claims()[0]
+        .attached
+        .iter()
+        .map(|a| a.pod.as_ref().map_or("-".into(), ToString::to_string))
+        .collect();
+    pods.sort();
+    assert_eq!(
+        pods,
+        [
+            format!("{EXAMPLE_NS}/mps-client-a"),
+            format!("{EXAMPLE_NS}/mps-client-b")
+        ]
+    );
     // Both pods see the same one GPU, the claim's, and the same pipe directory.
     let minor = claim.groups[0].devices[0].minor;
     for pod in ["mps-client-a", "mps-client-b"] {
