@@ -194,3 +194,39 @@ fn a_misspelt_or_mistyped_value_is_refused_by_the_schema() {
         assert!(out.stdout.is_empty(), "{args:?} rendered something");
     }
 }
+
+#[test]
+fn the_whole_gpu_class_serves_nvidia_com_gpu_unless_told_otherwise_and_mig_never_does() {
+    let Some(helm) = helm() else { return };
+    let class = |objs: &[Value], name: &str| -> Value {
+        of_kind(objs, "DeviceClass")
+            .into_iter()
+            .find(|c| c["metadata"]["name"] == name)
+            .cloned()
+            .unwrap()
+    };
+    let objs = objects(&template(&helm, "gpushare", &[]));
+    assert_eq!(
+        class(&objs, "gpu.nvidia.com")["spec"]["extendedResourceName"],
+        "nvidia.com/gpu"
+    );
+    assert!(class(&objs, "mig.nvidia.com")["spec"]["extendedResourceName"].is_null());
+    let objs = objects(&template(
+        &helm,
+        "gpushare",
+        &[
+            "--set",
+            "deviceClasses.extendedResourceName=example.com/shared-gpu",
+        ],
+    ));
+    assert_eq!(
+        class(&objs, "gpu.nvidia.com")["spec"]["extendedResourceName"],
+        "example.com/shared-gpu"
+    );
+    let objs = objects(&template(
+        &helm,
+        "gpushare",
+        &["--set", "deviceClasses.extendedResourceName="],
+    ));
+    assert!(class(&objs, "gpu.nvidia.com")["spec"]["extendedResourceName"].is_null());
+}

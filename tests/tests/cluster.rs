@@ -922,6 +922,47 @@ fn the_chart_refuses_a_strict_namespace_upgrades_under_running_pods_and_uninstal
     start("after");
     assert_eq!(node.claims().len(), 2, "{:?}", node.claims());
 
+    // A pod written for NVIDIA's device plugin (`nvidia.com/gpu: 1`, no claim) gets a whole
+    // GPU through the chart's DeviceClass (extendedResourceName; DRAExtendedResource, on by
+    // default in 1.36): the scheduler makes its claim, gpushared prepares it Exclusive.
+    node.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{ name: legacy, namespace: {ns} }}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: gpushare.test/busybox:local
+    imagePullPolicy: Never
+    command: ["sleep", "3600"]
+    resources: {{ limits: {{ nvidia.com/gpu: 1 }} }}
+"#
+        ),
+    );
+    let legacy = node.wait_running(ns, "legacy", RUNNING);
+    let made = legacy["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no extended-resource claim in {legacy}"))
+        .to_string();
+    let held = node.claims();
+    let claim = held
+        .iter()
+        .find(|c| c.name == made)
+        .unwrap_or_else(|| panic!("gpushared holds no {made}: {held:?}"));
+    assert!(
+        matches!(claim.groups[0].sharing, StrategyInfo::Exclusive),
+        "{claim:?}"
+    );
+    assert_eq!(claim.groups[0].devices.len(), 1, "{claim:?}");
+    let minor = claim.groups[0].devices[0].minor;
+    assert_eq!(
+        gpu_nodes(&node, ns, "legacy"),
+        vec![format!("nvidia{minor}")]
+    );
+
     // Uninstall as the guide says: the pods first (kubelet needs the plugin to unprepare
     // their claims), then the release. Nothing of the chart stays, and kubelet removes the
     // plugin's ResourceSlices once it is gone.
