@@ -409,6 +409,17 @@ impl Node {
         .expect("list_claims")
     }
 
+    /// The GPUs gpushared reports (`list_gpus`).
+    pub fn gpus(&self) -> Vec<gpushare_proto::GpuInfo> {
+        Client::connect(
+            Path::new(HOST_RUN).join("gpushared.sock"),
+            Duration::from_secs(5),
+        )
+        .expect("gpushared's socket")
+        .call(gpushare_proto::Method::ListGpus, None::<&()>)
+        .expect("list_gpus")
+    }
+
     /// Installs gpushare-dra as docs/install-eks.md does: the release's image archive
     /// imported into containerd (as a registry would hand it over), the release namespace made
     /// with its Pod Security label, the release's packaged chart installed with `helm install`,

@@ -201,6 +201,21 @@ fn two_pods_on_one_claim_share_its_gpu_under_mps_and_under_time_slicing() {
     node.start_gpushared("p5.48xlarge");
     node.install_plugin(8);
 
+    // Every device published names its NUMA node (the standard attribute schedulers align
+    // CPUs and NICs by), as gpushared reports it.
+    let slices = node.get_json(&["resourceslices"]);
+    let devices: Vec<&serde_json::Value> = slices["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().unwrap())
+        .collect();
+    assert_eq!(devices.len(), 8, "{slices}");
+    for d in &devices {
+        let numa = &d["attributes"]["resource.kubernetes.io/numaNode"]["int"];
+        assert!(numa.as_u64().is_some_and(|n| n < 2), "{d}");
+    }
+
     // deployments/examples/mps-shared-claim.yaml as a user applies it, on the local image.
     let example =
         std::fs::read_to_string(repo().join("deployments/examples/mps-shared-claim.yaml")).unwrap();
@@ -319,11 +334,66 @@ spec:
         "--wait=true",
     ]);
     node.kubectl_ok(&["-n", EXAMPLE_NS, "delete", "resourceclaim", "shared-ts"]);
+    let mps_minor = node.claims()[0].groups[0].devices[0].minor;
+    assert_eq!(
+        node.gpus()
+            .iter()
+            .find(|g| g.minor == mps_minor)
+            .unwrap()
+            .compute_mode,
+        gpushare_proto::ComputeMode::ExclusiveProcess,
+        "an MPS claim's GPU runs in EXCLUSIVE_PROCESS"
+    );
+
+    // NVIDIA's GpuConfig without `sharing`: the whole GPU, nothing changed on it.
+    let whole = format!(
+        r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{ name: whole, namespace: {EXAMPLE_NS} }}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {{ deviceClassName: gpu.nvidia.com }}
+    config:
+    - requests: ["gpu"]
+      opaque:
+        driver: gpu.nvidia.com
+        parameters: {{ apiVersion: resource.nvidia.com/v1beta1, kind: GpuConfig }}
+"#
+    );
+    node.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &[
+            whole,
+            sleeping_pod(EXAMPLE_NS, "whole", PodClaim::Claim("whole"), 1),
+        ]
+        .join("---\n"),
+    );
+    node.wait_running(EXAMPLE_NS, "whole", RUNNING);
+    let held = node.claims();
+    let claim = held.iter().find(|c| c.name == "whole").unwrap();
+    assert!(
+        matches!(claim.groups[0].sharing, StrategyInfo::Exclusive),
+        "{claim:?}"
+    );
+    node.kubectl_ok(&["-n", EXAMPLE_NS, "delete", "pod", "whole", "--wait=true"]);
+    node.kubectl_ok(&["-n", EXAMPLE_NS, "delete", "resourceclaim", "whole"]);
+
     node.kubectl_stdin(
         &["delete", "-f", "-", "--wait=true", "--timeout=120s"],
         &example,
     );
     node.assert_nothing_left();
+    // The last MPS claim gone, its GPU is back in the Default compute mode.
+    assert_eq!(
+        node.gpus()
+            .iter()
+            .find(|g| g.minor == mps_minor)
+            .unwrap()
+            .compute_mode,
+        gpushare_proto::ComputeMode::Default
+    );
 }
 
 fn phase(node: &Node, ns: &str, pod: &str) -> String {
