@@ -20,9 +20,12 @@
 # `rpm -K` against KEY alone before it is. Prints DIR and KEY's fingerprint at the end.
 # docs/install-eks.md says how users check them.
 set -euo pipefail
+here=$PWD
 cd "$(dirname "$0")/.."
 
 die() { echo "release: $*" >&2; exit 1; }
+# Paths given relative to where the command was run, not to the repository.
+from_here() { case "$1" in /*) echo "$1" ;; *) echo "$here/$1" ;; esac; }
 key="" out=target/dist profile=release rpm_in=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -30,11 +33,14 @@ while [ $# -gt 0 ]; do
     --out) out=${2:-}; shift 2 ;;
     --profile) profile=${2:-}; shift 2 ;;
     --rpm) rpm_in=${2:-}; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "release: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 [ -n "$key" ] || { echo "release: --key KEY is required (a gpg key to sign with)" >&2; exit 2; }
+[ -n "$out" ] || { echo "release: --out needs a directory" >&2; exit 2; }
+out=$(from_here "$out")
+[ -z "$rpm_in" ] || rpm_in=$(from_here "$rpm_in")
 for tool in gpg rpmsign rpm rpm2archive podman sha256sum; do
   command -v "$tool" >/dev/null || die "$tool missing (scripts/install-test-deps.sh installs it)"
 done
@@ -55,9 +61,22 @@ app_version=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}/\1/p' "$chart/Ch
 [ "$chart_version" = "$version" ] && [ "$app_version" = "$version" ] ||
   die "the chart's version ($chart_version) and appVersion ($app_version) must be the workspace's $version"
 
-work=$(mktemp -d)
+image=localhost/gpushare-dra:$version
+if podman image exists "$image" 2>/dev/null; then
+  die "podman already has an image $image: the release builds and removes its own under that name (podman rmi $image, or keep it under another tag)"
+fi
+# Beside --out, so that the finished directory is moved there by one rename (a move across
+# file systems could be cut off half-way).
+parent=$(dirname "$out")
+mkdir -p "$parent"
+work=$(mktemp -d "$parent/.gpushare-release-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 mkdir "$work/dist" "$work/root" "$work/rpmdb"
+# rpmsign asks gpg for the key's passphrase through pinentry, which needs the terminal.
+if [ -t 0 ] && [ -z "${GPG_TTY:-}" ]; then
+  GPG_TTY=$(tty)
+  export GPG_TTY
+fi
 
 # The RPM, signed. rpm's default %__gpg is gpg2, which Debian does not ship under that name.
 if [ -n "$rpm_in" ]; then
@@ -77,7 +96,6 @@ rpm --dbpath "$work/rpmdb" -K "$work/dist/$rpm_name" | grep -q 'digests signatur
 
 # The plugin's image, from the very binary the RPM ships.
 rpm2archive - <"$work/dist/$rpm_name" | tar -xz -C "$work/root"
-image=localhost/gpushare-dra:$version
 deployments/build-image.sh "$work/root/usr/bin/gpushare-dra" "$image" >/dev/null
 podman save --quiet --format oci-archive -o "$work/dist/gpushare-dra-$version.oci.tar" "$image"
 podman rmi --force "$image" >/dev/null 2>&1 || true
@@ -89,8 +107,9 @@ podman rmi --force "$image" >/dev/null 2>&1 || true
 gpg --batch --yes --local-user "$fingerprint" --armor --detach-sign \
   --output "$work/dist/SHA256SUMS.asc" "$work/dist/SHA256SUMS"
 
-mkdir -p "$out"
-mv "$work/dist"/* "$out/"
+# An empty --out is replaced by the finished directory.
+[ ! -d "$out" ] || rmdir "$out"
+mv "$work/dist" "$out"
 echo "release: gpushare $version signed by $fingerprint" >&2
 echo "$out"
 echo "$fingerprint"

@@ -159,7 +159,6 @@ fn poll_timeout(left: Duration) -> PollTimeout {
     PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
 }
 
-/// One request on a fresh connection, answered by the deadline.
 /// Whether the daemon refused `attach` for not knowing its `pod` field (serde's words for an
 /// unknown field, in an `InvalidRequest`).
 fn refuses_the_pod_field(err: &DaemonError) -> bool {
@@ -167,6 +166,7 @@ fn refuses_the_pod_field(err: &DaemonError) -> bool {
         if body.code == ErrorCode::InvalidRequest && body.message.contains("unknown field `pod`"))
 }
 
+/// One request on a fresh connection, answered by the deadline.
 fn call<P, R>(
     opts: &HookOptions,
     deadline: Instant,

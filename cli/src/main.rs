@@ -70,10 +70,11 @@ enum Command {
     },
     /// Release a claim, or with --all every claim of the node (one line per claim; asks
     /// nothing: drain the node's pods first). A UID that names no prepared claim fails
-    /// (exit status 1): nothing was released. A unique start of a UID names its claim, as
-    /// `gpushare claims` shows it; one that several UIDs start with fails naming them.
+    /// (exit status 1): nothing was released. A unique start of a UID of at least 8
+    /// characters names its claim, as `gpushare claims` shows it; one that several UIDs start
+    /// with, or a shorter one, fails and releases nothing.
     Unprepare {
-        /// The claim's UID, or a unique start of it.
+        /// The claim's UID, or a unique start of it (at least 8 characters).
         #[arg(required_unless_present = "all", conflicts_with = "all")]
         uid: Option<String>,
         /// Release every claim gpushared holds.
@@ -317,13 +318,29 @@ fn claim_uid_arg(uid: &str) -> Result<()> {
     anyhow::bail!("{uid:?} is not a valid claim UID: it {why}")
 }
 
+/// What a claim UID typed by an operator is for: reading takes any unique start of it,
+/// releasing one of at least [`cli::SHORT_UID_LEN`] characters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Use {
+    Read,
+    Release,
+}
+
 /// The claim a UID given on the command line names ([`cli::resolve_claim_uid`] among the
 /// claims gpushared lists): a whole UID, or the one UID that starts with it. When none does,
 /// what was given goes to the daemon as before, so its answer (no such claim) is unchanged;
 /// only it must then be a whole UID.
-fn resolve_claim(client: &mut Client, given: &str) -> Result<String> {
+fn resolve_claim(client: &mut Client, given: &str, to: Use) -> Result<String> {
     let claims = client.list_claims()?;
     let uid = cli::resolve_claim_uid(given, claims.iter().map(|c| c.uid.as_str()))?;
+    if to == Use::Release && uid != given && given.len() < cli::SHORT_UID_LEN {
+        // A release cannot be undone: a start shorter than the tables show is more likely a
+        // slip than a choice, even when it names one claim today.
+        anyhow::bail!(
+            "{given:?} is only the start of claim {uid}: give at least {} characters of a UID to release it",
+            cli::SHORT_UID_LEN
+        );
+    }
     if uid == given {
         if let Some(why) = daemon::claim_uid_problem(given) {
             anyhow::bail!(
@@ -549,7 +566,7 @@ fn run(args: Args) -> Result<()> {
             })?;
         }
         Command::Claim { uid } => {
-            let uid = resolve_claim(&mut client, uid)?;
+            let uid = resolve_claim(&mut client, uid, Use::Read)?;
             let c: ClaimInfo = client.call(Method::GetClaim, Some(&UidParams { uid }))?;
             print_structured_or(&c, output, cli::claim_detail)?;
         }
@@ -582,7 +599,7 @@ fn run(args: Args) -> Result<()> {
         }
         Command::Unprepare { uid: Some(uid), .. } => {
             require_root("unprepare")?;
-            let uid = &resolve_claim(&mut client, uid)?;
+            let uid = &resolve_claim(&mut client, uid, Use::Release)?;
             let r: UnprepareResult =
                 client.call(Method::Unprepare, Some(&UidParams { uid: uid.clone() }))?;
             if !r.released {

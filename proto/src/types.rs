@@ -639,21 +639,21 @@ impl PodRef {
         })
     }
 
-    /// Whether the namespace is a DNS label and the name a DNS subdomain (RFC 1123, lower
-    /// case), as the API server requires of them.
+    /// Whether the namespace is a DNS label (at most 63 characters) and the name a DNS
+    /// subdomain (at most 253, its dot-separated parts of any length), lower case, as the API
+    /// server's RFC 1123 checks require of them.
     pub fn is_valid(&self) -> bool {
-        let label = |s: &str| {
+        let part = |s: &str| {
             !s.is_empty()
-                && s.len() <= 63
                 && s.bytes()
                     .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
                 && !s.starts_with('-')
                 && !s.ends_with('-')
         };
-        label(&self.namespace)
-            && !self.name.is_empty()
+        self.namespace.len() <= 63
+            && part(&self.namespace)
             && self.name.len() <= 253
-            && self.name.split('.').all(label)
+            && self.name.split('.').all(part)
     }
 }
 
@@ -1067,6 +1067,18 @@ mod tests {
             PodRef::from_annotations(&crio).map(|p| p.to_string()),
             Some("team-a/trainer-0.shard-1".into())
         );
+        // A pod name's parts may be longer than a DNS label (only the whole is bounded).
+        let long = format!("{}.x", "p".repeat(100));
+        let pod = PodRef {
+            namespace: "a".into(),
+            name: long,
+        };
+        assert!(pod.is_valid());
+        assert!(!PodRef {
+            name: "p".repeat(254),
+            ..pod
+        }
+        .is_valid());
         // Half a pair, or names the API server would never have admitted: no pod.
         for bad in [
             annotations(&[("io.kubernetes.cri.sandbox-name", "p")]),

@@ -76,11 +76,19 @@ pub fn installed(helm: &Path) -> &'static Installed {
         assert!(checked.contains("digests signatures OK"), "{checked}");
         let root = base.join("root");
         fs::create_dir_all(&root).expect("RPM root");
-        run(Command::new("sh").arg("-c").arg(format!(
-            "rpm2archive - <'{}' | tar -xz -C '{}'",
-            signed.display(),
-            root.display()
-        )));
+        // rpm2archive - < RPM | tar -xz -C ROOT
+        let mut archive = Command::new("rpm2archive")
+            .arg("-")
+            .stdin(fs::File::open(&signed).expect("signed RPM"))
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("rpm2archive");
+        run(Command::new("tar")
+            .arg("-xz")
+            .arg("-C")
+            .arg(&root)
+            .stdin(archive.stdout.take().expect("rpm2archive's output")));
+        assert!(archive.wait().expect("rpm2archive").success());
         Installed { release, root }
     })
 }

@@ -183,6 +183,27 @@ fn a_misspelt_or_mistyped_value_is_refused_by_the_schema() {
             &["--set", "image.pullPolicy=Sometimes"][..],
             "/image/pullPolicy",
         ),
+        // A NetworkPolicy peer that names nothing (the API server refuses it).
+        (
+            &["--set-json", "metrics.networkPolicy.from=[{}]"][..],
+            "/metrics/networkPolicy/from/0",
+        ),
+        (
+            &["--set", "deviceClasses.names.gpu=GPU_Class"][..],
+            "/deviceClasses/names/gpu",
+        ),
+        // Not an extended resource name: no domain, or Kubernetes' own.
+        (
+            &["--set", "deviceClasses.extendedResourceName=gpu"][..],
+            "/deviceClasses/extendedResourceName",
+        ),
+        (
+            &[
+                "--set",
+                "deviceClasses.extendedResourceName=kubernetes.io/gpu",
+            ][..],
+            "/deviceClasses/extendedResourceName",
+        ),
     ] {
         let out = template(&helm, "gpushare", args);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -229,4 +250,27 @@ fn the_whole_gpu_class_serves_nvidia_com_gpu_unless_told_otherwise_and_mig_never
         &["--set", "deviceClasses.extendedResourceName="],
     ));
     assert!(class(&objs, "gpu.nvidia.com")["spec"]["extendedResourceName"].is_null());
+    // Classes of other names, for a second release beside NVIDIA's or another driver name's.
+    let objs = objects(&template(
+        &helm,
+        "gpushare",
+        &[
+            "--set",
+            "deviceClasses.names.gpu=gpu.gpushare.example.com",
+            "--set",
+            "deviceClasses.names.mig=mig.gpushare.example.com",
+        ],
+    ));
+    let names: Vec<&str> = of_kind(&objs, "DeviceClass")
+        .iter()
+        .map(|c| c["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["gpu.gpushare.example.com", "mig.gpushare.example.com"]
+    );
+    assert_eq!(
+        class(&objs, "gpu.gpushare.example.com")["spec"]["extendedResourceName"],
+        "nvidia.com/gpu"
+    );
 }

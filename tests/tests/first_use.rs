@@ -766,6 +766,20 @@ fn claim_and_unprepare_take_a_unique_start_of_a_uid_and_refuse_an_ambiguous_one(
         ],
     );
     assert_eq!(out.status.code(), Some(1));
+    // Releasing takes at least the table's 8 characters: a shorter start, though unique now,
+    // is refused and nothing is released (`claim` takes any unique start).
+    let short = &whole[..4];
+    let out = gpushare(&["unprepare", short]);
+    fails_in_one_line(
+        &out,
+        &[
+            &format!("\"{short}\" is only the start of claim {whole}"),
+            "at least 8 characters",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let out = gpushare(&["-o", "json", "claim", short]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
     let out = gpushare(&["unprepare", &whole]);
     assert!(out.status.success(), "{}", stderr_of(&out));
     stop(p, daemon);

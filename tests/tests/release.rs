@@ -252,5 +252,33 @@ fn bad_input_to_the_release_command_is_refused_and_writes_nothing() {
     assert!(!out.status.success());
     assert!(text(&out).contains("is not gpushare"), "{}", text(&out));
     assert!(!fresh.exists());
+
+    // A step failing half-way (here the chart's packaging): no DIR, and nothing of the work
+    // left beside it.
+    let out = release_command(&home, Path::new("/bin/false"), &["--key", key, "--out"])
+        .arg(&fresh)
+        .args(["--rpm", rpm_arg])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(!fresh.exists());
+    let mut beside: Vec<String> = fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    beside.sort();
+    assert_eq!(beside, ["dist", "gnupg", "other-1.0-1.x86_64.rpm"]);
+    // A relative --out is where the command was run from, not the repository.
+    let out = release_command(
+        &home,
+        &helm,
+        &["--key", key, "--out", "rel-dist", "--rpm", rpm_arg],
+    )
+    .current_dir(tmp.path())
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(tmp.path().join("rel-dist/SHA256SUMS").is_file());
+    assert!(!gpushare_e2e::cluster::repo().join("rel-dist").exists());
     stop_agent(&home);
 }
