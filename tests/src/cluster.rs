@@ -757,19 +757,24 @@ pub enum PodClaim<'a> {
     Template(&'a str),
     /// This ResourceClaim, shared with other pods.
     Claim(&'a str),
+    /// No claim: one unit of this extended resource in its limits (`nvidia.com/gpu`, as pods
+    /// written for a device plugin ask).
+    Extended(&'a str),
 }
 
 /// A pod `name` in `ns` on the local busybox image that sleeps an hour, holding `claim` (as
 /// its `gpu`), deleted after `grace` seconds.
 pub fn sleeping_pod(ns: &str, name: &str, claim: PodClaim, grace: u32) -> String {
     let source = match claim {
-        PodClaim::None => None,
+        PodClaim::None | PodClaim::Extended(_) => None,
         PodClaim::Template(t) => Some(format!("resourceClaimTemplateName: {t}")),
         PodClaim::Claim(c) => Some(format!("resourceClaimName: {c}")),
     };
-    let claim = source.map_or(String::new(), |source| {
-        format!("    resources: {{ claims: [{{ name: gpu }}] }}\n  resourceClaims:\n  - name: gpu\n    {source}\n")
-    });
+    let claim = match (source, claim) {
+        (Some(source), _) => format!("    resources: {{ claims: [{{ name: gpu }}] }}\n  resourceClaims:\n  - name: gpu\n    {source}\n"),
+        (None, PodClaim::Extended(name)) => format!("    resources: {{ limits: {{ {name}: 1 }} }}\n"),
+        (None, _) => String::new(),
+    };
     format!(
         r#"apiVersion: v1
 kind: Pod

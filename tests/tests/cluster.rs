@@ -997,20 +997,7 @@ fn the_chart_refuses_a_strict_namespace_upgrades_under_running_pods_and_uninstal
     // default in 1.36): the scheduler makes its claim, gpushared prepares it Exclusive.
     node.kubectl_stdin(
         &["apply", "-f", "-"],
-        &format!(
-            r#"apiVersion: v1
-kind: Pod
-metadata: {{ name: legacy, namespace: {ns} }}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: main
-    image: gpushare.test/busybox:local
-    imagePullPolicy: Never
-    command: ["sleep", "3600"]
-    resources: {{ limits: {{ nvidia.com/gpu: 1 }} }}
-"#
-        ),
+        &sleeping_pod(ns, "legacy", PodClaim::Extended("nvidia.com/gpu"), 1),
     );
     let legacy = node.wait_running(ns, "legacy", RUNNING);
     let made = legacy["status"]["extendedResourceClaimStatus"]["resourceClaimName"]

@@ -113,6 +113,16 @@ fn stop(base: &Path, mut child: Child) -> (std::process::ExitStatus, String) {
     (status, fs::read_to_string(base.join("log")).unwrap())
 }
 
+/// `gpushare --socket BASE/s.sock ARGS` (the socket [`serve`] makes), run.
+fn gpushare_on(base: &Path, args: &[&str]) -> Output {
+    Command::new(bin("gpushare"))
+        .arg("--socket")
+        .arg(base.join("s.sock"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 fn client(base: &Path) -> Client {
     Client::connect(base.join("s.sock"), Duration::from_secs(60)).unwrap()
 }
@@ -452,14 +462,7 @@ fn unprepare_all_releases_every_claim_with_one_line_each() {
     let p = base.path();
     let (run, state, cdi) = (p.join("run"), p.join("state"), p.join("cdi"));
     let daemon = serve(p, gpushared(p, &run, &state, &cdi));
-    let gpushare = |args: &[&str]| {
-        Command::new(bin("gpushare"))
-            .arg("--socket")
-            .arg(p.join("s.sock"))
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let gpushare = |args: &[&str]| gpushare_on(p, args);
     let mut uids = Vec::new();
     for (file, tag) in [
         ("seed-mps.yaml", "all-a"),
@@ -601,14 +604,7 @@ fn unprepare_of_a_uid_no_claim_has_fails_naming_it_while_the_socket_stays_idempo
     let p = base.path();
     let (run, state, cdi) = (p.join("run"), p.join("state"), p.join("cdi"));
     let daemon = serve(p, gpushared(p, &run, &state, &cdi));
-    let gpushare = |args: &[&str]| {
-        Command::new(bin("gpushare"))
-            .arg("--socket")
-            .arg(p.join("s.sock"))
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let gpushare = |args: &[&str]| gpushare_on(p, args);
     let uid = unique_uid("typo");
     let claim = with_uid(
         &load_claim(&cases.join("claims").join("seed-timeslicing.yaml")),
@@ -665,14 +661,7 @@ fn claim_and_unprepare_take_a_unique_start_of_a_uid_and_refuse_an_ambiguous_one(
     let p = base.path();
     let (run, state, cdi) = (p.join("run"), p.join("state"), p.join("cdi"));
     let daemon = serve(p, gpushared(p, &run, &state, &cdi));
-    let gpushare = |args: &[&str]| {
-        Command::new(bin("gpushare"))
-            .arg("--socket")
-            .arg(p.join("s.sock"))
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let gpushare = |args: &[&str]| gpushare_on(p, args);
     // Two UIDs alike up to `-a`, and one that starts both.
     let tag = unique_uid("pfx");
     let (a1, a2, whole) = (format!("{tag}-a1x"), format!("{tag}-a2y"), tag.clone());
