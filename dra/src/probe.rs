@@ -63,7 +63,7 @@ impl Check {
 }
 
 /// What to do when the plugin's sockets do not answer as expected.
-const SOCKET_HINT: &str = "systemctl status gpushare-dra; journalctl -u gpushare-dra (a plugin started by hand: give the probe its --plugins-dir and --registry-dir)";
+const SOCKET_HINT: &str = "under the DaemonSet: kubectl -n gpushare get pods -o wide (the node's plugin pod) and its logs; as the host unit: systemctl status gpushare-dra; journalctl -u gpushare-dra (a plugin started by hand: give the probe its --plugins-dir and --registry-dir)";
 /// What to do when gpushared does not answer.
 const GPUSHARED_HINT: &str = "systemctl status gpushared; journalctl -u gpushared (a gpushared started by hand: give the probe its --gpushared-socket)";
 /// What to do when the names disagree.
@@ -146,7 +146,8 @@ pub async fn probe(cfg: &Config, running: Option<RunningNames>) -> Vec<Check> {
         None => (
             cfg.node_name.as_str(),
             cfg.driver_name.as_str(),
-            String::new(),
+            // No plugin found: the names are the ones a plugin of this configuration would use.
+            " (this configuration's; no running plugin found)".to_string(),
         ),
     };
     out.push(match g.health().await {
@@ -155,7 +156,7 @@ pub async fn probe(cfg: &Config, running: Option<RunningNames>) -> Vec<Check> {
                 "names",
                 format!("node {node:?} and driver {driver:?}{whose} agree with gpushared"),
             ),
-            Err(line) => Check::fail("names", line, NAMES_HINT),
+            Err(line) => Check::fail("names", format!("{line}{whose}"), NAMES_HINT),
         },
         Err(e) => Check::fail("names", e.to_string(), GPUSHARED_HINT),
     });

@@ -986,7 +986,8 @@ async fn probe_which_gpushare_doctor_runs_sees_the_plugin_and_name_mismatches() 
     assert!(
         v[0]["hint"]
             .as_str()
-            .is_some_and(|h| h.contains("systemctl status gpushare-dra")),
+            .is_some_and(|h| h.contains("systemctl status gpushare-dra")
+                && h.contains("kubectl -n gpushare get pods")),
         "{v}"
     );
     let plugin = Plugin::start(&dirs, &d.socket, &[]);

@@ -250,6 +250,17 @@ fn the_whole_gpu_class_serves_nvidia_com_gpu_unless_told_otherwise_and_mig_never
         &["--set", "deviceClasses.extendedResourceName="],
     ));
     assert!(class(&objs, "gpu.nvidia.com")["spec"]["extendedResourceName"].is_null());
+    // Rendered for 1.33 (no cluster to ask): DRA's v1beta2, which has no extendedResourceName.
+    let objs = objects(&template(&helm, "gpushare", &["--kube-version", "1.33.5"]));
+    for c in of_kind(&objs, "DeviceClass") {
+        assert_eq!(c["apiVersion"], "resource.k8s.io/v1beta2", "{c}");
+        assert!(c["spec"]["extendedResourceName"].is_null(), "{c}");
+    }
+    let objs = objects(&template(&helm, "gpushare", &["--kube-version", "1.34.0"]));
+    assert_eq!(
+        class(&objs, "gpu.nvidia.com")["apiVersion"],
+        "resource.k8s.io/v1"
+    );
     // Classes of other names, for a second release beside NVIDIA's or another driver name's.
     let objs = objects(&template(
         &helm,

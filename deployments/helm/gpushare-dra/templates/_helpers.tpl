@@ -24,13 +24,14 @@ system:serviceaccount:{{ .Release.Namespace }}:{{ include "gpushare-dra.name" . 
 {{- end -}}
 
 {{/*
-The resource.k8s.io version for DeviceClasses: v1 where the cluster serves it (1.34+), else
-v1beta2 (1.33). `helm template` without a cluster assumes v1.
+The resource.k8s.io version for DeviceClasses: v1 from Kubernetes 1.34 (where it is served),
+v1beta2 on 1.33. An install asks the cluster; `helm template` takes --kube-version (its own
+default is a current release, so v1), since helm's built-in API list already names v1.
 */}}
 {{- define "gpushare-dra.resourceApi" -}}
-{{- if or (.Capabilities.APIVersions.Has "resource.k8s.io/v1") (not (.Capabilities.APIVersions.Has "resource.k8s.io/v1beta2")) -}}
-resource.k8s.io/v1
-{{- else -}}
+{{- if semverCompare "<1.34-0" .Capabilities.KubeVersion.Version -}}
 resource.k8s.io/v1beta2
+{{- else -}}
+resource.k8s.io/v1
 {{- end -}}
 {{- end -}}
