@@ -70,7 +70,9 @@ fi
 parent=$(dirname "$out")
 mkdir -p "$parent"
 work=$(mktemp -d "$parent/.gpushare-release-XXXXXX")
-trap 'rm -rf "$work"' EXIT
+made_image=false
+# On any exit: the work directory, and the image if this run made it (a failed save).
+trap 'rm -rf "$work"; ! $made_image || podman rmi --force "$image" >/dev/null 2>&1 || true' EXIT
 mkdir "$work/dist" "$work/root" "$work/rpmdb"
 # rpmsign asks gpg for the key's passphrase through pinentry, which needs the terminal.
 if [ -t 0 ] && [ -z "${GPG_TTY:-}" ]; then
@@ -96,9 +98,11 @@ rpm --dbpath "$work/rpmdb" -K "$work/dist/$rpm_name" | grep -q 'digests signatur
 
 # The plugin's image, from the very binary the RPM ships.
 rpm2archive - <"$work/dist/$rpm_name" | tar -xz -C "$work/root"
+made_image=true
 deployments/build-image.sh "$work/root/usr/bin/gpushare-dra" "$image" >/dev/null
 podman save --quiet --format oci-archive -o "$work/dist/gpushare-dra-$version.oci.tar" "$image"
 podman rmi --force "$image" >/dev/null 2>&1 || true
+made_image=false
 
 "$helm" package "$chart" --destination "$work/dist" >/dev/null
 [ -f "$work/dist/gpushare-dra-$version.tgz" ] || die "helm package made no gpushare-dra-$version.tgz"
