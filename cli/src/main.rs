@@ -9,8 +9,8 @@ use clap::{Parser, Subcommand};
 use gpushare::cli_api::{self as daemon, catalog};
 use gpushare_cli::{self as cli, Output};
 use gpushare_proto::{
-    ClaimInfo, Client, GpuInfo, HealthInfo, Method, MigApplyParams, MigApplyResult, PrepareParams,
-    PrepareResult, UidParams, UnprepareResult, VersionInfo,
+    ClaimInfo, Client, ClientError, ErrorCode, GpuInfo, HealthInfo, Method, MigApplyParams,
+    MigApplyResult, PrepareParams, PrepareResult, UidParams, UnprepareResult, VersionInfo,
 };
 
 // The first line is the man page's NAME ("gpushare - <it>"): it does not start with the name.
@@ -326,11 +326,25 @@ enum Use {
     Release,
 }
 
-/// The claim a UID given on the command line names ([`cli::resolve_claim_uid`] among the
-/// claims gpushared lists): a whole UID, or the one UID that starts with it. When none does,
-/// what was given goes to the daemon as before, so its answer (no such claim) is unchanged;
-/// only it must then be a whole UID.
-fn resolve_claim(client: &mut Client, given: &str, to: Use) -> Result<String> {
+/// The claim a UID given on the command line names, and the claim itself when it was read on
+/// the way: a whole UID of a claim (asked for alone, without listing every claim), or the one
+/// UID that starts with it ([`cli::resolve_claim_uid`] among the claims gpushared lists).
+/// When none does, what was given goes to the daemon as before, so its answer (no such claim)
+/// is unchanged; only it must then be a whole UID.
+fn resolve_claim(client: &mut Client, given: &str, to: Use) -> Result<(String, Option<ClaimInfo>)> {
+    let exact: Result<ClaimInfo, _> = client.call(
+        Method::GetClaim,
+        Some(&UidParams {
+            uid: given.to_string(),
+        }),
+    );
+    match exact {
+        Ok(claim) => return Ok((given.to_string(), Some(claim))),
+        // No claim of that UID, or not a whole UID at all (`3f75ec50-`): perhaps a start.
+        Err(ClientError::Remote(e))
+            if matches!(e.code, ErrorCode::NotFound | ErrorCode::InvalidRequest) => {}
+        Err(e) => return Err(e.into()),
+    }
     let claims = client.list_claims()?;
     let uid = cli::resolve_claim_uid(given, claims.iter().map(|c| c.uid.as_str()))?;
     if to == Use::Release && uid != given && given.len() < cli::SHORT_UID_LEN {
@@ -348,7 +362,7 @@ fn resolve_claim(client: &mut Client, given: &str, to: Use) -> Result<String> {
             );
         }
     }
-    Ok(uid)
+    Ok((uid, None))
 }
 
 /// Whether `command` prints a table that `-o wide` widens.
@@ -566,8 +580,10 @@ fn run(args: Args) -> Result<()> {
             })?;
         }
         Command::Claim { uid } => {
-            let uid = resolve_claim(&mut client, uid, Use::Read)?;
-            let c: ClaimInfo = client.call(Method::GetClaim, Some(&UidParams { uid }))?;
+            let c: ClaimInfo = match resolve_claim(&mut client, uid, Use::Read)? {
+                (_, Some(claim)) => claim,
+                (uid, None) => client.call(Method::GetClaim, Some(&UidParams { uid }))?,
+            };
             print_structured_or(&c, output, cli::claim_detail)?;
         }
         Command::Prepare { file } => {
@@ -599,7 +615,7 @@ fn run(args: Args) -> Result<()> {
         }
         Command::Unprepare { uid: Some(uid), .. } => {
             require_root("unprepare")?;
-            let uid = &resolve_claim(&mut client, uid, Use::Release)?;
+            let uid = &resolve_claim(&mut client, uid, Use::Release)?.0;
             let r: UnprepareResult =
                 client.call(Method::Unprepare, Some(&UidParams { uid: uid.clone() }))?;
             if !r.released {
