@@ -6,8 +6,9 @@
 #     BINARY  default target/release/gpushare-dra (cargo build --release -p gpushare-dra)
 #     TAG     default localhost/gpushare-dra:<version>
 #
-# Push it to your registry (`podman push TAG registry.example/gpushare-dra:TAG`) and set the
-# DaemonSet's image to it.
+# packaging/release.sh builds the release's image with it (saved as an OCI archive). For an
+# image of your own build: push it (`podman push TAG registry.example/gpushare-dra:TAG`) and
+# install the chart with `--set image.repository=registry.example/gpushare-dra`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-target/release/gpushare-dra}

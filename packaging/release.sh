@@ -62,18 +62,18 @@ app_version=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}/\1/p' "$chart/Ch
   die "the chart's version ($chart_version) and appVersion ($app_version) must be the workspace's $version"
 
 image=localhost/gpushare-dra:$version
-if podman image exists "$image" 2>/dev/null; then
-  die "podman already has an image $image: the release builds and removes its own under that name (podman rmi $image, or keep it under another tag)"
-fi
 # Beside --out, so that the finished directory is moved there by one rename (a move across
 # file systems could be cut off half-way).
 parent=$(dirname "$out")
 mkdir -p "$parent"
 work=$(mktemp -d "$parent/.gpushare-release-XXXXXX")
-made_image=false
-# On any exit: the work directory, and the image if this run made it (a failed save).
-trap 'rm -rf "$work"; ! $made_image || podman rmi --force "$image" >/dev/null 2>&1 || true' EXIT
-mkdir "$work/dist" "$work/root" "$work/rpmdb"
+trap 'rm -rf "$work"' EXIT
+mkdir "$work/dist" "$work/root" "$work/rpmdb" "$work/podman"
+# podman builds the image in a store of this run's own, gone with it: the user's images are
+# left alone, and two releases at once do not share the image's name.
+printf '[storage]\ndriver = "vfs"\ngraphroot = "%s"\nrunroot = "%s"\n' \
+  "$work/podman/root" "$work/podman/run" >"$work/podman/storage.conf"
+export CONTAINERS_STORAGE_CONF="$work/podman/storage.conf"
 # rpmsign asks gpg for the key's passphrase through pinentry, which needs the terminal.
 if [ -t 0 ] && [ -z "${GPG_TTY:-}" ]; then
   GPG_TTY=$(tty)
@@ -98,11 +98,8 @@ rpm --dbpath "$work/rpmdb" -K "$work/dist/$rpm_name" | grep -q 'digests signatur
 
 # The plugin's image, from the very binary the RPM ships.
 rpm2archive - <"$work/dist/$rpm_name" | tar -xz -C "$work/root"
-made_image=true
 deployments/build-image.sh "$work/root/usr/bin/gpushare-dra" "$image" >/dev/null
 podman save --quiet --format oci-archive -o "$work/dist/gpushare-dra-$version.oci.tar" "$image"
-podman rmi --force "$image" >/dev/null 2>&1 || true
-made_image=false
 
 "$helm" package "$chart" --destination "$work/dist" >/dev/null
 [ -f "$work/dist/gpushare-dra-$version.tgz" ] || die "helm package made no gpushare-dra-$version.tgz"

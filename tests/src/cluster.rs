@@ -649,7 +649,7 @@ fn run(cmd: &mut Command) {
 ///
 /// # Panics
 /// When it failed, with what it printed.
-fn succeeded(what: &str, out: Output) -> String {
+pub(crate) fn succeeded(what: &str, out: Output) -> String {
     assert!(
         out.status.success(),
         "{what}: {}\n{}{}",
@@ -744,6 +744,25 @@ spec:
       config:
       - requests: ["gpu"]
         opaque: {{ driver: gpu.nvidia.com, parameters: {parameters} }}
+"#
+    )
+}
+
+/// A ResourceClaim `ns/name` for one whole GPU (class `gpu.nvidia.com`) with opaque
+/// `parameters` (YAML flow style) for the driver: one claim several pods may share.
+pub fn shared_claim(ns: &str, name: &str, parameters: &str) -> String {
+    format!(
+        r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{ name: {name}, namespace: {ns} }}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {{ deviceClassName: gpu.nvidia.com }}
+    config:
+    - requests: ["gpu"]
+      opaque: {{ driver: gpu.nvidia.com, parameters: {parameters} }}
 "#
     )
 }

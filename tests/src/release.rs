@@ -5,9 +5,10 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use crate::bin_dir;
+use crate::cluster::succeeded;
 
 /// One release: its directory and the key that signed it.
 #[derive(Debug)]
@@ -36,6 +37,17 @@ impl Release {
             })
             .unwrap_or_else(|| panic!("no {prefix}*{suffix} in {}", self.dir.display()))
     }
+}
+
+/// The helm `scripts/build-cluster.sh` builds with the node's components (built once per pin;
+/// cached, this is quick), or `None` (skip, or fail under GPUSHARE_E2E_REQUIRE=1).
+pub fn helm() -> Option<PathBuf> {
+    let out = Command::new(crate::cluster::repo().join("scripts/build-cluster.sh"))
+        .output()
+        .expect("scripts/build-cluster.sh");
+    let bin = String::from_utf8_lossy(&out.stdout);
+    let helm = PathBuf::from(bin.lines().last().unwrap_or_default()).join("helm");
+    crate::need(helm.is_file(), "helm (scripts/build-cluster.sh)").then_some(helm)
 }
 
 /// The RPM `packaging/build-rpm.sh --profile dev` made of this build (scripts/test.sh runs it),
@@ -73,7 +85,7 @@ pub fn throwaway_key(dir: &Path) -> &'static str {
         .args(["rsa3072", "sign", "never"])
         .output()
         .expect("gpg");
-    succeeded("gpg --quick-gen-key", &out);
+    succeeded("gpg --quick-gen-key", out);
     email
 }
 
@@ -118,7 +130,7 @@ pub fn make(rpm: &Path, helm: &Path, base: &Path) -> Release {
         .output()
         .expect("packaging/release.sh");
     stop_agent(&home);
-    let stdout = succeeded("packaging/release.sh", &out);
+    let stdout = succeeded("packaging/release.sh", out);
     let fingerprint = stdout.lines().last().unwrap_or_default().to_string();
     assert_eq!(fingerprint.len(), 40, "no fingerprint in:\n{stdout}");
     Release {
@@ -126,14 +138,4 @@ pub fn make(rpm: &Path, helm: &Path, base: &Path) -> Release {
         fingerprint,
         gnupghome: home,
     }
-}
-
-fn succeeded(what: &str, out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "{what} failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }

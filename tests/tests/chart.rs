@@ -10,18 +10,9 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use gpushare_e2e::cluster::repo;
-use gpushare_e2e::need;
+use gpushare_e2e::release::helm;
 use serde::Deserialize;
 use serde_json::Value;
-
-fn helm() -> Option<PathBuf> {
-    let out = Command::new(repo().join("scripts/build-cluster.sh"))
-        .output()
-        .unwrap();
-    let bin = String::from_utf8_lossy(&out.stdout);
-    let helm = PathBuf::from(bin.lines().last().unwrap_or_default()).join("helm");
-    need(helm.is_file(), "helm (scripts/build-cluster.sh)").then_some(helm)
-}
 
 /// `helm template gpushare-dra CHART --namespace NS ARGS`.
 fn template(helm: &PathBuf, ns: &str, args: &[&str]) -> Output {

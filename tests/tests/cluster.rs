@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use gpushare_e2e::cluster::{
-    installed, mig_template, mps_processes, prometheus_sum, repo, shared_template, sleeping_pod,
-    Node, PodClaim, PLUGIN_NAMESPACE,
+    installed, mig_template, mps_processes, prometheus_sum, repo, shared_claim, shared_template,
+    sleeping_pod, Node, PodClaim, PLUGIN_NAMESPACE,
 };
 use gpushare_e2e::*;
 use gpushare_proto::{StrategyInfo, TimeSliceInterval};
@@ -278,27 +278,16 @@ fn two_pods_on_one_claim_share_its_gpu_under_mps_and_under_time_slicing() {
 
     // The same with time-slicing: one claim with NVIDIA's TimeSlicing config, two pods on it,
     // one GPU, its interval the claim's.
-    let ts = r#"apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: { name: shared-ts, namespace: gpushare-example-mps }
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly: { deviceClassName: gpu.nvidia.com }
-    config:
-    - requests: ["gpu"]
-      opaque:
-        driver: gpu.nvidia.com
-        parameters:
-          apiVersion: resource.nvidia.com/v1beta1
-          kind: GpuConfig
-          sharing: { strategy: TimeSlicing, timeSlicingConfig: { interval: Long } }
-"#;
+    let ts = shared_claim(
+        EXAMPLE_NS,
+        "shared-ts",
+        "{ apiVersion: resource.nvidia.com/v1beta1, kind: GpuConfig, \
+         sharing: { strategy: TimeSlicing, timeSlicingConfig: { interval: Long } } }",
+    );
     let ts_pod = |name: &str| sleeping_pod(EXAMPLE_NS, name, PodClaim::Claim("shared-ts"), 1);
     node.kubectl_stdin(
         &["apply", "-f", "-"],
-        &[ts.to_string(), ts_pod("ts-a"), ts_pod("ts-b")].join("---\n"),
+        &[ts, ts_pod("ts-a"), ts_pod("ts-b")].join("---\n"),
     );
     node.wait_running(EXAMPLE_NS, "ts-a", RUNNING);
     node.wait_running(EXAMPLE_NS, "ts-b", RUNNING);
@@ -354,21 +343,10 @@ spec:
     );
 
     // NVIDIA's GpuConfig without `sharing`: the whole GPU, nothing changed on it.
-    let whole = format!(
-        r#"apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {{ name: whole, namespace: {EXAMPLE_NS} }}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly: {{ deviceClassName: gpu.nvidia.com }}
-    config:
-    - requests: ["gpu"]
-      opaque:
-        driver: gpu.nvidia.com
-        parameters: {{ apiVersion: resource.nvidia.com/v1beta1, kind: GpuConfig }}
-"#
+    let whole = shared_claim(
+        EXAMPLE_NS,
+        "whole",
+        "{ apiVersion: resource.nvidia.com/v1beta1, kind: GpuConfig }",
     );
     node.kubectl_stdin(
         &["apply", "-f", "-"],

@@ -34,21 +34,10 @@ fn built_rpm() -> Option<PathBuf> {
     if !need(which("rpm").is_some(), "rpm (Debian package rpm)") {
         return None;
     }
-    let dir = gpushare_e2e::bin_dir()
-        .parent()
-        .expect("target dir")
-        .join("generate-rpm");
-    let rpm = fs::read_dir(&dir).ok().and_then(|d| {
-        d.filter_map(Result::ok)
-            .map(|e| e.path())
-            .find(|p| p.extension().is_some_and(|e| e == "rpm"))
-    });
+    let rpm = gpushare_e2e::release::built_rpm();
     need(
         rpm.is_some(),
-        &format!(
-            "an RPM in {} (run packaging/build-rpm.sh --profile dev)",
-            dir.display()
-        ),
+        "an RPM of this build in target/generate-rpm (run packaging/build-rpm.sh --profile dev)",
     );
     rpm
 }

@@ -27,15 +27,7 @@ fn inputs() -> Option<(PathBuf, PathBuf)> {
     ) {
         return None;
     }
-    let bin = Command::new(gpushare_e2e::cluster::repo().join("scripts/build-cluster.sh"))
-        .output()
-        .unwrap();
-    let bin = String::from_utf8_lossy(&bin.stdout);
-    let helm = Path::new(bin.lines().last().unwrap_or_default()).join("helm");
-    if !need(helm.is_file(), "helm (scripts/build-cluster.sh)") {
-        return None;
-    }
-    Some((rpm.unwrap(), helm))
+    Some((rpm.unwrap(), release::helm()?))
 }
 
 /// `rpm --dbpath DB -K FILE`.
