@@ -728,42 +728,32 @@ spec:
     )
 }
 
+/// The spec of a claim for one whole GPU (class `gpu.nvidia.com`) with opaque `parameters`
+/// (YAML flow style) for the driver, as one YAML flow mapping.
+fn gpu_claim_spec(parameters: &str) -> String {
+    format!(
+        "{{ devices: {{ requests: [{{ name: gpu, exactly: {{ deviceClassName: gpu.nvidia.com }} }}], \
+         config: [{{ requests: [gpu], opaque: {{ driver: gpu.nvidia.com, parameters: {parameters} }} }}] }} }}"
+    )
+}
+
 /// A ResourceClaimTemplate `name` in `ns` for one whole GPU shared with `parameters` (the
 /// guides' opaque configuration, JSON).
 pub fn shared_template(ns: &str, name: &str, parameters: &str) -> String {
     format!(
-        r#"apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {{ name: {name}, namespace: {ns} }}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly: {{ deviceClassName: gpu.nvidia.com }}
-      config:
-      - requests: ["gpu"]
-        opaque: {{ driver: gpu.nvidia.com, parameters: {parameters} }}
-"#
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\n\
+         metadata: {{ name: {name}, namespace: {ns} }}\nspec: {{ spec: {} }}\n",
+        gpu_claim_spec(parameters)
     )
 }
 
-/// A ResourceClaim `ns/name` for one whole GPU (class `gpu.nvidia.com`) with opaque
-/// `parameters` (YAML flow style) for the driver: one claim several pods may share.
+/// A ResourceClaim `ns/name` for one whole GPU with opaque `parameters` for the driver: one
+/// claim several pods may share.
 pub fn shared_claim(ns: &str, name: &str, parameters: &str) -> String {
     format!(
-        r#"apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {{ name: {name}, namespace: {ns} }}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly: {{ deviceClassName: gpu.nvidia.com }}
-    config:
-    - requests: ["gpu"]
-      opaque: {{ driver: gpu.nvidia.com, parameters: {parameters} }}
-"#
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\n\
+         metadata: {{ name: {name}, namespace: {ns} }}\nspec: {}\n",
+        gpu_claim_spec(parameters)
     )
 }
 
@@ -841,4 +831,29 @@ pub fn mps_processes() -> Vec<i32> {
                 })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shared_claim_and_template_ask_for_one_gpu_with_the_drivers_parameters() {
+        let params = "{ sharingMode: mps, mpsActiveThreadPercentage: 50 }";
+        let template: Value = serde_norway::from_str(&shared_template("ns", "t", params)).unwrap();
+        let claim: Value = serde_norway::from_str(&shared_claim("ns", "c", params)).unwrap();
+        assert_eq!(template["kind"], "ResourceClaimTemplate");
+        assert_eq!(claim["kind"], "ResourceClaim");
+        assert_eq!(claim["metadata"]["namespace"], "ns");
+        let devices = &claim["spec"]["devices"];
+        assert_eq!(&template["spec"]["spec"]["devices"], devices);
+        assert_eq!(
+            devices["requests"][0]["exactly"]["deviceClassName"],
+            "gpu.nvidia.com"
+        );
+        assert_eq!(devices["config"][0]["requests"][0], "gpu");
+        let opaque = &devices["config"][0]["opaque"];
+        assert_eq!(opaque["driver"], "gpu.nvidia.com");
+        assert_eq!(opaque["parameters"]["mpsActiveThreadPercentage"], 50);
+    }
 }
